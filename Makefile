@@ -1,0 +1,34 @@
+# headcount — `make demo` and `make test` work on a fresh machine: they build .venv when missing.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+HC     := $(VENV)/bin/headcount
+# torch 2.13.0 is the CPU build on this project's machines; elsewhere pip picks the matching build.
+TORCH  ?= torch==2.13.0
+
+.PHONY: env demo test bench data clean
+
+env: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@$(PY) -c "import torch" 2>/dev/null || $(PIP) install -q "$(TORCH)" 2>&1 | grep -v "is ignored" || true
+	@$(PY) -c "import torch" || (echo "error: could not install torch" >&2; exit 2)
+	$(PIP) install -q -e ".[offline,dev,ray]" 2>&1 | grep -v "is ignored" || true
+	@$(PY) -c "import headcount, transformers" && touch $@
+
+data: env
+	$(HC) data fetch
+
+demo: env data
+	$(HC) demo --out runs/demo
+
+test: env data
+	$(PY) -m pytest -x -q tests
+
+bench: env
+	$(PY) bench/run_all.py
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

@@ -1,0 +1,86 @@
+"""What an architecture adapter tells the generic code.
+
+An adapter is the only place that knows attribute paths such as
+``encoder.layer[i].attention.self.query``. Generic code (gates, surgery, scoring) sees
+:class:`Block` objects: one per *application* of a transformer layer, in execution order.
+ALBERT applies one shared layer at every depth, so its blocks repeat the same modules.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+
+@dataclass(frozen=True)
+class Block:
+    """One application of a transformer layer.
+
+    Attributes:
+        layer: the module that runs once per application (its pre-hook tells the gates
+            which application is running).
+        attention: the module whose ``forward`` is replaced when every head is removed.
+        head_projections: linears whose *output rows* are grouped by head
+            (query, key, value, and relative-position projections where they exist).
+        out_projection: the linear whose *input columns* are grouped by head;
+            head gates multiply its input (the per-head context vectors).
+        ffn_in: the feed-forward input projection (rows = neurons).
+        ffn_out: the feed-forward output projection (columns = neurons); MLP gates multiply
+            its output, bias included.
+    """
+
+    layer: nn.Module
+    attention: nn.Module
+    head_projections: tuple[nn.Linear, ...]
+    out_projection: nn.Linear
+    ffn_in: nn.Linear
+    ffn_out: nn.Linear
+
+
+class Adapter:
+    """Base class: subclasses name the model types they serve and where the modules are."""
+
+    #: ``config.model_type`` values this adapter serves.
+    model_types: tuple[str, ...] = ()
+
+    # --- sizes (from the config) -------------------------------------------------------
+    def num_heads(self, config) -> int:
+        return int(config.num_attention_heads)
+
+    def head_dim(self, config) -> int:
+        return int(getattr(config, "attention_head_size", 0) or config.hidden_size // self.num_heads(config))
+
+    def intermediate_size(self, config) -> int:
+        return int(config.intermediate_size)
+
+    # --- module paths ------------------------------------------------------------------
+    def base(self, model: nn.Module) -> nn.Module:
+        """The bare encoder model (``BertModel`` inside ``BertForSequenceClassification``)."""
+        return getattr(model, "base_model", model)
+
+    def encoder(self, model: nn.Module) -> nn.Module:
+        """The module whose forward runs every block once (its pre-hook resets counters)."""
+        raise NotImplementedError
+
+    def blocks(self, model: nn.Module) -> list[Block]:
+        """One :class:`Block` per application, in execution order."""
+        raise NotImplementedError
+
+    # --- what surgery needs to change besides weights ---------------------------------
+    def set_num_heads(self, attention: nn.Module, n_heads: int, head_dim: int) -> None:
+        """Update the attention module's head-count attributes after surgery."""
+        for name in ("num_attention_heads", "n_heads"):
+            if hasattr(attention, name):
+                setattr(attention, name, n_heads)
+        if hasattr(attention, "all_head_size"):
+            attention.all_head_size = n_heads * head_dim
+
+    def attention_without_heads(self, attention: nn.Module, hidden_states: torch.Tensor, *args, **kwargs):
+        """Forward of an attention module with no head left (gate semantics: every g = 0).
+
+        Default: the module returns the per-head context ``[batch, seq, 0]`` and no weights;
+        the output projection that follows then yields its bias.
+        """
+        return hidden_states.new_zeros(*hidden_states.shape[:-1], 0), None
