@@ -34,7 +34,7 @@ class GateValues:
 
     Attributes:
         heads: ``[n_layers, n_heads]``, or per token ``[batch, seq, n_layers, n_heads]``; None = no head gates.
-        mlps: ``[n_layers]``; None = no MLP gates.
+        mlps: ``[n_layers]``, or per token ``[batch, seq, n_layers]``; None = no MLP gates.
     """
 
     heads: torch.Tensor | None = None
@@ -111,7 +111,8 @@ class _Hooks:
         gate = None
         for values in self.active:
             if values.mlps is not None:
-                m = values.mlps[self.current]
+                # [n_layers] -> scalar; per token [batch, seq, n_layers] -> [batch, seq, 1]
+                m = values.mlps[self.current] if values.mlps.dim() == 1 else values.mlps[..., self.current, None]
                 gate = m if gate is None else gate * m
         if gate is None:
             return None
@@ -145,8 +146,8 @@ def _check(model: nn.Module, values: GateValues) -> GateValues:
         shape = tuple(values.heads.shape)
         if shape[-2:] != (n_layers, h.n_heads):
             raise HeadcountError(f"head gates have shape {list(shape)}, this model needs [..., {n_layers}, {h.n_heads}]")
-    if values.mlps is not None and tuple(values.mlps.shape) != (n_layers,):
-        raise HeadcountError(f"MLP gates have shape {list(values.mlps.shape)}, this model needs [{n_layers}]")
+    if values.mlps is not None and tuple(values.mlps.shape)[-1:] != (n_layers,):
+        raise HeadcountError(f"MLP gates have shape {list(values.mlps.shape)}, this model needs [..., {n_layers}]")
     return values
 
 
