@@ -28,7 +28,7 @@ from .errors import HeadcountError
 _ATTR = "_headcount_hooks"
 
 
-@dataclass
+@dataclass(eq=False)  # identity: a gate set is removed by handle
 class GateValues:
     """One set of gate values.
 
@@ -203,3 +203,20 @@ def shared_groups(model: nn.Module) -> list[list[int]]:
     for app, block in enumerate(hooks(model).blocks):
         groups.setdefault(id(block.layer), []).append(app)
     return list(groups.values())
+
+
+def clone_model(model: nn.Module) -> nn.Module:
+    """A deep copy of ``model`` with its own gate hooks (persistent gates copied too)."""
+    import copy
+
+    h = model.__dict__.get(_ATTR)
+    active = list(h.active) if h is not None else []
+    uninstall(model)
+    try:
+        twin = copy.deepcopy(model)
+    finally:
+        if active:
+            hooks(model).active.extend(active)
+    if active:
+        hooks(twin).active.extend(GateValues(v.heads, v.mlps) for v in active)
+    return twin

@@ -177,27 +177,41 @@ def replay(model: nn.Module, record: Mapping) -> nn.Module:
     return model
 
 
-def shrink(model: nn.Module, mask: Mask) -> nn.Module:
+def removable(model: nn.Module, mask: Mask) -> tuple[dict[int, list[int]], list[int], bool]:
+    """What of ``mask`` surgery can remove: ``(heads {first_app: [ids]}, mlps [first_app], residual)``.
+
+    A head (an MLP) of a physical layer is removable when the mask removes it at every
+    application of that layer; ``residual`` says whether something is masked at some depths
+    only (possible for shared layers), which only gates can express.
+    """
+    mask.check_model(model)
+    heads, mlps, residual = {}, [], False
+    for first, apps in _physical(model).items():
+        off = mask.heads[apps] == 0  # [len(apps), n_heads]
+        heads[first] = [int(i) for i in torch.nonzero(off.all(dim=0)).flatten()]
+        residual |= bool((off.any(dim=0) & ~off.all(dim=0)).any())  # off at some depths only
+        mlp_off = mask.mlps[apps] == 0
+        if bool(mlp_off.all()):
+            mlps.append(first)
+        elif bool(mlp_off.any()):
+            residual = True
+    return heads, mlps, residual
+
+
+def shrink(model: nn.Module, mask: Mask, residual_gates: bool = True) -> nn.Module:
     """Physically remove what ``mask`` removes (in place) and return the model.
 
     Heads and MLPs that are 0 at every application of a physical layer are removed; where a
     shared layer is masked at some depths only (ALBERT per-application masks), the rest stays
-    as persistent gates, recorded so that :func:`load_pruned` restores them.
+    as persistent gates (unless ``residual_gates=False``), recorded so that
+    :func:`load_pruned` restores them.
+
+    >>> shrink(model, Mask.load("mask.json"))       # doctest: +SKIP
     """
-    mask.check_model(model)
-    groups = _physical(model)
-    heads, mlps, residual = {}, [], False
-    for first, apps in groups.items():
-        off = mask.heads[apps] == 0  # [len(apps), n_heads]
-        heads[first] = [int(i) for i in torch.nonzero(off.all(dim=0)).flatten()]
-        residual |= bool((off.any(dim=0) & ~off.all(dim=0)).any())  # off at some depths only
-        if bool((mask.mlps[apps] == 0).all()):
-            mlps.append(first)
-        elif bool((mask.mlps[apps] == 0).any()):
-            residual = True
+    heads, mlps, residual = removable(model, mask)
     prune_mlps(model, mlps)
     prune_heads(model, heads)
-    if residual:
+    if residual and residual_gates:
         set_gates(model, heads=mask.heads, mlps=mask.mlps)
         getattr(model.config, RECORD)["gates"] = {"heads": mask.heads.int().tolist(), "mlps": mask.mlps.int().tolist()}
     return model

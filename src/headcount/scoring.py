@@ -1,0 +1,355 @@
+"""Importance of heads and MLPs: a scorer returns tensors; selecting and applying live elsewhere.
+
+Methods (all in eval mode, no dropout):
+
+- ``gradient``: ``heads[l, h] = sum_b |dL_b / dg_{l,h}|`` at g = 1, where L_b is the mean loss the
+  model returns for batch b (run_bertology / Prasanna et al., before any division by tokens).
+  MLPs likewise with the MLP gates.
+- ``gradient-token``: Michel et al.'s per-token form, ``sum_{b,t} |dL_b / dg_{b,t,l,h}|``
+  = ``sum |<ctx_h, dL/dctx_h>|`` per token.
+- ``ablation``: the exact loss change ``sum_b (L_b(g_{l,h} = 0) - L_b)`` when one head (one MLP)
+  alone is gated off: the ground truth the gradient approximates.
+- ``entropy``: mean attention entropy per head (nats) over real query tokens; not an
+  importance, a description (low = focused).
+- ``magnitude``: Frobenius norm of each head's query/key/value rows and output columns; of each
+  MLP's two projections. Needs no data.
+
+Only the gates require grad: weights are frozen while scoring, so no weight gradient is
+computed or stored.
+
+Shapes: ``[n_layers, n_heads]`` for heads (layers = applications: ALBERT is scored per depth),
+``[n_layers]`` for MLPs.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .errors import HeadcountError
+from .gates import gated, hooks, kept_heads, layout, set_gates, clear_gates
+from .io import atomic_write_json
+
+METHODS = ("gradient", "gradient-token", "ablation", "entropy", "magnitude")
+NORMALIZE = ("none", "layer", "layer+global")
+
+
+@dataclass(frozen=True)
+class Scores:
+    """Importance scores of one model for one objective.
+
+    Attributes:
+        heads: ``[n_layers, n_heads]``.
+        mlps: ``[n_layers]``.
+        per_example: optional ``[n_examples, n_layers, n_heads]`` head contributions (gradient
+            methods; each example's |dL/dg| on its own loss scale), for bootstrap statistics.
+    """
+
+    heads: torch.Tensor
+    mlps: torch.Tensor
+    method: str = "gradient"
+    normalize: str = "none"
+    n_examples: int = 0
+    n_tokens: int = 0
+    meta: dict = field(default_factory=dict)
+    per_example: torch.Tensor | None = None
+
+    def normalized(self, mode: str) -> "Scores":
+        heads, mlps = normalize_scores(self.heads, self.mlps, mode)
+        return replace(self, heads=heads, mlps=mlps, normalize=mode)
+
+    def to_dict(self) -> dict:
+        return {
+            "heads": self.heads.tolist(),
+            "mlps": self.mlps.tolist(),
+            "method": self.method,
+            "normalize": self.normalize,
+            "n_examples": int(self.n_examples),
+            "n_tokens": int(self.n_tokens),
+            **self.meta,
+        }
+
+    def save(self, path) -> Path:
+        return atomic_write_json(path, self.to_dict())
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Scores":
+        known = {"heads", "mlps", "method", "normalize", "n_examples", "n_tokens"}
+        return cls(
+            heads=torch.tensor(d["heads"], dtype=torch.float32),
+            mlps=torch.tensor(d.get("mlps") or [0.0] * len(d["heads"]), dtype=torch.float32),
+            method=d.get("method", "gradient"),
+            normalize=d.get("normalize", "none"),
+            n_examples=int(d.get("n_examples", 0)),
+            n_tokens=int(d.get("n_tokens", 0)),
+            meta={k: v for k, v in d.items() if k not in known},
+        )
+
+    @classmethod
+    def load(cls, path) -> "Scores":
+        try:
+            return cls.from_dict(json.loads(Path(path).read_text(encoding="utf-8")))
+        except (OSError, json.JSONDecodeError, KeyError, UnicodeDecodeError) as e:
+            raise HeadcountError(f"cannot read scores from {path}: {e}") from None
+
+
+def normalize_scores(heads: torch.Tensor, mlps: torch.Tensor, mode: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """``none``; ``layer``: each layer's head scores divided by their L2 norm; ``layer+global``:
+    then min-max over all heads to [0, 1] (MLPs: min-max over layers), as Prasanna et al.
+
+    >>> h, m = normalize_scores(torch.tensor([[3.0, 4.0]]), torch.tensor([1.0]), "layer")
+    >>> h.tolist()
+    [[0.6000000238418579, 0.800000011920929]]
+    """
+    if mode not in NORMALIZE:
+        raise HeadcountError(f"unknown normalisation {mode!r}; choose one of {', '.join(NORMALIZE)}")
+    heads, mlps = heads.clone().float(), mlps.clone().float()
+    if mode == "none":
+        return heads, mlps
+    finite = torch.nan_to_num(heads, nan=0.0)
+    norm = finite.pow(2).sum(-1, keepdim=True).sqrt()  # [n_layers, 1]
+    heads = heads / (norm + 1e-20)
+    if mode == "layer+global":
+        heads = _minmax(heads)
+        mlps = _minmax(mlps)
+    return heads, mlps
+
+
+def _minmax(x: torch.Tensor) -> torch.Tensor:
+    ok = torch.isfinite(x)
+    if not ok.any():
+        return x
+    lo, hi = x[ok].min(), x[ok].max()
+    return (x - lo) / (hi - lo) if hi > lo else torch.zeros_like(x)
+
+
+@contextmanager
+def _scoring_mode(model: nn.Module):
+    """Eval mode with every weight frozen (only gates get gradients); restored afterwards."""
+    was_training = model.training
+    flags = [(p, p.requires_grad) for p in model.parameters()]
+    model.eval()
+    for p, _ in flags:
+        p.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for p, f in flags:
+            p.requires_grad_(f)
+        model.train(was_training)
+
+
+def _forward_loss(model: nn.Module, batch: dict) -> torch.Tensor:
+    out = model(**batch)
+    if getattr(out, "loss", None) is None:
+        raise HeadcountError("the model returned no loss: batches need 'labels' for the chosen objective")
+    return out.loss
+
+
+def _on(batch: dict, device) -> dict:
+    return {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
+
+
+def _tokens(batch: dict) -> int:
+    am = batch.get("attention_mask")
+    return int(am.sum()) if am is not None else int(batch["input_ids"].numel())
+
+
+def gradient_scores(model: nn.Module, batches, *, per_token: bool = False, keep_per_example: bool = False,
+                    progress=None) -> Scores:
+    """Gate-gradient importance (``gradient``, or ``gradient-token`` with ``per_token=True``).
+
+    Args:
+        model: a model with a registered adapter; any persistent gates (a current mask) stay.
+        batches: iterable of dicts of tensors with ``labels`` (the model returns the loss).
+        per_token: Michel et al.'s per-token absolute value instead of the batch gradient's.
+        keep_per_example: also return per-example contributions ``[n_examples, L, H]``.
+
+    Returns:
+        :class:`Scores` with ``heads [L, H]`` and ``mlps [L]``.
+
+    >>> s = gradient_scores(model, batches)         # doctest: +SKIP
+    >>> s.heads.shape
+    torch.Size([6, 12])
+    """
+    n_layers, n_heads = layout(model)
+    device = next(model.parameters()).device
+    heads = torch.zeros(n_layers, n_heads, dtype=torch.float64)
+    mlps = torch.zeros(n_layers, dtype=torch.float64)
+    per_example, n_examples, n_tokens = [], 0, 0
+    with _scoring_mode(model):
+        for i, batch in enumerate(batches):
+            batch = _on(batch, device)
+            b, s = batch["input_ids"].shape
+            # one gate per example (per token for Michel): at g = 1 their gradients sum to the
+            # gradient of a single [L, H] gate, and the per-example parts come for free.
+            width = s if per_token else 1
+            g = torch.ones(b, width, n_layers, n_heads, device=device, requires_grad=True)
+            m = torch.ones(b, width, n_layers, device=device, requires_grad=True)
+            with gated(model, heads=g, mlps=m):
+                loss = _forward_loss(model, batch)
+            dg, dm = torch.autograd.grad(loss, [g, m])  # [b, width, L, H], [b, width, L]
+            if per_token:
+                heads += dg.abs().sum(dim=(0, 1)).double()
+                mlps += dm.abs().sum(dim=(0, 1)).double()
+                example = dg.abs().sum(dim=1)
+            else:
+                heads += dg.sum(dim=(0, 1)).abs().double()
+                mlps += dm.sum(dim=(0, 1)).abs().double()
+                example = dg[:, 0].abs()
+            if keep_per_example:
+                per_example.append((example * b).float().cpu())  # on each example's own loss scale
+            n_examples += b
+            n_tokens += _tokens(batch)
+            if progress:
+                progress(i + 1)
+    return Scores(
+        heads=heads.float().cpu(), mlps=mlps.float().cpu(),
+        method="gradient-token" if per_token else "gradient",
+        n_examples=n_examples, n_tokens=n_tokens,
+        per_example=torch.cat(per_example) if per_example else None,
+    )
+
+
+@torch.no_grad()
+def ablation_scores(model: nn.Module, batches, progress=None) -> Scores:
+    """Exact loss change when each head (each MLP) alone is gated off, summed over batches."""
+    n_layers, n_heads = layout(model)
+    device = next(model.parameters()).device
+    batches = [_on(b, device) for b in batches]
+    heads = torch.zeros(n_layers, n_heads, dtype=torch.float64)
+    mlps = torch.zeros(n_layers, dtype=torch.float64)
+    n_tokens = sum(_tokens(b) for b in batches)
+    n_examples = sum(int(b["input_ids"].shape[0]) for b in batches)
+    with _scoring_mode(model):
+        base = [float(_forward_loss(model, b)) for b in batches]
+        done = 0
+        for layer in range(n_layers):
+            kept = set(kept_heads(hooks(model).blocks[layer].out_projection, n_heads))
+            for head in range(n_heads):
+                if head in kept:
+                    g = torch.ones(n_layers, n_heads, device=device)
+                    g[layer, head] = 0
+                    with gated(model, heads=g):
+                        heads[layer, head] = sum(float(_forward_loss(model, b)) - l0 for b, l0 in zip(batches, base))
+                done += 1
+                if progress:
+                    progress(done)
+            m = torch.ones(n_layers, device=device)
+            m[layer] = 0
+            with gated(model, mlps=m):
+                mlps[layer] = sum(float(_forward_loss(model, b)) - l0 for b, l0 in zip(batches, base))
+    return Scores(heads=heads.float(), mlps=mlps.float(), method="ablation", n_examples=n_examples, n_tokens=n_tokens)
+
+
+@torch.no_grad()
+def entropy_scores(model: nn.Module, batches, progress=None) -> Scores:
+    """Mean attention entropy (nats) of each head over real (non-padding) query tokens."""
+    from .attention import attention_maps
+
+    n_layers, n_heads = layout(model)
+    device = next(model.parameters()).device
+    total = torch.zeros(n_layers, n_heads, dtype=torch.float64)
+    count = 0.0
+    n_examples = n_tokens = 0
+    with _scoring_mode(model):
+        for i, batch in enumerate(batches):
+            batch = _on(batch, device)
+            inputs = {k: v for k, v in batch.items() if k != "labels"}
+            maps = attention_maps(model, **inputs)  # per layer [batch, kept, seq, seq]
+            am = batch.get("attention_mask", torch.ones_like(batch["input_ids"])).to(torch.float64)  # [batch, seq]
+            for layer, p in enumerate(maps):
+                ent = -(p.double() * torch.log(p.double().clamp_min(1e-12))).sum(-1)  # [batch, kept, seq]
+                per_head = (ent * am[:, None, :]).sum(dim=(0, 2))  # [kept]
+                kept = kept_heads(hooks(model).blocks[layer].out_projection, n_heads)
+                total[layer, kept] += per_head.cpu()
+            count += float(am.sum())
+            n_examples += int(batch["input_ids"].shape[0])
+            n_tokens += _tokens(batch)
+            if progress:
+                progress(i + 1)
+    heads = (total / max(count, 1.0)).float()
+    for layer in range(n_layers):
+        kept = set(kept_heads(hooks(model).blocks[layer].out_projection, n_heads))
+        for head in range(n_heads):
+            if head not in kept:
+                heads[layer, head] = float("nan")
+    return Scores(heads=heads, mlps=torch.full((n_layers,), float("nan")), method="entropy",
+                  n_examples=n_examples, n_tokens=n_tokens)
+
+
+@torch.no_grad()
+def magnitude_scores(model: nn.Module) -> Scores:
+    """Frobenius norm per head (q/k/v rows + output columns) and per MLP (both projections)."""
+    h = hooks(model)
+    n_layers, n_heads = layout(model)
+    d = h.head_dim
+    heads = torch.zeros(n_layers, n_heads)
+    mlps = torch.zeros(n_layers)
+    for layer, block in enumerate(h.blocks):
+        kept = kept_heads(block.out_projection, n_heads)
+        for pos, head in enumerate(kept):
+            rows = slice(pos * d, (pos + 1) * d)
+            sq = sum(float(p.weight[rows].float().pow(2).sum()) for p in block.head_projections)
+            sq += float(block.out_projection.weight[:, rows].float().pow(2).sum())
+            heads[layer, head] = sq ** 0.5
+        mlps[layer] = float(block.ffn_in.weight.float().pow(2).sum() + block.ffn_out.weight.float().pow(2).sum()) ** 0.5
+    return Scores(heads=heads, mlps=mlps, method="magnitude")
+
+
+def score(model: nn.Module, batches=(), method: str = "gradient", normalize: str = "none",
+          mask=None, keep_per_example: bool = False, progress=None) -> Scores:
+    """Score heads and MLPs of ``model`` on ``batches`` (the public verb behind ``headcount score``).
+
+    Args:
+        model: any model with a registered adapter, with the head for the objective.
+        batches: dicts of tensors with ``labels``; ignored by ``magnitude``.
+        method: one of :data:`METHODS`.
+        normalize: one of :data:`NORMALIZE`.
+        mask: optional :class:`~headcount.masks.Mask` held fixed while scoring (pruning loop).
+        keep_per_example: keep per-example contributions (gradient methods).
+
+    >>> s = score(model, batches, method="gradient", normalize="layer+global")   # doctest: +SKIP
+    """
+    if method not in METHODS:
+        raise HeadcountError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+    if normalize not in NORMALIZE:
+        raise HeadcountError(f"unknown normalisation {normalize!r}; choose one of {', '.join(NORMALIZE)}")
+    fixed = set_gates(model, heads=mask.heads, mlps=mask.mlps) if mask is not None else None
+    t0 = time.perf_counter()
+    try:
+        if method == "gradient":
+            s = gradient_scores(model, batches, keep_per_example=keep_per_example, progress=progress)
+        elif method == "gradient-token":
+            s = gradient_scores(model, batches, per_token=True, keep_per_example=keep_per_example, progress=progress)
+        elif method == "ablation":
+            batches = list(batches)
+            s = ablation_scores(model, batches, progress=progress)
+            grad = gradient_scores(model, batches)
+            s = replace(s, meta={**s.meta, "rank_agreement_with_gradient": rank_agreement(s, grad)})
+        elif method == "entropy":
+            s = entropy_scores(model, batches, progress=progress)
+        else:
+            s = magnitude_scores(model)
+    finally:
+        if fixed is not None:
+            clear_gates(model, fixed)
+    s = replace(s, meta={**s.meta, "seconds": round(time.perf_counter() - t0, 3)})
+    return s.normalized(normalize) if normalize != "none" else s
+
+
+def rank_agreement(a: Scores, b: Scores) -> dict:
+    """Spearman and Kendall rank correlation of two head-score grids (finite entries)."""
+    from scipy.stats import kendalltau, spearmanr
+
+    x, y = a.heads.flatten().numpy(), b.heads.flatten().numpy()
+    ok = torch.isfinite(a.heads.flatten()).numpy() & torch.isfinite(b.heads.flatten()).numpy()
+    if ok.sum() < 3:
+        return {"spearman": float("nan"), "kendall": float("nan")}
+    return {"spearman": float(spearmanr(x[ok], y[ok])[0]), "kendall": float(kendalltau(x[ok], y[ok])[0])}
