@@ -40,7 +40,9 @@ def shrink_checkpoint(model_spec: str, mask_path, out) -> dict:
     from .surgery import count_parameters, save_pruned, shrink
 
     mask = Mask.load(mask_path)
-    model = load_model(model_spec, head="base" if not _has_task_head(model_spec) else "classification")
+    from .pipeline import has_task_head
+
+    model = load_model(model_spec, head="classification" if has_task_head(model_spec) else "base")
     mask.check_model(model)
     before = count_parameters(model)
     shrink(model, mask)
@@ -54,14 +56,96 @@ def shrink_checkpoint(model_spec: str, mask_path, out) -> dict:
     return json.loads((Path(out) / "headcount.json").read_text())
 
 
-def _has_task_head(model_spec: str) -> bool:
-    """Whether a checkpoint carries a sequence-classification head (keep it when shrinking)."""
-    import transformers
+def _echo_none(*args, **kwargs):
+    pass
 
-    from .models import resolve
 
-    try:
-        cfg = transformers.AutoConfig.from_pretrained(resolve(model_spec))
-    except OSError:
-        return False
-    return any(a.endswith("ForSequenceClassification") for a in (cfg.architectures or []))
+def score_command(*, model, task, objective="task", split=None, max_examples=1000, batch_size=32,
+                  max_length=128, method="gradient", normalize="none", seed=0, out, echo=_echo_none) -> dict:
+    """``headcount score``: load, batch, score, write ``scores.json`` and ``heads.png``."""
+    from .pipeline import DataConfig, batches_for, check_objective, load_for
+    from .plots import head_heatmap
+    from .scoring import METHODS, NORMALIZE, score
+    from .tasks import get_task
+
+    check_objective(objective)
+    if method not in METHODS:
+        raise HeadcountError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+    if normalize not in NORMALIZE:
+        raise HeadcountError(f"unknown normalisation {normalize!r}; choose one of {', '.join(NORMALIZE)}")
+    data = DataConfig(split=split, max_examples=max_examples, batch_size=batch_size, max_length=max_length, seed=seed)
+    t = get_task(task)
+    m, tok, info = load_for(model, t, objective, seed=seed)
+    if info["head"] == "new" and method not in ("magnitude", "entropy"):
+        echo(f"note: {model} has no trained head for {t.name}; scoring with a new, untrained task head "
+             "(fine-tune first for task importance)")
+    if info["head"] == "fitted":
+        r = info["mlm_head"]
+        echo(f"note: {model} has no masked-LM head; fitted one on the frozen encoder "
+             f"(MLM loss {r.get('loss', float('nan')):.3f}, accuracy {r.get('accuracy', float('nan')):.3f})")
+    batches = [] if method == "magnitude" else batches_for(t, tok, objective, data)
+    s = score(m, batches, method=method, normalize=normalize)
+    meta = {"objective": objective, "task": t.name, "model": model, "split": data.split or t.train_split,
+            "head": info["head"]}
+    if "mlm_head" in info:
+        meta["mlm_head"] = info["mlm_head"]
+    from dataclasses import replace
+
+    s = replace(s, meta={**s.meta, **meta})
+    out = Path(out)
+    s.save(out / "scores.json")
+    head_heatmap(s.to_dict(), out / "heads.png", title=f"{method} importance, {objective}: {t.name}")
+    return {**s.to_dict(), "seconds": s.meta.get("seconds", 0.0)}
+
+
+def prune_command(*, model, task, objective="task", threshold=0.9, step=0.1, step_of="remaining", mlps=False,
+                  one_shot=False, method="gradient", normalize="layer+global", importance_split=None,
+                  stop_split=None, max_examples=1000, max_eval_examples=1000, batch_size=32, max_length=128,
+                  seed=0, out, echo=_echo_none):
+    """``headcount prune``: iterative pruning; writes ``mask.json``, ``trace.csv``, ``curve.png``."""
+    from .evaluation import evaluate_batches
+    from .io import atomic_write_text
+    from .pipeline import DataConfig, batches_for, check_objective, load_for, metric_for
+    from .plots import prune_curve
+    from .pruning import PruneConfig, iterative_prune
+    from .scoring import METHODS, score
+    from .tasks import get_task
+
+    check_objective(objective)
+    if method not in METHODS or method == "entropy":
+        raise HeadcountError(f"method {method!r} cannot drive pruning; use gradient, gradient-token, ablation or magnitude")
+    config = PruneConfig(threshold=threshold, step=step, step_of=step_of,
+                         schedule="prasanna" if mlps else "heads", one_shot=one_shot)
+    imp_data = DataConfig(split=importance_split, max_examples=max_examples, batch_size=batch_size,
+                          max_length=max_length, seed=seed)
+    stop_data = DataConfig(max_examples=max_eval_examples, batch_size=batch_size, max_length=max_length, seed=seed)
+    t = get_task(task)
+    m, tok, info = load_for(model, t, objective, seed=seed)
+    if info["head"] == "new":
+        echo(f"note: {model} has no trained head for {t.name}: the metric is that of an untrained head "
+             "(fine-tune first: `headcount finetune`)")
+    imp_batches = [] if method == "magnitude" else batches_for(t, tok, objective, imp_data)
+    stop_batches = batches_for(t, tok, objective, stop_data, split=stop_split or t.validation_split)
+    metric = metric_for(t, objective)
+
+    def score_fn(model_, mask):
+        return score(model_, imp_batches, method=method, normalize=normalize, mask=mask)
+
+    def eval_fn(model_, mask):
+        r = evaluate_batches(model_, stop_batches, metric, mask=mask)
+        return r["score"], r["loss"]
+
+    def progress(row):
+        echo(f"step {row['step']:>3} {row['phase']:<6} heads {row['heads_kept']:>4} mlps {row['mlps_kept']:>3} "
+             f"{metric} {row['metric']:.4f} {'ok' if row['accepted'] else 'below threshold'}")
+
+    result = iterative_prune(m, score_fn, eval_fn, config, progress=progress)
+    out = Path(out)
+    mask = result.mask.with_meta(model=model, task=t.name, objective=objective, metric_name=metric, method=method,
+                                 normalize=normalize)
+    mask.save(out / "mask.json")
+    atomic_write_text(out / "trace.csv", result.trace_csv())
+    prune_curve(result.trace, threshold * result.full_metric, out / "curve.png",
+                title=f"{t.name} ({objective}): {metric} vs heads kept")
+    result.mask = mask
+    return result

@@ -1,0 +1,69 @@
+"""`headcount score` and `headcount prune`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from . import app
+from .core import MODEL_HELP
+
+TASK_HELP = "a registered task (glue/sst2, offline/movies, ...; see `headcount tasks`) or a task YAML file"
+
+
+@app.command()
+def score(
+    model: str = typer.Option("offline", "--model", "-m", help=MODEL_HELP),
+    task: str = typer.Option("offline/movies", "--task", "-t", help=TASK_HELP),
+    objective: str = typer.Option("task", help="task | mlm"),
+    split: str = typer.Option(None, help="split to score on (default: the task's train split)"),
+    max_examples: int = typer.Option(1000, help="examples to score on"),
+    batch_size: int = typer.Option(32),
+    max_length: int = typer.Option(128),
+    method: str = typer.Option("gradient", help="gradient | gradient-token | ablation | entropy | magnitude"),
+    normalize: str = typer.Option("none", help="none | layer | layer+global"),
+    seed: int = typer.Option(0),
+    out: Path = typer.Option(..., "--out", "-o"),
+):
+    """Importance of every head and MLP -> scores.json, heads.png."""
+    from ..api import score_command
+
+    summary = score_command(model=model, task=task, objective=objective, split=split, max_examples=max_examples,
+                            batch_size=batch_size, max_length=max_length, method=method, normalize=normalize,
+                            seed=seed, out=out, echo=typer.echo)
+    typer.echo(f"wrote {out}/scores.json and {out}/heads.png ({summary['n_examples']} examples, "
+               f"{summary['seconds']:.1f} s)")
+
+
+@app.command()
+def prune(
+    model: str = typer.Option("offline", "--model", "-m", help=MODEL_HELP),
+    task: str = typer.Option("offline/movies", "--task", "-t", help=TASK_HELP),
+    objective: str = typer.Option("task", help="task | mlm (metric: masked-token accuracy)"),
+    threshold: float = typer.Option(0.9, help="stop when metric < threshold x unpruned metric"),
+    step: float = typer.Option(0.1, help="fraction of heads removed per step"),
+    step_of: str = typer.Option("remaining", help="remaining | total (the anchors: total)"),
+    mlps: bool = typer.Option(False, "--mlps", help="also prune MLPs (Prasanna schedule)"),
+    one_shot: bool = typer.Option(False, "--one-shot", help="score once instead of at every step"),
+    method: str = typer.Option("gradient"),
+    normalize: str = typer.Option("layer+global"),
+    importance_split: str = typer.Option(None, help="default: train (the anchors: validation)"),
+    stop_split: str = typer.Option(None, help="default: the task's validation split"),
+    max_examples: int = typer.Option(1000, help="examples for importance"),
+    max_eval_examples: int = typer.Option(1000, help="examples for the stop rule"),
+    batch_size: int = typer.Option(32),
+    max_length: int = typer.Option(128),
+    seed: int = typer.Option(0),
+    out: Path = typer.Option(..., "--out", "-o"),
+):
+    """Iterative pruning to a threshold -> mask.json, trace.csv, curve.png."""
+    from ..api import prune_command
+
+    result = prune_command(model=model, task=task, objective=objective, threshold=threshold, step=step,
+                           step_of=step_of, mlps=mlps, one_shot=one_shot, method=method, normalize=normalize,
+                           importance_split=importance_split, stop_split=stop_split, max_examples=max_examples,
+                           max_eval_examples=max_eval_examples, batch_size=batch_size, max_length=max_length,
+                           seed=seed, out=out, echo=typer.echo)
+    typer.echo(f"wrote {out}/mask.json: {result.mask.n_heads_kept} heads and {result.mask.n_mlps_kept} MLPs kept; "
+               f"metric {result.mask.meta['metric']:.4f} (unpruned {result.full_metric:.4f})")

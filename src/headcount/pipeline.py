@@ -1,0 +1,104 @@
+"""Glue shared by the commands and the studies: a model, batches and a metric for an objective.
+
+``objective="task"``: the task's own loss and metric (classification or regression head).
+``objective="mlm"``: masked LM on the task's texts (or any MLM corpus); a checkpoint without an
+MLM head gets one fitted on the frozen encoder, and the returned info says so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .errors import HeadcountError
+from .evaluation import MLM_METRIC
+
+OBJECTIVES = ("task", "mlm")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Which examples and how they are batched."""
+
+    split: str | None = None  # None: the task's train split
+    max_examples: int | None = 1000
+    batch_size: int = 32
+    max_length: int = 128
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.max_examples is not None and self.max_examples < 1:
+            raise HeadcountError(f"--max-examples must be at least 1, got {self.max_examples}")
+        if self.batch_size < 1:
+            raise HeadcountError(f"--batch-size must be at least 1, got {self.batch_size}")
+        if not 8 <= self.max_length <= 8192:
+            raise HeadcountError(f"--max-length must be in 8..8192, got {self.max_length}")
+
+
+def check_objective(objective: str) -> str:
+    if objective not in OBJECTIVES:
+        raise HeadcountError(f"unknown objective {objective!r}; choose one of {', '.join(OBJECTIVES)}")
+    return objective
+
+
+def has_task_head(model_spec: str) -> bool:
+    """Whether the checkpoint was saved with a sequence-classification head."""
+    import transformers
+
+    from .models import resolve
+
+    try:
+        cfg = transformers.AutoConfig.from_pretrained(resolve(model_spec))
+    except (OSError, ValueError):
+        return False
+    return any(a.endswith("ForSequenceClassification") for a in (cfg.architectures or []))
+
+
+def load_for(model_spec: str, task, objective: str = "task", mlm_texts=None, seed: int = 0):
+    """The model for ``objective`` on ``task``: ``(model, tokenizer, info)``.
+
+    ``info["head"]`` says where the output head came from: ``"checkpoint"``, ``"new"`` (a task
+    head that was not in the checkpoint: untrained) or ``"fitted"`` (an MLM head fitted on the
+    frozen encoder).
+    """
+    from .models import load_model, load_tokenizer
+
+    check_objective(objective)
+    tokenizer = load_tokenizer(model_spec)
+    if objective == "task":
+        trained = has_task_head(model_spec)
+        model = load_model(model_spec, head=task.kind, num_labels=task.num_labels)
+        if trained and model.config.num_labels != task.num_labels:
+            raise HeadcountError(
+                f"{model_spec} is a classifier with {model.config.num_labels} labels; task {task.name} has {task.num_labels}"
+            )
+        return model, tokenizer, {"head": "checkpoint" if trained else "new"}
+    from .tasks import fit_mlm_head
+
+    texts = mlm_texts if mlm_texts is not None else _texts(task, task.train_split, 2000, seed)
+    model, report = fit_mlm_head(model_spec, texts)
+    return model, tokenizer, {"head": "fitted" if report.get("fitted") else "checkpoint", "mlm_head": report}
+
+
+def _texts(task, split, max_examples, seed) -> list[str]:
+    data = task.load(split, max_examples=max_examples, seed=seed)
+    return [" ".join(t) for t in data.texts]
+
+
+def batches_for(task, tokenizer, objective: str, data: DataConfig, split: str | None = None) -> list[dict]:
+    """Batches (dynamic padding, grouped by length) for ``objective`` on a split of ``task``."""
+    from .tasks import encode, make_batches, mlm_batches
+
+    split = split or data.split or task.train_split
+    if split not in task.splits():
+        raise HeadcountError(f"task {task.name} has no split {split!r}; it has {', '.join(task.splits())}")
+    if objective == "mlm":
+        texts = _texts(task, split, data.max_examples, data.seed)
+        return mlm_batches(texts, tokenizer, max_length=data.max_length, batch_size=data.batch_size, seed=data.seed)
+    loaded = task.load(split, max_examples=data.max_examples, seed=data.seed)
+    encoded = encode(loaded, tokenizer, max_length=data.max_length)
+    return make_batches(encoded, data.batch_size, shuffle=False, group_by_length=True,
+                        pad_token_id=tokenizer.pad_token_id or 0)
+
+
+def metric_for(task, objective: str) -> str:
+    return MLM_METRIC if objective == "mlm" else task.metric
