@@ -1,0 +1,164 @@
+"""Importance scores: gradient equals an independent autograd computation, ablation equals
+explicit gated forward passes, normalisations, per-application scores for shared layers."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from conftest import ARCH_IDS, tiny_batch, tiny_model
+
+from headcount.gates import gated, layout
+from headcount.masks import Mask
+from headcount.scoring import Scores, normalize_scores, score
+
+
+def _batches(model, n=3, size=4, seq=9):
+    return [tiny_batch(model, batch=size, seq=seq, seed=i, labels=True) for i in range(n)]
+
+
+def _reference_gradient(model, batches):
+    """sum_b |dL_b/dg| with one [L, H] gate per batch: the contract's definition."""
+    n_layers, n_heads = layout(model)
+    heads, mlps = torch.zeros(n_layers, n_heads), torch.zeros(n_layers)
+    for b in batches:
+        g = torch.ones(n_layers, n_heads, requires_grad=True)
+        m = torch.ones(n_layers, requires_grad=True)
+        with gated(model, heads=g, mlps=m):
+            loss = model(**b).loss
+        dg, dm = torch.autograd.grad(loss, [g, m])
+        heads += dg.abs()
+        mlps += dm.abs()
+    return heads, mlps
+
+
+@pytest.mark.parametrize("arch", ARCH_IDS)
+def test_gradient_equals_independent_autograd(arch):
+    model = tiny_model(arch)
+    batches = _batches(model)
+    s = score(model, batches, method="gradient")
+    ref_h, ref_m = _reference_gradient(model, batches)
+    assert s.heads.shape == ref_h.shape
+    assert torch.allclose(s.heads, ref_h, atol=1e-5, rtol=1e-4)
+    assert torch.allclose(s.mlps, ref_m, atol=1e-5, rtol=1e-4)
+    assert float(s.heads.sum()) > 0
+    assert s.n_examples == 12
+    assert s.n_tokens == sum(int(b["attention_mask"].sum()) for b in batches)
+
+
+def test_scoring_leaves_weights_untouched_and_grad_free():
+    model = tiny_model("bert")
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    flags = [p.requires_grad for p in model.parameters()]
+    score(model, _batches(model), method="gradient")
+    assert all(p.grad is None for p in model.parameters())  # no weight gradient computed
+    assert [p.requires_grad for p in model.parameters()] == flags
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_gradient_token_is_michel_per_token_abs():
+    model = tiny_model("bert")
+    batches = _batches(model, n=2)
+    s = score(model, batches, method="gradient-token")
+    n_layers, n_heads = layout(model)
+    ref = torch.zeros(n_layers, n_heads)
+    for b in batches:
+        bs, seq = b["input_ids"].shape
+        g = torch.ones(bs, seq, n_layers, n_heads, requires_grad=True)
+        with gated(model, heads=g):
+            loss = model(**b).loss
+        (dg,) = torch.autograd.grad(loss, [g])
+        ref += dg.abs().sum(dim=(0, 1))
+    assert torch.allclose(s.heads, ref, atol=1e-5, rtol=1e-4)
+    # per-token absolute values dominate the absolute value of their sum
+    assert bool((s.heads >= score(model, batches).heads - 1e-6).all())
+
+
+def test_ablation_equals_explicit_gated_passes():
+    model = tiny_model("bert")
+    batches = _batches(model, n=2)
+    s = score(model, batches, method="ablation")
+    n_layers, n_heads = layout(model)
+    with torch.no_grad():
+        base = [float(model(**b).loss) for b in batches]
+        for layer, head in [(0, 0), (1, 3), (2, 2)]:
+            g = torch.ones(n_layers, n_heads)
+            g[layer, head] = 0
+            with gated(model, heads=g):
+                expected = sum(float(model(**b).loss) - l0 for b, l0 in zip(batches, base))
+            assert math.isclose(float(s.heads[layer, head]), expected, rel_tol=1e-4, abs_tol=1e-6)
+        m = torch.ones(n_layers)
+        m[1] = 0
+        with gated(model, mlps=m):
+            expected = sum(float(model(**b).loss) - l0 for b, l0 in zip(batches, base))
+    assert math.isclose(float(s.mlps[1]), expected, rel_tol=1e-4, abs_tol=1e-6)
+    agreement = s.meta["rank_agreement_with_gradient"]
+    assert -1 <= agreement["spearman"] <= 1
+
+
+def test_normalisations():
+    heads = torch.tensor([[3.0, 4.0], [1.0, 0.0]])
+    mlps = torch.tensor([2.0, 4.0])
+    h, m = normalize_scores(heads, mlps, "none")
+    assert torch.equal(h, heads)
+    h, m = normalize_scores(heads, mlps, "layer")
+    assert torch.allclose(h, torch.tensor([[0.6, 0.8], [1.0, 0.0]]))
+    assert torch.equal(m, mlps)
+    h, m = normalize_scores(heads, mlps, "layer+global")
+    assert float(h.min()) == 0.0 and float(h.max()) == 1.0
+    assert torch.allclose(h, torch.tensor([[0.6, 0.8], [1.0, 0.0]]))
+    assert torch.allclose(m, torch.tensor([0.0, 1.0]))
+
+
+def test_shared_layer_scores_nonzero_at_every_depth():
+    model = tiny_model("albert")
+    s = score(model, _batches(model), method="gradient")
+    n_layers, _ = layout(model)
+    assert n_layers == 4  # applications, not physical layers
+    assert bool((s.heads.sum(dim=1) > 0).all())
+    assert bool((s.mlps > 0).all())
+    # depths differ: each application has its own gates
+    assert not torch.allclose(s.heads[0], s.heads[-1])
+
+
+def test_masked_scoring_and_pruned_model_agree():
+    """Scores with a mask held fixed equal scores on the physically shrunk model (kept heads)."""
+    from headcount.gates import clone_model
+    from headcount.surgery import shrink
+
+    model = tiny_model("bert")
+    batches = _batches(model)
+    mask = Mask.full(*layout(model)).without_heads([(0, 1), (2, 0), (2, 3)])
+    masked = score(model, batches, mask=mask)
+    small = shrink(clone_model(model), mask)
+    pruned = score(small, batches)
+    keep = mask.heads.bool()
+    assert torch.allclose(masked.heads[keep], pruned.heads[keep], atol=1e-5, rtol=1e-4)
+    assert bool((pruned.heads[~keep] == 0).all())
+
+
+def test_magnitude_and_entropy():
+    model = tiny_model("bert")
+    mag = score(model, method="magnitude")
+    block_q = model.bert.encoder.layer[0].attention.self.query.weight[:8]
+    assert float(mag.heads[0, 0]) > float(block_q.detach().norm())
+    ent = score(model, _batches(model, n=1), method="entropy")
+    assert bool((ent.heads > 0).all())
+    assert bool((ent.heads <= math.log(9) + 1e-4).all())  # at most log(seq)
+
+
+def test_scores_json_round_trip(tmp_path):
+    s = Scores(torch.rand(2, 3), torch.rand(2), method="gradient", normalize="none", n_examples=5, n_tokens=40,
+               meta={"task": "t", "objective": "task", "model": "m"})
+    s.save(tmp_path / "scores.json")
+    t = Scores.load(tmp_path / "scores.json")
+    assert torch.allclose(t.heads, s.heads) and torch.allclose(t.mlps, s.mlps)
+    assert t.meta["task"] == "t" and t.n_tokens == 40
+
+
+def test_bad_method():
+    from headcount.errors import HeadcountError
+
+    with pytest.raises(HeadcountError):
+        score(tiny_model("bert"), [], method="nope")
