@@ -57,10 +57,11 @@ class _Hooks:
         self.head_dim = adapter.head_dim(model.config)
         self.active: list[GateValues] = []
         self.current = 0
-        self._apps_of: dict[int, list[int]] = {}
-        self._calls: dict[int, int] = {}
+        # Keyed by the modules themselves, not id(): a deep copy of the model remaps them.
+        self._apps_of: dict[nn.Module, list[int]] = {}
+        self._calls: dict[nn.Module, int] = {}
         for app, block in enumerate(self.blocks):
-            self._apps_of.setdefault(id(block.layer), []).append(app)
+            self._apps_of.setdefault(block.layer, []).append(app)
         self.handles = [adapter.encoder(model).register_forward_pre_hook(self._reset)]
         seen: set[int] = set()
         for block in self.blocks:
@@ -76,9 +77,9 @@ class _Hooks:
         self._calls.clear()
 
     def _enter_layer(self, module, args):
-        apps = self._apps_of[id(module)]
-        n = self._calls.get(id(module), 0)
-        self._calls[id(module)] = n + 1
+        apps = self._apps_of[module]
+        n = self._calls.get(module, 0)
+        self._calls[module] = n + 1
         self.current = apps[n % len(apps)]
 
     # -- the gates ------------------------------------------------------------------------
