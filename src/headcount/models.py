@@ -70,11 +70,13 @@ def load_model(spec: str = OFFLINE, head: str = "base", num_labels: int | None =
     if is_pruned_checkpoint(path):
         config = transformers.AutoConfig.from_pretrained(path)
         model_class = auto._model_mapping[type(config)]
-        if config_kwargs and config_kwargs.get("num_labels", config.num_labels) != config.num_labels:
+        same_head = model_class.__name__ in (config.architectures or [])
+        if same_head and config_kwargs and config_kwargs.get("num_labels", config.num_labels) != config.num_labels:
             raise HeadcountError(
                 f"pruned checkpoint {path} has {config.num_labels} labels, the task needs {config_kwargs['num_labels']}"
             )
-        return load_pruned(path, model_class=model_class)
+        # a head the checkpoint lacks is created new, sized by config_kwargs
+        return load_pruned(path, model_class=model_class, **({} if same_head else config_kwargs))
     try:
         config = transformers.AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code, **config_kwargs)
         from .arch import get_adapter

@@ -276,12 +276,37 @@ def is_pruned_checkpoint(path) -> bool:
         return False
 
 
-def load_pruned(path, model_class=None) -> nn.Module:
+def _align_to(model: nn.Module, state: dict) -> dict:
+    """Map checkpoint keys onto ``model``'s layout when one has a task head and the other not.
+
+    A task model keeps the encoder under ``base_model_prefix`` (``<prefix>.encoder...``), a bare
+    encoder does not; transformers' ``from_pretrained`` bridges the two, ``load_state_dict``
+    does not.
+    """
+    prefix = getattr(model, "base_model_prefix", "") or ""
+    if not prefix:
+        return state
+    dot = prefix + "."
+    model_has = any(k.startswith(dot) for k in model.state_dict())
+    state_has = any(k.startswith(dot) for k in state)
+    if state_has and not model_has:  # bare encoder from a task checkpoint: drop the task head
+        return {k[len(dot):]: v for k, v in state.items() if k.startswith(dot)}
+    if model_has and not state_has:  # task model from a bare-encoder checkpoint
+        return {dot + k: v for k, v in state.items()}
+    return state
+
+
+def load_pruned(path, model_class=None, **config_kwargs) -> nn.Module:
     """Load a checkpoint written by :func:`save_pruned`; outputs equal the saved model's.
 
     Args:
         path: the checkpoint directory.
         model_class: a transformers model class; default: the one named in ``config.json``.
+            Another head than the saved one works like ``from_pretrained``: a bare encoder
+            drops the saved task head, a task head the checkpoint lacks starts from random
+            weights (the encoder's weights must all be there).
+        config_kwargs: set on the config before the model is built (``num_labels=3`` for a
+            new classification head).
 
     >>> model = load_pruned("pruned/")     # doctest: +SKIP
     """
@@ -292,18 +317,32 @@ def load_pruned(path, model_class=None) -> nn.Module:
         raise HeadcountError(f"not a checkpoint directory (no config.json): {path}")
     config = transformers.AutoConfig.from_pretrained(str(path))
     record = getattr(config, RECORD, None) or {}
+    names = getattr(config, "architectures", None) or []
     if model_class is None:
-        names = getattr(config, "architectures", None) or []
         if not names or not hasattr(transformers, names[0]):
             raise HeadcountError(f"{path}/config.json names no known model class (architectures: {names})")
         model_class = getattr(transformers, names[0])
+    for key, value in config_kwargs.items():
+        setattr(config, key, value)
     setattr(config, RECORD, None)
     model = model_class(config)
     replay(model, record)
-    state = _load_state(path)
-    missing, unexpected = model.load_state_dict(state, strict=False)
+    state = _align_to(model, _load_state(path))
+    try:
+        missing, unexpected = model.load_state_dict(state, strict=False)
+    except RuntimeError as e:  # size mismatches
+        raise HeadcountError(f"checkpoint {path} does not match its pruning record ({str(e).splitlines()[-1].strip()})") from None
     tied = set(getattr(model, "all_tied_weights_keys", None) or {}) | set(getattr(model, "_tied_weights_keys", None) or {})
     missing = [k for k in missing if k not in tied]
+    if model_class.__name__ not in names:
+        # Another head: like from_pretrained, a module the checkpoint has no weight of at all
+        # (the new task head, a pooler the saved head did not use) starts from random weights,
+        # and weights of modules this model lacks (the saved head) are dropped. A module with
+        # only some of its weights saved is an error.
+        saved_modules = {k.rsplit(".", 1)[0] for k in state}
+        own_modules = {name for name, _ in model.named_modules()}
+        missing = [k for k in missing if k.rsplit(".", 1)[0] in saved_modules]
+        unexpected = [k for k in unexpected if k.rsplit(".", 1)[0] in own_modules]
     if missing or unexpected:
         raise HeadcountError(
             f"checkpoint {path} does not match its pruning record (missing {missing[:3]}, unexpected {list(unexpected)[:3]})"
