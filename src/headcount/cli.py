@@ -10,6 +10,7 @@ import sys
 
 from .commands import app
 from .commands import core  # noqa: F401  (registers info, shrink)
+from .commands import study  # noqa: F401  (registers study, report)
 from .commands import analyse  # noqa: F401  (score, prune)
 from .errors import HeadcountError
 

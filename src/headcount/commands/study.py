@@ -1,0 +1,42 @@
+"""`headcount study` and `headcount report`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from . import app
+
+
+@app.command()
+def study(
+    config: Path = typer.Argument(..., help="study config (YAML), e.g. configs/demo.yaml"),
+    out: Path = typer.Option(..., "--out", "-o", help="run directory (created; running again resumes)"),
+    resume: bool = typer.Option(False, "--resume", help="continue an interrupted run (the default anyway)"),
+    executor: str = typer.Option("local", "--executor", "-e", help="local (in this process) or ray"),
+    address: str = typer.Option(None, "--address", help="Ray cluster (host:port, ray://host:port, auto); "
+                                "default: start a local Ray instance"),
+    force: bool = typer.Option(False, "--force", help="take over a run directory made by another config "
+                               "(deletes nothing; the old config and report move to history/)"),
+    no_report: bool = typer.Option(False, "--no-report", help="do not draw the report at the end"),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress display"),
+):
+    """Run a study (resumable): every job of the config, then the report."""
+    from ..runner import run_study
+
+    summary = run_study(config, out, executor=executor, address=address, force=force,
+                        report=not no_report, quiet=quiet)
+    typer.echo(f"run directory: {summary.run_dir}")
+    typer.echo(f"jobs: {summary.jobs} ({len(summary.ran)} ran, {summary.reused} reused)")
+    if summary.report is not None:
+        typer.echo(f"report: {summary.report}")
+
+
+@app.command()
+def report(run_dir: Path = typer.Argument(..., help="a run directory made by `headcount study`")):
+    """Redraw report.html, results/*.csv and figures/ of a run from its saved results."""
+    from ..report import build_report
+
+    path = build_report(run_dir)
+    typer.echo(f"report: {path}")

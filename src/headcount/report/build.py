@@ -1,0 +1,131 @@
+"""``headcount report RUN_DIR``: redraw a run's report from its saved results."""
+
+from __future__ import annotations
+
+import os
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+from ..errors import HeadcountError
+from ..io import atomic_dir, atomic_write_bytes, atomic_write_text
+from .content import ReportContent, ReportTable, Section
+from .html import figure_png, render_html, tidy
+
+
+def _scalars(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        name = f"{prefix}{k}"
+        if isinstance(v, (int, float, str, bool)) or v is None:
+            out[name] = v
+        elif isinstance(v, dict) and not prefix:
+            out.update(_scalars(v, prefix=f"{name}."))
+    return out
+
+
+def default_report(store, config) -> ReportContent:
+    """The report of a study type without ``report_fn``: one table of scalar results per job kind.
+
+    >>> default_report.__name__
+    'default_report'
+    """
+    import pandas as pd
+
+    by_kind: dict[str, list[dict]] = {}
+    for r in store.results():
+        by_kind.setdefault(r.kind, []).append({"job": r.name, **_scalars(r.result)})
+    sections = [
+        Section(kind, tables={f"results_{kind}": pd.DataFrame(rows)})
+        for kind, rows in by_kind.items()
+    ]
+    return ReportContent(sections=sections)
+
+
+def _versions_table(manifest: dict) -> ReportTable:
+    import pandas as pd
+
+    from ..runner.study import versions
+
+    now = versions()
+    then = manifest.get("versions", {})
+    rows = [{"software": k, "results computed with": then.get(k, ""), "report drawn with": v} for k, v in now.items()]
+    return ReportTable("versions", pd.DataFrame(rows), csv=False)
+
+
+def build_report(run_dir: str | os.PathLike, *, loaded=None, store=None) -> Path:
+    """Draw ``RUN/report.html``, ``RUN/results/*.csv`` and ``RUN/figures/*.png`` from saved results.
+
+    The study type's ``report_fn(store, config)`` supplies the sections; the page adds the
+    config, the jobs with their timings (also ``results/jobs.csv``) and the software versions.
+    Outputs are replaced atomically; nothing under ``jobs/`` is touched.
+
+    Args:
+        run_dir: a run directory made by ``headcount study``.
+        loaded: the validated config (read from ``RUN/study.yaml`` when omitted).
+        store: the run's :class:`~headcount.runner.store.RunStore` (opened when omitted).
+
+    Returns:
+        The path of ``report.html``.
+
+    Raises:
+        HeadcountError: not a run directory, or jobs of the plan have not finished.
+
+    >>> build_report("/nonexistent")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    headcount.errors.HeadcountError: /nonexistent is not a headcount run directory...
+    """
+    from ..runner.config import parse_study_config
+    from ..runner.store import CONFIG, RunStore
+
+    run_dir = Path(run_dir)
+    if not (run_dir / "manifest.json").is_file():
+        raise HeadcountError(f"{run_dir} is not a headcount run directory (no manifest.json)")
+    store = store or RunStore(run_dir)
+    manifest = store.manifest
+    if loaded is None:
+        base = Path(manifest["config_file"]).parent if manifest.get("config_file") else run_dir
+        loaded = parse_study_config(store.config_text, where=str(run_dir / CONFIG), base_dir=base)
+    missing = store.missing()
+    if missing:
+        raise HeadcountError(
+            f"{len(missing)} of {len(store.plan['jobs'])} jobs have not finished (first: {missing[0]!r}); "
+            f"finish the run with `headcount study {manifest.get('config_file') or CONFIG} --out {run_dir}`"
+        )
+    if "matplotlib.pyplot" not in sys.modules:
+        import matplotlib
+
+        matplotlib.use("Agg")
+    st = loaded.study_type
+    content = st.report(store, loaded.config) if st.report is not None else None
+    if content is None:
+        content = default_report(store, loaded.config)
+    if not isinstance(content, ReportContent):
+        raise HeadcountError(f"the report function of study type {st.name!r} must return a ReportContent "
+                             f"(got {type(content).__name__})")
+    if not content.title:
+        content.title = loaded.config.name or f"{st.name} study"
+    if not content.summary and loaded.config.description:
+        content.summary = loaded.config.description
+
+    pngs = {f.name: figure_png(f.source) for f in content.figures()}
+    timings = store.timings()
+    jobs_table = ReportTable("jobs", timings, caption=f"{len(timings)} jobs, "
+                             f"{timings['seconds'].fillna(0).sum():.1f} s of compute in total")
+    versions_table = _versions_table(manifest)
+    drawn = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    subtitle = (f"study type {st.name} · config hash {manifest.get('config_hash')} · "
+                f"run directory {run_dir.resolve()} · drawn {drawn}")
+    page = render_html(content, pngs, subtitle=subtitle, config_text=store.config_text,
+                       jobs_table=jobs_table, versions_table=versions_table)
+
+    with atomic_dir(run_dir / "results") as tmp:
+        for t in [*content.tables(), jobs_table]:
+            if t.csv:
+                tidy(t.data).to_csv(tmp / f"{t.name}.csv", index=False)
+    if pngs:
+        with atomic_dir(run_dir / "figures") as tmp:
+            for name, png in pngs.items():
+                atomic_write_bytes(tmp / f"{name}.png", png)
+    return atomic_write_text(run_dir / "report.html", page)

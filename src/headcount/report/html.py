@@ -1,0 +1,149 @@
+"""Render a :class:`ReportContent` into one self-contained ``report.html`` (+ CSVs and PNGs).
+
+Figures are embedded as base64 PNG, tables as HTML (and written to ``results/<name>.csv``),
+followed by the config as given, the jobs with their timings, and the versions of the software
+that computed the results and drew the report.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+from ..errors import HeadcountError
+from .content import ReportContent, ReportFigure, ReportTable
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;max-width:1100px;margin:2em auto;
+padding:0 1em;color:#222;line-height:1.45}
+h1{margin-bottom:.2em} h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:2em}
+.meta{color:#666;font-size:.9em} figure{margin:1.2em 0} figure img{max-width:100%;border:1px solid #eee}
+figcaption{color:#555;font-size:.9em} table.data{border-collapse:collapse;font-size:.85em;margin:.6em 0}
+table.data th,table.data td{border:1px solid #ddd;padding:.25em .5em;text-align:right}
+table.data th{background:#f6f6f6} table.data td:first-child,table.data th:first-child{text-align:left}
+pre{background:#f7f7f7;padding:.8em;overflow-x:auto;font-size:.85em} code{background:#f3f3f3;padding:0 .2em}
+nav ul{columns:2} .caption{color:#555;font-size:.9em;margin:.2em 0} .note{color:#666;font-size:.85em}
+"""
+
+
+def figure_png(source: Any, dpi: int = 110) -> bytes:
+    """PNG bytes of a matplotlib Figure, a PNG file, or PNG bytes.
+
+    >>> from headcount.report.content import new_figure
+    >>> fig, ax = new_figure(); _ = ax.plot([1, 2])
+    >>> figure_png(fig)[:4]
+    b'\\x89PNG'
+    """
+    if isinstance(source, (bytes, bytearray)):
+        data = bytes(source)
+    elif isinstance(source, (str, Path)):
+        try:
+            data = Path(source).read_bytes()
+        except OSError as e:
+            raise HeadcountError(f"cannot read figure {source}: {e.strerror or e}") from None
+    elif hasattr(source, "savefig"):
+        buf = io.BytesIO()
+        if getattr(source, "canvas", None) is None or type(source.canvas).__name__ == "FigureCanvasBase":
+            from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+            FigureCanvasAgg(source)
+        source.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
+        if "matplotlib.pyplot" in sys.modules:  # free pyplot-managed figures
+            sys.modules["matplotlib.pyplot"].close(source)
+        data = buf.getvalue()
+    else:
+        raise HeadcountError(f"a report figure must be a matplotlib Figure, a PNG path or PNG bytes "
+                             f"(got {type(source).__name__})")
+    if not data.startswith(PNG_MAGIC):
+        raise HeadcountError("a report figure file must be a PNG")
+    return data
+
+
+def tidy(df):
+    """The DataFrame as written to CSV: a meaningful index becomes columns, columns flattened."""
+    import pandas as pd
+
+    out = df.copy()
+    if isinstance(out.columns, pd.MultiIndex):
+        out.columns = ["_".join(str(c) for c in col if str(c) != "") for col in out.columns]
+    if not isinstance(out.index, pd.RangeIndex) or out.index.name is not None:
+        out = out.reset_index()
+    return out
+
+
+def _text_html(text: str) -> str:
+    parts = []
+    for para in re.split(r"\n\s*\n", text.strip()):
+        if not para.strip():
+            continue
+        esc = html.escape(para)
+        esc = re.sub(r"`([^`]+)`", r"<code>\1</code>", esc)
+        parts.append(f"<p>{esc}</p>")
+    return "\n".join(parts)
+
+
+def _table_html(table: ReportTable) -> str:
+    df = tidy(table.data)
+    shown = df.head(table.max_rows)
+
+    def fmt(x):
+        return f"{x:.4g}"
+
+    body = shown.to_html(index=False, border=0, classes="data", float_format=fmt, na_rep="", escape=True)
+    note = ""
+    if len(df) > len(shown):
+        note = f'<p class="note">first {len(shown)} of {len(df)} rows; all in results/{table.name}.csv</p>'
+    cap = f'<p class="caption">{html.escape(table.caption)}</p>' if table.caption else ""
+    link = f'<p class="note">results/{html.escape(table.name)}.csv</p>' if table.csv else ""
+    return f'<div class="table" id="table-{html.escape(table.name)}">{cap}{body}{note}{link}</div>'
+
+
+def _figure_html(fig: ReportFigure, png: bytes) -> str:
+    b64 = base64.b64encode(png).decode("ascii")
+    cap = f"<figcaption>{html.escape(fig.caption)}</figcaption>" if fig.caption else ""
+    return (f'<figure id="figure-{html.escape(fig.name)}"><img alt="{html.escape(fig.name)}" '
+            f'src="data:image/png;base64,{b64}">{cap}</figure>')
+
+
+def render_html(content: ReportContent, pngs: dict[str, bytes], *, subtitle: str, config_text: str,
+                jobs_table, versions_table) -> str:
+    """The report page as a string (figures already rendered to PNG, by name)."""
+    title = html.escape(content.title or "headcount study")
+    toc = "".join(f'<li><a href="#s{i}">{html.escape(s.title)}</a></li>' for i, s in enumerate(content.sections))
+    toc += '<li><a href="#config">Configuration</a></li><li><a href="#jobs">Jobs and timings</a></li>'
+    toc += '<li><a href="#versions">Versions</a></li>'
+    out = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        f"<title>{title}</title><style>{CSS}</style></head><body>",
+        f"<h1>{title}</h1>",
+        f'<p class="meta">{html.escape(subtitle)}</p>',
+        _text_html(content.summary) if content.summary else "",
+        f"<nav><ul>{toc}</ul></nav>",
+    ]
+    for i, s in enumerate(content.sections):
+        out.append(f'<section id="s{i}"><h2>{html.escape(s.title)}</h2>')
+        if s.text:
+            out.append(_text_html(s.text))
+        for f in s.figures:
+            out.append(_figure_html(f, pngs[f.name]))
+        for t in s.tables:
+            out.append(_table_html(t))
+        out.append("</section>")
+    out.append('<section id="config"><h2>Configuration</h2><p class="note">study.yaml, as given</p>')
+    out.append(f"<pre>{html.escape(config_text)}</pre></section>")
+    out.append('<section id="jobs"><h2>Jobs and timings</h2>')
+    out.append(_table_html(jobs_table))
+    out.append("</section>")
+    out.append('<section id="versions"><h2>Versions</h2>')
+    out.append(_table_html(versions_table))
+    out.append("</section></body></html>\n")
+    return "\n".join(x for x in out if x)

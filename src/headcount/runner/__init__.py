@@ -1,0 +1,43 @@
+"""Studies as resumable graphs of jobs: keys, a results store, local and Ray executors.
+
+A study type registers a config model, an ``expand_fn`` (config -> jobs) and a ``report_fn``;
+``run_study`` runs the jobs that have not finished into a run directory and draws the report.
+See ``headcount.runner.jobs`` for the job function signature.
+"""
+
+from .config import ConfigSection, LoadedConfig, StudyConfig, load_study_config, parse_study_config
+from .executors import Executor, LocalExecutor, RayExecutor, make_executor
+from .jobs import Job, JobResult, Plan, Resources, canonical_json, headcount_version, no_progress, resolve_function
+from .registry import StudyType, get_study_type, register_report, register_study, study_types
+from .store import RunStore
+from .study import JobsFailed, RunSummary, run_study, versions
+
+__all__ = [
+    "ConfigSection",
+    "Executor",
+    "Job",
+    "JobResult",
+    "JobsFailed",
+    "LoadedConfig",
+    "LocalExecutor",
+    "Plan",
+    "RayExecutor",
+    "Resources",
+    "RunStore",
+    "RunSummary",
+    "StudyConfig",
+    "StudyType",
+    "canonical_json",
+    "get_study_type",
+    "headcount_version",
+    "load_study_config",
+    "make_executor",
+    "no_progress",
+    "parse_study_config",
+    "register_report",
+    "register_study",
+    "resolve_function",
+    "run_study",
+    "study_types",
+    "versions",
+]

@@ -1,0 +1,224 @@
+"""Run a study: config -> plan of jobs -> run directory (resumable) -> report.
+
+``run_study`` is what ``headcount study CONFIG.yaml --out RUN`` calls. Running it again with the
+same config continues where it stopped: finished jobs (``RUN/jobs/<key>/DONE``) are reused, the
+temporary directories of jobs that were interrupted are removed, and the rest runs.
+
+A run directory belongs to one config (``manifest.json`` holds its hash). With another config
+the run is refused, unless ``force=True``: then the old ``study.yaml``, ``manifest.json``,
+``plan.json`` and report move to ``RUN/history/<n>-<old hash>/``, the new config takes the
+directory over, and every finished job is kept in ``jobs/``: those whose key the new config
+still produces are reused, the others stay on disk untouched (nothing is deleted).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from ..errors import HeadcountError
+from ..io import atomic_write_json, atomic_write_text
+from .config import LoadedConfig, StudyConfig, config_hash, load_study_config
+from .executors import Executor, Reporter, make_executor
+from .jobs import Plan, headcount_version, resolve_function
+from .registry import get_study_type
+from .store import CONFIG, MANIFEST, PLAN, FORMAT, RunStore, utcnow
+
+
+class JobsFailed(HeadcountError):
+    """Some jobs raised; their tracebacks are in ``RUN/logs/``. Finished jobs are kept."""
+
+
+def versions() -> dict[str, str]:
+    """Versions of Python, the platform and the packages results depend on (without importing them).
+
+    >>> "python" in versions() and "headcount" in versions()
+    True
+    """
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {"python": platform.python_version(), "platform": platform.platform(terse=True)}
+    for pkg in ("headcount", "torch", "transformers", "numpy", "pandas", "scipy", "matplotlib", "pydantic", "ray"):
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            out[pkg] = "-"
+    return out
+
+
+@dataclass
+class RunSummary:
+    """What :func:`run_study` did.
+
+    Attributes:
+        run_dir: the run directory.
+        jobs: number of jobs in the plan.
+        reused: jobs already finished before this call.
+        ran: names of the jobs run now.
+        failed: ``{name: one-line reason}``.
+        skipped: jobs not run because an input failed.
+        report: path of ``report.html`` (None when not written).
+        cleaned: temporary directories of interrupted jobs removed.
+    """
+
+    run_dir: Path
+    jobs: int
+    reused: int
+    ran: list[str] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)
+    skipped: list[str] = field(default_factory=list)
+    report: Path | None = None
+    cleaned: int = 0
+
+
+def _coerce_config(config) -> LoadedConfig:
+    if isinstance(config, LoadedConfig):
+        return config
+    if isinstance(config, StudyConfig):
+        st = get_study_type(config.study)
+        text = yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
+        return LoadedConfig(st, config, text, None, config_hash(config))
+    return load_study_config(config)
+
+
+def _check_out_dir(out: Path) -> None:
+    if out.exists() and not out.is_dir():
+        raise HeadcountError(f"--out {out} is a file, not a directory")
+    if out.is_dir() and not (out / MANIFEST).is_file():
+        others = [p.name for p in out.iterdir() if p.name not in (".lock", CONFIG)]
+        if others:
+            raise HeadcountError(
+                f"{out} is not empty and is not a headcount run directory (no {MANIFEST}); choose another --out"
+            )
+
+
+def _archive(store: RunStore, old: dict) -> Path:
+    """Move the old config, manifest, plan and report into ``history/`` (results in jobs/ stay)."""
+    hist = store.root / "history"
+    hist.mkdir(exist_ok=True)
+    n = 1 + sum(1 for _ in hist.iterdir())
+    dest = hist / f"{n:03d}-{old.get('config_hash', 'unknown')}"
+    dest.mkdir()
+    for name in (CONFIG, PLAN, "report.html", "results", "figures"):
+        src = store.root / name
+        if src.exists():
+            os.replace(src, dest / name)
+    shutil.copy2(store.root / MANIFEST, dest / MANIFEST)  # replaced atomically by the caller
+    return dest
+
+
+def _new_manifest(loaded: LoadedConfig, now: str, previous: str | None = None) -> dict:
+    manifest = {"format": FORMAT, "study": loaded.config.study, "config_hash": loaded.hash,
+                "config_file": str(loaded.path.resolve()) if loaded.path else None,
+                "created": now, "created_with": headcount_version()}
+    if previous:
+        manifest["previous_config_hash"] = previous
+    return manifest
+
+
+def run_study(
+    config,
+    out: str | os.PathLike,
+    *,
+    executor: str | Executor = "local",
+    address: str | None = None,
+    force: bool = False,
+    keep_going: bool = True,
+    report: bool = True,
+    quiet: bool = False,
+    console=None,
+) -> RunSummary:
+    """Run (or resume) a study into a run directory and write its report.
+
+    Args:
+        config: a YAML path, a validated config model, or a :class:`LoadedConfig`.
+        out: the run directory (created; reused when it holds this config).
+        executor: ``"local"``, ``"ray"``, or an :class:`Executor` instance.
+        address: Ray cluster address (``host:port``, ``ray://host:port``, ``auto``); None starts a
+            local Ray instance.
+        force: take over a run directory made by another config (see the module docstring:
+            nothing is deleted; the old config and report move to ``history/``).
+        keep_going: after a job fails, still run the jobs that do not depend on it.
+        report: write ``report.html`` and ``results/`` when every job has finished.
+        quiet: no progress display.
+        console: a rich Console for the progress display (default: stderr).
+
+    Returns:
+        A :class:`RunSummary`.
+
+    Raises:
+        HeadcountError: bad config, a run directory of another config (without ``force``), an
+            unreachable Ray cluster; :class:`JobsFailed` when jobs failed (the others are kept).
+
+    >>> run_study("/nonexistent.yaml", "/tmp/never")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    headcount.errors.HeadcountError: cannot read /nonexistent.yaml: ...
+    """
+    loaded = _coerce_config(config)
+    exe = make_executor(executor, address)
+    jobs = loaded.study_type.expand(loaded.config)
+    plan = Plan(list(jobs or []))
+    for fn in sorted({j.fn for j in plan}):  # fail before touching the run directory
+        resolve_function(fn)
+    exe.check()
+
+    out = Path(out)
+    _check_out_dir(out)
+    store = RunStore(out)
+    # connect (Ray) before touching the run directory, and only when something is left to run
+    needs_executor = any(not store.is_done(j.key) for j in plan)
+    with exe.session() if needs_executor else nullcontext(), store:
+        manifest_path = out / MANIFEST
+        now = utcnow()
+        if manifest_path.is_file():
+            old = json.loads(manifest_path.read_text(encoding="utf-8"))
+            if old.get("config_hash") != loaded.hash:
+                if not force:
+                    raise HeadcountError(
+                        f"{out} holds a run of another config ({old.get('study', '?')}, config hash "
+                        f"{old.get('config_hash')}; this one is {loaded.hash}): use another --out, or --force "
+                        "to reuse its finished jobs (nothing is deleted)"
+                    )
+                _archive(store, old)
+                manifest = _new_manifest(loaded, now, previous=old.get("config_hash"))
+            else:
+                manifest = old
+        else:
+            manifest = _new_manifest(loaded, now)
+        manifest.update(last_run=now, headcount_version=headcount_version(), executor=exe.name,
+                        versions=versions())
+        atomic_write_json(manifest_path, manifest)
+        if not (out / CONFIG).is_file():
+            atomic_write_text(out / CONFIG, loaded.text)
+        cleaned = store.clean_tmp()
+        store.write_plan(plan)
+
+        pending = [j for j in plan if not store.is_done(j.key)]
+        summary = RunSummary(out, len(plan), len(plan) - len(pending), cleaned=cleaned)
+        with Reporter(len(pending), reused=summary.reused, quiet=quiet, console=console) as reporter:
+            if cleaned:
+                reporter.print(f"[dim]removed {cleaned} unfinished job director{'y' if cleaned == 1 else 'ies'} "
+                               "of an interrupted run[/dim]")
+            outcome = exe.run(pending, store, reporter, keep_going=keep_going)
+        summary.ran, summary.failed, summary.skipped = outcome.ran, outcome.failed, outcome.skipped
+
+        if report and not store.missing():
+            from ..report import build_report
+
+            summary.report = build_report(out, loaded=loaded, store=store)
+    if summary.failed:
+        first, why = next(iter(summary.failed.items()))
+        more = f" (and {len(summary.failed) - 1} more)" if len(summary.failed) > 1 else ""
+        raise JobsFailed(
+            f"job {first!r} failed: {why}{more}; {len(summary.ran)} ran, "
+            f"{len(summary.skipped)} skipped; tracebacks in {out / 'logs'}; run the same command again to retry"
+        )
+    return summary
