@@ -199,4 +199,5 @@ def arch(request) -> str:
 @pytest.fixture(autouse=True)
 def _quiet_transformers():
     transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
     yield

@@ -42,7 +42,7 @@ def shrink_checkpoint(model_spec: str, mask_path, out) -> dict:
     mask = Mask.load(mask_path)
     from .pipeline import has_task_head
 
-    model = load_model(model_spec, head="classification" if has_task_head(model_spec) else "base")
+    model = load_model(model_spec, head="classification" if has_task_head(model_spec) else _saved_head(model_spec))
     mask.check_model(model)
     before = count_parameters(model)
     shrink(model, mask)
@@ -54,6 +54,19 @@ def shrink_checkpoint(model_spec: str, mask_path, out) -> dict:
     import json
 
     return json.loads((Path(out) / "headcount.json").read_text())
+
+
+def _saved_head(model_spec: str) -> str:
+    """The head shrink keeps when it is not a classifier: "mlm" for a masked-LM checkpoint, else "base"."""
+    import transformers
+
+    from .models import resolve
+
+    try:
+        cfg = transformers.AutoConfig.from_pretrained(resolve(model_spec))
+    except (OSError, ValueError):
+        return "base"
+    return "mlm" if any(a.endswith("ForMaskedLM") for a in (cfg.architectures or [])) else "base"
 
 
 def _echo_none(*args, **kwargs):
