@@ -1,0 +1,321 @@
+"""headcount.analysis.patterns: rule-based classes, fixed-size maps, the CNN, the data format, the CLI."""
+
+from __future__ import annotations
+
+import doctest
+import json
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import headcount.analysis.patterns as patterns_mod
+from headcount.analysis.patterns import (
+    CLASSES,
+    PatternCNN,
+    classify_patterns,
+    load_labelled_maps,
+    load_pattern_cnn,
+    mean_attention_maps,
+    pattern_distribution,
+    pattern_features,
+    predict_patterns,
+    resample_attention,
+    save_labelled_maps,
+    save_pattern_cnn,
+    synthetic_attention_maps,
+    train_pattern_cnn,
+)
+from headcount.cli import main
+from headcount.errors import HeadcountError
+
+
+def test_docstring_examples_run():
+    result = doctest.testmod(patterns_mod, optionflags=doctest.ELLIPSIS)
+    assert result.attempted >= 15 and result.failed == 0
+
+
+# --------------------------------------------------------------------------- rules
+
+
+@pytest.mark.parametrize(
+    "size,specials,seed",
+    [(32, None, 0), (32, (0, 10, 31), 1), (24, None, 2), (48, (0, 30, 47), 3)],
+)
+def test_rule_classifier_labels_synthetic_maps_of_each_class(size, specials, seed):
+    s = synthetic_attention_maps(n_per_class=40, size=size, seed=seed, special_positions=specials)
+    result = classify_patterns(s.maps, s.special_positions)
+    predicted = np.array([CLASSES.index(lab) for lab in result.labels.tolist()])
+    for c, name in enumerate(CLASSES):
+        acc = (predicted[s.labels == c] == c).mean()
+        assert acc >= 0.9, f"{name}: {acc:.2f}"
+    assert sum(result.counts().values()) == len(s.labels)
+
+
+def hand_map(kind: str, size: int = 16, specials=(0, 8, 15)) -> np.ndarray:
+    a = np.zeros((size, size))
+    rows = np.arange(size)
+    if kind == "vertical":
+        a[:, list(specials)] = 1.0
+    elif kind == "diagonal":
+        a[rows, np.maximum(rows - 1, 0)] = 1.0  # previous token
+    elif kind == "vertical+diagonal":
+        a[:, list(specials)] = 1.0 / len(specials)
+        a[rows, np.minimum(rows + 1, size - 1)] += 1.0  # next token
+    elif kind == "block":
+        seg = np.zeros(size, dtype=int)
+        seg[specials[1]:] = 1
+        a = (seg[:, None] == seg[None, :]).astype(float)
+        a[:, list(specials)] = 0.02
+    else:
+        a = np.ones((size, size))
+    return a / a.sum(1, keepdims=True)
+
+
+@pytest.mark.parametrize("kind", ["vertical", "diagonal", "vertical+diagonal", "block"])
+def test_hand_built_maps(kind):
+    assert classify_patterns(hand_map(kind)[None], (0, 8, 15)).labels.tolist() == [kind]
+
+
+def test_features_on_uniform_and_single_segment_maps():
+    f = pattern_features(hand_map("uniform")[None], (0, 8, 15))
+    assert f["vertical"][0] == pytest.approx(3 / 16)
+    assert f["block"][0] == pytest.approx(0.0, abs=1e-12)
+    assert f["entropy"][0] == pytest.approx(1.0)
+    assert f["vertical"][0] + f["diagonal"][0] + f["residual"][0] == pytest.approx(1.0)
+    assert classify_patterns(hand_map("uniform")[None], (0, 8, 15)).labels.tolist() == ["heterogeneous"]
+    # one segment ([CLS] text [SEP]): within-segment attention is not a block pattern
+    single = pattern_features(np.ones((2, 10, 10)) / 10, (0, 9))
+    assert np.isnan(single["block"]).all()
+    assert classify_patterns(np.ones((1, 10, 10)) / 10, (0, 9)).labels.tolist() == ["heterogeneous"]
+    # a short input placed on a 32-cell map: uniform attention over [CLS] a b c [SEP] puts 40% on
+    # specials, which is chance, not a vertical pattern; empty cells do not count
+    short, cells, seg, _ = resample_attention(np.ones((1, 5, 5)) / 5, (0, 4), size=32)
+    f = pattern_features(short, cells, seg)
+    assert f["vertical"][0] == pytest.approx(0.4) and f["vertical_excess"][0] == pytest.approx(0.0, abs=1e-6)
+    assert f["entropy"][0] == pytest.approx(1.0)
+    assert classify_patterns(short, cells, seg).labels.tolist() == ["heterogeneous"]
+
+
+def test_segment_ids_like_token_type_ids_give_the_same_block_feature():
+    m = hand_map("block")[None]
+    token_type_ids = np.array([0] * 9 + [1] * 7)  # [CLS] A [SEP] -> 0, B [SEP] -> 1
+    a = pattern_features(m, (0, 8, 15))
+    b = pattern_features(m, (0, 8, 15), segment_ids=token_type_ids)
+    assert a["block"][0] == pytest.approx(b["block"][0])
+    assert a["block"][0] > 0.9
+
+
+def test_leading_dims_and_pattern_distribution():
+    s = synthetic_attention_maps(n_per_class=4, size=16, seed=0)
+    grid = s.maps[:12].reshape(3, 4, 16, 16)  # [layers, heads, S, S]
+    r = classify_patterns(grid, s.special_positions)
+    assert r.labels.shape == (3, 4) and r.features["entropy"].shape == (3, 4)
+    d = pattern_distribution(r.labels)
+    assert sum(d.values()) == pytest.approx(1.0)
+    mask = np.zeros((3, 4), dtype=int)
+    mask[0, 0] = 1
+    only = pattern_distribution(r.labels, mask)
+    assert only[str(r.labels[0, 0])] == 1.0
+    assert json.loads(json.dumps(r.to_dict()))["labels"] == r.labels.tolist()
+    with pytest.raises(HeadcountError):
+        classify_patterns(np.ones((2, 4, 5)))
+
+
+# --------------------------------------------------------------------------- fixed-size maps
+
+
+@pytest.mark.parametrize("length", [9, 20, 77])
+def test_resample_keeps_rows_normalised_and_specials_crisp(length):
+    sep = length // 2
+    specials = (0, sep, length - 1)
+    rng = np.random.default_rng(length)
+    a = rng.dirichlet(np.ones(length), size=(2, length))  # [heads, L, L]
+    a[1] = 0.0
+    a[1][:, sep] = 1.0  # head 1 attends only to the middle [SEP]
+    maps, cells, seg, sig = resample_attention(torch.tensor(a), specials, size=16)
+    assert maps.shape == (2, 16, 16) and sig == ("S", "C", "S", "C", "S")
+    filled = maps.sum(-1)[0] > 0.5  # a short run fills part of its range, one token per cell
+    assert int(filled.sum()) == min(length, 16)
+    torch.testing.assert_close(maps.sum(-1)[:, filled], torch.ones(2, int(filled.sum())), rtol=0, atol=1e-5)
+    assert float(maps.sum(-1)[:, ~filled].abs().sum()) == 0.0
+    assert cells[0] == 0 and cells[-1] == 15
+    torch.testing.assert_close(maps[1][filled, cells[1]], torch.ones(int(filled.sum())), rtol=0, atol=1e-6)
+    assert (seg >= 0).sum() == 13 and set(seg[seg >= 0].tolist()) == {0, 1}
+    # special rows are copied, special columns keep their mass exactly
+    torch.testing.assert_close(maps[0][0, list(cells)], torch.tensor(a[0][0, list(specials)], dtype=torch.float32))
+    const = np.full((length, length), 0.5 / (length - 1))
+    const[:, 0] = 0.5  # every query puts half its attention on [CLS]
+    const_maps = resample_attention(const, specials, size=16)[0]
+    torch.testing.assert_close(const_maps[filled, 0], torch.full((int(filled.sum()),), 0.5), rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("length", [12, 70])
+def test_resampled_diagonal_stays_diagonal(length):
+    a = np.eye(length)[None]
+    maps, cells, seg, _ = resample_attention(a, (0, length // 2, length - 1), size=32)
+    assert classify_patterns(maps, cells, seg).labels.tolist() == ["diagonal"]
+
+
+def test_mean_attention_maps_over_varying_lengths():
+    rng = np.random.default_rng(0)
+    examples, specials, lengths = [], [], []
+    for length in (14, 23, 40, 57):
+        sep = int(rng.integers(4, length - 4))
+        a = 0.2 * rng.dirichlet(np.ones(length), size=(3, length))
+        a[0][:, [0, sep, length - 1]] += 0.8 / 3  # head 0: vertical
+        a[1][np.arange(length), np.maximum(np.arange(length) - 1, 0)] += 0.8  # head 1: previous token
+        seg = (np.arange(length) > sep).astype(int)
+        a[2] += 0.8 * (seg[:, None] == seg[None, :]) / np.bincount(seg)[seg][:, None]  # head 2: block
+        padded = np.zeros((3, 64, 64))
+        padded[:, :length, :length] = a
+        examples.append(torch.tensor(padded, dtype=torch.float32))
+        specials.append((0, sep, length - 1))
+        lengths.append(length)
+    mean = mean_attention_maps(examples, specials, size=32, lengths=lengths)
+    assert mean.maps.shape == (3, 32, 32) and mean.n_examples == 4
+    assert len(mean.special_positions) == 3
+    assert mean.classify().labels.tolist() == ["vertical", "diagonal", "block"]
+    with pytest.raises(HeadcountError, match="structure"):  # a single sentence next to pairs
+        mean_attention_maps([torch.ones(3, 10, 10) / 10, torch.ones(3, 12, 12) / 12], [(0, 9), (0, 5, 11)])
+    with pytest.raises(HeadcountError):
+        mean_attention_maps(examples, specials[:2])
+
+
+# --------------------------------------------------------------------------- synthetic maps
+
+
+def test_synthetic_maps_are_seeded_and_valid():
+    a = synthetic_attention_maps(n_per_class=5, seed=3)
+    b = synthetic_attention_maps(n_per_class=5, seed=3)
+    c = synthetic_attention_maps(n_per_class=5, seed=4)
+    np.testing.assert_array_equal(a.maps, b.maps)
+    np.testing.assert_array_equal(a.labels, b.labels)
+    assert not np.array_equal(a.maps, c.maps)
+    assert a.maps.shape == (25, 32, 32) and a.maps.dtype == np.float32
+    np.testing.assert_allclose(a.maps.sum(-1), 1.0, atol=1e-5)
+    assert np.bincount(a.labels).tolist() == [5] * 5
+
+
+# --------------------------------------------------------------------------- CNN
+
+
+def test_cnn_trains_well_above_chance_and_is_deterministic():
+    s = synthetic_attention_maps(n_per_class=30, size=32, seed=0)
+    t0 = time.perf_counter()
+    model, metrics = train_pattern_cnn(s.maps, s.labels, seed=0, epochs=8)
+    elapsed = time.perf_counter() - t0
+    assert elapsed < 20
+    assert metrics["n_heldout"] == 30 and metrics["n_train"] == 120
+    assert metrics["heldout_accuracy"] >= 0.7  # chance is 0.2
+    fresh = synthetic_attention_maps(n_per_class=20, size=32, seed=9)
+    pred = predict_patterns(model, fresh.maps)
+    assert np.mean([CLASSES.index(p) == y for p, y in zip(pred.tolist(), fresh.labels.tolist())]) >= 0.7
+    again, metrics2 = train_pattern_cnn(s.maps, s.labels, seed=0, epochs=8)
+    assert metrics2["final_loss"] == metrics["final_loss"]
+    for (k, v), (_, w) in zip(model.state_dict().items(), again.state_dict().items()):
+        assert torch.equal(v, w), k
+
+
+def test_cnn_save_load_round_trip(tmp_path):
+    s = synthetic_attention_maps(n_per_class=4, size=16, seed=0)
+    model, _ = train_pattern_cnn(s.maps, [CLASSES[i] for i in s.labels], seed=1, epochs=2)
+    save_pattern_cnn(model, tmp_path / "cnn")
+    loaded = load_pattern_cnn(tmp_path / "cnn")
+    assert loaded.size == 16 and loaded.classes == CLASSES
+    x = torch.as_tensor(s.maps)
+    torch.testing.assert_close(loaded(x), model(x))
+    assert json.loads((tmp_path / "cnn" / "config.json").read_text())["format"] == "headcount-pattern-cnn"
+    with pytest.raises(HeadcountError):
+        load_pattern_cnn(tmp_path)
+    with pytest.raises(HeadcountError, match="reads 16"):
+        predict_patterns(loaded, np.ones((1, 32, 32)))
+    with pytest.raises(HeadcountError):
+        PatternCNN(size=30)
+
+
+def test_train_rejects_bad_labels():
+    s = synthetic_attention_maps(n_per_class=2, size=16, seed=0)
+    with pytest.raises(HeadcountError, match="not one of"):
+        train_pattern_cnn(s.maps, ["sideways"] * 10, epochs=1)
+    with pytest.raises(HeadcountError, match="labels"):
+        train_pattern_cnn(s.maps, s.labels[:3], epochs=1)
+
+
+# --------------------------------------------------------------------------- data format
+
+
+def test_labelled_maps_formats(tmp_path):
+    s = synthetic_attention_maps(n_per_class=2, size=16, seed=0)
+    save_labelled_maps(s.maps, s.labels, tmp_path / "maps.safetensors", tmp_path / "labels.csv")
+    maps, labels = load_labelled_maps(tmp_path / "maps.safetensors", tmp_path / "labels.csv")
+    np.testing.assert_array_equal(maps, s.maps)
+    np.testing.assert_array_equal(labels, s.labels)
+    names = [CLASSES[i] for i in s.labels]
+    # JSON: names in free spelling, ids, or {"labels": [...]}
+    variants = [n.replace("+", "_").upper() for n in names]
+    (tmp_path / "l1.json").write_text(json.dumps(variants))
+    (tmp_path / "l2.json").write_text(json.dumps({"labels": s.labels.tolist()}))
+    for f in ("l1.json", "l2.json"):
+        np.testing.assert_array_equal(load_labelled_maps(tmp_path / "maps.safetensors", tmp_path / f)[1], s.labels)
+    (tmp_path / "bad.csv").write_text("name\nvertical\n")
+    with pytest.raises(HeadcountError, match="'label' column"):
+        load_labelled_maps(tmp_path / "maps.safetensors", tmp_path / "bad.csv")
+    from safetensors.numpy import save_file
+
+    save_file({"attn": s.maps}, str(tmp_path / "other.safetensors"))
+    with pytest.raises(HeadcountError, match="no tensor named 'maps'"):
+        load_labelled_maps(tmp_path / "other.safetensors", tmp_path / "labels.csv")
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def test_cli_patterns_train(tmp_path, capsys):
+    s = synthetic_attention_maps(n_per_class=8, size=16, seed=0)
+    save_labelled_maps(s.maps, s.labels, tmp_path / "maps.safetensors", tmp_path / "labels.json")
+    rc = main(["patterns", "train", "--maps", str(tmp_path / "maps.safetensors"),
+               "--labels", str(tmp_path / "labels.json"), "--out", str(tmp_path / "out"), "--epochs", "3"])
+    assert rc == 0
+    metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    assert {"train_accuracy", "heldout_accuracy", "n_train", "n_heldout"} <= set(metrics)
+    assert 0 <= metrics["heldout_accuracy"] <= 1 and metrics["n_heldout"] == 5
+    assert load_pattern_cnn(tmp_path / "out").size == 16
+    assert "held-out accuracy" in capsys.readouterr().out
+
+
+def _cli_error(args, capsys) -> str:
+    with pytest.raises(SystemExit) as exc:
+        main(args)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err
+    return err
+
+
+def test_cli_patterns_train_bad_input(tmp_path, capsys):
+    s = synthetic_attention_maps(n_per_class=2, size=16, seed=0)
+    save_labelled_maps(s.maps, s.labels, tmp_path / "maps.safetensors", tmp_path / "labels.csv")
+    (tmp_path / "short.csv").write_text("label\nvertical\nblock\n")
+    (tmp_path / "junk.safetensors").write_bytes(b"not a safetensors file")
+    out = str(tmp_path / "out")
+    maps, labels = str(tmp_path / "maps.safetensors"), str(tmp_path / "labels.csv")
+    assert "not found" in _cli_error(["patterns", "train", "--maps", str(tmp_path / "no.safetensors"),
+                                      "--labels", labels, "--out", out], capsys)
+    assert "10 maps but" in _cli_error(["patterns", "train", "--maps", maps, "--labels", str(tmp_path / "short.csv"),
+                                        "--out", out], capsys)
+    assert "cannot read" in _cli_error(["patterns", "train", "--maps", str(tmp_path / "junk.safetensors"),
+                                        "--labels", labels, "--out", out], capsys)
+    assert "labels must be" in _cli_error(["patterns", "train", "--maps", maps, "--labels", maps, "--out", out], capsys)
+    assert "--epochs" in _cli_error(["patterns", "train", "--maps", maps, "--labels", labels, "--out", out,
+                                     "--epochs", "0"], capsys)
+    assert not (tmp_path / "out").exists()
+
+
+def test_cli_patterns_synthetic_writes_trainable_data(tmp_path, capsys):
+    assert main(["patterns", "synthetic", "--out", str(tmp_path), "--n-per-class", "3", "--size", "16"]) == 0
+    maps, labels = load_labelled_maps(tmp_path / "maps.safetensors", tmp_path / "labels.csv")
+    assert maps.shape == (15, 16, 16) and np.bincount(labels).tolist() == [3] * 5
+    out = capsys.readouterr().out
+    assert float(out.rsplit("accuracy", 1)[1]) >= 0.9  # the rule-based classifier on the written maps
