@@ -1,0 +1,161 @@
+"""Job functions shared by the study types: fine-tune, score, prune, evaluate.
+
+Each has the runner's signature ``(params, inputs, workdir, progress) -> dict`` and is
+deterministic given its params. A model comes either from ``params["model"]`` (hub id,
+directory, ``offline``) or from an upstream job named ``"model"`` (its ``model/`` directory).
+A mask comes from an upstream job named ``"mask"`` (its ``mask.json``) or ``params["mask"]``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+from ..masks import Mask
+
+
+def model_spec(params: dict, inputs: dict) -> str:
+    """The model a job works on: the upstream ``model`` job's checkpoint, else ``params["model"]``."""
+    if "model" in inputs:
+        return str(inputs["model"].path("model"))
+    return params.get("model", "offline")
+
+
+def input_mask(params: dict, inputs: dict) -> Mask | None:
+    """The mask a job applies: from an upstream ``mask`` job, or ``params["mask"]`` (a dict)."""
+    if "mask" in inputs:
+        return Mask.load(inputs["mask"].path("mask.json"))
+    if params.get("mask"):
+        return Mask.from_dict(params["mask"])
+    return None
+
+
+def _steps(progress):
+    state = {"n": 0}
+
+    def say(message: str) -> None:
+        state["n"] += 1
+        progress(state["n"], None, message)
+
+    return say
+
+
+def finetune_job(params, inputs, workdir: Path, progress) -> dict:
+    """Fine-tune (or retrain with a mask from the pre-trained weights).
+
+    params: model, task, seed, train (TrainConfig fields), mask_mode ("prune" | "gate"),
+    optional weight_mask from an upstream ``weight_mask`` job (its weight_mask.safetensors).
+    Writes ``model/`` and ``metrics.json``.
+    """
+    from ..training import TrainConfig, finetune
+
+    weight_mask = inputs["weight_mask"].path("weight_mask.safetensors") if "weight_mask" in inputs else None
+    metrics = finetune(
+        model_spec(params, inputs), params["task"], mask=input_mask(params, inputs),
+        mask_mode=params.get("mask_mode", "prune"), weight_mask=weight_mask, seed=int(params.get("seed", 0)),
+        config=TrainConfig(**params.get("train", {})), out_dir=workdir, progress=_steps(progress),
+    )
+    return metrics
+
+
+def _data(params: dict):
+    from ..pipeline import DataConfig
+
+    return DataConfig(**params.get("data", {}))
+
+
+def score_job(params, inputs, workdir: Path, progress) -> dict:
+    """Importance scores of a model for an objective; writes ``scores.json`` (+ per-example
+    contributions ``per_example.safetensors`` for bootstrap statistics).
+
+    params: model, task, objective ("task" | "mlm"), method, normalize, data (DataConfig fields).
+    """
+    from safetensors.torch import save_file
+
+    from ..io import atomic_path
+    from ..pipeline import batches_for, load_for
+    from ..scoring import score
+    from ..tasks import get_task
+
+    task = get_task(params["task"])
+    data = _data(params)
+    model, tokenizer, info = load_for(model_spec(params, inputs), task, params.get("objective", "task"),
+                                      seed=data.seed)
+    method = params.get("method", "gradient")
+    batches = [] if method == "magnitude" else batches_for(task, tokenizer, params.get("objective", "task"), data)
+    s = score(model, batches, method=method, normalize=params.get("normalize", "none"),
+              mask=input_mask(params, inputs), keep_per_example=method.startswith("gradient"),
+              progress=lambda i: progress(i, len(batches), "scoring"))
+    s = replace(s, meta={**s.meta, "task": task.name, "objective": params.get("objective", "task"),
+                         "head": info["head"], **({"mlm_head": info["mlm_head"]} if "mlm_head" in info else {})})
+    s.save(workdir / "scores.json")
+    if s.per_example is not None:
+        with atomic_path(workdir / "per_example.safetensors") as tmp:
+            save_file({"heads": s.per_example.contiguous()}, str(tmp))
+    return s.to_dict()
+
+
+def prune_job(params, inputs, workdir: Path, progress) -> dict:
+    """Iterative pruning of a model to a threshold; writes ``mask.json`` and ``trace.csv``.
+
+    params: model, task, objective, method, normalize, prune (PruneConfig fields), data
+    (importance examples), eval_data (stop-rule examples), importance_split, stop_split.
+    """
+    from ..evaluation import evaluate_batches
+    from ..io import atomic_write_text
+    from ..pipeline import DataConfig, batches_for, load_for, metric_for
+    from ..pruning import PruneConfig, iterative_prune
+    from ..scoring import score
+    from ..tasks import get_task
+
+    task = get_task(params["task"])
+    objective = params.get("objective", "task")
+    data = _data(params)
+    eval_data = DataConfig(**params.get("eval_data", params.get("data", {})))
+    model, tokenizer, info = load_for(model_spec(params, inputs), task, objective, seed=data.seed)
+    imp = batches_for(task, tokenizer, objective, data, split=params.get("importance_split") or task.train_split)
+    stop = batches_for(task, tokenizer, objective, eval_data, split=params.get("stop_split") or task.validation_split)
+    metric = metric_for(task, objective)
+    method, normalize = params.get("method", "gradient"), params.get("normalize", "layer+global")
+
+    def score_fn(m, mask):
+        return score(m, imp, method=method, normalize=normalize, mask=mask)
+
+    def eval_fn(m, mask):
+        r = evaluate_batches(m, stop, metric, mask=mask)
+        return r["score"], r["loss"]
+
+    def report(row):
+        progress(row["step"], None, f"{row['phase']}: {row['heads_kept']} heads, {metric} {row['metric']:.3f}")
+
+    result = iterative_prune(model, score_fn, eval_fn, PruneConfig(**params.get("prune", {})), progress=report)
+    mask = result.mask.with_meta(task=task.name, objective=objective, metric_name=metric, head=info["head"])
+    mask.save(workdir / "mask.json")
+    atomic_write_text(workdir / "trace.csv", result.trace_csv())
+    return {"mask": mask.to_dict(), "full_metric": result.full_metric, "trace": result.trace, "metric_name": metric}
+
+
+def evaluate_job(params, inputs, workdir: Path, progress) -> dict:
+    """Evaluate a model (optionally with a head/MLP mask as gates) on a split of a task.
+
+    params: model, task, objective, split, data (DataConfig fields).
+    """
+    from ..evaluation import evaluate_batches
+    from ..pipeline import batches_for, load_for, metric_for
+    from ..tasks import get_task
+
+    task = get_task(params["task"])
+    objective = params.get("objective", "task")
+    data = _data(params)
+    model, tokenizer, info = load_for(model_spec(params, inputs), task, objective, seed=data.seed)
+    batches = batches_for(task, tokenizer, objective, data, split=params.get("split") or task.validation_split)
+    mask = input_mask(params, inputs)
+    r = evaluate_batches(model, batches, metric_for(task, objective), mask=mask)
+    return {**r, "metric_name": metric_for(task, objective), "head": info["head"],
+            "heads_kept": mask.n_heads_kept if mask is not None else None,
+            "mlps_kept": mask.n_mlps_kept if mask is not None else None}
+
+
+def read_json(path) -> dict:
+    return json.loads(Path(path).read_text(encoding="utf-8"))
