@@ -1,0 +1,92 @@
+"""`headcount finetune` and `headcount magnitude`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from . import app
+from .core import MODEL_HELP
+
+TASK_HELP = "a registered task (glue/sst2, offline/movies, ...) or a task YAML file"
+
+
+def _train_config(epochs, lr, batch_size, max_length, max_train_examples, max_eval_examples, save_steps):
+    from ..training import TrainConfig
+
+    return TrainConfig(lr=lr, batch_size=batch_size, epochs=epochs, max_length=max_length,
+                       max_train_examples=max_train_examples, max_eval_examples=max_eval_examples,
+                       save_steps=save_steps)
+
+
+def _echo(msg: str) -> None:
+    typer.echo(msg, err=True)
+
+
+@app.command()
+def finetune(
+    model: str = typer.Option("offline", "--model", "-m", help=MODEL_HELP),
+    task: str = typer.Option("offline/movies", "--task", "-t", help=TASK_HELP),
+    mask: Path = typer.Option(None, "--mask", help="mask.json (1 = kept): retrain the subnetwork from these weights"),
+    mask_mode: str = typer.Option("prune", "--mask-mode", help="prune (remove physically) | gate (gates fixed at 0)"),
+    weight_mask: Path = typer.Option(None, "--weight-mask", help="weight_mask.safetensors from `headcount magnitude`"),
+    seed: int = typer.Option(0, help="training seed (head initialisation, data order, dropout)"),
+    epochs: float = typer.Option(3.0),
+    lr: float = typer.Option(2e-5, "--lr"),
+    batch_size: int = typer.Option(32, "--batch-size"),
+    max_length: int = typer.Option(128, "--max-length"),
+    max_train_examples: int = typer.Option(None, "--max-train-examples"),
+    max_eval_examples: int = typer.Option(None, "--max-eval-examples"),
+    save_steps: int = typer.Option(500, "--save-steps", help="checkpoint interval (what an interrupted run resumes from)"),
+    out: Path = typer.Option(..., "--out", "-o", help="output folder: model/, metrics.json"),
+):
+    """Fine-tune (or retrain a masked subnetwork) -> model/, metrics.json. Run again to resume."""
+    from ..training import finetune as run
+
+    config = _train_config(epochs, lr, batch_size, max_length, max_train_examples, max_eval_examples, save_steps)
+    m = run(model, task, mask=mask, mask_mode=mask_mode, weight_mask=weight_mask, seed=seed, config=config,
+            out_dir=out, progress=_echo)
+    kept = ""
+    if m.get("mask"):
+        kept = f", {m['mask']['heads_kept']}/{m['mask']['heads_total']} heads, {m['mask']['mlps_kept']} MLPs ({m['mask']['mode']})"
+    if m.get("weight_mask"):
+        kept += f", weight sparsity {m['weight_mask']['sparsity']:.4f}"
+    typer.echo(f"wrote {out}/model and {out}/metrics.json: {m['metric']} {m['final']['score']:.4f}{kept}; "
+               f"{m['n_params']:,} parameters, {m['tokens_per_s']:,.0f} tokens/s")
+
+
+@app.command()
+def magnitude(
+    model: str = typer.Option("offline", "--model", "-m", help=MODEL_HELP),
+    task: str = typer.Option("offline/movies", "--task", "-t", help=TASK_HELP),
+    rounds: int = typer.Option(10, help="at most this many pruning rounds"),
+    threshold: float = typer.Option(0.9, help="stop when metric < threshold x full metric"),
+    rate: float = typer.Option(0.1, help="fraction of the remaining weights pruned per round"),
+    control: str = typer.Option("good", help="good (smallest first) | random | bad (largest first)"),
+    variant: str = typer.Option("prasanna", help="prasanna (Q,K,V,O,FFN weights+biases) | chen (weights + pooler)"),
+    sparsity: float = typer.Option(None, help="one shot: prune to exactly this sparsity in [0, 1), retrain once"),
+    match: Path = typer.Option(None, "--match", help="a finished magnitude run: one shot at its final sparsity"),
+    rewind_step: int = typer.Option(0, "--rewind-step", help="0: rewind to pre-trained; N: to the full run's step N"),
+    seed: int = typer.Option(0),
+    epochs: float = typer.Option(3.0),
+    lr: float = typer.Option(2e-5, "--lr"),
+    batch_size: int = typer.Option(32, "--batch-size"),
+    max_length: int = typer.Option(128, "--max-length"),
+    max_train_examples: int = typer.Option(None, "--max-train-examples"),
+    max_eval_examples: int = typer.Option(None, "--max-eval-examples"),
+    save_steps: int = typer.Option(500, "--save-steps"),
+    out: Path = typer.Option(..., "--out", "-o", help="output folder: weight_mask.safetensors, trace.csv"),
+):
+    """Magnitude pruning (IMP with rewinding, or one shot) -> weight_mask.safetensors, trace.csv."""
+    from ..magnitude import MagnitudeConfig, check_sparsity, magnitude_prune
+
+    if sparsity is not None:
+        check_sparsity(sparsity)
+    config = MagnitudeConfig(rounds=rounds, threshold=threshold, rate=rate, control=control, variant=variant,
+                             sparsity=sparsity, rewind_step=rewind_step)
+    train = _train_config(epochs, lr, batch_size, max_length, max_train_examples, max_eval_examples, save_steps)
+    r = magnitude_prune(model, task, config=config, train=train, seed=seed, out_dir=out, match=match, progress=_echo)
+    typer.echo(f"wrote {out}/weight_mask.safetensors and {out}/trace.csv: round {r['round']}, sparsity "
+               f"{r['sparsity']:.4f} ({r['pruned']:,}/{r['total']:,} weights, {control}), {r['metric_name']} "
+               f"{r['metric']:.4f} (full {r['full_metric']:.4f})")

@@ -1,0 +1,237 @@
+"""Magnitude pruning (headcount.magnitude): masks, controls, retraining, IMP with rewinding, CLI."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+import torch
+import transformers
+
+from headcount.cli import main
+from headcount.errors import HeadcountError
+from headcount.magnitude import (MagnitudeConfig, apply_weight_mask, load_weight_mask, magnitude_mask,
+                                 magnitude_prune, mask_sparsity, model_sparsity, remove_weight_mask,
+                                 save_weight_mask, weight_mask_of, weight_targets)
+from headcount.models import load_model
+from headcount.training import TrainConfig, finetune
+from training_helpers import install_fake_tasks, make_checkpoint, make_task, one_thread, stop_after
+
+FAST = TrainConfig(lr=1e-2, batch_size=16, epochs=2, save_steps=4, max_train_examples=128, max_eval_examples=64)
+
+
+@pytest.fixture(autouse=True)
+def _tasks(monkeypatch):
+    install_fake_tasks(monkeypatch)
+
+
+_one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    root = tmp_path_factory.mktemp("magnitude")
+    return {"pre": str(make_checkpoint(root / "pre")), "task": str(make_task(root / "task")), "root": root}
+
+
+def _model(world, head="classification"):
+    transformers.set_seed(0)
+    return load_model(world["pre"], head=head, num_labels=2)
+
+
+# -- which weights, which masks ---------------------------------------------------------------------
+def test_targets_prasanna_and_chen(world):
+    model = _model(world)
+    p, c = weight_targets(model, "prasanna"), weight_targets(model, "chen")
+    # per layer: q,k,v,o,ffn_in weights+biases (10) + ffn_out weight (1); 2 layers
+    assert len(p) == 22 and "encoder.layer.0.attention.self.query.bias" in p
+    assert "encoder.layer.1.output.dense.weight" in p and "encoder.layer.1.output.dense.bias" not in p
+    # chen: weights only (6 per layer) + the pooler
+    assert len(c) == 13 and "pooler.dense.weight" in c and not any(k.endswith("bias") for k in c)
+    assert set(weight_targets(_model(world, "base"), "chen")) == set(c)  # names fit base and task models
+
+
+@pytest.mark.parametrize("sparsity", [0.0, 0.3, 0.77])
+def test_controls_have_exactly_the_same_sparsity(world, sparsity):
+    model = _model(world)
+    masks = {c: magnitude_mask(model, sparsity, control=c, seed=1) for c in ("good", "random", "bad")}
+    total = sum(m.numel() for m in masks["good"].values())
+    for m in masks.values():
+        assert mask_sparsity(m)["pruned"] == round(sparsity * total)
+    if sparsity:
+        w = {n: getattr(mod, a).detach().abs() for n, (mod, a) in weight_targets(model).items()}
+        pruned = lambda m: torch.cat([w[n][~m[n]] for n in w])  # noqa: E731
+        kept = lambda m: torch.cat([w[n][m[n]] for n in w])  # noqa: E731
+        assert pruned(masks["good"]).max() <= kept(masks["good"]).min()  # smallest go first
+        assert pruned(masks["bad"]).min() >= kept(masks["bad"]).max()  # largest go first
+        same = lambda a, b: all(torch.equal(a[n], b[n]) for n in a)  # noqa: E731
+        assert not same(masks["random"], masks["good"]) and not same(masks["random"], masks["bad"])
+        assert same(masks["random"], magnitude_mask(model, sparsity, control="random", seed=1))  # seeded
+        assert not same(masks["random"], magnitude_mask(model, sparsity, control="random", seed=2))
+
+
+def test_iterative_masks_nest_and_model_is_untouched(world):
+    model = _model(world)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    m1 = magnitude_mask(model, 0.1)
+    m2 = magnitude_mask(model, 0.19, current=m1, control="bad")
+    assert all(bool((m2[n] <= m1[n]).all()) for n in m1)  # what m1 pruned stays pruned
+    assert mask_sparsity(m2)["pruned"] == round(0.19 * mask_sparsity(m2)["total"])
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    with pytest.raises(HeadcountError, match=r"\[0, 1\)"):
+        magnitude_mask(model, 1.0)
+    with pytest.raises(HeadcountError, match="below the current"):
+        magnitude_mask(model, 0.05, current=m1)
+
+
+def test_apply_save_load_remove(world, tmp_path):
+    model = _model(world)
+    mask = magnitude_mask(model, 0.4)
+    save_weight_mask(mask, tmp_path / "weight_mask.safetensors", meta={"control": "good"})
+    loaded = load_weight_mask(tmp_path)
+    assert loaded.keys() == mask.keys() and all(torch.equal(loaded[k], mask[k]) for k in mask)
+    apply_weight_mask(model, loaded)
+    assert model_sparsity(model)["pruned"] == mask_sparsity(mask)["pruned"]  # hooks zero the weights
+    assert all(torch.equal(weight_mask_of(model)[k], mask[k]) for k in mask)
+    remove_weight_mask(model)
+    assert not weight_mask_of(model) and model_sparsity(model)["sparsity"] == pytest.approx(0.4, abs=1e-4)
+    # a mask for another model shape
+    other = load_model(str(make_checkpoint(tmp_path / "wide", hidden_size=48)), head="base")
+    with pytest.raises(HeadcountError, match="another model shape"):
+        apply_weight_mask(other, mask)
+
+
+# -- retraining ------------------------------------------------------------------------------------------
+def test_magnitude_retraining_keeps_exactly_the_masked_weights_zero(world, tmp_path):
+    mask = magnitude_mask(_model(world), 0.5)
+    m = finetune(world["pre"], world["task"], weight_mask=mask, seed=1, config=FAST, out_dir=tmp_path / "r")
+    assert m["weight_mask"]["sparsity"] == 0.5 or abs(m["weight_mask"]["sparsity"] - 0.5) < 1e-4
+    trained = load_model(str(tmp_path / "r" / "model"), head="classification", num_labels=2)
+    for name, (module, attr) in weight_targets(trained).items():
+        w = getattr(module, attr)
+        assert torch.equal(w == 0, ~mask[name]), name  # zero exactly where masked
+    assert model_sparsity(trained)["pruned"] == mask_sparsity(mask)["pruned"]
+
+
+def test_magnitude_retraining_resumes(world, tmp_path):
+    mask = magnitude_mask(_model(world), 0.3, control="random", seed=4)
+    full = finetune(world["pre"], world["task"], weight_mask=mask, seed=2, config=FAST, out_dir=tmp_path / "a")
+    with pytest.raises(KeyboardInterrupt):
+        finetune(world["pre"], world["task"], weight_mask=mask, seed=2, config=FAST, out_dir=tmp_path / "b",
+                 callbacks=[stop_after(10)])
+    resumed = finetune(world["pre"], world["task"], weight_mask=mask, seed=2, config=FAST, out_dir=tmp_path / "b")
+    # checkpoint-8 is the last step of epoch 1, saved before that epoch's evaluation
+    assert resumed["resumed_from"] == "checkpoint-8" and resumed["final"] == full["final"]
+    assert resumed["epochs"] == full["epochs"] and len(full["epochs"]) == 2
+
+
+class _Starts(transformers.TrainerCallback):
+    """Records the weights each fine-tuning starts from: effective (masked) and underlying."""
+
+    def __init__(self):
+        self.starts = []
+
+    def on_train_begin(self, args, state, control, model=None, **kw):
+        targets = weight_targets(model)
+        self.starts.append({
+            "weight": {n: getattr(m, a).detach().clone() for n, (m, a) in targets.items()},
+            "orig": {n: getattr(m, a + "_orig", getattr(m, a)).detach().clone() for n, (m, a) in targets.items()},
+        })
+
+
+def test_imp_rewinds_to_pretrained_and_stops(world, tmp_path):
+    starts = _Starts()
+    out = tmp_path / "imp"
+    r = magnitude_prune(world["pre"], world["task"], config=MagnitudeConfig(rounds=2, threshold=0.0), train=FAST,
+                        seed=1, out_dir=out, callbacks=[starts])
+    pre = load_model(world["pre"], head="base")
+    pre_w = {n: getattr(m, a).detach() for n, (m, a) in weight_targets(pre).items()}
+    m1, m2 = load_weight_mask(out / "round_01"), load_weight_mask(out / "round_02")
+    total = mask_sparsity(m1)["total"]
+    n1 = round(0.1 * total)
+    assert mask_sparsity(m1)["pruned"] == n1
+    assert mask_sparsity(m2)["pruned"] == n1 + round(0.1 * (total - n1))  # 10% of the remaining
+    assert len(starts.starts) == 3  # the full run, round 1, round 2
+    # every round rewinds to the pre-trained weights, masked
+    for start, mask in zip(starts.starts[1:], (m1, m2)):
+        for n, w in pre_w.items():
+            assert torch.equal(start["orig"][n], w), n
+            assert torch.equal(start["weight"][n], w * mask[n]), n
+    # ... while round 2's mask came from round 1's trained weights (which differ from pre-trained)
+    r1 = load_model(str(out / "round_01" / "model"), head="classification", num_labels=2)
+    assert not torch.equal(r1.base_model.encoder.layer[0].attention.self.query.weight,
+                           pre.encoder.layer[0].attention.self.query.weight)
+    assert r["round"] == 2 and r["sparsity"] == mask_sparsity(m2)["sparsity"]
+    rows = list(csv.DictReader((out / "trace.csv").open()))
+    assert [int(x["round"]) for x in rows] == [0, 1, 2]
+    assert [float(x["sparsity"]) for x in rows][1:] == [mask_sparsity(m1)["sparsity"], mask_sparsity(m2)["sparsity"]]
+    assert set(rows[0]) >= {"round", "sparsity", "metric", "seconds"}
+    assert all(torch.equal(a, b) for a, b in zip(load_weight_mask(out).values(), m2.values()))
+    # a control matched to the good run: one shot at exactly its sparsity, the full run reused
+    bad = magnitude_prune(world["pre"], world["task"], config=MagnitudeConfig(control="bad"), train=FAST, seed=1,
+                          out_dir=tmp_path / "bad", match=out)
+    assert bad["pruned"] == mask_sparsity(m2)["pruned"] and not (tmp_path / "bad" / "full").exists()
+    assert bad["full_metric"] == r["full_metric"]
+    # the stop rule: an impossible threshold stops after round 1 and keeps the full model (rounds are reused)
+    r2 = magnitude_prune(world["pre"], world["task"], config=MagnitudeConfig(rounds=2, threshold=2.0), train=FAST,
+                         seed=1, out_dir=out)
+    assert r2["round"] == 0 and r2["sparsity"] == 0.0 and len(r2["trace"]) == 2 and not r2["trace"][1]["passed"]
+    # the same folder with another control is another run
+    with pytest.raises(HeadcountError, match="different magnitude run"):
+        magnitude_prune(world["pre"], world["task"], config=MagnitudeConfig(rounds=2, control="random"), train=FAST,
+                        seed=1, out_dir=out)
+
+
+# -- command line -------------------------------------------------------------------------------------------
+def _cli(args, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(args)
+        raise SystemExit(0)
+    cap = capsys.readouterr()
+    return e.value.code, cap.out, cap.err
+
+
+def test_cli_bad_inputs(world, tmp_path, capsys):
+    base = ["--model", world["pre"], "--task", world["task"]]
+    code, _, err = _cli(["magnitude", *base, "--sparsity", "1.2", "--out", str(tmp_path / "a")], capsys)
+    assert code == 2 and err.strip() == "error: sparsity must be in [0, 1), got 1.2"
+    code, _, err = _cli(["magnitude", *base, "--rate", "-0.1", "--out", str(tmp_path / "b")], capsys)
+    assert code == 2 and err.startswith("error: rate must be in (0, 1)") and len(err.strip().splitlines()) == 1
+    (tmp_path / "mask.json").write_text(json.dumps({"heads": [[1] * 4] * 3, "mlps": [1] * 3}))
+    code, _, err = _cli(["finetune", *base, "--mask", str(tmp_path / "mask.json"), "--out", str(tmp_path / "c")], capsys)
+    assert code == 2 and "mask is for 3 layers x 4 heads, the model has 2 x 4" in err
+    clf = make_checkpoint(tmp_path / "clf", head="classification", num_labels=3)
+    code, _, err = _cli(["finetune", "--model", str(clf), "--task", world["task"], "--out", str(tmp_path / "d")], capsys)
+    assert code == 2 and "classifier with 3 labels" in err and len(err.strip().splitlines()) == 1
+
+
+def test_cli_finetune_and_magnitude(world, tmp_path, capsys):
+    small = ["--model", world["pre"], "--task", world["task"], "--epochs", "1", "--lr", "0.01", "--batch-size", "16",
+             "--max-train-examples", "64", "--max-eval-examples", "32"]
+    code, out, _ = _cli(["finetune", *small, "--seed", "3", "--out", str(tmp_path / "ft")], capsys)
+    assert code == 0 and "metrics.json" in out
+    assert json.loads((tmp_path / "ft" / "metrics.json").read_text())["seed"] == 3
+    code, out, _ = _cli(["magnitude", *small, "--sparsity", "0.25", "--control", "random", "--variant", "chen",
+                         "--out", str(tmp_path / "mag")], capsys)
+    assert code == 0 and "sparsity 0.2500" in out
+    assert abs(mask_sparsity(load_weight_mask(tmp_path / "mag"))["sparsity"] - 0.25) < 1e-4
+    code, out, _ = _cli(["finetune", *small, "--weight-mask", str(tmp_path / "mag" / "weight_mask.safetensors"),
+                         "--out", str(tmp_path / "ft2")], capsys)
+    assert code == 0 and "weight sparsity 0.2500" in out
+
+
+def test_rewind_to_an_early_checkpoint(world, tmp_path):
+    starts = _Starts()
+    out = tmp_path / "early"
+    r = magnitude_prune(world["pre"], world["task"], config=MagnitudeConfig(rounds=1, threshold=0.0, rewind_step=3),
+                        train=FAST, seed=1, out_dir=out, callbacks=[starts])
+    snap = load_model(str(out / "full" / "rewind"), head="classification", num_labels=2)
+    snap_w = {n: getattr(m, a).detach() for n, (m, a) in weight_targets(snap).items()}
+    pre = load_model(world["pre"], head="base")
+    q = "encoder.layer.0.attention.self.query.weight"
+    assert not torch.equal(snap_w[q], getattr(*weight_targets(pre)[q]))  # 3 steps of training moved it
+    mask = load_weight_mask(out / "round_01")
+    for n, w in snap_w.items():  # round 1 starts from the step-3 weights, masked
+        assert torch.equal(starts.starts[1]["weight"][n], w * mask[n]), n
+    assert r["rewind"] == "step 3"
