@@ -18,7 +18,8 @@ from headcount.models import load_model
 from headcount.training import TrainConfig, finetune
 from training_helpers import install_fake_tasks, make_checkpoint, make_task, one_thread, stop_after
 
-FAST = TrainConfig(lr=1e-2, batch_size=16, epochs=2, save_steps=4, max_train_examples=128, max_eval_examples=64)
+FAST = TrainConfig(lr=1e-2, batch_size=16, epochs=2, save_steps=4, max_train_examples=128, max_eval_examples=64,
+                   use_cpu=True)
 
 
 @pytest.fixture(autouse=True)
@@ -235,3 +236,12 @@ def test_rewind_to_an_early_checkpoint(world, tmp_path):
     for n, w in snap_w.items():  # round 1 starts from the step-3 weights, masked
         assert torch.equal(starts.starts[1]["weight"][n], w * mask[n]), n
     assert r["rewind"] == "step 3"
+
+
+@pytest.mark.parametrize("module", ["training", "magnitude"])
+def test_docstring_examples(module):
+    import doctest
+    import importlib
+
+    result = doctest.testmod(importlib.import_module(f"headcount.{module}"), optionflags=doctest.ELLIPSIS)
+    assert result.failed == 0 and result.attempted > 0

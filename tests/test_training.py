@@ -15,7 +15,7 @@ from headcount.training import DynamicPadding, LengthGroupedEpochSampler, TrainC
 from training_helpers import install_fake_tasks, make_checkpoint, make_task, one_thread, stop_after
 
 #: learns the has-"good" task to 100% in 36 steps (~1 s on 2 CPU cores)
-FAST = TrainConfig(lr=1e-2, batch_size=16, epochs=3, save_steps=4)
+FAST = TrainConfig(lr=1e-2, batch_size=16, epochs=3, save_steps=4, use_cpu=True)
 
 
 @pytest.fixture(autouse=True)
@@ -158,3 +158,12 @@ def test_dynamic_padding_and_length_grouping():
     assert list(s) != e0
     spread = [max(lengths[i] for i in e0[j:j + 4]) - min(lengths[i] for i in e0[j:j + 4]) for j in range(0, 64, 4)]
     assert sorted(spread)[len(spread) // 2] <= 3  # most batches hold examples of similar length
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_gpu_bf16(world, tmp_path):
+    from dataclasses import replace
+
+    m = finetune(world["pre"], world["task"], seed=1, config=replace(FAST, use_cpu=False), out_dir=tmp_path / "gpu")
+    assert m["device"].startswith("cuda") and m["bf16"] == torch.cuda.is_bf16_supported()
+    assert m["final"]["score"] >= 0.85

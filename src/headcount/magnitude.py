@@ -131,7 +131,11 @@ _METHODS = {"good": prune.L1Unstructured, "random": prune.RandomUnstructured, "b
 
 
 def check_sparsity(sparsity: float, what: str = "sparsity") -> float:
-    """Raise a one-line error unless ``0 <= sparsity < 1``."""
+    """Raise a one-line error unless ``0 <= sparsity < 1``.
+
+    >>> check_sparsity(0.5)
+    0.5
+    """
     try:
         s = float(sparsity)
     except (TypeError, ValueError):
@@ -251,7 +255,10 @@ def apply_weight_mask(model: nn.Module, mask: WeightMask) -> nn.Module:
 
 
 def remove_weight_mask(model: nn.Module) -> nn.Module:
-    """Make installed masks permanent (``prune.remove``): pruned weights become plain zeros."""
+    """Make installed masks permanent (``prune.remove``): pruned weights become plain zeros.
+
+    >>> remove_weight_mask(apply_weight_mask(model, mask)).save_pretrained("pruned/")   # doctest: +SKIP
+    """
     for module in model.modules():
         for hook in list(module._forward_pre_hooks.values()):
             if isinstance(hook, prune.BasePruningMethod):
@@ -260,7 +267,11 @@ def remove_weight_mask(model: nn.Module) -> nn.Module:
 
 
 def weight_mask_of(model: nn.Module) -> WeightMask:
-    """The masks installed on ``model`` (``{name: bool}``; empty when none)."""
+    """The masks installed on ``model`` (``{name: bool}``; empty when none).
+
+    >>> weight_mask_of(apply_weight_mask(model, mask)).keys() == mask.keys()     # doctest: +SKIP
+    True
+    """
     targets = _all_named(model)
     return {n: getattr(m, a + "_mask").detach().bool().cpu() for n, (m, a) in targets.items()
             if getattr(m, a + "_mask", None) is not None}
@@ -278,7 +289,11 @@ def mask_sparsity(mask: WeightMask) -> dict:
 
 
 def model_sparsity(model: nn.Module, variant: str = "prasanna") -> dict:
-    """Exact zeros among ``model``'s target weights (as the forward pass sees them)."""
+    """Exact zeros among ``model``'s target weights (as the forward pass sees them).
+
+    >>> model_sparsity(load_model("runs/mag/round_03/model"))["sparsity"]      # doctest: +SKIP
+    0.271
+    """
     targets = weight_targets(model, variant)
     total = pruned = 0
     for module, attr in targets.values():
@@ -289,7 +304,10 @@ def model_sparsity(model: nn.Module, variant: str = "prasanna") -> dict:
 
 
 def save_weight_mask(mask: WeightMask, path, meta: dict | None = None) -> Path:
-    """Write ``mask`` as ``safetensors`` (bool tensors; ``meta`` in the header), atomically."""
+    """Write ``mask`` as ``safetensors`` (bool tensors; ``meta`` in the header), atomically.
+
+    >>> save_weight_mask(mask, "weight_mask.safetensors", meta={"control": "good"})   # doctest: +SKIP
+    """
     from safetensors.torch import save_file
 
     path = Path(path)
@@ -323,7 +341,11 @@ def load_weight_mask(path) -> WeightMask:
 
 
 def weight_mask_meta(path) -> dict:
-    """The metadata stored with a weight mask (sparsity, variant, control, ...)."""
+    """The metadata stored with a weight mask (sparsity, variant, control, ...).
+
+    >>> weight_mask_meta("runs/mag")["control"]              # doctest: +SKIP
+    'good'
+    """
     from safetensors import safe_open
 
     path = Path(path)

@@ -38,7 +38,7 @@ from .masks import Mask
 MASK_MODES = ("prune", "gate")
 
 #: TrainConfig fields that do not change what a run computes (left out of the run's identity)
-_NOT_IDENTITY = {"save_steps", "keep_checkpoints", "report_to", "logging_steps"}
+_NOT_IDENTITY = {"save_steps", "keep_checkpoints", "report_to", "logging_steps", "use_cpu"}
 
 
 @dataclass(frozen=True)
@@ -67,6 +67,7 @@ class TrainConfig:
         keep_checkpoints: keep ``checkpoints/`` after a run finishes (default: removed).
         report_to: experiment trackers (``"wandb"``, ``"tensorboard"``, ...); empty = none.
         logging_steps: training-loss log interval.
+        use_cpu: train on the CPU even where a GPU is available.
 
     >>> TrainConfig(epochs=1, lr=1e-4).batch_size
     32
@@ -92,6 +93,7 @@ class TrainConfig:
     keep_checkpoints: bool = False
     report_to: tuple[str, ...] = ()
     logging_steps: int = 50
+    use_cpu: bool = False
 
     def __post_init__(self):
         def bad(msg):
@@ -341,10 +343,14 @@ def _digest(tensors: dict) -> str:
 
 
 def use_bf16(config: TrainConfig) -> bool:
-    """Whether a run with ``config`` trains in bf16 here (auto: GPUs that support it)."""
+    """Whether a run with ``config`` trains in bf16 here (auto: GPUs that support it).
+
+    >>> use_bf16(TrainConfig(use_cpu=True))
+    False
+    """
     if config.bf16 is not None:
         return bool(config.bf16)
-    return bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
+    return bool(not config.use_cpu and torch.cuda.is_available() and torch.cuda.is_bf16_supported())
 
 
 def _check_head(model_spec: str, task) -> dict:
@@ -372,7 +378,11 @@ def _check_head(model_spec: str, task) -> dict:
 
 
 def mask_summary(mask: Mask | None, mode: str | None = None) -> dict | None:
-    """A short description of a head/MLP mask for ``metrics.json``."""
+    """A short description of a head/MLP mask for ``metrics.json``.
+
+    >>> mask_summary(Mask.full(2, 4).without_heads([(0, 1)]), "prune")["heads_kept"]
+    7
+    """
     if mask is None:
         return None
     n_layers, n_heads = mask.shape
@@ -485,7 +495,8 @@ def _training_args(out: Path, config: TrainConfig, seed: int):
         data_seed=seed,
         bf16=use_bf16(config),
         dataloader_num_workers=0,
-        dataloader_pin_memory=torch.cuda.is_available(),
+        dataloader_pin_memory=torch.cuda.is_available() and not config.use_cpu,
+        use_cpu=config.use_cpu,
         remove_unused_columns=False,
         label_names=["labels"],
         train_sampling_strategy="random",  # length grouping is HeadcountTrainer's own sampler
