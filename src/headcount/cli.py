@@ -10,6 +10,7 @@ import sys
 
 from .commands import app
 from .commands import core  # noqa: F401  (registers info, shrink)
+from .commands import data  # noqa: F401  (registers tasks, data fetch)
 from .commands import train  # noqa: F401  (finetune, magnitude)
 from .commands import patterns  # noqa: F401  (patterns train, patterns synthetic)
 from .commands import study  # noqa: F401  (registers study, report)

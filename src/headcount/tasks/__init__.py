@@ -1,0 +1,32 @@
+"""Tasks and data: the GLUE tasks, local task YAML files, the offline tasks, the masked-LM objective.
+
+The contract (docs/DATA-API.md)::
+
+    get_task(name_or_yaml_path) -> Task          list_tasks() -> list[str]
+    Task.load(split, max_examples=None, seed=0) -> TaskData
+    encode(data, tokenizer, max_length=128, cache_dir=None) -> Encoded
+    make_batches(encoded, batch_size, *, shuffle=False, seed=0, group_by_length=True, pad_token_id=0)
+    compute_metrics(metric, predictions, labels) -> dict  (always has "score")
+    mlm_texts(source, max_examples=None, seed=0) -> list[str]
+    mlm_batches(texts, tokenizer, *, max_length=128, batch_size=32, seed=0, probability=0.15)
+    fit_mlm_head(model_spec, texts, ...) -> (model, report)
+"""
+
+from .base import METRICS, NO_LABEL, FilesSource, Source, Task, TaskData
+from .batching import Encoded, encode, make_batches, tokenize
+from .glue import GLUE, glue_task
+from .local import load_task_yaml
+from .metrics import compute_metrics
+from .mlm import fit_mlm_head, has_mlm_head, mask_tokens, mlm_batches, mlm_texts
+from .offline import OFFLINE_TASKS, fetch, is_fetched, offline_corpus, offline_task
+from .paths import cache_root, data_root
+from .registry import get_task, list_tasks, register_task
+
+__all__ = [
+    "METRICS", "NO_LABEL", "GLUE", "OFFLINE_TASKS",
+    "Task", "TaskData", "Source", "FilesSource", "Encoded",
+    "get_task", "list_tasks", "register_task", "glue_task", "offline_task", "load_task_yaml",
+    "encode", "tokenize", "make_batches", "compute_metrics",
+    "mlm_texts", "mlm_batches", "mask_tokens", "fit_mlm_head", "has_mlm_head",
+    "fetch", "is_fetched", "offline_corpus", "data_root", "cache_root",
+]

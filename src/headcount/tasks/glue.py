@@ -1,0 +1,179 @@
+"""The nine GLUE tasks, as data: text fields, label names, official metric, splits, sizes.
+
+Rows come from ``datasets.load_dataset("nyu-mll/glue", config)`` (users with a network or a
+filled Hugging Face cache) or from local files in the same schema (the columns of that dataset:
+e.g. ``sentence, label`` for SST-2, ``premise, hypothesis, label`` for MNLI; the label a class id
+or a class name; ``-1`` = unlabelled on test splits). Local files are found by
+``get_task("glue/sst2", data_dir=DIR)`` (``DIR/<split>.parquet|jsonl|csv|tsv``), by
+``data_files={"train": ...}``, by a task YAML with ``glue: sst2``, or for every GLUE task at once
+by the environment variable ``HEADCOUNT_GLUE_DIR`` (``$HEADCOUNT_GLUE_DIR/<config>/<split>.*``).
+Whichever the source, the same :meth:`Task.load` checks the rows.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+from ..errors import HeadcountError
+from .base import FilesSource, Source, Task
+from .tables import SUFFIXES, Table
+
+HUB_ID = "nyu-mll/glue"
+
+
+@dataclass(frozen=True)
+class GlueSpec:
+    config: str
+    text: tuple[str, ...]
+    labels: tuple[str, ...] | None  # None = regression
+    metric: str
+    splits: tuple[str, ...] = ("train", "validation", "test")
+    validation: str = "validation"
+    sizes: tuple[int, ...] = ()
+    description: str = ""
+
+
+#: official sizes of ``nyu-mll/glue`` (same order as ``splits``)
+GLUE: dict[str, GlueSpec] = {
+    "cola": GlueSpec("cola", ("sentence",), ("unacceptable", "acceptable"), "mcc",
+                     sizes=(8551, 1043, 1063), description="grammatical acceptability (Matthews corr.)"),
+    "sst2": GlueSpec("sst2", ("sentence",), ("negative", "positive"), "accuracy",
+                     sizes=(67349, 872, 1821), description="movie review sentence polarity"),
+    "mrpc": GlueSpec("mrpc", ("sentence1", "sentence2"), ("not_equivalent", "equivalent"), "f1",
+                     sizes=(3668, 408, 1725), description="paraphrase (F1 and accuracy)"),
+    "qqp": GlueSpec("qqp", ("question1", "question2"), ("not_duplicate", "duplicate"), "f1",
+                    sizes=(363846, 40430, 390965), description="duplicate questions (F1 and accuracy)"),
+    "stsb": GlueSpec("stsb", ("sentence1", "sentence2"), None, "pearson_spearman",
+                     sizes=(5749, 1500, 1379), description="semantic similarity 0-5 (Pearson and Spearman)"),
+    "mnli": GlueSpec("mnli", ("premise", "hypothesis"), ("entailment", "neutral", "contradiction"), "accuracy",
+                     splits=("train", "validation_matched", "validation_mismatched", "test_matched", "test_mismatched"),
+                     validation="validation_matched", sizes=(392702, 9815, 9832, 9796, 9847),
+                     description="entailment, 3 classes (matched dev set)"),
+    "qnli": GlueSpec("qnli", ("question", "sentence"), ("entailment", "not_entailment"), "accuracy",
+                     sizes=(104743, 5463, 5463), description="question-answer entailment"),
+    "rte": GlueSpec("rte", ("sentence1", "sentence2"), ("entailment", "not_entailment"), "accuracy",
+                    sizes=(2490, 277, 3000), description="textual entailment"),
+    "wnli": GlueSpec("wnli", ("sentence1", "sentence2"), ("not_entailment", "entailment"), "accuracy",
+                     sizes=(635, 71, 146), description="Winograd entailment"),
+}
+
+#: registered name -> (GLUE config, validation split); mnli-mm evaluates on the mismatched set
+GLUE_TASKS: dict[str, tuple[str, str]] = {f"glue/{c}": (c, s.validation) for c, s in GLUE.items()}
+GLUE_TASKS["glue/mnli-mm"] = ("mnli", "validation_mismatched")
+
+
+class HubSource(Source):
+    """Rows from ``datasets.load_dataset(path, config, split=...)``."""
+
+    def __init__(self, path: str, config: str | None, splits: tuple[str, ...]):
+        self.path, self.config, self._splits = path, config, tuple(splits)
+
+    def splits(self) -> list[str]:
+        return list(self._splits)
+
+    def cache_key(self, split: str) -> tuple:
+        return ("hub", self.path, self.config, split)
+
+    def unlabelled(self, split: str) -> bool:
+        return split.startswith("test")
+
+    def read(self, split: str) -> Table:
+        try:
+            import datasets
+        except ImportError:  # pragma: no cover - a dependency
+            raise HeadcountError("the `datasets` package is needed for hub data: pip install datasets") from None
+        where = f"{self.path}/{self.config}" if self.config else self.path
+        try:
+            ds = datasets.load_dataset(self.path, self.config, split=split)
+        except Exception as e:  # network, missing cache, unknown config: one line for the user
+            raise HeadcountError(
+                f"cannot load {where} split {split} through `datasets` ({type(e).__name__}: "
+                f"{str(e).splitlines()[0][:160] if str(e) else ''}); without a network use local files "
+                "(data_dir=..., HEADCOUNT_GLUE_DIR, or a task YAML)"
+            ) from None
+        return table_from_dataset(ds, where)
+
+
+def table_from_dataset(ds, where: str) -> Table:
+    """Columns of a ``datasets.Dataset`` (class names from a ClassLabel ``label`` feature)."""
+    label_names = None
+    feature = getattr(ds, "features", {}).get("label") if hasattr(ds, "features") else None
+    if feature is not None and hasattr(feature, "names"):
+        label_names = tuple(feature.names)
+    columns = {name: ds[name] for name in ds.column_names}
+    columns = {k: list(v) for k, v in columns.items()}
+    return Table(columns, where, label_names=label_names)
+
+
+def find_split_files(data_dir: str | os.PathLike, splits) -> dict[str, Path]:
+    """``{split: DIR/<split>.<suffix>}`` for the splits that have a file (first suffix wins)."""
+    d = Path(data_dir).expanduser()
+    if not d.is_dir():
+        raise HeadcountError(f"data directory not found: {d}")
+    found = {}
+    for split in splits:
+        for suffix in SUFFIXES:
+            if (d / f"{split}{suffix}").is_file():
+                found[split] = d / f"{split}{suffix}"
+                break
+    return found
+
+
+def glue_task(name: str, data_dir=None, data_files: Mapping[str, str | os.PathLike] | None = None,
+              task_name: str | None = None) -> Task:
+    """The GLUE task ``name`` (``glue/sst2`` or ``sst2``), from the hub or from local files.
+
+    Args:
+        name: registered name (``glue/mnli-mm`` evaluates on the mismatched dev set).
+        data_dir: a folder with ``<split>.parquet|jsonl|csv|tsv`` files in the GLUE schema.
+        data_files: ``{split: path}`` in the GLUE schema (overrides ``data_dir``).
+        task_name: the name the task reports (default ``name``).
+
+    >>> task = glue_task("glue/mrpc")
+    >>> task.text_fields, task.labels, task.metric
+    (('sentence1', 'sentence2'), ('not_equivalent', 'equivalent'), 'f1')
+    """
+    key = name if name.startswith("glue/") else f"glue/{name}"
+    if key not in GLUE_TASKS:
+        raise HeadcountError(f"unknown GLUE task {name!r}; GLUE tasks: {', '.join(GLUE_TASKS)}")
+    config, validation = GLUE_TASKS[key]
+    spec = GLUE[config]
+    if data_dir is None and data_files is None and os.environ.get("HEADCOUNT_GLUE_DIR"):
+        data_dir = Path(os.environ["HEADCOUNT_GLUE_DIR"]).expanduser() / config
+    if data_files is not None:
+        unknown = [s for s in data_files if s not in spec.splits]
+        if unknown:
+            raise HeadcountError(f"GLUE {config} has no split {unknown[0]!r}; splits: {', '.join(spec.splits)}")
+        source: Source = FilesSource(data_files, unlabelled_prefix="test")
+        sizes = None
+    elif data_dir is not None:
+        files = find_split_files(data_dir, spec.splits)
+        if not files:
+            raise HeadcountError(
+                f"no GLUE {config} files in {data_dir} (expected e.g. {spec.splits[0]}.parquet, "
+                f"{spec.splits[0]}.jsonl, {spec.splits[0]}.csv or {spec.splits[0]}.tsv)"
+            )
+        source = FilesSource(files, unlabelled_prefix="test")
+        sizes = None
+    else:
+        source = HubSource(HUB_ID, config, spec.splits)
+        sizes = dict(zip(spec.splits, spec.sizes))
+    splits = source.splits()
+    return Task(
+        name=task_name or key,
+        kind="classification" if spec.labels else "regression",
+        text_fields=spec.text,
+        labels=spec.labels,
+        metric=spec.metric,
+        source=source,
+        label_field="label",
+        train_split="train" if "train" in splits else splits[0],
+        validation_split=validation if validation in splits else
+        next((s for s in splits if s.startswith("validation")), splits[0]),
+        sizes=sizes,
+        label_ids=True,
+        description=spec.description,
+    )

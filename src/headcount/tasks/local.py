@@ -1,0 +1,151 @@
+"""Tasks described by a YAML file over local data files.
+
+```yaml
+name: my-task
+kind: classification          # or regression
+files: {train: train.csv, validation: dev.csv}   # .csv .tsv .jsonl .parquet, relative to this file
+text: [sentence]              # one column, or two for sentence pairs
+label: label
+labels: [negative, positive]  # optional for classification (else the sorted distinct values)
+metric: accuracy              # accuracy | f1 | mcc | pearson | spearman | pearson_spearman
+```
+
+Optional keys: ``glue: sst2`` takes text, label, labels and metric of that GLUE task (files
+in the GLUE schema); ``train_split`` / ``validation_split`` name the splits used by default
+(else ``train`` and the first of ``validation``, ``dev``, ``test`` present); ``description``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from ..errors import HeadcountError
+from .base import KINDS, METRICS, FilesSource, Task, distinct_label_names, label_name
+from .tables import SUFFIXES, read_text
+
+KEYS = ("name", "kind", "files", "text", "label", "labels", "metric", "glue", "train_split",
+        "validation_split", "description")
+
+
+def load_task_yaml(path: str | os.PathLike) -> Task:
+    """Read a task YAML file (see the module docstring) into a :class:`Task`.
+
+    Raises:
+        HeadcountError: unreadable or non-UTF-8 file, not YAML, not a mapping, unknown or bad
+            keys, missing data files, labels that cannot be inferred.
+
+    >>> task = load_task_yaml("my-task.yaml")   # doctest: +SKIP
+    """
+    import yaml
+
+    p = Path(path).expanduser()
+    text = read_text(p)
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f" (line {mark.line + 1})" if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise HeadcountError(f"{p}: not valid YAML{at}: {problem}") from None
+    if not isinstance(doc, dict):
+        got = "an empty file" if doc is None else f"a {type(doc).__name__}"
+        raise HeadcountError(f"{p}: a task YAML must be a mapping (name, kind, files, text, label, ...), got {got}")
+    unknown = [k for k in doc if k not in KEYS]
+    if unknown:
+        raise HeadcountError(f"{p}: unknown key {unknown[0]!r}; keys: {', '.join(KEYS)}")
+    where = str(p)
+
+    files = doc.get("files")
+    if not isinstance(files, dict) or not files:
+        raise HeadcountError(f"{where}: `files` must map split names to data files, e.g. {{train: train.csv}}")
+    resolved = {}
+    for split, f in files.items():
+        if not isinstance(f, str) or not f:
+            raise HeadcountError(f"{where}: files.{split} must be a file path")
+        fp = Path(f).expanduser()
+        fp = fp if fp.is_absolute() else p.parent / fp
+        if fp.suffix.lower() not in SUFFIXES:
+            raise HeadcountError(f"{where}: files.{split}: unsupported file type {fp.suffix or '(none)'!r}; use {', '.join(SUFFIXES)}")
+        if not fp.exists():
+            raise HeadcountError(f"{where}: files.{split}: file not found: {fp}")
+        if not fp.is_file():
+            raise HeadcountError(f"{where}: files.{split}: not a file: {fp}")
+        resolved[str(split)] = fp
+    splits = list(resolved)
+    train_split = _split_key(doc, "train_split", splits, where) or ("train" if "train" in splits else splits[0])
+    validation_split = _split_key(doc, "validation_split", splits, where) or next(
+        (s for s in ("validation", "dev", "test") if s in splits), train_split)
+    name = doc.get("name", p.stem)
+    if not isinstance(name, str) or not name:
+        raise HeadcountError(f"{where}: `name` must be a string")
+    description = str(doc.get("description", f"local files ({p.name})"))
+
+    if "glue" in doc:
+        from .glue import GLUE, glue_task
+
+        config = str(doc["glue"]).removeprefix("glue/")
+        if config not in GLUE and config != "mnli-mm":
+            raise HeadcountError(f"{where}: glue: {config!r} is not a GLUE task; one of {', '.join(GLUE)}, mnli-mm")
+        base = glue_task(config, data_files=resolved, task_name=name)
+        overrides = {k: doc[k] for k in ("kind", "text", "label", "labels", "metric") if k in doc}
+        if not overrides:
+            return Task(**{**_fields(base), "train_split": train_split,
+                           "validation_split": _split_key(doc, "validation_split", splits, where) or base.validation_split,
+                           "description": description})
+        doc = {"kind": base.kind, "text": list(base.text_fields), "label": base.label_field,
+               "labels": list(base.labels) if base.labels else None, "metric": base.metric, **overrides}
+
+    kind = doc.get("kind", "classification")
+    if kind not in KINDS:
+        raise HeadcountError(f"{where}: kind must be one of {', '.join(KINDS)}, not {kind!r}")
+    text = doc.get("text")
+    if isinstance(text, str):
+        text = [text]
+    if not isinstance(text, list) or not 1 <= len(text) <= 2 or not all(isinstance(t, str) and t for t in text):
+        raise HeadcountError(f"{where}: `text` must name one column or two (a sentence pair), e.g. text: [sentence]")
+    label = doc.get("label", "label")
+    if not isinstance(label, str) or not label:
+        raise HeadcountError(f"{where}: `label` must name a column")
+    metric = doc.get("metric", "accuracy" if kind == "classification" else "pearson_spearman")
+    if metric not in METRICS:
+        raise HeadcountError(f"{where}: metric must be one of {', '.join(METRICS)}, not {metric!r}")
+    source = FilesSource(resolved)
+    labels = doc.get("labels")
+    if kind == "regression":
+        if labels is not None:
+            raise HeadcountError(f"{where}: `labels` is only for classification tasks")
+        names = None
+    elif labels is not None:
+        if not isinstance(labels, list) or len(labels) < 2 or not all(isinstance(x, (str, int, float, bool)) for x in labels):
+            raise HeadcountError(f"{where}: `labels` must be a list of at least two label names")
+        names = tuple(label_name(x) for x in labels)
+        if len(set(names)) != len(names):
+            raise HeadcountError(f"{where}: `labels` lists a name twice")
+    else:  # the sorted distinct values of the train split
+        table = source.read(train_split)
+        if label not in table.columns:
+            raise HeadcountError(
+                f"task {name}, split {train_split} ({table.where}): no column {label!r} "
+                f"(columns: {', '.join(map(str, table.columns)) or 'none'})")
+        names = distinct_label_names(table.columns[label])
+        if len(names) < 2:
+            raise HeadcountError(f"{where}: the train split has fewer than two distinct labels; list them under `labels`")
+    return Task(name=name, kind=kind, text_fields=tuple(text), labels=names, metric=metric, source=source,
+                label_field=label, train_split=train_split, validation_split=validation_split,
+                label_ids=bool(doc.get("glue")) and kind == "classification", description=description)
+
+
+def _split_key(doc: dict, key: str, splits: list[str], where: str) -> str | None:
+    value = doc.get(key)
+    if value is None:
+        return None
+    if value not in splits:
+        raise HeadcountError(f"{where}: {key} {value!r} is not one of the files' splits: {', '.join(splits)}")
+    return value
+
+
+def _fields(task: Task) -> dict:
+    from dataclasses import fields
+
+    return {f.name: getattr(task, f.name) for f in fields(task)}
