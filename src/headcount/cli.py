@@ -8,12 +8,14 @@ from __future__ import annotations
 import os
 import sys
 
+import typer
+
 from .commands import app
 from .commands import core  # noqa: F401  (registers info, shrink)
-from .commands import data  # noqa: F401  (registers tasks, data fetch)
 from .commands import train  # noqa: F401  (finetune, magnitude)
-from .commands import patterns  # noqa: F401  (patterns train, patterns synthetic)
+from .commands import data  # noqa: F401  (registers tasks, data fetch)
 from .commands import study  # noqa: F401  (registers study, report)
+from .commands import patterns  # noqa: F401  (patterns train, patterns synthetic)
 from .commands import analyse  # noqa: F401  (score, prune)
 from .errors import HeadcountError
 
@@ -51,13 +53,13 @@ def main(argv: list[str] | None = None) -> int:
     except _click_exc.UsageError as e:
         print(f"error: {e.format_message().splitlines()[0]}", file=sys.stderr)
         sys.exit(2)
-    except _click_exc.Abort:
+    except typer.Abort:
         print("error: aborted", file=sys.stderr)
         sys.exit(130)
     except KeyboardInterrupt:
         print("error: interrupted (run the same command again to resume where supported)", file=sys.stderr)
         sys.exit(130)
-    except _click_exc.Exit as e:
+    except typer.Exit as e:
         sys.exit(e.exit_code)
     except Exception as e:  # a bug, not bad input: short message, traceback on request
         if debug:
