@@ -29,7 +29,7 @@ def head_heatmap(scores: dict, path=None, title: str | None = None):
     mlps = np.asarray(scores.get("mlps") or [np.nan] * heads.shape[0], dtype=float)
     n_layers, n_heads = heads.shape
     fig, (ax, axm) = plt.subplots(1, 2, figsize=(0.45 * n_heads + 2.6, 0.4 * n_layers + 1.6),
-                                  gridspec_kw={"width_ratios": [n_heads, 1.2]})
+                                  gridspec_kw={"width_ratios": [n_heads, 1.2], "wspace": 0.35})
     im = ax.imshow(heads, aspect="auto", cmap="viridis")
     ax.set_xlabel("head")
     ax.set_ylabel("layer")
@@ -41,6 +41,7 @@ def head_heatmap(scores: dict, path=None, title: str | None = None):
     axm.set_xticks([0])
     axm.set_xticklabels(["MLP"])
     axm.set_yticks(range(n_layers))
+    axm.set_yticklabels([])
     for i, v in enumerate(mlps):
         if np.isfinite(v):
             axm.text(0, i, f"{v:.2g}", ha="center", va="center", fontsize=6, color="w")
