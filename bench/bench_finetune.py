@@ -11,8 +11,8 @@ optimizer steps (batches drawn from the epoch each side would run).
 Throughput = real (non-padding) training tokens per second of training (evaluation excluded).
 Target: headcount >= 1.5x the baseline. One run each; prints the ratio.
 
-    python bench/bench_finetune.py            # 16 steps each (~2 min on 2 idle CPU cores)
-    python bench/bench_finetune.py --quick    # 6 steps each
+    python bench/bench_finetune.py            # 10 steps each (~1-3 min on 2 CPU cores)
+    python bench/bench_finetune.py --quick    # 4 steps each
 """
 
 from __future__ import annotations
@@ -117,13 +117,13 @@ def warm_up(model_dir: Path) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="6 steps each")
-    ap.add_argument("--steps", type=int, default=None, help="optimizer steps each (default 16)")
+    ap.add_argument("--quick", action="store_true", help="4 steps each")
+    ap.add_argument("--steps", type=int, default=None, help="optimizer steps each (default 10)")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    steps = args.steps or (6 if args.quick else 16)
+    steps = args.steps or (4 if args.quick else 10)
     # a training split the size of a small GLUE task: length grouping works on megabatches of 50
     # batches, so both sides draw `steps` batches from a realistic epoch, not a tiny one
     n_train = 4 * 50 * BATCH
