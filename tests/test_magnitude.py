@@ -16,15 +16,10 @@ from headcount.magnitude import (MagnitudeConfig, apply_weight_mask, load_weight
                                  save_weight_mask, weight_mask_of, weight_targets)
 from headcount.models import load_model
 from headcount.training import TrainConfig, finetune
-from training_helpers import install_fake_tasks, make_checkpoint, make_task, one_thread, stop_after
+from training_helpers import make_checkpoint, make_task, one_thread, stop_after
 
 FAST = TrainConfig(lr=1e-2, batch_size=16, epochs=2, save_steps=4, max_train_examples=128, max_eval_examples=64,
                    use_cpu=True)
-
-
-@pytest.fixture(autouse=True)
-def _tasks(monkeypatch):
-    install_fake_tasks(monkeypatch)
 
 
 _one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)

@@ -12,15 +12,10 @@ from headcount.masks import Mask
 from headcount.models import load_model
 from headcount.surgery import load_pruned
 from headcount.training import DynamicPadding, LengthGroupedEpochSampler, TrainConfig, evaluate, finetune
-from training_helpers import install_fake_tasks, make_checkpoint, make_task, one_thread, stop_after
+from training_helpers import make_checkpoint, make_task, one_thread, stop_after
 
 #: learns the has-"good" task to 100% in 36 steps (~1 s on 2 CPU cores)
 FAST = TrainConfig(lr=1e-2, batch_size=16, epochs=3, save_steps=4, use_cpu=True)
-
-
-@pytest.fixture(autouse=True)
-def _tasks(monkeypatch):
-    install_fake_tasks(monkeypatch)
 
 
 _one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
@@ -35,13 +30,8 @@ def world(tmp_path_factory):
 @pytest.fixture(scope="module")
 def baseline(world, tmp_path_factory):
     """One uninterrupted run (seed 1): compared with a second run and with a resumed run."""
-    mp = pytest.MonkeyPatch()
-    install_fake_tasks(mp)
-    try:
-        out = tmp_path_factory.mktemp("baseline")
-        return finetune(world["pre"], world["task"], seed=1, config=FAST, out_dir=out), out
-    finally:
-        mp.undo()
+    out = tmp_path_factory.mktemp("baseline")
+    return finetune(world["pre"], world["task"], seed=1, config=FAST, out_dir=out), out
 
 
 def _inputs(n=4):
