@@ -116,12 +116,11 @@ def prune_command(*, model, task, objective="task", threshold=0.9, step=0.1, ste
                   stop_split=None, max_examples=1000, max_eval_examples=1000, batch_size=32, max_length=128,
                   seed=0, out, echo=_echo_none):
     """``headcount prune``: iterative pruning; writes ``mask.json``, ``trace.csv``, ``curve.png``."""
-    from .evaluation import evaluate_batches
     from .io import atomic_write_text
-    from .pipeline import DataConfig, batches_for, check_objective, load_for, metric_for
+    from .pipeline import DataConfig, batches_for, check_objective, load_for, metric_for, prune_model
     from .plots import prune_curve
-    from .pruning import PruneConfig, iterative_prune
-    from .scoring import METHODS, score
+    from .pruning import PruneConfig
+    from .scoring import METHODS
     from .tasks import get_task
 
     check_objective(objective)
@@ -141,18 +140,12 @@ def prune_command(*, model, task, objective="task", threshold=0.9, step=0.1, ste
     stop_batches = batches_for(t, tok, objective, stop_data, split=stop_split or t.validation_split)
     metric = metric_for(t, objective)
 
-    def score_fn(model_, mask):
-        return score(model_, imp_batches, method=method, normalize=normalize, mask=mask)
-
-    def eval_fn(model_, mask):
-        r = evaluate_batches(model_, stop_batches, metric, mask=mask)
-        return r["score"], r["loss"]
-
     def progress(row):
         echo(f"step {row['step']:>3} {row['phase']:<6} heads {row['heads_kept']:>4} mlps {row['mlps_kept']:>3} "
              f"{metric} {row['metric']:.4f} {'ok' if row['accepted'] else 'below threshold'}")
 
-    result = iterative_prune(m, score_fn, eval_fn, config, progress=progress)
+    result = prune_model(m, imp_batches, stop_batches, metric, method=method, normalize=normalize, config=config,
+                         progress=progress)
     out = Path(out)
     mask = result.mask.with_meta(model=model, task=t.name, objective=objective, metric_name=metric, method=method,
                                  normalize=normalize)

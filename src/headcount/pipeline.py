@@ -102,3 +102,23 @@ def batches_for(task, tokenizer, objective: str, data: DataConfig, split: str | 
 
 def metric_for(task, objective: str) -> str:
     return MLM_METRIC if objective == "mlm" else task.metric
+
+
+def prune_model(model, importance_batches, stop_batches, metric: str, *, method: str = "gradient",
+                normalize: str = "layer+global", config=None, progress=None):
+    """Iterative pruning of ``model``: importance on one set of batches, the stop rule on another.
+
+    Returns the :class:`~headcount.pruning.PruneResult` of :func:`~headcount.pruning.iterative_prune`.
+    """
+    from .evaluation import evaluate_batches
+    from .pruning import PruneConfig, iterative_prune
+    from .scoring import score
+
+    def score_fn(m, mask):
+        return score(m, importance_batches, method=method, normalize=normalize, mask=mask)
+
+    def eval_fn(m, mask):
+        r = evaluate_batches(m, stop_batches, metric, mask=mask)
+        return r["score"], r["loss"]
+
+    return iterative_prune(model, score_fn, eval_fn, config or PruneConfig(), progress=progress)

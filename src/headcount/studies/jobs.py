@@ -102,11 +102,9 @@ def prune_job(params, inputs, workdir: Path, progress) -> dict:
     params: model, task, objective, method, normalize, prune (PruneConfig fields), data
     (importance examples), eval_data (stop-rule examples), importance_split, stop_split.
     """
-    from ..evaluation import evaluate_batches
     from ..io import atomic_write_text
-    from ..pipeline import DataConfig, batches_for, load_for, metric_for
-    from ..pruning import PruneConfig, iterative_prune
-    from ..scoring import score
+    from ..pipeline import DataConfig, batches_for, load_for, metric_for, prune_model
+    from ..pruning import PruneConfig
     from ..tasks import get_task
 
     task = get_task(params["task"])
@@ -117,19 +115,12 @@ def prune_job(params, inputs, workdir: Path, progress) -> dict:
     imp = batches_for(task, tokenizer, objective, data, split=params.get("importance_split") or task.train_split)
     stop = batches_for(task, tokenizer, objective, eval_data, split=params.get("stop_split") or task.validation_split)
     metric = metric_for(task, objective)
-    method, normalize = params.get("method", "gradient"), params.get("normalize", "layer+global")
-
-    def score_fn(m, mask):
-        return score(m, imp, method=method, normalize=normalize, mask=mask)
-
-    def eval_fn(m, mask):
-        r = evaluate_batches(m, stop, metric, mask=mask)
-        return r["score"], r["loss"]
-
     def report(row):
         progress(row["step"], None, f"{row['phase']}: {row['heads_kept']} heads, {metric} {row['metric']:.3f}")
 
-    result = iterative_prune(model, score_fn, eval_fn, PruneConfig(**params.get("prune", {})), progress=report)
+    result = prune_model(model, imp, stop, metric, method=params.get("method", "gradient"),
+                         normalize=params.get("normalize", "layer+global"),
+                         config=PruneConfig(**params.get("prune", {})), progress=report)
     mask = result.mask.with_meta(task=task.name, objective=objective, metric_name=metric, head=info["head"])
     mask.save(workdir / "mask.json")
     atomic_write_text(workdir / "trace.csv", result.trace_csv())

@@ -1,0 +1,104 @@
+"""`headcount score` and `headcount prune` end to end on a tiny classifier and a local task."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+from training_helpers import make_checkpoint, make_task, one_thread
+
+from headcount.cli import main
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread(tmp_path_factory):
+    yield from one_thread(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("analyse")
+    ckpt = make_checkpoint(root / "clf", head="classification")
+    task = make_task(root / "task")
+    return ckpt, task
+
+
+def run(args, capsys):
+    try:
+        code = main(args) or 0
+    except SystemExit as e:
+        code = e.code
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_score_writes_contract_files(setup, tmp_path, capsys):
+    ckpt, task = setup
+    code, out, err = run(["score", "--model", str(ckpt), "--task", str(task), "--max-examples", "64",
+                          "--batch-size", "16", "--out", str(tmp_path)], capsys)
+    assert code == 0, err
+    s = json.loads((tmp_path / "scores.json").read_text())
+    assert len(s["heads"]) == 2 and len(s["heads"][0]) == 4 and len(s["mlps"]) == 2
+    assert s["method"] == "gradient" and s["normalize"] == "none" and s["objective"] == "task"
+    assert s["n_examples"] == 64 and s["n_tokens"] > 64
+    assert s["model"] == str(ckpt) and s["task"] == "has-good" and s["head"] == "checkpoint"
+    assert any(v > 0 for row in s["heads"] for v in row)
+    assert (tmp_path / "heads.png").stat().st_size > 1000
+
+
+def test_score_mlm_objective_fits_a_head(setup, tmp_path, capsys, monkeypatch):
+    ckpt, task = setup
+    code, out, err = run(["score", "--model", str(ckpt), "--task", str(task), "--objective", "mlm",
+                          "--max-examples", "32", "--normalize", "layer+global", "--out", str(tmp_path)], capsys)
+    assert code == 0, err
+    assert "fitted" in out
+    s = json.loads((tmp_path / "scores.json").read_text())
+    assert s["objective"] == "mlm" and s["head"] == "fitted"
+    assert max(max(r) for r in s["heads"]) == pytest.approx(1.0)
+    assert min(min(r) for r in s["heads"]) == pytest.approx(0.0)
+
+
+def test_prune_stops_at_threshold(setup, tmp_path, capsys):
+    ckpt, task = setup
+    code, out, err = run(["prune", "--model", str(ckpt), "--task", str(task), "--threshold", "0.95",
+                          "--step", "0.25", "--step-of", "total", "--mlps", "--max-examples", "64",
+                          "--max-eval-examples", "64", "--out", str(tmp_path)], capsys)
+    assert code == 0, err
+    mask = json.loads((tmp_path / "mask.json").read_text())
+    rows = list(csv.DictReader((tmp_path / "trace.csv").open()))
+    assert rows[0]["phase"] == "full"
+    full = float(rows[0]["metric"])
+    accepted = [r for r in rows if r["accepted"] == "True"]
+    assert all(float(r["metric"]) >= 0.95 * full - 1e-9 for r in accepted)
+    assert int(accepted[-1]["heads_kept"]) == mask["n_heads_kept"] == sum(map(sum, mask["heads"]))
+    assert mask["threshold"] == 0.95 and mask["full_metric"] == pytest.approx(full)
+    assert (tmp_path / "curve.png").exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--threshold", "0"], "threshold"),
+    (["--threshold", "1.5"], "threshold"),
+    (["--max-examples", "0"], "max-examples"),
+    (["--objective", "nope"], "objective"),
+    (["--method", "entropy"], "cannot drive pruning"),
+])
+def test_prune_bad_input(setup, tmp_path, capsys, args, message):
+    ckpt, task = setup
+    code, out, err = run(["prune", "--model", str(ckpt), "--task", str(task), *args, "--out", str(tmp_path)], capsys)
+    assert code == 2
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:") and message in lines[0]
+    assert "Traceback" not in err
+    assert not (tmp_path / "mask.json").exists()
+
+
+def test_score_bad_input(setup, tmp_path, capsys):
+    ckpt, task = setup
+    for args, message in ((["--max-examples", "0"], "max-examples"), (["--method", "nope"], "method"),
+                          (["--normalize", "x"], "normalisation"), (["--split", "nope"], "split"),
+                          (["--task", "offline/moveis"], "offline/movies")):
+        code, out, err = run(["score", "--model", str(ckpt), "--task", str(task), *args, "--out", str(tmp_path)],
+                             capsys)
+        assert code == 2, (args, err)
+        assert err.strip().startswith("error:") and message in err and len(err.strip().splitlines()) == 1
