@@ -1,0 +1,271 @@
+"""The lottery study (headcount.studies.lottery): config, jobs, subnetwork rules, end to end.
+
+The maths (controls, stability statistics, pattern rules) is tested in test_stats.py and
+test_patterns.py; here: that the study wires it as Prasanna et al. do, that every subnetwork
+has the right size, and that a study on a tiny model runs to a report with the main table.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from headcount.analysis import draw_controls, random_control, super_survivors
+from headcount.errors import HeadcountError
+from headcount.masks import Mask
+from headcount.runner import JobResult, get_study_type, no_progress, parse_study_config, run_study
+from headcount.studies.lottery import (
+    EXPERIMENTS,
+    SUPER_EXPERIMENTS,
+    LotterySettings,
+    control_rng,
+    lottery_jobs,
+    subnetwork_job,
+)
+from training_helpers import make_checkpoint, make_task, one_thread
+
+_one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
+
+TASK2 = """name: has-good-2
+kind: classification
+files: {train: ../task/train.csv, validation: ../task/dev.csv}
+text: [sentence]
+label: label
+labels: [negative, positive]
+metric: accuracy
+"""
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """A tiny pre-trained checkpoint and two local tasks (the second reads the first one's files)."""
+    root = tmp_path_factory.mktemp("lottery")
+    pre = make_checkpoint(root / "pre")
+    task1 = make_task(root / "task")
+    (root / "task2").mkdir()
+    (root / "task2" / "task.yaml").write_text(TASK2)
+    return {"root": root, "pre": str(pre), "tasks": [str(task1), str(root / "task2" / "task.yaml")]}
+
+
+def _settings(world, **over) -> LotterySettings:
+    base = dict(model=world["pre"], tasks=world["tasks"], seeds=[1, 2])
+    return LotterySettings(**{**base, **over})
+
+
+# -- config ----------------------------------------------------------------------------------------
+def test_config_validates_and_resolves_relative_paths(world):
+    text = "study: lottery\nmodel: pre\ntasks: [task/task.yaml]\nseeds: [1, 2]\nrandom: bernoulli\n"
+    loaded = parse_study_config(text, base_dir=world["root"])
+    assert loaded.config.model == str((world["root"] / "pre").resolve())
+    assert loaded.config.tasks == [str((world["root"] / "task" / "task.yaml").resolve())]
+    assert loaded.config.random == "bernoulli" and loaded.config.pruning.schedule == "prasanna"
+    assert get_study_type("lottery").config_model is type(loaded.config)
+    bad = {
+        "seeds: [1, 1]": "distinct",
+        "random: gaussian": "'random'",
+        "pruning: {thresold: 0.9}": "did you mean 'threshold'",
+        "train: {max_length: 4}": "max length",
+        "tasks: [no/such-task]": "tasks",
+    }
+    for line, expected in bad.items():
+        key = line.split(":")[0]
+        lines = [x for x in text.splitlines() if not x.startswith(key + ":")] + [line]
+        with pytest.raises(HeadcountError, match=expected):
+            parse_study_config("\n".join(lines) + "\n", base_dir=world["root"])
+
+
+def test_jobs_compose_under_a_prefix_with_the_same_keys(world):
+    s = _settings(world)
+    plain, prefixed = lottery_jobs(s), lottery_jobs(s, prefix="demo/lottery/")
+    assert all(j.name.startswith("demo/lottery/") for j in prefixed)
+    assert {j.key for j in plain} == {j.key for j in prefixed}  # names are not part of keys
+    names = {j.name: j for j in plain}
+    full = names["finetune/has-good/seed1"]
+    assert full.fn == "headcount.studies.jobs:finetune_job" and set(full.params) == {"model", "task", "seed", "train"}
+    # retraining starts from the pre-trained weights: the model is a parameter, not the full run
+    for kind in ("good", "random", "bad"):
+        retrain = names[f"retrain/{kind}/has-good/seed2"]
+        assert retrain.params["model"] == world["pre"] and "model" not in retrain.inputs
+    good_pruned = names["good-pruned/has-good/seed1"]
+    assert good_pruned.inputs["model"].key == full.key  # no retraining: the fine-tuned weights
+    assert good_pruned.inputs["mask"].name == "prune/has-good/seed1"
+    off = lottery_jobs(_settings(world, magnitude={"enabled": False}, patterns={"enabled": False},
+                                 super_survivors={"enabled": False}, tasks=world["tasks"][:1]))
+    assert not any(j.kind in ("lottery.magnitude", "lottery.patterns", "lottery.stability", "lottery.overlap")
+                   for j in off)
+
+
+# -- subnetworks -----------------------------------------------------------------------------------
+def _good(tmp_path: Path, heads, mlps, name="good") -> JobResult:
+    d = tmp_path / name
+    d.mkdir()
+    Mask(np.asarray(heads, dtype=float), np.asarray(mlps, dtype=float)).save(d / "mask.json")
+    return JobResult(name, "prune", name, {}, {}, d)
+
+
+def _draw(tmp_path, good, kind, seed, mode="uniform") -> Mask:
+    out = tmp_path / f"{kind}-{mode}-{seed}"
+    out.mkdir()
+    subnetwork_job({"kind": kind, "seed": seed, "mode": mode}, {"good": good}, out, no_progress)
+    return Mask.load(out / "mask.json")
+
+
+def test_random_and_bad_subnetworks_match_the_good_size(tmp_path):
+    rng = np.random.default_rng(0)
+    small = _good(tmp_path, (rng.random((6, 12)) < 0.3).astype(int), [1, 0, 0, 1, 0, 0], "small")  # keeps < half
+    large = _good(tmp_path, (rng.random((6, 12)) < 0.8).astype(int), [1, 1, 1, 1, 0, 1], "large")  # keeps > half
+    for good in (small, large):
+        g = Mask.load(good.path("mask.json"))
+        draws = good.dir / "draws"
+        draws.mkdir()
+        for kind in ("random", "bad"):
+            for seed in (1, 2):
+                m = _draw(draws, good, kind, seed)
+                assert m.n_heads_kept == g.n_heads_kept and m.n_mlps_kept == g.n_mlps_kept
+        # Prasanna's bad rule: drawn from the pruned components, topped up with good ones when short
+        bad = _draw(draws, good, "bad", 7)
+        for part in ("heads", "mlps"):
+            b, k = getattr(bad, part).numpy().ravel(), getattr(g, part).numpy().ravel()
+            if k.sum() <= (1 - k).sum():
+                assert not (b * k).any()  # nothing from the good set
+            else:
+                assert b[k == 0].all()  # every pruned component, then good ones
+        # the wiring: exactly analysis.draw_controls with the seed's generator
+        expected = draw_controls({"heads": g.heads.numpy(), "mlps": g.mlps.numpy()}, "bad", seed=control_rng(7, "bad"))
+        assert np.array_equal(bad.heads.numpy(), expected["heads"]) and np.array_equal(bad.mlps.numpy(), expected["mlps"])
+
+
+def test_bernoulli_random_is_the_papers_draw(tmp_path):
+    heads = np.zeros((6, 12), dtype=int)
+    heads.ravel()[:30] = 1  # 30 of 72 kept
+    good = _good(tmp_path, heads, [1, 1, 0, 0, 0, 0])
+    sizes = []
+    for seed in range(40):
+        m = _draw(tmp_path, good, "random", seed, mode="bernoulli")
+        rng = control_rng(seed, "random")
+        assert np.array_equal(m.heads.numpy(), random_control(heads, rng, "bernoulli"))
+        assert np.array_equal(m.mlps.numpy(), random_control(np.array([1, 1, 0, 0, 0, 0]), rng, "bernoulli"))
+        sizes.append(m.n_heads_kept)
+    assert len(set(sizes)) > 1  # the size matches only on average
+    assert abs(np.mean(sizes) - 30) < 4
+
+
+def test_super_survivors_are_kept_by_every_seed(tmp_path):
+    rng = np.random.default_rng(1)
+    heads = (rng.random((3, 4, 4)) < 0.7).astype(int)
+    mlps = np.array([[1, 1, 0, 1], [1, 0, 0, 1], [1, 1, 1, 1]])
+    inputs = {f"s{i}": _good(tmp_path, heads[i], mlps[i], f"g{i}") for i in range(3)}
+    (tmp_path / "sup").mkdir()
+    r = subnetwork_job({"kind": "super"}, inputs, tmp_path / "sup", no_progress)
+    m = Mask.load(tmp_path / "sup" / "mask.json")
+    assert np.array_equal(m.heads.numpy(), super_survivors(heads)) and m.mlps.tolist() == [1, 0, 0, 1]
+    assert r["heads_kept"] == int(heads.min(0).sum())
+    with pytest.raises(HeadcountError, match="unknown subnetwork kind"):
+        subnetwork_job({"kind": "worst"}, inputs, tmp_path, no_progress)
+
+
+# -- end to end ------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def run(world):
+    """Two tasks x two seeds on the tiny model, with magnitude, super-survivors, patterns and the CNN."""
+    from headcount.analysis.patterns import save_labelled_maps, synthetic_attention_maps
+
+    root = world["root"]
+    syn = synthetic_attention_maps(n_per_class=6, size=16, seed=0)
+    save_labelled_maps(syn.maps, syn.labels, root / "labelled" / "maps.safetensors", root / "labelled" / "labels.csv")
+    (root / "study.yaml").write_text("""
+study: lottery
+name: tiny lottery
+model: pre
+tasks: [task/task.yaml, task2/task.yaml]
+seeds: [1, 2]
+train: {lr: 0.01, batch_size: 16, epochs: 3, max_length: 32, save_steps: 1000}
+pruning: {step: 0.25}
+magnitude: {rounds: 1, rate: 0.3}
+patterns: {max_examples: 16, size: 16, cnn: {maps: labelled/maps.safetensors, labels: labelled/labels.csv, epochs: 2}}
+""")
+    summary = run_study(root / "study.yaml", root / "run", quiet=True)
+    from headcount.runner import RunStore
+
+    return summary, RunStore(root / "run")
+
+
+def test_study_runs_to_a_report_with_the_main_table(run):
+    summary, store = run
+    assert summary.report is not None and summary.report.is_file() and not summary.failed
+    results = summary.run_dir / "results"
+    main = pd.read_csv(results / "lottery_main.csv")
+    tasks = ["has-good", "has-good-2"]
+    for experiment, pruning in EXPERIMENTS:
+        for task in tasks:
+            row = main[(main["experiment"] == experiment) & (main["task"] == task)]
+            assert len(row) == 1, (experiment, task)
+            assert row["n"].item() == 2 and row["pruning"].item() == pruning
+            assert np.isfinite(row["mean"].item()) and np.isfinite(row["std"].item())
+            assert 0.0 <= row["mean"].item() <= 1.0
+    wide = pd.read_csv(results / "lottery_main_wide.csv")
+    assert list(wide["experiment"]) == [e for e, _ in EXPERIMENTS] and list(wide.columns[1:]) == tasks
+    assert all("±" in str(cell) for cell in wide[tasks].to_numpy().ravel())
+    sup = pd.read_csv(results / "lottery_super_survivors_tidy.csv")
+    assert sorted(set(sup["experiment"])) == sorted(SUPER_EXPERIMENTS) and (sup["n"] == 2).all()
+    html = summary.report.read_text()
+    for name in ("lottery_main_wide", "lottery_scores", "lottery_survivors", "lottery_overlap", "lottery_pattern_mix",
+                 "lottery_pattern_grid", "lottery_stability"):
+        assert name in html
+    full = main[main["experiment"] == "full"]["mean"]
+    assert (full > 0.6).all()  # the tiny task is learnt (chance 0.5): the subnetworks are not trivial
+
+
+def test_every_subnetwork_has_the_right_size(run):
+    _, store = run
+    for task in ("has-good", "has-good-2"):
+        goods = []
+        for seed in (1, 2):
+            tag = f"seed{seed}"
+            good = Mask.from_dict(store.result(f"prune/{task}/{tag}").result["mask"])
+            goods.append(good)
+            retrained = {k: store.result(f"retrain/{k}/{task}/{tag}").result for k in ("good", "random", "bad")}
+            assert retrained["good"]["mask"]["heads"] == good.to_dict()["heads"]
+            for k, r in retrained.items():
+                assert (r["mask"]["heads_kept"], r["mask"]["mlps_kept"]) == (good.n_heads_kept, good.n_mlps_kept), k
+                assert r["model"] == str(Path(store.result(f"retrain/{k}/{task}/{tag}").params["model"]))
+                assert r["head"] == "new"  # from the pre-trained encoder, not the fine-tuned model
+            evaluated = store.result(f"good-pruned/{task}/{tag}").result
+            assert (evaluated["heads_kept"], evaluated["mlps_kept"]) == (good.n_heads_kept, good.n_mlps_kept)
+            mags = {k: store.result(f"magnitude/{k}/{task}/{tag}").result for k in ("good", "random", "bad")}
+            assert mags["good"]["pruned"] > 0
+            assert {(m["pruned"], m["total"]) for m in mags.values()} == {(mags["good"]["pruned"], mags["good"]["total"])}
+            assert [m["control"] for m in mags.values()] == ["good", "random", "bad"]
+        sup = Mask.load(store.result(f"subnetwork/super/{task}").path("mask.json"))
+        assert np.array_equal(sup.heads.numpy(), super_survivors(np.stack([g.heads.numpy() for g in goods])))
+        for k in ("super-random", "super-bad"):
+            m = Mask.load(store.result(f"subnetwork/{k}/{task}").path("mask.json"))
+            assert (m.n_heads_kept, m.n_mlps_kept) == (sup.n_heads_kept, sup.n_mlps_kept)
+            for seed in (1, 2):
+                r = store.result(f"retrain/{k}/{task}/seed{seed}").result
+                assert r["mask"]["heads"] == m.to_dict()["heads"]
+
+
+def test_stability_overlap_and_patterns_are_saved(run):
+    from headcount.analysis.patterns import CLASSES
+
+    summary, store = run
+    stab = store.result("stability/has-good").result
+    assert stab["heads"]["n_seeds"] == 2 and stab["heads"]["n_components"] == 8
+    assert set(stab["heads"]) >= {"krippendorff_alpha", "cochran_q", "cochran_p", "mean_pairwise_jaccard"}
+    assert np.asarray(stab["head_survival"]).shape == (2, 4)
+    ov = store.result("overlap").result
+    assert ov["tasks"] == ["has-good", "has-good-2"] and np.asarray(ov["heads_jaccard"], dtype=float).shape == (2, 2)
+    pt = store.result("patterns/has-good/seed1").result
+    assert np.asarray(pt["labels"]).shape == (2, 4) and set(np.ravel(pt["labels"])) <= set(CLASSES)
+    assert set(np.ravel(pt["cnn_labels"])) <= set(CLASSES) and pt["n_examples"] > 0
+    assert pt["structure"] == "S/C/S"
+    dist = pd.read_csv(summary.run_dir / "results" / "lottery_patterns.csv")
+    assert set(dist["group"]) >= {"full model", "good subnetwork"} and set(dist["classifier"]) == {"rules", "cnn"}
+    sums = dist[dist["classifier"] == "rules"].groupby(["task", "group"])["mean"].sum()
+    assert np.allclose(sums, 1.0)
+    assert json.loads((summary.run_dir / "plan.json").read_text())["jobs"]  # the plan names every job
