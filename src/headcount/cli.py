@@ -17,6 +17,7 @@ from .commands import data  # noqa: F401  (registers tasks, data fetch)
 from .commands import study  # noqa: F401  (registers study, report)
 from .commands import patterns  # noqa: F401  (patterns train, patterns synthetic)
 from .commands import analyse  # noqa: F401  (score, prune)
+from .commands import demo  # noqa: F401  (demo)
 from .errors import HeadcountError
 
 try:  # typer >= 0.20 vendors its own click

@@ -1,0 +1,34 @@
+"""`headcount demo`: the offline study (configs/demo.yaml) from set-up to report."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from . import app
+
+
+def config_dir() -> Path:
+    """The shipped study configs (``configs/`` in a checkout is the same folder)."""
+    return Path(__file__).resolve().parent.parent / "configs"
+
+
+@app.command()
+def demo(
+    full: bool = typer.Option(False, "--full", help="the larger profile (configs/demo-full.yaml)"),
+    out: Path = typer.Option(Path("runs/demo"), "--out", "-o", help="run directory (running again resumes)"),
+    executor: str = typer.Option("local", "--executor", "-e", help="local or ray"),
+    quiet: bool = typer.Option(False, "--quiet", "-q"),
+):
+    """Run the demo study on the offline default model and data; print where the report is."""
+    from ..errors import HeadcountError
+    from ..runner import run_study
+    from ..tasks import is_fetched
+
+    if not is_fetched():
+        raise HeadcountError("the offline data is not fetched: run `headcount data fetch` (or `make data`) first")
+    config = config_dir() / ("demo-full.yaml" if full else "demo.yaml")
+    summary = run_study(config, out, executor=executor, quiet=quiet)
+    typer.echo(f"jobs: {summary.jobs} ({len(summary.ran)} ran, {summary.reused} reused)")
+    typer.echo(f"report: {summary.report}")

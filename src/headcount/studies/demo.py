@@ -1,0 +1,55 @@
+"""The demo study: a quick transfer part and a quick lottery part on the offline default.
+
+``headcount demo`` runs ``configs/demo.yaml`` (quick profile) or ``configs/demo-full.yaml``.
+Orchestration only: the jobs and report sections are those of :mod:`.transfer` and
+:mod:`.lottery`, under the name prefixes ``transfer/`` and ``lottery/``; jobs that the two parts
+share (same kind and settings, e.g. the same fine-tuning) run once.
+"""
+
+from __future__ import annotations
+
+from ..runner import Job, StudyConfig, register_study
+from .lottery import LotterySettings, lottery_jobs, lottery_sections, lottery_summary
+from .transfer import TransferSettings, transfer_jobs, transfer_sections, transfer_summary, transfer_tables
+
+PARTS = ("transfer", "lottery")
+
+
+class DemoConfig(StudyConfig):
+    """``study: demo``: an optional ``transfer`` part and an optional ``lottery`` part.
+
+    >>> DemoConfig(study="demo").transfer is None
+    True
+    """
+
+    transfer: TransferSettings | None = None
+    lottery: LotterySettings | None = None
+
+
+def expand(config: DemoConfig) -> list[Job]:
+    """The jobs of both parts (``transfer/...``, ``lottery/...``)."""
+    jobs: list[Job] = []
+    if config.transfer is not None:
+        jobs += transfer_jobs(config.transfer, prefix="transfer/")
+    if config.lottery is not None:
+        jobs += lottery_jobs(config.lottery, prefix="lottery/")
+    return jobs
+
+
+def report(store, config: DemoConfig):
+    """Both parts' summaries and sections, transfer first."""
+    from ..report import ReportContent
+
+    summary, sections = [], []
+    if config.transfer is not None:
+        tables = transfer_tables(store, config.transfer, prefix="transfer/")
+        summary.append(transfer_summary(tables, config.transfer))
+        sections += transfer_sections(store, config.transfer, prefix="transfer/", tables=tables)
+    if config.lottery is not None:
+        summary.append(lottery_summary(store, config.lottery, prefix="lottery/"))
+        sections += lottery_sections(store, config.lottery, prefix="lottery/")
+    return ReportContent(summary="\n\n".join(s for s in summary if s), sections=sections)
+
+
+register_study("demo", DemoConfig, expand, report,
+               description="the quick offline demo: a transfer part and a lottery part")
