@@ -20,7 +20,7 @@ from training_helpers import WORDS, make_checkpoint, make_task, one_thread
 
 _one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
 
-TABLES = ["finetune", "coherence_summary", "coherence", "layer_mass", "head_scores", "prunability", "curves",
+TABLES = ["finetune", "mlm", "coherence_summary", "coherence", "layer_mass", "head_scores", "prunability", "curves",
           "before_after", "acceptable_deduction_summary", "acceptable_deduction"]
 FIGURES = ["heatmaps", "scatter", "correlation-matrix", "layer-mass", "prunability", "before-after",
            "acceptable-deduction"]
@@ -171,7 +171,7 @@ seeds: [1, 2]
 train: {{lr: 0.005, batch_size: 16, epochs: 6, max_length: 32, eval_batch_size: 64, save_steps: 1000}}
 head_fit: {{lr: 0.01, epochs: 2}}
 mlm: {{head_steps: 40, head_max_texts: 200, eval: {{max_examples: 64, batch_size: 32, max_length: 32}}}}
-scoring: {{data: {{max_examples: 64, batch_size: 16, max_length: 32}}}}
+scoring: {{data: {{max_examples: 60, batch_size: 16, max_length: 32}}}}
 pruning: {{levels: [0.25, 0.5, 0.75], random_draws: 2}}
 before_after: {{levels: [0.25, 0.5], seeds: [1], random_control: true}}
 stats: {{n_boot: 60, n_permutations: 99}}
@@ -222,6 +222,25 @@ def test_the_study_runs_end_to_end_with_every_table_and_figure(run):
     store = RunStore(out)
     head = store.result("head-fit/good/seed1")
     assert head.result["frozen_encoder"] and head.result["trainable_params"] < 2000
+    from safetensors.torch import load_file
+
+    pre = load_file(str(root / "pre" / "model.safetensors"))
+    fitted = load_file(str(head.path("model/model.safetensors")))
+    encoder = [k for k in pre if k.startswith("encoder.")]
+    assert encoder and all(torch.equal(pre[k], fitted[f"bert.{k}"]) for k in encoder)
+
+
+def test_bootstrap_contributions_add_up_to_the_scores(run):
+    root, _ = run
+    store = RunStore(root / "run")
+    for name in ("mlm-scores/good", "task-scores/has-not/seed2/fine-tuned"):
+        job = store.result(name)
+        rows = T._load_per_example(job)  # per-example shares (scoring batches of 16, the last one smaller)
+        assert rows.shape[0] == 60
+        np.testing.assert_allclose(rows.sum(0), job.load_json("scores.json")["heads"], rtol=1e-4)
+    coh = pd.read_csv(root / "run" / "results" / "coherence.csv")
+    boot = coh[coh["boot_estimate"].notna()]
+    assert len(boot) and np.allclose(boot["boot_estimate"], boot["estimate"], atol=1e-6)
 
 
 def test_statistics_are_reproducible_from_the_saved_scores(run, tmp_path):

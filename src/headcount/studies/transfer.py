@@ -25,10 +25,11 @@ the masked-LM text source, ``<p>`` a pruning level)::
 
 Design choices (the paper leaves them open):
 
-- **Importance** is Michel et al.'s gate gradient (``method: gradient``: sum over batches of
-  |dL_b/dg|, eval mode), un-normalised for every statistic (ranks do not depend on a loss's
-  scale; layer mass needs the raw values). Only heads are compared; MLP scores are kept in the
-  score files and in ``head_scores.csv``.
+- **Importance** is Michel et al.'s (``scoring.method: gradient-token``: sum over tokens of
+  |dL/dg| per token, eval mode; ``gradient``, the per-batch form of run_bertology, is an option),
+  un-normalised for every statistic (ranks do not depend on a loss's scale; layer mass needs the
+  raw values). Only heads are compared; MLP scores stay in the score files; head scores are in
+  ``head_scores.csv``.
 - **Data**: every score is computed on the same seeded subset of the task's *train* split
   (``scoring.data``); MLM scores use the texts of that subset (``mlm.corpus: null``, the default:
   each task's own texts, so "MLM vs task" differs in the objective only) or of one fixed text
@@ -41,8 +42,9 @@ Design choices (the paper leaves them open):
 - **MLM cost**: the vocabulary projection runs only at masked positions
   (:func:`masked_positions_only`); the loss and its gradients are those of the full model.
 - **Before fine-tuning**: a task head fitted on the frozen pre-trained encoder
-  (``head_fit``, merged over ``train``: by default lr 1e-3, 3 epochs). Its parameters are those
-  outside ``model.base_model`` (a pooler inside the encoder stays frozen).
+  (:func:`fit_task_head`; ``head_fit``, merged over ``train``: by default lr 1e-3, 10 epochs). Its
+  parameters are those outside ``model.base_model`` (a pooler inside the encoder stays frozen);
+  the encoder runs once and its outputs are replayed to the head every epoch.
 - **Pruning levels** remove ``round(level x n_heads)`` heads with the lowest importance,
   computed once (Michel et al.'s one-shot ranking), after a per-layer L2 normalisation
   (``pruning.normalize: layer``), as masks applied with gates: no retraining. Random orders are
@@ -57,9 +59,13 @@ Design choices (the paper leaves them open):
   which the fine-tuned pruned model scores at least ``before_after.threshold`` (0.9) x the full
   fine-tuned model's score (both means over seeds).
 - **Uncertainty**: percentile bootstrap over scoring examples (per-example contributions of
-  ``per_example.safetensors``; resampled jointly when both grids come from the same examples in
-  the same order: before vs after, seed vs seed; independently otherwise) and permutation
-  p-values (head positions permuted). Seeded from ``stats.seed`` and the pair's name.
+  ``per_example.safetensors``, see :func:`canonical_contributions`: with ``gradient-token`` they
+  sum exactly to the score grid, so the interval is about the reported estimate; with
+  ``gradient`` they sum to a per-example-absolute proxy, whose full-data value is the
+  ``boot_estimate`` column). Both grids are resampled jointly when they come from the same
+  examples in the same order (before vs after, seed vs seed), independently otherwise.
+  Permutation p-values permute head positions (two-sided). Seeded from ``stats.seed`` and the
+  pair's name.
 - **Shared layers** (ALBERT): every statistic and curve is reported per application (depth x
   head) and per shared head (importance summed over the depths that run a shared layer); the
   ``layout`` job records the groups (:func:`headcount.gates.shared_groups`).
@@ -174,7 +180,7 @@ class MlmSettings(ConfigSection):
 class ScoringSettings(ConfigSection):
     """Importance scores: the method and the (train-split) examples."""
 
-    method: Literal["gradient", "gradient-token"] = "gradient"
+    method: Literal["gradient", "gradient-token"] = "gradient-token"
     data: DataSettings = DataSettings()
 
 
@@ -274,7 +280,7 @@ class TransferSettings(ConfigSection):
     tasks: tuple[str | TaskSpec, ...]
     seeds: tuple[int, ...] = (1,)
     train: TrainSettings = TrainSettings()
-    head_fit: TrainSettings = TrainSettings(lr=1e-3, epochs=3)
+    head_fit: TrainSettings = TrainSettings(lr=1e-3, epochs=10)
     mlm: MlmSettings = MlmSettings()
     scoring: ScoringSettings = ScoringSettings()
     pruning: PruningSettings = PruningSettings()
@@ -743,36 +749,135 @@ def mlm_score_job(params, inputs, workdir: Path, progress) -> dict:
     return s.to_dict()
 
 
-def _freeze_encoder_callback(record: dict):
-    from transformers import TrainerCallback
+@contextmanager
+def _replayed_encoder(model):
+    """Inside the block, the base model returns ``holder["out"]`` instead of running."""
+    base = model.base_model
+    holder: dict = {}
+    base.forward = lambda *args, **kwargs: holder["out"]
+    try:
+        yield holder
+    finally:
+        del base.forward
 
-    class FreezeEncoder(TrainerCallback):
-        """Freeze ``model.base_model`` before the optimizer is built: only the task head trains."""
 
-        def on_init_end(self, args, state, control, model=None, **kwargs):
-            for p in model.base_model.parameters():
-                p.requires_grad_(False)
-            record["trainable_params"] = sum(p.numel() for p in model.parameters() if p.requires_grad)
+def fit_task_head(model, batches, *, lr: float = 1e-3, epochs: float = 10, weight_decay: float = 0.0,
+                  seed: int = 0, progress=None) -> dict:
+    """Train only a classifier's task head (the parameters outside ``model.base_model``) on a frozen encoder.
 
-    return FreezeEncoder()
+    The encoder runs once over ``batches`` (no gradient); its outputs at the first position
+    and its pooled output, all a sequence-classification head reads, are kept and replayed to the
+    head for every epoch (AdamW, batches in a seeded random order, dropout on in the head).
+
+    Args:
+        model: a sequence-classification model (its encoder is left unchanged).
+        batches: task batches with ``labels`` (``headcount.tasks.make_batches``).
+        lr / epochs / weight_decay: AdamW settings; a fractional epoch count runs that share of
+            the last epoch's batches.
+        seed: order of the batches.
+        progress: called with one line per epoch.
+
+    Returns:
+        ``{"steps", "train_loss", "trainable_params"}``.
+
+    >>> fit_task_head(model, batches, lr=1e-3, epochs=10)["steps"]      # doctest: +SKIP
+    250
+    """
+    import torch
+    from transformers.modeling_outputs import BaseModelOutputWithPooling
+
+    base = model.base_model
+    device = next(model.parameters()).device
+    in_base = {id(p) for p in base.parameters()}
+    head = [p for p in model.parameters() if id(p) not in in_base]
+    if not head:
+        raise HeadcountError("the model has no task head outside its encoder")
+    cached = []
+    model.eval()
+    with torch.no_grad():
+        for b in batches:
+            inputs = {k: v.to(device) for k, v in b.items() if k != "labels"}
+            out = base(**inputs)
+            first = out[0][:, :1].detach().clone()  # [batch, 1, hidden]: what the heads read from the sequence
+            pooled = getattr(out, "pooler_output", None)
+            cached.append((first, None if pooled is None else pooled.detach().clone(), b["labels"].to(device),
+                           b["input_ids"][:, :1].to(device)))
+    for p in model.parameters():
+        p.requires_grad_(False)
+    for p in head:
+        p.requires_grad_(True)
+    opt = torch.optim.AdamW(head, lr=lr, weight_decay=weight_decay)
+    rng = np.random.default_rng(seed)
+    n_steps = int(math.ceil(epochs * len(cached)))
+    losses, step = [], 0
+    model.train()
+    try:
+        with _replayed_encoder(model) as holder:
+            while step < n_steps:
+                for i in rng.permutation(len(cached)):
+                    if step >= n_steps:
+                        break
+                    first, pooled, labels, ids = cached[i]
+                    holder["out"] = BaseModelOutputWithPooling(last_hidden_state=first, pooler_output=pooled)
+                    loss = model(input_ids=ids, labels=labels).loss
+                    opt.zero_grad(set_to_none=True)
+                    loss.backward()
+                    opt.step()
+                    losses.append(float(loss.detach()))
+                    step += 1
+                if progress:
+                    progress(f"epoch {step / len(cached):.1f}: loss {np.mean(losses[-len(cached):]):.4f}")
+    finally:
+        for p in model.parameters():
+            p.requires_grad_(True)
+        model.eval()
+    return {"steps": step, "train_loss": float(np.mean(losses[-len(cached):])) if losses else float("nan"),
+            "trainable_params": int(sum(p.numel() for p in head))}
 
 
 def head_fit_job(params, inputs, workdir: Path, progress) -> dict:
-    """Fit a task head on the frozen pre-trained encoder (a probe; "before fine-tuning" has a task loss).
+    """A task head fitted on the frozen pre-trained encoder ("before fine-tuning" has a task loss).
 
-    params: model, task, seed, train (TrainConfig fields). Writes ``model/`` and ``metrics.json``
-    like ``finetune_job``; the encoder weights are the pre-trained ones.
+    params: model, task, seed (head initialisation, batch order), train (TrainConfig fields:
+    lr, epochs, weight_decay, batch_size, max_length, max_train_examples, max_eval_examples,
+    eval_batch_size, data_seed). Writes ``model/`` (encoder unchanged) and ``metrics.json``
+    (``final``: validation metrics, as ``finetune_job``).
 
     >>> head_fit_job({"model": "offline", "task": "offline/movies", "seed": 1}, {}, Path("o"), print)  # doctest: +SKIP
     """
-    from ..training import TrainConfig, finetune
+    import time
 
-    record: dict = {}
+    from ..evaluation import evaluate_batches
+    from ..io import atomic_write_json
+    from ..tasks import encode, get_task, make_batches
+    from ..training import TrainConfig, prepare_model
+
+    cfg = TrainConfig(**params.get("train", {}))
+    task = get_task(params["task"])
+    seed = int(params.get("seed", 0))
     say = _say(progress)
-    metrics = finetune(params["model"], params["task"], seed=int(params.get("seed", 0)),
-                       config=TrainConfig(**params.get("train", {})), out_dir=workdir, progress=say,
-                       callbacks=[_freeze_encoder_callback(record)])
-    return {**metrics, "frozen_encoder": True, "trainable_params": record.get("trainable_params")}
+    t0 = time.perf_counter()
+    model, tokenizer, info = prepare_model(params["model"], task, seed=seed)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+
+    def batches(split, n, size):
+        data = task.load(split, max_examples=n, seed=cfg.data_seed)
+        return make_batches(encode(data, tokenizer, max_length=cfg.max_length), size, shuffle=True, seed=cfg.data_seed,
+                            group_by_length=True, pad_token_id=pad)
+
+    train = batches(task.train_split, cfg.max_train_examples, cfg.batch_size)
+    fit = fit_task_head(model, train, lr=cfg.lr, epochs=cfg.epochs, weight_decay=cfg.weight_decay, seed=seed,
+                        progress=say)
+    final = evaluate_batches(model, batches(task.validation_split, cfg.max_eval_examples, cfg.eval_batch_size), task.metric)
+    model.save_pretrained(workdir / "model", safe_serialization=True)
+    tokenizer.save_pretrained(workdir / "model")
+    metrics = {"task": task.name, "metric": task.metric, "model": params["model"], "seed": seed,
+               "final": {k: v for k, v in final.items() if isinstance(v, (int, float))}, "frozen_encoder": True,
+               **fit, "train_seconds": round(time.perf_counter() - t0, 3), "n_train": sum(len(b["labels"]) for b in train),
+               "head": info["head"]}
+    atomic_write_json(workdir / "metrics.json", metrics)
+    say(f"{task.name}: {task.metric} {final['score']:.4f} with the encoder frozen")
+    return metrics
 
 
 def _grid(result) -> np.ndarray:
@@ -879,13 +984,42 @@ def curve_job(params, inputs, workdir: Path, progress) -> dict:
             "n_evaluations": 1 + len(cache)}
 
 
+def canonical_contributions(per_example, batch_size: int) -> np.ndarray:
+    """Per-example contributions that sum to the score grid: rows divided by their batch's size.
+
+    ``score_job`` stores each example's |dL/dg| on its own loss scale (times its batch's size
+    b); the score grid sums the batch-mean gradients. Rows are in batch order (batches of
+    ``batch_size``, the last one smaller), so dividing row i by its b gives back its share: for
+    ``gradient-token`` the rows then sum exactly to ``scores.json`` ``heads``; for ``gradient``
+    (absolute value per batch) to an upper bound of it (absolute value per example).
+
+    Args:
+        per_example: ``[n_examples, n_layers, n_heads]``.
+        batch_size: the scoring batch size.
+
+    Returns:
+        ``[n_examples, n_layers, n_heads]`` float64.
+
+    >>> canonical_contributions(np.ones((5, 1, 1)) * 2, batch_size=2)[:, 0, 0].tolist()
+    [1.0, 1.0, 1.0, 1.0, 2.0]
+    """
+    rows = np.asarray(per_example, dtype=np.float64)
+    n = rows.shape[0]
+    b = np.full(n, float(batch_size))
+    last = n % batch_size
+    if last:
+        b[n - last:] = last
+    return rows / b.reshape(-1, *([1] * (rows.ndim - 1)))
+
+
 def _load_per_example(result):
     p = result.dir / "per_example.safetensors"
     if not p.is_file():
         return None
     from safetensors.torch import load_file
 
-    return load_file(str(p))["heads"].double().numpy()
+    rows = load_file(str(p))["heads"].double().numpy()
+    return canonical_contributions(rows, int(result.params.get("data", {}).get("batch_size", 32)))
 
 
 def coherence_job(params, inputs, workdir: Path, progress) -> dict:
@@ -922,7 +1056,8 @@ def coherence_job(params, inputs, workdir: Path, progress) -> dict:
                 rows.append({"pair": pair["name"], "comparison": pair["comparison"], "view": view,
                              "task": pair.get("task"), "task_b": pair.get("task_b"), "seed": pair.get("seed"),
                              "seed_b": pair.get("seed_b"), "a": pair["a"], "b": pair["b"], "statistic": stat,
-                             "estimate": v["estimate"], "low": v["low"], "high": v["high"], "p_value": v["p_value"],
+                             "estimate": v["estimate"], "low": v["low"], "high": v["high"],
+                             "boot_estimate": v.get("boot_estimate"), "p_value": v["p_value"],
                              "chance": v["chance"], "paired": bool(pair.get("paired"))})
         progress(i + 1, len(pairs), pair["name"])
     mass = []
@@ -1156,7 +1291,8 @@ def _artifact(prefix: str) -> str:
 def transfer_tables(store, settings: TransferSettings, prefix: str = "") -> dict:
     """The tidy tables of a finished transfer part, read from saved results (pandas DataFrames).
 
-    Keys: ``layout`` (the layout job's result, a dict), ``coherence``, ``coherence_summary``, ``layer_mass``, ``head_scores``, ``finetune``,
+    Keys: ``layout`` (the layout job's result, a dict), ``mlm`` (the MLM head and the
+    pre-trained model's MLM quality per text source), ``coherence``, ``coherence_summary``, ``layer_mass``, ``head_scores``, ``finetune``,
     ``curves``, ``prunability``, ``before_after``, ``acceptable_deduction``,
     ``acceptable_deduction_summary`` (the last three empty when ``before_after`` is off).
 
@@ -1179,8 +1315,13 @@ def transfer_tables(store, settings: TransferSettings, prefix: str = "") -> dict
             for head, v in enumerate(row):
                 scores.append({"kind": kind, "task": task, "seed": seed, "layer": layer, "head": head, "score": v})
 
+    mlm_rows = []
     for c in p["corpora"]:
-        add_scores(store.result(n.mlm_pre(c)), "mlm-pre-trained", c, None)
+        job = store.result(n.mlm_pre(c))
+        add_scores(job, "mlm-pre-trained", c, None)
+        head = job.result.get("mlm_head") or {}
+        mlm_rows.append({"corpus": c, "texts": p["corpora"][c], "head": job.result.get("head"),
+                         "head_heldout_loss": head.get("loss"), "head_heldout_accuracy": head.get("accuracy")})
     ft_rows, curve_rows = [], []
     for t in p["ids"]:
         for seed in p["seeds"]:
@@ -1195,6 +1336,10 @@ def transfer_tables(store, settings: TransferSettings, prefix: str = "") -> dict
             curve_rows += [{"task": t, "seed": seed, **r} for r in cur["rows"]]
         cur = store.result(n.mlm_curve(t)).result
         curve_rows += [{"task": t, "seed": None, **r} for r in cur["rows"]]
+        for r in mlm_rows:
+            if r["corpus"] == p["corpus_of"][t]:
+                r.update(validation_loss=cur["full"]["loss"], validation_accuracy=cur["full"]["score"],
+                         validation_masked_tokens=cur["full"].get("n_masked"))
     curves = pd.DataFrame(curve_rows)
 
     prun = []
@@ -1242,7 +1387,7 @@ def transfer_tables(store, settings: TransferSettings, prefix: str = "") -> dict
                                 "acceptable": bool(rel >= settings.before_after.threshold)})
             best = acceptable_deduction([r for r in ad_rows if r["task"] == t], settings.before_after.threshold)
             ad_summary.append({"task": t, "threshold": settings.before_after.threshold, **best})
-    return {"layout": store.result(n.layout()).result, "coherence": coherence_df, "coherence_summary": summary, "layer_mass": pd.DataFrame(coh.result["layer_mass"]),
+    return {"layout": store.result(n.layout()).result, "mlm": pd.DataFrame(mlm_rows), "coherence": coherence_df, "coherence_summary": summary, "layer_mass": pd.DataFrame(coh.result["layer_mass"]),
             "head_scores": pd.DataFrame(scores), "finetune": pd.DataFrame(ft_rows), "curves": curves,
             "prunability": prunability, "before_after": pd.DataFrame(ba_rows),
             "acceptable_deduction": pd.DataFrame(ad_rows), "acceptable_deduction_summary": pd.DataFrame(ad_summary)}
@@ -1481,11 +1626,22 @@ def transfer_summary(tables: dict, settings: TransferSettings, prefix: str = "")
         j = _stat(s, comparison, "jaccard@0.25") if 0.25 in settings.stats.fractions else d.iloc[0:0]
         if d.empty:
             return
-        txt = f"{label}: Spearman {_fmt(d['estimate'].mean())} ({_fmt(d['estimate'].min())}..{_fmt(d['estimate'].max())})"
+        txt = f"{label}: Spearman {_fmt(d['estimate'].mean())}"
+        if len(d) > 1:
+            txt += f" (per task {_fmt(d['estimate'].min())}..{_fmt(d['estimate'].max())})"
+        p_max = d["p_value_max"].max()
+        if pd_isna(p_max) is False:
+            txt += f", p <= {p_max:.3g}"
         if len(j):
             txt += f", top-25% Jaccard {_fmt(j['estimate'].mean())} (chance {_fmt(j['chance'].iloc[0])})"
         parts.append(txt + ".")
 
+    m = tables.get("mlm")
+    if m is not None and not m.empty:
+        parts.append("Masked LM of the pre-trained model: " + "; ".join(
+            f"{r['corpus']}: accuracy {_fmt(r.get('validation_accuracy'))}, loss {_fmt(r.get('validation_loss'))} "
+            f"({'head fitted on the frozen encoder' if r['head'] == 'fitted' else 'its own head'})"
+            for _, r in m.iterrows()) + ".")
     line("mlm-vs-task", "MLM vs task (fine-tuned)")
     line("mlm-vs-task-before", "MLM vs task (frozen encoder)")
     line("task-before-vs-after", "Task importance before vs after fine-tuning")
@@ -1553,13 +1709,17 @@ def transfer_sections(store, settings: TransferSettings, prefix: str = "", table
                 "Gate-gradient importance (Michel et al.) on the same training examples: masked LM on the "
                 "pre-trained model, the task on the pre-trained encoder with a fitted head, and the task on the "
                 "fine-tuned model. All scores are in head_scores.csv.",
-                figures=F("heatmaps", "scatter", "shared-heads"), tables=[T("finetune", "Fine-tuned and head-only (frozen encoder) "
-                                                                          "validation scores.")]),
+                figures=F("heatmaps", "scatter", "shared-heads"),
+                tables=[T("finetune", "Fine-tuned and head-only (frozen encoder) validation scores."),
+                        T("mlm", "The masked-LM head (from the checkpoint, or fitted on the frozen encoder: its "
+                                 "held-out loss/accuracy) and the pre-trained model's MLM loss/accuracy on each "
+                                 "task's validation texts.")]),
         Section("Coherence",
                 "Spearman and Kendall rank correlation, Jaccard overlap of the top 10/25/50% heads, and the L1 "
-                "distance of per-layer importance shares. Per seed in coherence.csv (bootstrap intervals over "
-                "scoring examples, permutation p-values); here averaged over seeds (estimate_min/max: range over "
-                "seeds; p_value_max: the largest p-value over seeds).",
+                "distance of per-layer importance shares. Per seed in coherence.csv (percentile bootstrap "
+                "intervals over scoring examples, two-sided permutation p-values); here averaged over seeds "
+                "(estimate_min/max: range over seeds; low/high: each seed's bounds averaged; p_value_max: the "
+                "largest p-value over seeds; chance: the expected value for unrelated scores).",
                 figures=F("correlation-matrix", "layer-mass"),
                 tables=[ReportTable(f"{art}coherence_summary", tables["coherence_summary"][coh_cols],
                                     caption="Coherence, mean over seeds.", max_rows=80),
