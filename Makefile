@@ -25,7 +25,7 @@ demo: env data
 	$(HC) demo --out runs/demo
 
 test: env data
-	$(PY) -m pytest -x -q tests
+	$(PY) -m pytest -x tests
 
 bench: env
 	$(PY) bench/run_all.py
