@@ -31,7 +31,8 @@ def input_mask(params: dict, inputs: dict) -> Mask | None:
     return None
 
 
-def _steps(progress):
+def step_messages(progress):
+    """Adapt the runner's ``progress(step, total, message)`` to a ``say(message)`` callback."""
     state = {"n": 0}
 
     def say(message: str) -> None:
@@ -54,7 +55,7 @@ def finetune_job(params, inputs, workdir: Path, progress) -> dict:
     metrics = finetune(
         model_spec(params, inputs), params["task"], mask=input_mask(params, inputs),
         mask_mode=params.get("mask_mode", "prune"), weight_mask=weight_mask, seed=int(params.get("seed", 0)),
-        config=TrainConfig(**params.get("train", {})), out_dir=workdir, progress=_steps(progress),
+        config=TrainConfig(**params.get("train", {})), out_dir=workdir, progress=step_messages(progress),
     )
     return metrics
 

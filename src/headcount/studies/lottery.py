@@ -56,6 +56,7 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from ..errors import HeadcountError
 from ..runner import ConfigSection, Job, StudyConfig, register_study
+from .jobs import step_messages
 
 HERE = "headcount.studies.lottery"
 JOBS = "headcount.studies.jobs"
@@ -334,16 +335,6 @@ def control_rng(seed: int, kind: str) -> np.random.Generator:
     return np.random.default_rng([int(seed) & 0xFFFFFFFF, _CONTROL_IDS[kind]])
 
 
-def _say(progress):
-    state = {"n": 0}
-
-    def say(message: str) -> None:
-        state["n"] += 1
-        progress(state["n"], None, message)
-
-    return say
-
-
 def _link_tree(src: Path, dst: Path) -> None:
     """Copy a finished directory by hard links (a plain copy across file systems)."""
 
@@ -454,7 +445,7 @@ def magnitude_job(params, inputs, workdir: Path, progress) -> dict:
         _link_tree(full.path("model"), workdir / "full" / "model")
     summary = magnitude_prune(params["model"], params["task"], config=cfg, train=TrainConfig(**params.get("train", {})),
                               seed=int(params.get("seed", 0)), out_dir=workdir, match=match,
-                              progress=_say(progress))
+                              progress=step_messages(progress))
     if not params.get("keep_models", False):
         for d in workdir.glob("round_*"):
             shutil.rmtree(d / "model", ignore_errors=True)

@@ -82,13 +82,14 @@ import zlib
 from collections.abc import Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from ..errors import HeadcountError
 from ..runner import ConfigSection, Job, StudyConfig, register_study
+from .jobs import step_messages
 
 HERE = "headcount.studies.transfer"
 SHARED_JOBS = "headcount.studies.jobs"
@@ -684,16 +685,6 @@ def mlm_model(model_spec: str, head: Mapping, encoder: str | None = None):
 # =============================================================================================
 # job functions  (params, inputs, workdir, progress) -> dict
 # =============================================================================================
-def _say(progress):
-    state = {"n": 0}
-
-    def say(message: str) -> None:
-        state["n"] += 1
-        progress(state["n"], None, message)
-
-    return say
-
-
 def layout_job(params, inputs, workdir: Path, progress) -> dict:
     """The model's gate grid and shared-layer groups: ``n_layers``, ``n_heads``, ``groups``, ``shared``.
 
@@ -855,7 +846,7 @@ def head_fit_job(params, inputs, workdir: Path, progress) -> dict:
     cfg = TrainConfig(**params.get("train", {}))
     task = get_task(params["task"])
     seed = int(params.get("seed", 0))
-    say = _say(progress)
+    say = step_messages(progress)
     t0 = time.perf_counter()
     model, tokenizer, info = prepare_model(params["model"], task, seed=seed)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
