@@ -48,7 +48,9 @@ class Scores:
         heads: ``[n_layers, n_heads]``.
         mlps: ``[n_layers]``.
         per_example: optional ``[n_examples, n_layers, n_heads]`` head contributions (gradient
-            methods; each example's |dL/dg| on its own loss scale), for bootstrap statistics.
+            methods): each example's |dL_b/dg_example|, its share of its batch's score. For
+            ``gradient-token`` the rows sum exactly to ``heads``; for ``gradient`` (the absolute
+            value of a batch sum) to an upper bound. Used for bootstrap statistics.
     """
 
     heads: torch.Tensor
@@ -204,7 +206,7 @@ def gradient_scores(model: nn.Module, batches, *, per_token: bool = False, keep_
                 mlps += dm.sum(dim=(0, 1)).abs().double()
                 example = dg[:, 0].abs()
             if keep_per_example:
-                per_example.append((example * b).float().cpu())  # on each example's own loss scale
+                per_example.append(example.float().cpu())  # each example's share of this batch's score
             n_examples += b
             n_tokens += _tokens(batch)
             if progress:

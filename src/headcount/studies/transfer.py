@@ -59,7 +59,7 @@ Design choices (the paper leaves them open):
   which the fine-tuned pruned model scores at least ``before_after.threshold`` (0.9) x the full
   fine-tuned model's score (both means over seeds).
 - **Uncertainty**: percentile bootstrap over scoring examples (per-example contributions of
-  ``per_example.safetensors``, see :func:`canonical_contributions`: with ``gradient-token`` they
+  ``per_example.safetensors``: each row is an example's share of its batch's score; with ``gradient-token`` they
   sum exactly to the score grid, so the interval is about the reported estimate; with
   ``gradient`` they sum to a per-example-absolute proxy, whose full-data value is the
   ``boot_estimate`` column). Both grids are resampled jointly when they come from the same
@@ -975,42 +975,14 @@ def curve_job(params, inputs, workdir: Path, progress) -> dict:
             "n_evaluations": 1 + len(cache)}
 
 
-def canonical_contributions(per_example, batch_size: int) -> np.ndarray:
-    """Per-example contributions that sum to the score grid: rows divided by their batch's size.
-
-    ``score_job`` stores each example's |dL/dg| on its own loss scale (times its batch's size
-    b); the score grid sums the batch-mean gradients. Rows are in batch order (batches of
-    ``batch_size``, the last one smaller), so dividing row i by its b gives back its share: for
-    ``gradient-token`` the rows then sum exactly to ``scores.json`` ``heads``; for ``gradient``
-    (absolute value per batch) to an upper bound of it (absolute value per example).
-
-    Args:
-        per_example: ``[n_examples, n_layers, n_heads]``.
-        batch_size: the scoring batch size.
-
-    Returns:
-        ``[n_examples, n_layers, n_heads]`` float64.
-
-    >>> canonical_contributions(np.ones((5, 1, 1)) * 2, batch_size=2)[:, 0, 0].tolist()
-    [1.0, 1.0, 1.0, 1.0, 2.0]
-    """
-    rows = np.asarray(per_example, dtype=np.float64)
-    n = rows.shape[0]
-    b = np.full(n, float(batch_size))
-    last = n % batch_size
-    if last:
-        b[n - last:] = last
-    return rows / b.reshape(-1, *([1] * (rows.ndim - 1)))
-
-
 def _load_per_example(result):
     p = result.dir / "per_example.safetensors"
     if not p.is_file():
         return None
     from safetensors.torch import load_file
 
-    rows = load_file(str(p))["heads"].double().numpy()
-    return canonical_contributions(rows, int(result.params.get("data", {}).get("batch_size", 32)))
+    # each row is one example's share of its batch's score: for gradient-token they sum to the grid
+    return load_file(str(p))["heads"].double().numpy()
 
 
 def coherence_job(params, inputs, workdir: Path, progress) -> dict:
