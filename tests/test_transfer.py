@@ -13,6 +13,7 @@ from scipy import stats as sps
 
 from conftest import tiny_batch, tiny_model
 from headcount.errors import HeadcountError
+from headcount.evaluation import IGNORE, masked_positions_only
 from headcount.gates import gated, layout
 from headcount.runner import Plan, RunStore, load_study_config, no_progress, parse_study_config, run_study
 from headcount.studies import transfer as T
@@ -93,8 +94,8 @@ def test_acceptable_deduction_takes_the_largest_acceptable_loss():
 def test_decoding_only_masked_positions_keeps_loss_and_gate_gradients(arch):
     model = tiny_model(arch, head="mlm")
     batch = tiny_batch(model, batch=3, seq=9, labels=True)
-    batch["labels"][:, ::2] = T.IGNORE
-    batch["labels"][1, -2:] = T.IGNORE  # padding
+    batch["labels"][:, ::2] = IGNORE
+    batch["labels"][1, -2:] = IGNORE  # padding
     n_layers, n_heads = layout(model)
 
     def loss_and_grad():
@@ -104,7 +105,7 @@ def test_decoding_only_masked_positions_keeps_loss_and_gate_gradients(arch):
         return float(loss.detach()), torch.autograd.grad(loss, g)[0]
 
     full_loss, full_grad = loss_and_grad()
-    with T.masked_positions_only(model):
+    with masked_positions_only(model):
         fast_loss, fast_grad = loss_and_grad()
     assert fast_loss == pytest.approx(full_loss, rel=1e-5)
     torch.testing.assert_close(fast_grad, full_grad, rtol=1e-4, atol=1e-6)

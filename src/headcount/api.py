@@ -76,7 +76,7 @@ def _echo_none(*args, **kwargs):
 def score_command(*, model, task, objective="task", split=None, max_examples=1000, batch_size=32,
                   max_length=128, method="gradient", normalize="none", seed=0, out, echo=_echo_none) -> dict:
     """``headcount score``: load, batch, score, write ``scores.json`` and ``heads.png``."""
-    from .pipeline import DataConfig, batches_for, check_objective, load_for
+    from .pipeline import DataConfig, batches_for, check_objective, decoding, load_for, metric_for
     from .plots import head_heatmap
     from .scoring import METHODS, NORMALIZE, score
     from .tasks import get_task
@@ -97,7 +97,8 @@ def score_command(*, model, task, objective="task", split=None, max_examples=100
         echo(f"note: {model} has no masked-LM head; fitted one on the frozen encoder "
              f"(MLM loss {r.get('loss', float('nan')):.3f}, accuracy {r.get('accuracy', float('nan')):.3f})")
     batches = [] if method == "magnitude" else batches_for(t, tok, objective, data)
-    s = score(m, batches, method=method, normalize=normalize)
+    with decoding(m, metric_for(t, objective)):
+        s = score(m, batches, method=method, normalize=normalize)
     meta = {"objective": objective, "task": t.name, "model": model, "split": data.split or t.train_split,
             "head": info["head"]}
     if "mlm_head" in info:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import numpy as np
 import torch
 
@@ -9,6 +11,50 @@ from .gates import clear_gates, set_gates
 
 #: the metric name for the masked-LM objective: accuracy over masked tokens
 MLM_METRIC = "mlm_accuracy"
+IGNORE = -100  # label of positions the masked-LM loss ignores
+
+
+@contextmanager
+def masked_positions_only(model):
+    """Inside the block, ``model(**batch)`` decodes only the positions the loss reads.
+
+    The encoder runs on the whole batch; the MLM head (the vocabulary projection, the costly
+    part) then runs on the hidden states of the masked positions only, packed as one sequence
+    ``[1, n_masked, hidden]``. The loss is the same mean over masked tokens, so losses and gate
+    gradients equal the full model's; ``logits`` come back as ``[1, n_masked, vocab]``.
+
+    >>> with masked_positions_only(model):          # doctest: +SKIP
+    ...     loss = model(**mlm_batch).loss
+    """
+    from transformers.modeling_outputs import BaseModelOutput
+
+    from .errors import HeadcountError
+
+    base = model.base_model
+    head_forward = model.forward  # the class's forward, bound
+    holder: dict = {}
+
+    def given_hidden(*args, **kwargs):
+        return BaseModelOutput(last_hidden_state=holder.pop("h"))
+
+    def forward(input_ids=None, attention_mask=None, labels=None, **kwargs):
+        if labels is None:
+            raise HeadcountError("masked_positions_only needs batches with labels")
+        hidden = base(input_ids=input_ids, attention_mask=attention_mask, **kwargs)[0]  # [batch, seq, hidden]
+        where = labels != IGNORE
+        holder["h"] = hidden[where][None]  # [1, n_masked, hidden]
+        target = labels[where][None]  # [1, n_masked]
+        base.forward = given_hidden
+        try:
+            return head_forward(input_ids=target, labels=target)
+        finally:
+            del base.forward
+
+    model.forward = forward
+    try:
+        yield model
+    finally:
+        del model.forward
 
 
 @torch.no_grad()
@@ -36,14 +82,16 @@ def evaluate_batches(model, batches, metric: str, mask=None) -> dict:
         correct = total = 0
         for batch in batches:
             batch = {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
-            out = model(**batch)
             y = batch["labels"]
             if metric == MLM_METRIC:
-                sel = y != -100
-                n = int(sel.sum())
-                correct += int((out.logits.argmax(-1)[sel] == y[sel]).sum())
+                with masked_positions_only(model):  # decode only the masked tokens
+                    out = model(**batch)
+                y = y[y != IGNORE]
+                n = int(y.numel())
+                correct += int((out.logits[0].argmax(-1) == y).sum())
                 total += n
             else:
+                out = model(**batch)
                 n = int(y.shape[0])
                 logits.append(out.logits.float().cpu())
                 labels.append(y.cpu())

@@ -115,10 +115,21 @@ def prune_model(model, importance_batches, stop_batches, metric: str, *, method:
     from .scoring import score
 
     def score_fn(m, mask):
-        return score(m, importance_batches, method=method, normalize=normalize, mask=mask)
+        with decoding(m, metric):
+            return score(m, importance_batches, method=method, normalize=normalize, mask=mask)
 
     def eval_fn(m, mask):
         r = evaluate_batches(m, stop_batches, metric, mask=mask)
         return r["score"], r["loss"]
 
     return iterative_prune(model, score_fn, eval_fn, config or PruneConfig(), progress=progress)
+
+
+def decoding(model, metric: str):
+    """For the masked-LM objective, decode only masked positions (same loss and gradients,
+    much less work); otherwise a no-op context."""
+    from contextlib import nullcontext
+
+    from .evaluation import masked_positions_only
+
+    return masked_positions_only(model) if metric == MLM_METRIC else nullcontext(model)

@@ -75,7 +75,7 @@ def score_job(params, inputs, workdir: Path, progress) -> dict:
     from safetensors.torch import save_file
 
     from ..io import atomic_path
-    from ..pipeline import batches_for, load_for
+    from ..pipeline import batches_for, decoding, load_for, metric_for
     from ..scoring import score
     from ..tasks import get_task
 
@@ -85,9 +85,10 @@ def score_job(params, inputs, workdir: Path, progress) -> dict:
                                       seed=data.seed)
     method = params.get("method", "gradient")
     batches = [] if method == "magnitude" else batches_for(task, tokenizer, params.get("objective", "task"), data)
-    s = score(model, batches, method=method, normalize=params.get("normalize", "none"),
-              mask=input_mask(params, inputs), keep_per_example=method.startswith("gradient"),
-              progress=lambda i: progress(i, len(batches), "scoring"))
+    with decoding(model, metric_for(task, params.get("objective", "task"))):
+        s = score(model, batches, method=method, normalize=params.get("normalize", "none"),
+                  mask=input_mask(params, inputs), keep_per_example=method.startswith("gradient"),
+                  progress=lambda i: progress(i, len(batches), "scoring"))
     s = replace(s, meta={**s.meta, "task": task.name, "objective": params.get("objective", "task"),
                          "head": info["head"], **({"mlm_head": info["mlm_head"]} if "mlm_head" in info else {})})
     s.save(workdir / "scores.json")

@@ -89,11 +89,11 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from ..errors import HeadcountError
 from ..runner import ConfigSection, Job, StudyConfig, register_study
+from ..evaluation import masked_positions_only
 from .jobs import step_messages
 
 HERE = "headcount.studies.transfer"
 SHARED_JOBS = "headcount.studies.jobs"
-IGNORE = -100  # label of positions the masked-LM loss ignores
 
 #: the comparisons of the coherence table, in the order the report shows them
 COMPARISONS = {
@@ -565,47 +565,6 @@ def acceptable_deduction(rows: Sequence[Mapping], threshold: float = 0.9) -> dic
 # =============================================================================================
 # the masked-LM objective: a head for the encoder, and a forward that only decodes masked tokens
 # =============================================================================================
-@contextmanager
-def masked_positions_only(model):
-    """Inside the block, ``model(**batch)`` decodes only the positions the loss reads.
-
-    The encoder runs on the whole batch; the MLM head (the vocabulary projection, the costly
-    part) then runs on the hidden states of the masked positions only, packed as one sequence
-    ``[1, n_masked, hidden]``. The loss is the same mean over masked tokens, so losses and gate
-    gradients equal the full model's; ``logits`` come back as ``[1, n_masked, vocab]``.
-
-    >>> with masked_positions_only(model):          # doctest: +SKIP
-    ...     loss = model(**mlm_batch).loss
-    """
-    from transformers.modeling_outputs import BaseModelOutput
-
-    base = model.base_model
-    head_forward = model.forward  # the class's forward, bound
-    holder: dict = {}
-
-    def given_hidden(*args, **kwargs):
-        return BaseModelOutput(last_hidden_state=holder.pop("h"))
-
-    def forward(input_ids=None, attention_mask=None, labels=None, **kwargs):
-        if labels is None:
-            raise HeadcountError("masked_positions_only needs batches with labels")
-        hidden = base(input_ids=input_ids, attention_mask=attention_mask, **kwargs)[0]  # [batch, seq, hidden]
-        where = labels != IGNORE
-        holder["h"] = hidden[where][None]  # [1, n_masked, hidden]
-        target = labels[where][None]  # [1, n_masked]
-        base.forward = given_hidden
-        try:
-            return head_forward(input_ids=target, labels=target)
-        finally:
-            del base.forward
-
-    model.forward = forward
-    try:
-        yield model
-    finally:
-        del model.forward
-
-
 def evaluate_mlm(model, batches, mask=None) -> dict:
     """Masked-LM loss and accuracy over masked tokens (decoding only those; see :func:`masked_positions_only`).
 
@@ -620,31 +579,9 @@ def evaluate_mlm(model, batches, mask=None) -> dict:
     >>> evaluate_mlm(model, batches)["score"]       # doctest: +SKIP
     0.41
     """
-    import torch
+    from ..evaluation import MLM_METRIC, evaluate_batches
 
-    from ..gates import clear_gates, set_gates
-
-    was_training = model.training
-    model.eval()
-    device = next(model.parameters()).device
-    fixed = set_gates(model, heads=mask.heads, mlps=mask.mlps) if mask is not None else None
-    loss_sum, correct, total = 0.0, 0, 0
-    try:
-        with torch.no_grad(), masked_positions_only(model):
-            for batch in batches:
-                batch = {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
-                out = model(**batch)
-                y = batch["labels"][batch["labels"] != IGNORE]
-                n = int(y.numel())
-                correct += int((out.logits[0].argmax(-1) == y).sum())
-                loss_sum += float(out.loss) * n
-                total += n
-    finally:
-        if fixed is not None:
-            clear_gates(model, fixed)
-        model.train(was_training)
-    acc = correct / max(total, 1)
-    return {"score": acc, "accuracy": acc, "loss": loss_sum / max(total, 1), "n_masked": total}
+    return evaluate_batches(model, batches, MLM_METRIC, mask=mask)
 
 
 def mlm_model(model_spec: str, head: Mapping, encoder: str | None = None):
