@@ -3,56 +3,7 @@
 No models are loaded here; studies call these functions on saved scores, masks and maps.
 """
 
-from .stats import (
-    DEFAULT_FRACTIONS,
-    BootstrapResult,
-    CochranQResult,
-    PermutationResult,
-    bad_control,
-    bootstrap_ci,
-    cochrans_q,
-    compare_scores,
-    draw_controls,
-    jaccard,
-    kendall_tau,
-    krippendorff_alpha_nominal,
-    layer_mass,
-    mask_stability,
-    pairwise_jaccard,
-    pairwise_matrix,
-    permutation_test,
-    random_control,
-    rank_correlation,
-    seed_summary,
-    spearman,
-    super_survivors,
-    top_k_mask,
-    top_k_overlap,
-)
+from . import stats as _stats
+from .stats import *  # noqa: F401,F403  (re-exported: the names in stats.__all__)
 
-__all__ = [
-    "DEFAULT_FRACTIONS",
-    "BootstrapResult",
-    "CochranQResult",
-    "PermutationResult",
-    "bad_control",
-    "bootstrap_ci",
-    "cochrans_q",
-    "compare_scores",
-    "draw_controls",
-    "jaccard",
-    "kendall_tau",
-    "krippendorff_alpha_nominal",
-    "layer_mass",
-    "mask_stability",
-    "pairwise_jaccard",
-    "pairwise_matrix",
-    "permutation_test",
-    "random_control",
-    "rank_correlation",
-    "seed_summary",
-    "spearman",
-    "super_survivors",
-    "top_k_mask",
-    "top_k_overlap",
-]
+__all__ = list(_stats.__all__)

@@ -56,24 +56,16 @@ def utcnow() -> str:
 
 def _fsync_tree(root: Path) -> None:
     """Flush every file of ``root`` and the directory entries, so a rename publishes complete data."""
-    for path in sorted(root.rglob("*")):
+    entries = sorted(root.rglob("*"))
+    for path in entries:
         if path.is_file() and not path.is_symlink():
             fd = os.open(path, os.O_RDONLY)
             try:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-    for d in [root, *[p for p in root.rglob("*") if p.is_dir()]]:
-        try:
-            fd = os.open(d, os.O_RDONLY)
-        except OSError:  # pragma: no cover
-            continue
-        try:
-            os.fsync(fd)
-        except OSError:  # pragma: no cover - some filesystems refuse fsync on directories
-            pass
-        finally:
-            os.close(fd)
+    for d in [root, *(p for p in entries if p.is_dir())]:
+        _fsync_dir(d)
 
 
 def pack_dir(root: Path, skip: frozenset[str] = RESERVED) -> dict[str, bytes]:
