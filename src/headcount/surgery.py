@@ -21,7 +21,7 @@ from torch import nn
 
 from .arch import get_adapter
 from .errors import HeadcountError
-from .gates import hooks, kept_heads, layout, set_gates
+from .gates import hooks, kept_heads, layout, set_gates, shared_groups
 from .io import atomic_dir, atomic_write_json
 from .masks import Mask
 
@@ -55,10 +55,7 @@ def kept_neurons(ffn_in: nn.Linear, size: int) -> list[int]:
 
 def _physical(model) -> dict[int, list[int]]:
     """Applications grouped by physical layer: ``{first_app: [apps sharing its modules]}``."""
-    groups: dict[int, list[int]] = {}
-    for app, block in enumerate(hooks(model).blocks):
-        groups.setdefault(id(block.layer), []).append(app)
-    return {apps[0]: apps for apps in groups.values()}
+    return {apps[0]: apps for apps in shared_groups(model)}
 
 
 # -- removal ---------------------------------------------------------------------------------
