@@ -40,17 +40,43 @@ def check_objective(objective: str) -> str:
     return objective
 
 
-def has_task_head(model_spec: str) -> bool:
-    """Whether the checkpoint was saved with a sequence-classification head."""
+def _saved_config(model_spec: str):
     import transformers
 
     from .models import resolve
 
     try:
-        cfg = transformers.AutoConfig.from_pretrained(resolve(model_spec))
+        return transformers.AutoConfig.from_pretrained(resolve(model_spec))
     except (OSError, ValueError):
-        return False
-    return any(a.endswith("ForSequenceClassification") for a in (cfg.architectures or []))
+        return None  # load_model reports the real problem
+
+
+def has_task_head(model_spec: str) -> bool:
+    """Whether the checkpoint was saved with a sequence-classification head."""
+    cfg = _saved_config(model_spec)
+    return cfg is not None and any(a.endswith("ForSequenceClassification") for a in (cfg.architectures or []))
+
+
+def task_head(model_spec: str, task) -> dict:
+    """Whether the checkpoint's classification head fits ``task`` (a new head always does).
+
+    Returns ``{"head": "new" | "checkpoint", "head_note": ...}``.
+
+    Raises:
+        HeadcountError: a fine-tuned head with another number of outputs (or kind) than the task.
+    """
+    if not has_task_head(model_spec):
+        return {"head": "new", "head_note": f"new {task.num_labels}-output {task.kind} head on the pre-trained encoder"}
+    cfg = _saved_config(model_spec)
+    n = int(cfg.num_labels)
+    regression = getattr(cfg, "problem_type", None) == "regression"
+    if n != task.num_labels or (task.kind == "regression") != (regression or n == 1):
+        raise HeadcountError(
+            f"{model_spec} is a fine-tuned {'regression model' if n == 1 else f'classifier with {n} labels'}; "
+            f"task {task.name} needs {task.num_labels} "
+            f"{'output' if task.kind == 'regression' else 'labels'} (start from a pre-trained encoder instead)"
+        )
+    return {"head": "checkpoint", "head_note": f"the checkpoint's {n}-output head is fine-tuned further"}
 
 
 def load_for(model_spec: str, task, objective: str = "task", mlm_texts=None, seed: int = 0):
@@ -65,13 +91,9 @@ def load_for(model_spec: str, task, objective: str = "task", mlm_texts=None, see
     check_objective(objective)
     tokenizer = load_tokenizer(model_spec)
     if objective == "task":
-        trained = has_task_head(model_spec)
+        head = task_head(model_spec, task)["head"]  # refuses a fine-tuned head that does not fit
         model = load_model(model_spec, head=task.kind, num_labels=task.num_labels)
-        if trained and model.config.num_labels != task.num_labels:
-            raise HeadcountError(
-                f"{model_spec} is a classifier with {model.config.num_labels} labels; task {task.name} has {task.num_labels}"
-            )
-        return model, tokenizer, {"head": "checkpoint" if trained else "new"}
+        return model, tokenizer, {"head": head}
     from .tasks import fit_mlm_head
 
     texts = mlm_texts if mlm_texts is not None else _texts(task, task.train_split, 2000, seed)

@@ -353,30 +353,6 @@ def use_bf16(config: TrainConfig) -> bool:
     return bool(not config.use_cpu and torch.cuda.is_available() and torch.cuda.is_bf16_supported())
 
 
-def _check_head(model_spec: str, task) -> dict:
-    """Whether the checkpoint's classification head fits the task (a new head always does)."""
-    import transformers
-
-    from .models import resolve
-
-    try:
-        cfg = transformers.AutoConfig.from_pretrained(resolve(model_spec))
-    except (OSError, ValueError):
-        return {"head": "new"}  # load_model reports the real problem
-    trained = any(a.endswith("ForSequenceClassification") for a in (cfg.architectures or []))
-    if not trained:
-        return {"head": "new", "head_note": f"new {task.num_labels}-output {task.kind} head on the pre-trained encoder"}
-    n = int(cfg.num_labels)
-    regression = getattr(cfg, "problem_type", None) == "regression"
-    if n != task.num_labels or (task.kind == "regression") != (regression or n == 1):
-        raise HeadcountError(
-            f"{model_spec} is a fine-tuned {'regression model' if n == 1 else f'classifier with {n} labels'}; "
-            f"task {task.name} needs {task.num_labels} "
-            f"{'output' if task.kind == 'regression' else 'labels'} (start from a pre-trained encoder instead)"
-        )
-    return {"head": "checkpoint", "head_note": f"the checkpoint's {n}-output head is fine-tuned further"}
-
-
 def mask_summary(mask: Mask | None, mode: str | None = None) -> dict | None:
     """A short description of a head/MLP mask for ``metrics.json``.
 
@@ -414,7 +390,9 @@ def prepare_model(model_spec: str, task, *, mask=None, mask_mode: str = "prune",
     mask = _as_mask(mask)
     if mask_mode not in MASK_MODES:
         raise HeadcountError(f"unknown mask mode {mask_mode!r}; choose one of {', '.join(MASK_MODES)}")
-    info = _check_head(model_spec, task)
+    from .pipeline import task_head
+
+    info = task_head(model_spec, task)
     transformers.set_seed(seed)  # a new head's initialisation depends on the seed only
     model = load_model(model_spec, head=task.kind, num_labels=task.num_labels)
     if info["head"] == "new" and task.kind == "classification" and getattr(task, "labels", None):
