@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import doctest
+import importlib
 import json
 import time
 
@@ -31,9 +32,15 @@ from headcount.cli import main
 from headcount.errors import HeadcountError
 
 
-def test_docstring_examples_run():
-    result = doctest.testmod(patterns_mod, optionflags=doctest.ELLIPSIS)
-    assert result.attempted >= 15 and result.failed == 0
+@pytest.mark.parametrize("module", ["features", "layout", "synthetic", "cnn", "labels"])
+def test_docstring_examples_run(module):
+    result = doctest.testmod(importlib.import_module(f"headcount.analysis.patterns.{module}"), optionflags=doctest.ELLIPSIS)
+    assert result.attempted >= 2 and result.failed == 0
+
+
+def test_package_exports_the_public_names():
+    assert all(hasattr(patterns_mod, name) for name in patterns_mod.__all__)
+    assert patterns_mod.CLASSES[0] == "vertical" and patterns_mod.train_pattern_cnn.__module__.endswith(".cnn")
 
 
 # --------------------------------------------------------------------------- rules
@@ -319,3 +326,19 @@ def test_cli_patterns_synthetic_writes_trainable_data(tmp_path, capsys):
     assert maps.shape == (15, 16, 16) and np.bincount(labels).tolist() == [3] * 5
     out = capsys.readouterr().out
     assert float(out.rsplit("accuracy", 1)[1]) >= 0.9  # the rule-based classifier on the written maps
+
+
+def test_commonest_structure_maps_average_the_most_common_structure_only():
+    from headcount.analysis.patterns import commonest_structure_maps
+
+    g = torch.Generator().manual_seed(0)
+    single = [(torch.softmax(torch.randn(2, 3, n, n, generator=g), -1), (0, n - 1)) for n in (7, 12, 20)]
+    pair = [(torch.softmax(torch.randn(2, 3, 11, 11, generator=g), -1), (0, 5, 10))]
+    crowded = [(torch.softmax(torch.randn(2, 3, 9, 9, generator=g), -1), tuple(range(9)))]  # 9 specials > 8 cells
+    r = commonest_structure_maps(pair + single + crowded, size=8)
+    assert r.structure == ("S", "C", "S") and r.n_other == 1 and r.maps.n_examples == 3
+    expected = mean_attention_maps([a for a, _ in single], [sp for _, sp in single], size=8)
+    assert torch.allclose(r.maps.maps, expected.maps, atol=1e-6)
+    assert r.maps.special_positions == expected.special_positions == (0, 7)
+    with pytest.raises(HeadcountError, match="no example fits"):
+        commonest_structure_maps(crowded, size=8)

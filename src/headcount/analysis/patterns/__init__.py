@@ -1,0 +1,81 @@
+"""Self-attention pattern classes (Kovaleva et al. 2019) on mean attention maps.
+
+The five classes, in this order everywhere (:data:`CLASSES`):
+
+- ``vertical``: most attention goes to the special tokens ([CLS], [SEP]) whatever the query;
+- ``diagonal``: attention to the previous / the same / the next token;
+- ``vertical+diagonal``: both of the above in one head;
+- ``block``: attention stays within the query's own segment (sentence), spread over it;
+- ``heterogeneous``: none of these.
+
+Three tools:
+
+1. a transparent rule-based classifier, :func:`classify_patterns`, on features documented in
+   :func:`pattern_features` and thresholds kept as named constants (``VERTICAL_MIN``, ...);
+   :func:`mean_attention_maps` turns per-example maps of varying lengths into fixed-size mean
+   maps with the special tokens kept as single, aligned rows/columns;
+2. the small CNN of Prasanna et al. (2020), :class:`PatternCNN`, trained from user labels with
+   :func:`train_pattern_cnn` and saved like a checkpoint (:func:`save_pattern_cnn`,
+   :func:`load_pattern_cnn`);
+3. :func:`synthetic_attention_maps`, seeded synthetic maps of every class (tests and demos).
+
+Labelled data for the CNN (``headcount patterns train --maps maps.safetensors --labels
+labels.csv``): ``maps.safetensors`` holds one float tensor ``"maps"`` of shape ``[N, S, S]``
+(rows are attention distributions of query tokens, S the same for all maps, e.g. 32); the
+labels are a CSV file with a ``label`` column (one row per map, in order) or a JSON list
+(or ``{"labels": [...]}``), each label a class name or its index in :data:`CLASSES`.
+See :func:`load_labelled_maps` / :func:`save_labelled_maps`.
+
+Maps are ``[..., S, S]`` with rows = queries and columns = keys; each row sums to 1.
+
+Modules: :mod:`.features` (classes, features, rules), :mod:`.layout` (fixed-size maps, means
+over examples), :mod:`.synthetic`, :mod:`.cnn`, :mod:`.labels` (labelled data files).
+"""
+
+from .cnn import PatternCNN, load_pattern_cnn, predict_patterns, save_pattern_cnn, train_pattern_cnn
+from .features import (
+    BLOCK_MIN,
+    BLOCK_MIN_ENTROPY,
+    CLASSES,
+    DIAGONAL_MIN,
+    DIAGONAL_NEIGHBOUR_OFFSETS,
+    DIAGONAL_OFFSETS,
+    MAP_SIZE,
+    VERTICAL_MIN,
+    PatternClassification,
+    classify_patterns,
+    pattern_distribution,
+    pattern_features,
+)
+from .labels import load_labelled_maps, save_labelled_maps
+from .layout import AttentionMaps, StructureMeans, commonest_structure_maps, mean_attention_maps, resample_attention
+from .synthetic import SyntheticMaps, synthetic_attention_maps
+
+__all__ = [
+    "BLOCK_MIN",
+    "BLOCK_MIN_ENTROPY",
+    "CLASSES",
+    "DIAGONAL_MIN",
+    "DIAGONAL_NEIGHBOUR_OFFSETS",
+    "DIAGONAL_OFFSETS",
+    "MAP_SIZE",
+    "VERTICAL_MIN",
+    "AttentionMaps",
+    "PatternCNN",
+    "PatternClassification",
+    "StructureMeans",
+    "SyntheticMaps",
+    "classify_patterns",
+    "commonest_structure_maps",
+    "load_labelled_maps",
+    "load_pattern_cnn",
+    "mean_attention_maps",
+    "pattern_distribution",
+    "pattern_features",
+    "predict_patterns",
+    "resample_attention",
+    "save_labelled_maps",
+    "save_pattern_cnn",
+    "synthetic_attention_maps",
+    "train_pattern_cnn",
+]
