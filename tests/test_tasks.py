@@ -216,7 +216,9 @@ def test_task_yaml_pair_regression(tmp_path, suffix):
         f"name: sim\nkind: regression\nfiles: {{train: train{suffix}}}\ntext: [a, b]\nlabel: score\n")
     task = get_task(str(tmp_path / "pair.yaml"))
     assert task.metric == "pearson_spearman" and task.num_labels == 1 and task.labels is None
-    assert task.validation_split == "train"  # no validation file: fall back to train
+    assert task.validation_split == "validation"  # no validation file: never train in its place
+    with pytest.raises(HeadcountError, match=r"no split 'validation' \(the split it is evaluated on\); splits: train"):
+        task.load()
     data = task.load("train")
     assert data.texts[2] == ("first 2", "second 2")
     np.testing.assert_allclose(data.labels, [i / 4 for i in range(8)])
@@ -359,7 +361,8 @@ def test_bad_input_through_the_console_script(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert proc.stderr.strip() == ("error: unknown task 'offline/movie' (did you mean 'offline/movies'?): "
-                                   "`headcount tasks` lists them (a task YAML path also works)")
+                                   "`headcount tasks` lists them (a task YAML path also works: it ends in "
+                                   ".yaml or starts with ./ or /)")
 
 
 def test_unknown_split_and_bad_max_examples(tmp_path):

@@ -3,6 +3,7 @@
 The contract (docs/DATA-API.md)::
 
     get_task(name_or_yaml_path) -> Task          list_tasks() -> list[str]
+    resolve_task_ref(value, base_dir) -> str     (a registered name wins over a relative path)
     Task.load(split, max_examples=None, seed=0) -> TaskData
     encode(data, tokenizer, max_length=128, cache_dir=None) -> Encoded
     make_batches(encoded, batch_size, *, shuffle=False, seed=0, group_by_length=True, pad_token_id=0)
@@ -17,16 +18,25 @@ from .batching import Encoded, encode, make_batches, tokenize
 from .glue import GLUE, glue_task
 from .local import load_task_yaml
 from .metrics import compute_metrics
-from .mlm import fit_mlm_head, has_mlm_head, mask_tokens, mlm_batches, mlm_texts
+from .mlm import mask_tokens, mlm_batches, mlm_texts
 from .offline import OFFLINE_TASKS, fetch, is_fetched, offline_corpus, offline_task
 from .paths import cache_root, data_root
-from .registry import get_task, list_tasks, register_task
+from .registry import get_task, list_tasks, register_task, resolve_task_ref
 
 __all__ = [
     "METRICS", "NO_LABEL", "GLUE", "OFFLINE_TASKS",
     "Task", "TaskData", "Source", "FilesSource", "Encoded",
-    "get_task", "list_tasks", "register_task", "glue_task", "offline_task", "load_task_yaml",
+    "get_task", "list_tasks", "register_task", "resolve_task_ref", "glue_task", "offline_task", "load_task_yaml",
     "encode", "tokenize", "make_batches", "compute_metrics",
     "mlm_texts", "mlm_batches", "mask_tokens", "fit_mlm_head", "has_mlm_head",
     "fetch", "is_fetched", "offline_corpus", "data_root", "cache_root",
 ]
+
+
+def __getattr__(name: str):
+    """``fit_mlm_head``/``has_mlm_head`` live in :mod:`headcount.heads` (it builds on this package)."""
+    if name in ("fit_mlm_head", "has_mlm_head"):
+        from .. import heads
+
+        return getattr(heads, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -177,8 +177,10 @@ class Task:
         """
         split = self.validation_split if split is None else split
         available = self.splits()
-        if split not in available:
-            raise HeadcountError(f"task {self.name} has no split {split!r}; splits: {', '.join(available)}")
+        if split not in available:  # never another split in its place
+            role = (" (the split it is evaluated on)" if split == self.validation_split else
+                    " (the split it is trained on)" if split == self.train_split else "")
+            raise HeadcountError(f"task {self.name} has no split {split!r}{role}; splits: {', '.join(available) or 'none'}")
         texts, labels = _load_cached(self, split)
         idx = subset_indices(len(texts), max_examples, seed)
         if idx is not None:

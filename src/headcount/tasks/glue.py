@@ -1,13 +1,17 @@
 """The nine GLUE tasks, as data: text fields, label names, official metric, splits, sizes.
 
 Rows come from ``datasets.load_dataset("nyu-mll/glue", config)`` (users with a network or a
-filled Hugging Face cache) or from local files in the same schema (the columns of that dataset:
+filled Hugging Face cache) or from local files: in the hub's schema (the columns of that dataset:
 e.g. ``sentence, label`` for SST-2, ``premise, hypothesis, label`` for MNLI; the label a class id
-or a class name; ``-1`` = unlabelled on test splits). Local files are found by
-``get_task("glue/sst2", data_dir=DIR)`` (``DIR/<split>.parquet|jsonl|csv|tsv``), by
+or a class name; ``-1`` = unlabelled on test splits) or as in the original GLUE download
+(``train.tsv``, ``dev.tsv``, ``dev_matched.tsv`` ... with each task's own columns; see
+:mod:`.glue_local`). Local files are found by ``get_task("glue/sst2", data_dir=DIR)``, by
 ``data_files={"train": ...}``, by a task YAML with ``glue: sst2``, or for every GLUE task at once
-by the environment variable ``HEADCOUNT_GLUE_DIR`` (``$HEADCOUNT_GLUE_DIR/<config>/<split>.*``).
-Whichever the source, the same :meth:`Task.load` checks the rows.
+by the environment variable ``HEADCOUNT_GLUE_DIR`` (``$HEADCOUNT_GLUE_DIR/sst2/`` or ``.../SST-2/``).
+A task trains on ``train`` and evaluates on ``validation`` (MNLI: ``validation_matched``;
+``glue/mnli-mm``: ``validation_mismatched``), never on another split in their place: a folder
+without the evaluation split is refused. Whichever the source, the same :meth:`Task.load`
+checks the rows.
 """
 
 from __future__ import annotations
@@ -18,8 +22,9 @@ from pathlib import Path
 from typing import Mapping
 
 from ..errors import HeadcountError
-from .base import FilesSource, Source, Task
-from .tables import SUFFIXES, Table
+from .base import Source, Task
+from .glue_local import GlueFilesSource, expected_files, find_glue_files, glue_folder
+from .tables import Table
 
 HUB_ID = "nyu-mll/glue"
 
@@ -108,29 +113,21 @@ def table_from_dataset(ds, where: str) -> Table:
     return Table(columns, where, label_names=label_names)
 
 
-def find_split_files(data_dir: str | os.PathLike, splits) -> dict[str, Path]:
-    """``{split: DIR/<split>.<suffix>}`` for the splits that have a file (first suffix wins)."""
-    d = Path(data_dir).expanduser()
-    if not d.is_dir():
-        raise HeadcountError(f"data directory not found: {d}")
-    found = {}
-    for split in splits:
-        for suffix in SUFFIXES:
-            if (d / f"{split}{suffix}").is_file():
-                found[split] = d / f"{split}{suffix}"
-                break
-    return found
-
-
 def glue_task(name: str, data_dir=None, data_files: Mapping[str, str | os.PathLike] | None = None,
               task_name: str | None = None) -> Task:
     """The GLUE task ``name`` (``glue/sst2`` or ``sst2``), from the hub or from local files.
 
     Args:
         name: registered name (``glue/mnli-mm`` evaluates on the mismatched dev set).
-        data_dir: a folder with ``<split>.parquet|jsonl|csv|tsv`` files in the GLUE schema.
-        data_files: ``{split: path}`` in the GLUE schema (overrides ``data_dir``).
+        data_dir: a folder of local files, in the hub's layout (``<split>.parquet|jsonl|csv|tsv``)
+            or the GLUE download's (``train.tsv``, ``dev.tsv``...); it must hold the split the
+            task evaluates on.
+        data_files: ``{split: path}`` in either schema (overrides ``data_dir``).
         task_name: the name the task reports (default ``name``).
+
+    Raises:
+        HeadcountError: unknown name; a folder without the evaluation split, with two files for
+            one split, or (MNLI) with an unsplit dev set.
 
     >>> task = glue_task("glue/mrpc")
     >>> task.text_fields, task.labels, task.metric
@@ -142,26 +139,26 @@ def glue_task(name: str, data_dir=None, data_files: Mapping[str, str | os.PathLi
     config, validation = GLUE_TASKS[key]
     spec = GLUE[config]
     if data_dir is None and data_files is None and os.environ.get("HEADCOUNT_GLUE_DIR"):
-        data_dir = Path(os.environ["HEADCOUNT_GLUE_DIR"]).expanduser() / config
-    if data_files is not None:
+        data_dir = glue_folder(os.environ["HEADCOUNT_GLUE_DIR"], config)
+    if data_files is not None:  # the splits the caller names; a missing one fails when loaded
         unknown = [s for s in data_files if s not in spec.splits]
         if unknown:
             raise HeadcountError(f"GLUE {config} has no split {unknown[0]!r}; splits: {', '.join(spec.splits)}")
-        source: Source = FilesSource(data_files, unlabelled_prefix="test")
+        source: Source = GlueFilesSource(data_files, config, spec.text)
         sizes = None
     elif data_dir is not None:
-        files = find_split_files(data_dir, spec.splits)
-        if not files:
-            raise HeadcountError(
-                f"no GLUE {config} files in {data_dir} (expected e.g. {spec.splits[0]}.parquet, "
-                f"{spec.splits[0]}.jsonl, {spec.splits[0]}.csv or {spec.splits[0]}.tsv)"
-            )
-        source = FilesSource(files, unlabelled_prefix="test")
+        files = find_glue_files(data_dir, config, spec.splits)
+        if validation not in files:
+            found = ", ".join(p.name for p in files.values()) or "no data files"
+            also = (" (glue/mnli evaluates on the matched dev set, glue/mnli-mm on the mismatched one)"
+                    if config == "mnli" else "")
+            raise HeadcountError(f"no {validation} split for {key} in {data_dir}: expected "
+                                 f"{expected_files(validation)}; found {found}{also}")
+        source = GlueFilesSource(files, config, spec.text)
         sizes = None
     else:
         source = HubSource(HUB_ID, config, spec.splits)
         sizes = dict(zip(spec.splits, spec.sizes))
-    splits = source.splits()
     return Task(
         name=task_name or key,
         kind="classification" if spec.labels else "regression",
@@ -170,9 +167,8 @@ def glue_task(name: str, data_dir=None, data_files: Mapping[str, str | os.PathLi
         metric=spec.metric,
         source=source,
         label_field="label",
-        train_split="train" if "train" in splits else splits[0],
-        validation_split=validation if validation in splits else
-        next((s for s in splits if s.startswith("validation")), splits[0]),
+        train_split="train",  # never another split in its place (a missing one fails when loaded)
+        validation_split=validation,
         sizes=sizes,
         label_ids=True,
         description=spec.description,

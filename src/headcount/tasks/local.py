@@ -12,7 +12,9 @@ metric: accuracy              # accuracy | f1 | mcc | pearson | spearman | pears
 
 Optional keys: ``glue: sst2`` takes text, label, labels and metric of that GLUE task (files
 in the GLUE schema); ``train_split`` / ``validation_split`` name the splits used by default
-(else ``train`` and the first of ``validation``, ``dev``, ``test`` present); ``description``.
+(else ``train`` and the first of ``validation``, ``dev``, ``test`` present; a task without
+such a split fails when it is loaded, no other split takes its place); ``description``. With
+``glue:``, the files may also be the GLUE download's TSVs (``dev.tsv`` with its own columns).
 """
 
 from __future__ import annotations
@@ -73,9 +75,10 @@ def load_task_yaml(path: str | os.PathLike) -> Task:
             raise HeadcountError(f"{where}: files.{split}: not a file: {fp}")
         resolved[str(split)] = fp
     splits = list(resolved)
-    train_split = _split_key(doc, "train_split", splits, where) or ("train" if "train" in splits else splits[0])
+    # never one split in another's place: a task without them fails when it loads the missing one
+    train_split = _split_key(doc, "train_split", splits, where) or "train"
     validation_split = _split_key(doc, "validation_split", splits, where) or next(
-        (s for s in ("validation", "dev", "test") if s in splits), train_split)
+        (s for s in ("validation", "dev", "test") if s in splits), "validation")
     name = doc.get("name", p.stem)
     if not isinstance(name, str) or not name:
         raise HeadcountError(f"{where}: `name` must be a string")
