@@ -38,12 +38,40 @@ def _quiet_libraries() -> None:
         pass
 
 
+#: options whose value may not be an empty string (typer would read "" as "." or as the default)
+_NON_EMPTY = ("--out", "-o", "--model", "-m", "--task", "-t", "--mask", "--weight-mask", "--match")
+
+
+def _check_empty_values(argv: list[str]) -> None:
+    for i, arg in enumerate(argv):
+        name, eq, value = arg.partition("=")
+        if name in _NON_EMPTY and ((eq and not value.strip()) or (not eq and i + 1 < len(argv) and not argv[i + 1].strip())):
+            raise HeadcountError(f"{name} must not be empty")
+
+
+def _interrupted() -> None:
+    from .io import ACTIVE_OUTS
+
+    where = f"finished results in {ACTIVE_OUTS[-1]} are kept" if ACTIVE_OUTS else "finished results are kept"
+    print(f"error: interrupted: {where}; run the same command again to resume", file=sys.stderr)
+    sys.exit(130)
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``headcount`` console script."""
+    """Entry point of the ``headcount`` console script.
+
+    Exit status: 0 done, 1 internal error (a bug), 2 bad input (one ``error:`` line), 130 interrupted.
+    """
     _quiet_libraries()
     debug = bool(os.environ.get("HEADCOUNT_DEBUG"))
+    args = list(sys.argv[1:] if argv is None else argv)
     try:
-        app(args=argv, standalone_mode=False)
+        _check_empty_values(args)
+        code = app(args=args, standalone_mode=False)
+        if code == 130:  # typer turns KeyboardInterrupt into Exit(130) and returns its code
+            _interrupted()
+        if isinstance(code, int) and code:
+            sys.exit(code)
     except HeadcountError as e:
         if debug:
             raise
@@ -58,10 +86,19 @@ def main(argv: list[str] | None = None) -> int:
         print("error: aborted", file=sys.stderr)
         sys.exit(130)
     except KeyboardInterrupt:
-        print("error: interrupted (run the same command again to resume where supported)", file=sys.stderr)
-        sys.exit(130)
+        _interrupted()
     except typer.Exit as e:
+        if e.exit_code == 130:
+            _interrupted()
         sys.exit(e.exit_code)
+    except OSError as e:  # a full disk or a read-only folder is the environment, not a bug
+        from .io import io_error_message
+
+        msg = io_error_message(e)
+        if msg is None or debug:
+            raise
+        print(f"error: {msg}", file=sys.stderr)
+        sys.exit(2)
     except Exception as e:  # a bug, not bad input: short message, traceback on request
         if debug:
             raise

@@ -482,14 +482,22 @@ def magnitude_prune(model_spec: str, task, *, config: MagnitudeConfig | None = N
     task = _as_task(task)
     t_start = time.perf_counter()
 
-    identity = {"model": str(model_spec), "task": task.name, "seed": int(seed), "control": config.control,
+    from .fingerprint import model_fingerprint, path_fingerprint, task_fingerprint
+
+    identity = {"model": str(model_spec), "model_fingerprint": model_fingerprint(model_spec),
+                "task": task.name, "task_fingerprint": task_fingerprint(task),
+                "seed": int(seed), "control": config.control,
                 "variant": config.variant, "rate": config.rate, "schedule": config.schedule,
                 "sparsity": config.sparsity, "rewind_step": config.rewind_step,
                 "match": str(match) if match is not None else None,
+                "match_fingerprint": path_fingerprint(Path(match) / "weight_mask.safetensors") if match else None,
                 "train": json.loads(json.dumps(train.identity()))}
     previous_run = out / "magnitude_run.json"
     if previous_run.is_file():
-        old = json.loads(previous_run.read_text(encoding="utf-8"))
+        try:
+            old = json.loads(previous_run.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            raise HeadcountError(f"{previous_run} is unreadable or corrupt; use another --out or delete it") from None
         if old != identity:
             diff = sorted(k for k in identity if old.get(k) != identity.get(k))
             raise HeadcountError(f"{out} holds a different magnitude run (different {', '.join(diff)}); "
@@ -506,8 +514,13 @@ def magnitude_prune(model_spec: str, task, *, config: MagnitudeConfig | None = N
         full_dir = match / "full"
         if not (full_dir / "metrics.json").is_file():
             raise HeadcountError(f"{match} has no finished full fine-tuning ({full_dir})")
-        config = replace(config, sparsity=float(summary["sparsity"]), variant=summary.get("variant", config.variant))
-        full = json.loads((full_dir / "metrics.json").read_text())
+        try:
+            config = replace(config, sparsity=check_sparsity(summary["sparsity"], f"{match}/magnitude.json sparsity"),
+                             variant=summary.get("variant", config.variant))
+            full = json.loads((full_dir / "metrics.json").read_text(encoding="utf-8"))
+            float(full["final"]["score"])
+        except (OSError, ValueError, KeyError, TypeError):
+            raise HeadcountError(f"{match} is not a valid finished magnitude run ({full_dir / 'metrics.json'})") from None
     else:
         full_dir = out / "full"
         cbs = list(callbacks)
@@ -604,7 +617,13 @@ def _read_summary(path: Path) -> dict:
     f = path / "magnitude.json"
     if not f.is_file():
         raise HeadcountError(f"{path} is not a finished magnitude run (no magnitude.json)")
-    return json.loads(f.read_text(encoding="utf-8"))
+    try:
+        summary = json.loads(f.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        raise HeadcountError(f"{f} is unreadable or corrupt (not JSON)") from None
+    if not isinstance(summary, dict):
+        raise HeadcountError(f"{f} is not a magnitude summary")
+    return summary
 
 
 __all__ = ["VARIANTS", "CONTROLS", "MagnitudeConfig", "weight_targets", "magnitude_mask", "apply_weight_mask",

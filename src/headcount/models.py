@@ -31,8 +31,10 @@ def offline_model_dir() -> Path:
 
 def resolve(spec: str) -> str:
     """``offline`` -> the packaged folder; a path -> itself (checked); otherwise a hub id."""
-    if spec in (None, "", OFFLINE):
+    if spec in (None, OFFLINE):
         return str(offline_model_dir())
+    if not isinstance(spec, str) or not spec.strip():
+        raise HeadcountError("--model must not be empty (use 'offline' for the packaged default model)")
     p = Path(spec).expanduser()
     looks_local = p.exists() or spec.startswith((".", "/", "~")) or os.sep in spec and spec.count("/") > 1
     if looks_local:
@@ -40,8 +42,81 @@ def resolve(spec: str) -> str:
             raise HeadcountError(f"checkpoint directory not found: {spec}")
         if not (p / "config.json").is_file():
             raise HeadcountError(f"not a checkpoint directory (no config.json): {spec}")
+        check_checkpoint_files(p)
         return str(p)
     return spec
+
+
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".ckpt")
+
+
+def check_checkpoint_files(path: Path) -> None:
+    """Refuse what a local checkpoint must not be loaded from, with one line each.
+
+    - only pickle weights (``pytorch_model.bin``): headcount loads safetensors only, since
+      unpickling can run code;
+    - a ``model.safetensors.index.json`` that is not JSON, has no ``weight_map``, or names a
+      shard outside the checkpoint folder (``../other/model.safetensors``) or one that is missing;
+    - an empty or truncated ``model.safetensors`` (its header is checked, not the tensors).
+    """
+    import json
+
+    files = {p.name for p in path.iterdir() if p.is_file()}
+    safetensors = {f for f in files if f.endswith(".safetensors")}
+    if not safetensors and any(f.endswith(PICKLE_SUFFIXES) for f in files):
+        pickled = sorted(f for f in files if f.endswith(PICKLE_SUFFIXES))[0]
+        raise HeadcountError(f"{path} holds only pickle weights ({pickled}); headcount refuses to unpickle "
+                             "(it can run code): save the model with safe_serialization=True (safetensors)")
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            doc = json.loads(index.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            raise HeadcountError(f"{index} is corrupt (not JSON)") from None
+        weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise HeadcountError(f"{index} has no weight_map (tensor name -> shard file)")
+        for name, shard in weight_map.items():
+            if not isinstance(shard, str) or Path(shard).name != shard or shard in ("", ".", ".."):
+                raise HeadcountError(f"{index}: shard {shard!r} of {name!r} is not a file inside {path}")
+            if not (path / shard).is_file():
+                raise HeadcountError(f"{index}: shard {shard!r} is missing from {path}")
+        shards = set(weight_map.values())
+    else:
+        shards = {"model.safetensors"} & safetensors
+    for shard in sorted(shards):
+        _check_safetensors_header(path / shard)
+
+
+def _check_safetensors_header(f: Path) -> None:
+    """An 8-byte little-endian header size, then that many bytes of a JSON object, then the data."""
+    import json
+    import struct
+
+    size = f.stat().st_size
+    what = f"{f} is not a valid safetensors file"
+    if size < 8:
+        raise HeadcountError(f"{what} ({'empty' if size == 0 else 'truncated'})")
+    with open(f, "rb") as fh:
+        (n,) = struct.unpack("<Q", fh.read(8))
+        if n > size - 8 or n > 100_000_000:
+            raise HeadcountError(f"{what} (truncated or bad header)")
+        try:
+            header = json.loads(fh.read(n))
+        except (ValueError, UnicodeDecodeError):
+            raise HeadcountError(f"{what} (bad header)") from None
+    if not isinstance(header, dict):
+        raise HeadcountError(f"{what} (bad header)")
+    end = 0
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        offsets = info.get("data_offsets") if isinstance(info, dict) else None
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets)):
+            raise HeadcountError(f"{what} (bad header entry {name!r})")
+        end = max(end, offsets[1])
+    if 8 + n + end > size:
+        raise HeadcountError(f"{what} (truncated: {size} bytes, the header describes {8 + n + end})")
 
 
 def load_model(spec: str = OFFLINE, head: str = "base", num_labels: int | None = None,
@@ -68,23 +143,38 @@ def load_model(spec: str = OFFLINE, head: str = "base", num_labels: int | None =
         config_kwargs.update(num_labels=1, problem_type="regression")
     auto = getattr(transformers, HEADS[head])
     if is_pruned_checkpoint(path):
-        config = transformers.AutoConfig.from_pretrained(path)
-        model_class = auto._model_mapping[type(config)]
+        try:
+            config = transformers.AutoConfig.from_pretrained(path)
+            model_class = auto._model_mapping[type(config)]
+        except Exception as e:
+            raise HeadcountError(f"cannot load pruned checkpoint {spec!r}: {type(e).__name__}: "
+                                 f"{str(e).splitlines()[0] if str(e) else ''}") from None
         same_head = model_class.__name__ in (config.architectures or [])
         if same_head and config_kwargs and config_kwargs.get("num_labels", config.num_labels) != config.num_labels:
             raise HeadcountError(
                 f"pruned checkpoint {path} has {config.num_labels} labels, the task needs {config_kwargs['num_labels']}"
             )
         # a head the checkpoint lacks is created new, sized by config_kwargs
-        return load_pruned(path, model_class=model_class, **({} if same_head else config_kwargs))
+        try:
+            return load_pruned(path, model_class=model_class, **({} if same_head else config_kwargs))
+        except HeadcountError:
+            raise
+        except Exception as e:  # a pruning record that does not fit the weights
+            raise HeadcountError(f"cannot load pruned checkpoint {spec!r} (bad pruning record or weights): "
+                                 f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
     try:
         config = transformers.AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code, **config_kwargs)
         from .arch import get_adapter
 
         get_adapter(config)
         return auto.from_pretrained(path, config=config, trust_remote_code=trust_remote_code, **kwargs).eval()
+    except HeadcountError:
+        raise
     except OSError as e:
         raise HeadcountError(f"cannot load model {spec!r}: {str(e).splitlines()[0]}") from None
+    except Exception as e:  # a config or weights file the loader cannot read: the input, not a bug
+        raise HeadcountError(f"cannot load model {spec!r}: {type(e).__name__}: "
+                             f"{str(e).splitlines()[0] if str(e) else ''}") from None
 
 
 def load_tokenizer(spec: str = OFFLINE, trust_remote_code: bool = False):

@@ -286,18 +286,27 @@ def _make_progress_callback(progress: Callable[[str], None], metric: str):
     return Progress()
 
 
-def _make_clock_callback(history_file: Path):
+def _make_clock_callback(history_file: Path, seconds_before: float = 0.0):
     class Clock(_callback_base()):
-        """Tokens seen and evaluation seconds during this call (for tokens/s), and every
-        evaluation appended to ``history_file`` (a checkpoint saved at an epoch's last step
-        predates that epoch's evaluation, so the Trainer state alone can lose it on resume)."""
+        """Evaluation seconds during this call (for tokens/s), the training seconds so far saved in
+        each checkpoint (``headcount_clock.json``: a resumed run's totals include the part before
+        it), and every evaluation appended to ``history_file`` (a checkpoint saved at an epoch's
+        last step predates that epoch's evaluation, so the Trainer state alone can lose it)."""
 
         def __init__(self):
             self.tokens0 = 0
             self.eval_seconds = 0.0
+            self.t0 = time.perf_counter()
 
         def on_train_begin(self, args, state, control, **kw):
             self.tokens0 = int(state.num_input_tokens_seen or 0)
+            self.t0 = time.perf_counter()
+
+        def on_save(self, args, state, control, **kw):
+            ckpt = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+            if ckpt.is_dir() and state.is_world_process_zero:
+                seconds = seconds_before + time.perf_counter() - self.t0 - self.eval_seconds
+                atomic_write_json(ckpt / CLOCK_FILE, {"train_seconds": round(max(seconds, 0.0), 3)})
 
         def on_evaluate(self, args, state, control, metrics=None, **kw):
             metrics = metrics or {}
@@ -499,14 +508,45 @@ def _epochs(history: list[dict]) -> list[dict]:
 
 
 def _identity(model_spec, task, seed, config, mask, mask_mode, weight_mask_digest) -> dict:
+    from .fingerprint import model_fingerprint, task_fingerprint
+
     return {
         "model": str(model_spec),
+        # the contents, not only the names: a rewritten checkpoint or edited CSV is another run
+        "model_fingerprint": model_fingerprint(model_spec),
         "task": task.name,
+        "task_fingerprint": task_fingerprint(task),
         "seed": int(seed),
         "config": json.loads(json.dumps(config.identity())),
         "mask": None if mask is None else {"mode": mask_mode, "heads": mask.to_dict()["heads"], "mlps": mask.to_dict()["mlps"]},
         "weight_mask": weight_mask_digest,
     }
+
+
+CLOCK_FILE = "headcount_clock.json"
+
+
+def last_complete_checkpoint(ckpt_dir: Path, discard: bool = True) -> str | None:
+    """The newest complete Trainer checkpoint under ``ckpt_dir`` (None when there is none).
+
+    ``Trainer`` writes ``trainer_state.json`` last, so a checkpoint without a readable one was
+    cut short (a kill, a full disk); such partial checkpoints are removed when ``discard``.
+    """
+    if not ckpt_dir.is_dir():
+        return None
+    found = []
+    for p in ckpt_dir.iterdir():
+        name, _, step = p.name.partition("-")
+        if p.is_dir() and name == "checkpoint" and step.isdigit():
+            found.append((int(step), p))
+    best = None
+    for step, p in sorted(found, reverse=True):
+        state = _read_json(p / "trainer_state.json")
+        if best is None and isinstance(state, dict) and "global_step" in state:
+            best = p
+        elif best is None and discard:
+            shutil.rmtree(p, ignore_errors=True)  # partial: never resumed from
+    return str(best) if best is not None else None
 
 
 def _read_json(path: Path):
@@ -574,8 +614,6 @@ def finetune(model_spec: str, task, *, mask=None, mask_mode: str = "prune", weig
     >>> m["final"]["score"]                                                       # doctest: +SKIP
     0.84
     """
-    from transformers.trainer_utils import get_last_checkpoint
-
     config = config or TrainConfig()
     out = Path(out_dir)
     progress = progress or (lambda msg: None)
@@ -605,7 +643,8 @@ def finetune(model_spec: str, task, *, mask=None, mask_mode: str = "prune", weig
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out / "run.json", identity)
     ckpt_dir = out / "checkpoints"
-    resume = get_last_checkpoint(str(ckpt_dir)) if ckpt_dir.is_dir() else None
+    resume = last_complete_checkpoint(ckpt_dir)
+    before = (_read_json(Path(resume) / CLOCK_FILE) or {}) if resume else {}
 
     train_ds, eval_ds = _datasets(task, tokenizer, config)
     if info.get("head_note"):
@@ -614,7 +653,7 @@ def finetune(model_spec: str, task, *, mask=None, mask_mode: str = "prune", weig
     history = out / "evaluations.json"
     if resume is None:
         history.unlink(missing_ok=True)  # a fresh start: earlier evaluations do not count
-    clock = _make_clock_callback(history)
+    clock = _make_clock_callback(history, float(before.get("train_seconds", 0.0)))
     cbs = [clock, _make_progress_callback(progress, task.metric), *callbacks]
     Trainer = _trainer_class()
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
@@ -640,13 +679,14 @@ def finetune(model_spec: str, task, *, mask=None, mask_mode: str = "prune", weig
     trainer.train(resume_from_checkpoint=resume)
     wall = time.perf_counter() - t0
     state = trainer.state
-    train_seconds = max(wall - clock.eval_seconds, 1e-9)
+    # the whole run's training time and tokens: a resumed run adds the part before the checkpoint
+    train_seconds = max(float(before.get("train_seconds", 0.0)) + wall - clock.eval_seconds, 1e-9)
     evals = _epochs(_read_json(history) or [])
     if evals and evals[-1]["step"] == state.global_step:
         final = {k: v for k, v in evals[-1].items() if k not in ("epoch", "step")}
     else:
         final = _strip(trainer.evaluate())
-    tokens = int(state.num_input_tokens_seen or 0) - clock.tokens0
+    tokens = int(state.num_input_tokens_seen or 0)
     model = trainer.model
 
     metrics = {

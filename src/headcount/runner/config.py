@@ -21,10 +21,24 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, ValidationInfo, field_validator
 
 from ..errors import HeadcountError
 from .jobs import stable_hash
+
+
+#: settings that are seeds, wherever a study type declares them: negative ones are refused here,
+#: once for every study type (a seed of -1 would otherwise reach torch/numpy, which differ on it)
+SEED_FIELDS = frozenset({"seed", "seeds", "data_seed", "seed_offset"})
+
+
+def _check_seeds(value: Any, info: ValidationInfo) -> Any:
+    if info.field_name in SEED_FIELDS:
+        values = value if isinstance(value, (list, tuple, set, frozenset)) else [value]
+        for v in values:
+            if isinstance(v, int) and not isinstance(v, bool) and v < 0:
+                raise ValueError(f"a seed must be >= 0, got {v}")
+    return value
 
 
 class StudyConfig(BaseModel):
@@ -37,6 +51,10 @@ class StudyConfig(BaseModel):
         study: the study type (``transfer``, ``lottery``, or ``module:type``).
         name: a title for the report (defaults to the file name).
         description: free text shown at the top of the report.
+        device: where the jobs run models: ``auto`` (the GPUs when there are any: one job per
+            GPU at once), ``cpu``, ``cuda`` or ``cuda:N`` (see :mod:`headcount.device`); the
+            ``--device`` of ``headcount study`` overrides it. Not part of the config's identity:
+            a run can be resumed on another machine.
 
     >>> class Toy(StudyConfig):
     ...     steps: int = 3
@@ -49,6 +67,17 @@ class StudyConfig(BaseModel):
     study: str
     name: str = ""
     description: str = ""
+    device: str = "auto"
+
+    @field_validator("device")
+    @classmethod
+    def _device_spec(cls, value: str) -> str:
+        value = value.strip().lower()
+        if value not in ("auto", "cpu", "cuda") and not (value.startswith("cuda:") and value[5:].isdigit()):
+            raise ValueError("device must be auto, cpu, cuda or cuda:N")
+        return value
+
+    _seeds = field_validator("*")(_check_seeds)
 
 
 class ConfigSection(BaseModel):
@@ -61,6 +90,8 @@ class ConfigSection(BaseModel):
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    _seeds = field_validator("*")(_check_seeds)
 
 
 # -------------------------------------------------------------------------------------------
@@ -224,6 +255,10 @@ class LoadedConfig:
     hash: str
 
 
+#: settings that do not change what a study computes (left out of its hash)
+_NOT_IDENTITY = {"device"}
+
+
 def config_hash(config: StudyConfig) -> str:
     """Identity of a validated config: equal settings, equal hash (formatting and comments aside).
 
@@ -232,7 +267,7 @@ def config_hash(config: StudyConfig) -> str:
     >>> config_hash(Toy(study="toy")) == config_hash(Toy(study="toy", steps=3))
     True
     """
-    return stable_hash({"config": config.model_dump(mode="json")}, 16)
+    return stable_hash({"config": config.model_dump(mode="json", exclude=_NOT_IDENTITY)}, 16)
 
 
 def parse_study_config(text: str, where: str = "<config>", base_dir: str | os.PathLike | None = None) -> LoadedConfig:
@@ -293,3 +328,26 @@ def load_study_config(path: str | os.PathLike) -> LoadedConfig:
         raise HeadcountError(f"cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
     loaded = parse_study_config(text, where=path.name, base_dir=path.resolve().parent)
     return LoadedConfig(loaded.study_type, loaded.config, text, path, loaded.hash)
+
+
+def task_ref(value: Any, info: Any) -> Any:
+    """A task named in a study config, resolved and checked: call it from a field validator.
+
+    The rule of :func:`headcount.tasks.resolve_task_ref` (a registered name wins; a path ends in
+    ``.yaml``/``.yml`` or starts with ``./``, ``../``, ``/``; relative to the config's folder,
+    ``info.context["base_dir"]``), and the task is built, so that an unknown name, a missing
+    file or a bad task YAML fails while the config is validated, before any job runs.
+    Non-strings pass through (the field's type refuses them).
+
+    >>> task_ref("glue/sst2", None)
+    'glue/sst2'
+    """
+    from ..tasks import resolve_task_ref
+
+    if not isinstance(value, str):
+        return value
+    base = (getattr(info, "context", None) or {}).get("base_dir")
+    try:
+        return resolve_task_ref(value, base, check=True)
+    except HeadcountError as e:  # pydantic reports a ValueError with the file, line and key
+        raise ValueError(str(e)) from None

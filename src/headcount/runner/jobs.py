@@ -5,10 +5,12 @@ path ``"module:function"``, so that any process, local or on a Ray worker, can i
 JSON-able parameters it needs, and the jobs whose outputs it reads. Its **key** is a hash of
 
     kind + canonical JSON of params + (input name, upstream key) pairs + headcount version
+        + content fingerprints of the local models, tasks and files the params name
 
 so a setting changes exactly the keys of the jobs that read it (through their params) and of
-every job downstream of those (through the upstream keys); jobs upstream or on other branches keep
-their keys and their finished results are reused.
+every job downstream of those (through the upstream keys), and so does an edited data file or a
+checkpoint rewritten at the same path (:mod:`headcount.fingerprint`); jobs upstream or on other
+branches keep their keys and their finished results are reused.
 
 A job function has the signature::
 
@@ -230,14 +232,18 @@ class Job:
         object.__setattr__(self, "_params_json", params_json)
         object.__setattr__(self, "deps", pairs)
         object.__setattr__(self, "resources", Resources.coerce(resources))
-        digest = stable_hash(
-            {
-                "kind": kind,
-                "params": json.loads(params_json),
-                "inputs": sorted([alias, dep.key] for alias, dep in pairs),
-                "headcount": headcount_version(),
-            }
-        )
+        identity = {
+            "kind": kind,
+            "params": json.loads(params_json),
+            "inputs": sorted([alias, dep.key] for alias, dep in pairs),
+            "headcount": headcount_version(),
+        }
+        from ..fingerprint import params_fingerprint
+
+        data = params_fingerprint(identity["params"])
+        if data is not None:  # the contents of the models, tasks and files the params name
+            identity["data"] = data
+        digest = stable_hash(identity)
         object.__setattr__(self, "key", f"{kind}-{digest}")
 
     def __setattr__(self, name, value):

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import HeadcountError
-from ..io import atomic_write_json, atomic_write_text
+from ..io import ACTIVE_OUTS, atomic_write_json, atomic_write_text, lock_file, unlock_file
 from .jobs import Job, JobResult, Plan, headcount_version
 
 try:  # POSIX only; elsewhere a run directory is simply not locked
@@ -48,6 +48,20 @@ MANIFEST = "manifest.json"
 CONFIG = "study.yaml"
 PLAN = "plan.json"
 FORMAT = 1
+
+
+def read_json(path: Path, what: str = "", kind: type = dict):
+    """``json.loads`` of a store file, or one line naming the corrupt file (never a traceback)."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise HeadcountError(f"{path} is missing{' (' + what + ')' if what else ''}") from None
+    except (OSError, ValueError) as e:
+        raise HeadcountError(f"{path} is unreadable or corrupt ({type(e).__name__}); restore it, or delete "
+                             f"{'the job directory' if what == 'job' else 'it'} to recompute") from None
+    if not isinstance(data, kind):
+        raise HeadcountError(f"{path} is corrupt (a JSON {kind.__name__} was expected)")
+    return data
 
 
 def utcnow() -> str:
@@ -126,8 +140,8 @@ class RunStore:
         d = self.job_dir(key)
         if not (d / DONE).is_file():
             raise HeadcountError(f"job {name or key!r} has not finished in {self.root}")
-        meta = json.loads((d / META).read_text(encoding="utf-8"))
-        result = json.loads((d / RESULT).read_text(encoding="utf-8"))
+        meta = read_json(d / META, "job")
+        result = read_json(d / RESULT, "job", object)
         return JobResult(
             key=key,
             kind=meta.get("kind", key.rsplit("-", 1)[0]),
@@ -231,7 +245,12 @@ class RunStore:
             path = self.root / PLAN
             if not path.is_file():
                 raise HeadcountError(f"{self.root} has no {PLAN}; is it a headcount run directory?")
-            self._plan_json = json.loads(path.read_text(encoding="utf-8"))
+            plan = read_json(path)
+            if not isinstance(plan.get("jobs"), list) or not all(
+                    isinstance(e, dict) and isinstance(e.get("key"), str) and isinstance(e.get("name"), str)
+                    and isinstance(e.get("kind"), str) for e in plan["jobs"]):
+                raise HeadcountError(f"{path} is corrupt (no list of jobs with key, name and kind)")
+            self._plan_json = plan
         return self._plan_json
 
     def _entries(self) -> list[dict]:
@@ -282,7 +301,7 @@ class RunStore:
             row = {"name": e["name"], "kind": e["kind"], "key": e["key"]}
             meta_path = self.job_dir(e["key"]) / META
             if self.is_done(e["key"]) and meta_path.is_file():
-                meta = json.loads(meta_path.read_text(encoding="utf-8"))
+                meta = read_json(meta_path, "job")
                 row.update(
                     status="done",
                     seconds=meta.get("seconds"),
@@ -302,7 +321,7 @@ class RunStore:
         path = self.root / MANIFEST
         if not path.is_file():
             raise HeadcountError(f"{self.root} is not a headcount run directory (no {MANIFEST})")
-        return json.loads(path.read_text(encoding="utf-8"))
+        return read_json(path)
 
     @property
     def config_text(self) -> str:
@@ -315,30 +334,27 @@ class RunStore:
 
     # -- lock --------------------------------------------------------------------------------
     def lock(self) -> None:
-        """Take ``RUN/.lock`` (flock) so that two processes never run the same directory at once."""
+        """Take ``RUN/.lock`` (flock) so that two processes never run the same directory at once.
+
+        The lock file is opened without following links (:func:`headcount.io.lock_file`): a
+        ``.lock`` that is a symlink, a directory or a hard link is refused, never written through.
+        """
         if fcntl is None or self._lock_fd is not None:
             return
-        self.root.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.root / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            try:
-                holder = os.read(fd, 200).decode(errors="replace").strip()
-            finally:
-                os.close(fd)
-            raise HeadcountError(f"{self.root} is in use by another headcount process ({holder or 'unknown'})") from None
-        os.ftruncate(fd, 0)
-        os.write(fd, f"pid {os.getpid()} on {socket.gethostname()} since {utcnow()}\n".encode())
-        self._lock_fd = fd
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise HeadcountError(f"cannot create {self.root}: {e.strerror}") from None
+        self._lock_fd = lock_file(self.root, "headcount study")
+        if self.root not in ACTIVE_OUTS:
+            ACTIVE_OUTS.append(self.root)
 
     def unlock(self) -> None:
         if self._lock_fd is not None:
-            try:
-                fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
-            finally:
-                os.close(self._lock_fd)
-                self._lock_fd = None
+            unlock_file(self._lock_fd)
+            self._lock_fd = None
+            if self.root in ACTIVE_OUTS:
+                ACTIVE_OUTS.remove(self.root)
 
     def __enter__(self) -> "RunStore":
         self.lock()

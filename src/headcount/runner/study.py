@@ -13,7 +13,6 @@ still produces are reused, the others stay on disk untouched (nothing is deleted
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import shutil
@@ -134,6 +133,7 @@ def run_study(
     report: bool = True,
     quiet: bool = False,
     console=None,
+    device: str | None = None,
 ) -> RunSummary:
     """Run (or resume) a study into a run directory and write its report.
 
@@ -149,6 +149,8 @@ def run_study(
         report: write ``report.html`` and ``results/`` when every job has finished.
         quiet: no progress display.
         console: a rich Console for the progress display (default: stderr).
+        device: ``auto`` | ``cpu`` | ``cuda`` | ``cuda:N``; default: the config's ``device:``
+            (see :mod:`headcount.device`); each job runs with ``HEADCOUNT_DEVICE`` set from it.
 
     Returns:
         A :class:`RunSummary`.
@@ -164,6 +166,9 @@ def run_study(
     """
     loaded = _coerce_config(config)
     exe = make_executor(executor, address)
+    if device is None and "device" in getattr(loaded.config, "model_fields_set", ()):
+        device = loaded.config.device  # else $HEADCOUNT_DEVICE, else auto
+    exe.set_device(device)  # an unavailable device is refused before the run directory is touched
     jobs = loaded.study_type.expand(loaded.config)
     plan = Plan(list(jobs or []))
     for fn in sorted({j.fn for j in plan}):  # fail before touching the run directory
@@ -179,7 +184,7 @@ def run_study(
         manifest_path = out / MANIFEST
         now = utcnow()
         if manifest_path.is_file():
-            old = json.loads(manifest_path.read_text(encoding="utf-8"))
+            old = store.manifest  # a corrupt manifest is one error line, not a traceback
             if old.get("config_hash") != loaded.hash:
                 if not force:
                     raise HeadcountError(
