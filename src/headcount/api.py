@@ -74,7 +74,8 @@ def _echo_none(*args, **kwargs):
 
 
 def score_command(*, model, task, objective="task", split=None, max_examples=1000, batch_size=32,
-                  max_length=128, method="gradient", normalize="none", seed=0, out, echo=_echo_none) -> dict:
+                  max_length=128, method="gradient", normalize="none", seed=0, out, echo=_echo_none,
+                  device=None, precision=None, tokens_per_batch=None) -> dict:
     """``headcount score``: load, batch, score, write ``scores.json`` and ``heads.png``."""
     from .pipeline import DataConfig, batches_for, check_objective, decoding, load_for, metric_for
     from .plots import head_heatmap
@@ -86,9 +87,12 @@ def score_command(*, model, task, objective="task", split=None, max_examples=100
         raise HeadcountError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
     if normalize not in NORMALIZE:
         raise HeadcountError(f"unknown normalisation {normalize!r}; choose one of {', '.join(NORMALIZE)}")
+    from .device import check_spec
+
+    check_spec(device, precision)  # an unavailable device or precision: refused before loading
     data = DataConfig(split=split, max_examples=max_examples, batch_size=batch_size, max_length=max_length, seed=seed)
     t = get_task(task)
-    m, tok, info = load_for(model, t, objective, seed=seed)
+    m, tok, info = load_for(model, t, objective, seed=seed, device=device)
     if info["head"] == "new" and method not in ("magnitude", "entropy"):
         echo(f"note: {model} has no trained head for {t.name}; scoring with a new, untrained task head "
              "(fine-tune first for task importance)")
@@ -98,7 +102,9 @@ def score_command(*, model, task, objective="task", split=None, max_examples=100
              f"(MLM loss {r.get('loss', float('nan')):.3f}, accuracy {r.get('accuracy', float('nan')):.3f})")
     batches = [] if method == "magnitude" else batches_for(t, tok, objective, data)
     with decoding(m, metric_for(t, objective)):
-        s = score(m, batches, method=method, normalize=normalize)
+        s = score(m, batches, method=method, normalize=normalize, device=info["device"], precision=precision,
+                  tokens_per_batch=tokens_per_batch)
+    echo(f"scored on {s.meta['device']} ({s.meta['device_name']}), {s.meta['precision']}")
     meta = {"objective": objective, "task": t.name, "model": model, "split": data.split or t.train_split,
             "head": info["head"]}
     if "mlm_head" in info:
@@ -115,7 +121,7 @@ def score_command(*, model, task, objective="task", split=None, max_examples=100
 def prune_command(*, model, task, objective="task", threshold=0.9, step=0.1, step_of="remaining", mlps=False,
                   one_shot=False, method="gradient", normalize="layer+global", importance_split=None,
                   stop_split=None, max_examples=1000, max_eval_examples=1000, batch_size=32, max_length=128,
-                  seed=0, out, echo=_echo_none):
+                  seed=0, out, echo=_echo_none, device=None, precision=None, tokens_per_batch=None):
     """``headcount prune``: iterative pruning; writes ``mask.json``, ``trace.csv``, ``curve.png``."""
     from .io import atomic_write_text
     from .pipeline import DataConfig, batches_for, check_objective, load_for, metric_for, prune_model
@@ -132,8 +138,11 @@ def prune_command(*, model, task, objective="task", threshold=0.9, step=0.1, ste
     imp_data = DataConfig(split=importance_split, max_examples=max_examples, batch_size=batch_size,
                           max_length=max_length, seed=seed)
     stop_data = DataConfig(max_examples=max_eval_examples, batch_size=batch_size, max_length=max_length, seed=seed)
+    from .device import check_spec
+
+    check_spec(device, precision)  # an unavailable device or precision: refused before loading
     t = get_task(task)
-    m, tok, info = load_for(model, t, objective, seed=seed)
+    m, tok, info = load_for(model, t, objective, seed=seed, device=device)
     if info["head"] == "new":
         echo(f"note: {model} has no trained head for {t.name}: the metric is that of an untrained head "
              "(fine-tune first: `headcount finetune`)")
@@ -146,7 +155,9 @@ def prune_command(*, model, task, objective="task", threshold=0.9, step=0.1, ste
              f"{metric} {row['metric']:.4f} {'ok' if row['accepted'] else 'below threshold'}")
 
     result = prune_model(m, imp_batches, stop_batches, metric, method=method, normalize=normalize, config=config,
-                         progress=progress)
+                         progress=progress, device=info["device"], precision=precision,
+                         tokens_per_batch=tokens_per_batch)
+    echo(f"pruned on {result.meta['device']} ({result.meta['device_name']}), {result.meta['precision']}")
     out = Path(out)
     mask = result.mask.with_meta(model=model, task=t.name, objective=objective, metric_name=metric, method=method,
                                  normalize=normalize)

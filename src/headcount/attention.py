@@ -19,7 +19,7 @@ from .gates import hooks, kept_heads
 EAGER = "eager"
 
 
-def attention_maps(model: nn.Module, **batch) -> list[torch.Tensor]:
+def attention_maps(model: nn.Module, *, device=None, precision=None, **batch) -> list[torch.Tensor]:
     """Attention probabilities of every head that is still present, one tensor per application.
 
     Runs one forward pass in the caller's grad mode and train/eval mode (use ``model.eval()``
@@ -28,20 +28,31 @@ def attention_maps(model: nn.Module, **batch) -> list[torch.Tensor]:
     Args:
         model: any model with a registered adapter (pruned or not, gated or not), loaded with
             any attention implementation; it is back on that implementation afterwards.
+        device: where the model runs (:func:`headcount.device.place`: None = ``$HEADCOUNT_DEVICE``,
+            else where the model is); the inputs follow it.
+        precision: ``auto`` | ``fp32`` | ``bf16`` (:func:`headcount.device.resolve_precision`);
+            under bf16 autocast the probabilities are computed in bf16 and returned as fp32.
         **batch: the model's inputs (``input_ids``, ``attention_mask``, ...).
 
     Returns:
         ``maps[l]``: ``[batch, kept_heads, seq_q, seq_k]`` for application ``l``, heads in the
         order of their original indices (:func:`headcount.gates.kept_heads`); rows sum to 1
         over the keys the attention mask lets through. A layer with no head left gives
-        ``[batch, 0, seq, seq]``.
+        ``[batch, 0, seq, seq]``. The maps are on the device the inputs came on (a CPU batch
+        gets CPU maps from a model on a GPU).
 
     >>> maps = attention_maps(model, **batch)          # doctest: +SKIP
     >>> maps[0].shape                                   # doctest: +SKIP
     torch.Size([8, 12, 128, 128])
     """
+    from .device import autocast, place, resolve_precision, to_device
+
     h = hooks(model)
     n_apps = len(h.blocks)
+    home = next((v.device for v in batch.values() if torch.is_tensor(v)), None)  # where the maps go back
+    dev = place(model, device)
+    prec = resolve_precision(precision, dev)
+    batch = to_device(batch, dev)
     maps: list[torch.Tensor | None] = [None] * n_apps
 
     def capture(module, args, kwargs, output):
@@ -65,7 +76,8 @@ def attention_maps(model: nn.Module, **batch) -> list[torch.Tensor]:
     try:
         if switched:
             model.set_attn_implementation(EAGER)
-        model(**batch, output_attentions=True)
+        with autocast(dev, prec):
+            model(**batch, output_attentions=True)
     finally:
         for handle in handles:
             handle.remove()
@@ -74,4 +86,8 @@ def attention_maps(model: nn.Module, **batch) -> list[torch.Tensor]:
     missing = [i for i, m in enumerate(maps) if m is None]
     if missing:
         raise HeadcountError(f"no attention probabilities were recorded for layers {missing}")
+    if prec == "bf16":
+        maps = [m.float() for m in maps]  # type: ignore[union-attr]
+    if home is not None and home != dev:
+        maps = [m.to(home) for m in maps]  # type: ignore[union-attr]
     return maps  # type: ignore[return-value]

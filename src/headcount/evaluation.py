@@ -58,7 +58,8 @@ def masked_positions_only(model):
 
 
 @torch.no_grad()
-def evaluate_batches(model, batches, metric: str, mask=None) -> dict:
+def evaluate_batches(model, batches, metric: str, mask=None, *, device=None, precision=None,
+                     tokens_per_batch: int | None = None) -> dict:
     """Loss and metric of ``model`` on ``batches`` (dicts with ``labels``).
 
     Args:
@@ -66,49 +67,64 @@ def evaluate_batches(model, batches, metric: str, mask=None) -> dict:
         batches: prepared batches (dynamic padding).
         metric: a task metric name (see ``headcount.tasks.compute_metrics``) or ``"mlm_accuracy"``.
         mask: optional :class:`~headcount.masks.Mask` applied as gates.
+        device / precision / tokens_per_batch: see :mod:`headcount.device` (None: the model's
+            device or ``$HEADCOUNT_DEVICE``; auto precision; the device's token budget). Batches
+            are merged up to the budget: the loss (weighted per example, or per masked token)
+            and the metric do not depend on how examples are batched.
 
     Returns:
-        ``{"score": primary metric, "loss": mean loss, ...metric parts}``.
+        ``{"score": primary metric, "loss": mean loss, ...metric parts, "device", "precision"}``.
 
     >>> evaluate_batches(model, batches, "accuracy")["score"]     # doctest: +SKIP
     0.87
     """
+    from .device import runtime, to_device
+    from .tasks.batching import pack_batches
+
     was_training = model.training
     model.eval()
-    device = next(model.parameters()).device
-    fixed = set_gates(model, heads=mask.heads, mlps=mask.mlps) if mask is not None else None
+    rt = runtime(model, device, precision, tokens_per_batch)
+    fixed = (set_gates(model, heads=mask.heads.to(rt.device), mlps=mask.mlps.to(rt.device))
+             if mask is not None else None)
     try:
-        loss_sum, weight, logits, labels = 0.0, 0, [], []
-        correct = total = 0
-        for batch in batches:
-            batch = {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
+        # sums stay on the device: no host sync per batch; one copy back at the end
+        loss_sum = torch.zeros((), dtype=torch.float64, device=rt.device)
+        correct = torch.zeros((), dtype=torch.long, device=rt.device)
+        weight, total, logits, labels = 0, 0, [], []
+        for batch, _ in pack_batches(batches, rt.tokens_per_batch, rt.pad_multiple):
+            y = batch["labels"]
+            n = int((y != IGNORE).sum()) if metric == MLM_METRIC else int(y.shape[0])  # on the CPU batch
+            batch = to_device(batch, rt.device)
             y = batch["labels"]
             if metric == MLM_METRIC:
-                with masked_positions_only(model):  # decode only the masked tokens
+                with masked_positions_only(model), rt.autocast():  # decode only the masked tokens
                     out = model(**batch)
                 y = y[y != IGNORE]
-                n = int(y.numel())
-                correct += int((out.logits[0].argmax(-1) == y).sum())
+                correct += (out.logits[0].argmax(-1) == y).sum()
                 total += n
             else:
-                out = model(**batch)
-                n = int(y.shape[0])
-                logits.append(out.logits.float().cpu())
-                labels.append(y.cpu())
-            loss_sum += float(out.loss) * n
+                with rt.autocast():
+                    out = model(**batch)
+                logits.append(out.logits.float())
+                labels.append(y)
+            loss_sum += out.loss.double() * n
             weight += n
     finally:
         if fixed is not None:
             clear_gates(model, fixed)
         model.train(was_training)
+    loss_sum = float(loss_sum)
+    where = {"device": str(rt.device), "precision": rt.precision}
     loss = loss_sum / max(weight, 1)
     if metric == MLM_METRIC:
-        acc = correct / max(total, 1)
-        return {"score": acc, "accuracy": acc, "loss": loss, "n_masked": total}
+        acc = int(correct) / max(total, 1)
+        return {"score": acc, "accuracy": acc, "loss": loss, "n_masked": total, **where}
     from .tasks import compute_metrics
 
-    preds = torch.cat(logits).numpy()
+    preds = torch.cat(logits).cpu().numpy()
+    labels = [torch.cat(labels).cpu()] if labels else []
     if preds.ndim == 2 and preds.shape[1] == 1:
         preds = preds[:, 0]
     result = compute_metrics(metric, preds, torch.cat(labels).numpy())
-    return {**{k: float(v) for k, v in result.items()}, "loss": loss, "n_examples": int(np.sum([len(x) for x in labels]))}
+    return {**{k: float(v) for k, v in result.items()}, "loss": loss,
+            "n_examples": int(np.sum([len(x) for x in labels])), **where}

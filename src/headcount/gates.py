@@ -102,7 +102,7 @@ class _Hooks:
         kept = kept_heads(module, self.n_heads)
         if len(kept) != gate.shape[-1]:
             gate = gate[..., kept]
-        gate = gate.to(x.dtype)
+        gate = gate.to(device=x.device, dtype=x.dtype)  # a mask made on the CPU gates a model on a GPU
         y = x.view(*x.shape[:-1], len(kept), self.head_dim) * gate.unsqueeze(-1)  # [batch, seq, head, head_dim]
         return (y.view(x.shape),) + tuple(args[1:])
 
@@ -117,7 +117,7 @@ class _Hooks:
                 gate = m if gate is None else gate * m
         if gate is None:
             return None
-        return output * gate.to(output.dtype)
+        return output * gate.to(device=output.device, dtype=output.dtype)
 
     def remove(self):
         for handle in self.handles:

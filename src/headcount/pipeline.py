@@ -79,26 +79,35 @@ def task_head(model_spec: str, task) -> dict:
     return {"head": "checkpoint", "head_note": f"the checkpoint's {n}-output head is fine-tuned further"}
 
 
-def load_for(model_spec: str, task, objective: str = "task", mlm_texts=None, seed: int = 0):
-    """The model for ``objective`` on ``task``: ``(model, tokenizer, info)``.
+def load_for(model_spec: str, task, objective: str = "task", mlm_texts=None, seed: int = 0, device=None):
+    """The model for ``objective`` on ``task``, on its device: ``(model, tokenizer, info)``.
+
+    ``device``: ``auto`` | ``cpu`` | ``cuda`` | ``cuda:N``; None = ``$HEADCOUNT_DEVICE`` (set by the
+    study runner for each job), else ``auto`` (the GPU when there is one). The model is moved
+    there once; the verbs it is then given (score, evaluate, prune) keep it there.
+    ``info["device"]`` names it.
 
     ``info["head"]`` says where the output head came from: ``"checkpoint"``, ``"new"`` (a task
     head that was not in the checkpoint: untrained) or ``"fitted"`` (an MLM head fitted on the
     frozen encoder).
     """
+    from .device import resolve_device
     from .models import load_model, load_tokenizer
 
     check_objective(objective)
+    where = resolve_device(device)  # an unavailable device is refused before anything loads
     tokenizer = load_tokenizer(model_spec)
     if objective == "task":
         head = task_head(model_spec, task)["head"]  # refuses a fine-tuned head that does not fit
-        model = load_model(model_spec, head=task.kind, num_labels=task.num_labels)
-        return model, tokenizer, {"head": head}
+        model = load_model(model_spec, head=task.kind, num_labels=task.num_labels).to(where)
+        return model, tokenizer, {"head": head, "device": str(where)}
     from .tasks import fit_mlm_head
 
     texts = mlm_texts if mlm_texts is not None else _texts(task, task.train_split, 2000, seed)
-    model, report = fit_mlm_head(model_spec, texts)
-    return model, tokenizer, {"head": "fitted" if report.get("fitted") else "checkpoint", "mlm_head": report}
+    model, report = fit_mlm_head(model_spec, texts, device=where)
+    model.to(where)
+    return model, tokenizer, {"head": "fitted" if report.get("fitted") else "checkpoint", "mlm_head": report,
+                              "device": str(where)}
 
 
 def _texts(task, split, max_examples, seed) -> list[str]:
@@ -127,24 +136,36 @@ def metric_for(task, objective: str) -> str:
 
 
 def prune_model(model, importance_batches, stop_batches, metric: str, *, method: str = "gradient",
-                normalize: str = "layer+global", config=None, progress=None):
+                normalize: str = "layer+global", config=None, progress=None, device=None, precision=None,
+                tokens_per_batch: int | None = None):
     """Iterative pruning of ``model``: importance on one set of batches, the stop rule on another.
 
-    Returns the :class:`~headcount.pruning.PruneResult` of :func:`~headcount.pruning.iterative_prune`.
+    ``device`` / ``precision`` / ``tokens_per_batch``: see :mod:`headcount.device` (None: where
+    the model is, or ``$HEADCOUNT_DEVICE``). The working copy is made on that device.
+
+    Returns the :class:`~headcount.pruning.PruneResult` of :func:`~headcount.pruning.iterative_prune`,
+    its ``meta`` (and mask meta) naming the device and precision.
     """
+    from .device import runtime
     from .evaluation import evaluate_batches
     from .pruning import PruneConfig, iterative_prune
     from .scoring import score
 
+    rt = runtime(model, device, precision, tokens_per_batch)
+    where = dict(device=rt.device, precision=rt.precision, tokens_per_batch=rt.tokens_per_batch)
+
     def score_fn(m, mask):
         with decoding(m, metric):
-            return score(m, importance_batches, method=method, normalize=normalize, mask=mask)
+            return score(m, importance_batches, method=method, normalize=normalize, mask=mask, **where)
 
     def eval_fn(m, mask):
-        r = evaluate_batches(m, stop_batches, metric, mask=mask)
+        r = evaluate_batches(m, stop_batches, metric, mask=mask, **where)
         return r["score"], r["loss"]
 
-    return iterative_prune(model, score_fn, eval_fn, config or PruneConfig(), progress=progress)
+    result = iterative_prune(model, score_fn, eval_fn, config or PruneConfig(), progress=progress)
+    result.meta.update(rt.meta())
+    result.mask = result.mask.with_meta(device=str(rt.device), precision=rt.precision)
+    return result
 
 
 def decoding(model, metric: str):

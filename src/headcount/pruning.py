@@ -67,19 +67,23 @@ class PruneConfig:
 
 @dataclass
 class PruneResult:
-    """The final mask, the unpruned metric and one trace row per evaluated step."""
+    """The final mask, the unpruned metric, one trace row per evaluated step, and where it ran
+    (``meta``: ``device``, ``precision``, ... as :meth:`headcount.device.Runtime.meta`)."""
 
     mask: Mask
     full_metric: float
     trace: list[dict] = field(default_factory=list)
+    meta: dict = field(default_factory=dict)
 
     def trace_csv(self) -> str:
+        """The trace as CSV; ``device`` and ``precision`` columns when ``meta`` names them."""
         out = io.StringIO()
         cols = ["step", "phase", "heads_kept", "mlps_kept", "metric", "loss", "accepted", "seconds"]
-        w = csv.DictWriter(out, fieldnames=cols, extrasaction="ignore", lineterminator="\n")
+        extra = {k: self.meta[k] for k in ("device", "precision") if k in self.meta}
+        w = csv.DictWriter(out, fieldnames=cols + list(extra), extrasaction="ignore", lineterminator="\n")
         w.writeheader()
         for row in self.trace:
-            w.writerow(row)
+            w.writerow({**row, **extra})
         return out.getvalue()
 
 

@@ -154,17 +154,28 @@ def _forward_loss(model: nn.Module, batch: dict) -> torch.Tensor:
     return out.loss
 
 
-def _on(batch: dict, device) -> dict:
-    return {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
-
-
 def _tokens(batch: dict) -> int:
     am = batch.get("attention_mask")
     return int(am.sum()) if am is not None else int(batch["input_ids"].numel())
 
 
+def _label_count(batch: dict) -> int:
+    """The denominator of the model's mean loss: labels that count (class ids other than -100;
+    every entry of float labels). Computed on the CPU batch: no device sync."""
+    y = batch.get("labels")
+    if y is None:
+        return 0
+    return int(y.numel()) if y.is_floating_point() else int((y != -100).sum())
+
+
+def _runtime(model, rt):
+    from .device import runtime
+
+    return rt if rt is not None else runtime(model)
+
+
 def gradient_scores(model: nn.Module, batches, *, per_token: bool = False, keep_per_example: bool = False,
-                    progress=None) -> Scores:
+                    progress=None, rt=None) -> Scores:
     """Gate-gradient importance (``gradient``, or ``gradient-token`` with ``per_token=True``).
 
     Args:
@@ -172,6 +183,15 @@ def gradient_scores(model: nn.Module, batches, *, per_token: bool = False, keep_
         batches: iterable of dicts of tensors with ``labels`` (the model returns the loss).
         per_token: Michel et al.'s per-token absolute value instead of the batch gradient's.
         keep_per_example: also return per-example contributions ``[n_examples, L, H]``.
+        rt: a :class:`~headcount.device.Runtime` (device, precision, token budget); default:
+            the model's device (or ``$HEADCOUNT_DEVICE``) and its defaults.
+
+    Batches are merged up to ``rt.tokens_per_batch`` tokens per forward pass
+    (:func:`~headcount.tasks.batching.pack_batches`); the scores are still those of the batches
+    as given: the merged loss is the mean over all label entries, so each original batch b's
+    gradient is ``N_merged / N_b`` times the sum of its examples' gate gradients, and the
+    absolute value is taken per original batch, as without merging. Gate gradients are
+    accumulated in fp64 on the model's device and copied to the CPU once.
 
     Returns:
         :class:`Scores` with ``heads [L, H]`` and ``mlps [L]``.
@@ -180,57 +200,87 @@ def gradient_scores(model: nn.Module, batches, *, per_token: bool = False, keep_
     >>> s.heads.shape
     torch.Size([6, 12])
     """
+    from .device import to_device
+    from .tasks.batching import batch_groups, pack_batches
+
+    rt = _runtime(model, rt)
     n_layers, n_heads = layout(model)
-    device = next(model.parameters()).device
-    heads = torch.zeros(n_layers, n_heads, dtype=torch.float64)
-    mlps = torch.zeros(n_layers, dtype=torch.float64)
-    per_example, n_examples, n_tokens = [], 0, 0
+    device = rt.device
+    heads = torch.zeros(n_layers, n_heads, dtype=torch.float64, device=device)
+    mlps = torch.zeros(n_layers, dtype=torch.float64, device=device)
+    per_example, n_examples, n_tokens, done = [], 0, 0, 0
     with _scoring_mode(model):
-        for i, batch in enumerate(batches):
-            batch = _on(batch, device)
+        for batch, sizes in pack_batches(batches, rt.tokens_per_batch, rt.pad_multiple):
+            # per original batch: N_merged / N_b turns the merged mean loss's gradient into its own
+            counts = torch.tensor([0] + sizes).cumsum(0)
+            labels = [_label_count({"labels": batch["labels"][a:b]}) if "labels" in batch else 0
+                      for a, b in zip(counts[:-1].tolist(), counts[1:].tolist())]
+            total = sum(labels)
+            scale = torch.tensor([total / max(n, 1) for n in labels], dtype=torch.float64)
+            n_tokens += _tokens(batch)
+            batch = to_device(batch, device)
             b, s = batch["input_ids"].shape
             # one gate per example (per token for Michel): at g = 1 their gradients sum to the
             # gradient of a single [L, H] gate, and the per-example parts come for free.
             width = s if per_token else 1
             g = torch.ones(b, width, n_layers, n_heads, device=device, requires_grad=True)
             m = torch.ones(b, width, n_layers, device=device, requires_grad=True)
-            with gated(model, heads=g, mlps=m):
+            with gated(model, heads=g, mlps=m), rt.autocast():
                 loss = _forward_loss(model, batch)
-            dg, dm = torch.autograd.grad(loss, [g, m])  # [b, width, L, H], [b, width, L]
+            dg, dm = torch.autograd.grad(loss, [g, m])  # [b, width, L, H], [b, width, L], fp32
+            groups = batch_groups(sizes, device)  # [b]: the original batch of each example
+            w = scale.to(device)[groups]  # [b] fp64
             if per_token:
-                heads += dg.abs().sum(dim=(0, 1)).double()
-                mlps += dm.abs().sum(dim=(0, 1)).double()
-                example = dg.abs().sum(dim=1)
+                heads += (dg.abs().sum(dim=1).double() * w[:, None, None]).sum(0)
+                mlps += (dm.abs().sum(dim=1).double() * w[:, None]).sum(0)
+                example = dg.abs().sum(dim=1).double() * w[:, None, None]
             else:
-                heads += dg.sum(dim=(0, 1)).abs().double()
-                mlps += dm.sum(dim=(0, 1)).abs().double()
-                example = dg[:, 0].abs()
+                eg = dg[:, 0].double() * w[:, None, None]  # [b, L, H]: each example's part of its batch's gradient
+                em = dm[:, 0].double() * w[:, None]
+                heads += eg.new_zeros(len(sizes), n_layers, n_heads).index_add_(0, groups, eg).abs().sum(0)
+                mlps += em.new_zeros(len(sizes), n_layers).index_add_(0, groups, em).abs().sum(0)
+                example = eg.abs()
             if keep_per_example:
-                per_example.append(example.float().cpu())  # each example's share of this batch's score
+                per_example.append(example.float())  # each example's share of its batch's score
             n_examples += b
-            n_tokens += _tokens(batch)
+            done += len(sizes)
             if progress:
-                progress(i + 1)
+                progress(done)
     return Scores(
         heads=heads.float().cpu(), mlps=mlps.float().cpu(),
         method="gradient-token" if per_token else "gradient",
         n_examples=n_examples, n_tokens=n_tokens,
-        per_example=torch.cat(per_example) if per_example else None,
+        per_example=torch.cat(per_example).cpu() if per_example else None,
+        meta=rt.meta(),
     )
 
 
 @torch.no_grad()
-def ablation_scores(model: nn.Module, batches, progress=None) -> Scores:
-    """Exact loss change when each head (each MLP) alone is gated off, summed over batches."""
+def ablation_scores(model: nn.Module, batches, progress=None, rt=None) -> Scores:
+    """Exact loss change when each head (each MLP) alone is gated off, summed over batches.
+
+    The batches are used as given (each one's mean loss is the quantity summed), moved to the
+    model's device once; losses stay on the device until the end.
+    """
+    from .device import to_device
+
+    rt = _runtime(model, rt)
     n_layers, n_heads = layout(model)
-    device = next(model.parameters()).device
-    batches = [_on(b, device) for b in batches]
-    heads = torch.zeros(n_layers, n_heads, dtype=torch.float64)
-    mlps = torch.zeros(n_layers, dtype=torch.float64)
+    device = rt.device
+    batches = list(batches)
     n_tokens = sum(_tokens(b) for b in batches)
     n_examples = sum(int(b["input_ids"].shape[0]) for b in batches)
+    batches = [to_device(b, device) for b in batches]
+    heads = torch.zeros(n_layers, n_heads, dtype=torch.float64, device=device)
+    mlps = torch.zeros(n_layers, dtype=torch.float64, device=device)
+
+    def total(**gates) -> torch.Tensor:
+        with gated(model, **gates), rt.autocast():
+            return torch.stack([_forward_loss(model, b).double() for b in batches]).sum()
+
     with _scoring_mode(model):
-        base = [float(_forward_loss(model, b)) for b in batches]
+        with rt.autocast():
+            base = torch.stack([_forward_loss(model, b).double() for b in batches]).sum()
         done = 0
         for layer in range(n_layers):
             kept = set(kept_heads(hooks(model).blocks[layer].out_projection, n_heads))
@@ -238,52 +288,58 @@ def ablation_scores(model: nn.Module, batches, progress=None) -> Scores:
                 if head in kept:
                     g = torch.ones(n_layers, n_heads, device=device)
                     g[layer, head] = 0
-                    with gated(model, heads=g):
-                        heads[layer, head] = sum(float(_forward_loss(model, b)) - l0 for b, l0 in zip(batches, base))
+                    heads[layer, head] = total(heads=g) - base
                 done += 1
                 if progress:
                     progress(done)
             m = torch.ones(n_layers, device=device)
             m[layer] = 0
-            with gated(model, mlps=m):
-                mlps[layer] = sum(float(_forward_loss(model, b)) - l0 for b, l0 in zip(batches, base))
-    return Scores(heads=heads.float(), mlps=mlps.float(), method="ablation", n_examples=n_examples, n_tokens=n_tokens)
+            mlps[layer] = total(mlps=m) - base
+    return Scores(heads=heads.float().cpu(), mlps=mlps.float().cpu(), method="ablation", n_examples=n_examples,
+                  n_tokens=n_tokens, meta=rt.meta())
 
 
 @torch.no_grad()
-def entropy_scores(model: nn.Module, batches, progress=None) -> Scores:
-    """Mean attention entropy (nats) of each head over real (non-padding) query tokens."""
-    from .attention import attention_maps
+def entropy_scores(model: nn.Module, batches, progress=None, rt=None) -> Scores:
+    """Mean attention entropy (nats) of each head over real (non-padding) query tokens.
 
+    Batches are merged up to the token budget (entropy is a per-token sum: merging changes nothing).
+    """
+    from .attention import attention_maps
+    from .device import to_device
+    from .tasks.batching import pack_batches
+
+    rt = _runtime(model, rt)
     n_layers, n_heads = layout(model)
-    device = next(model.parameters()).device
-    total = torch.zeros(n_layers, n_heads, dtype=torch.float64)
-    count = 0.0
-    n_examples = n_tokens = 0
+    device = rt.device
+    total = torch.zeros(n_layers, n_heads, dtype=torch.float64, device=device)
+    count = torch.zeros((), dtype=torch.float64, device=device)
+    n_examples = n_tokens = done = 0
+    kept_of = [kept_heads(hooks(model).blocks[layer].out_projection, n_heads) for layer in range(n_layers)]
     with _scoring_mode(model):
-        for i, batch in enumerate(batches):
-            batch = _on(batch, device)
+        for batch, sizes in pack_batches(batches, rt.tokens_per_batch, rt.pad_multiple):
+            n_examples += int(batch["input_ids"].shape[0])
+            n_tokens += _tokens(batch)
+            batch = to_device(batch, device)
             inputs = {k: v for k, v in batch.items() if k != "labels"}
-            maps = attention_maps(model, **inputs)  # per layer [batch, kept, seq, seq]
+            maps = attention_maps(model, device=device, precision=rt.precision, **inputs)  # per layer [batch, kept, seq, seq]
             am = batch.get("attention_mask", torch.ones_like(batch["input_ids"])).to(torch.float64)  # [batch, seq]
             for layer, p in enumerate(maps):
                 ent = -(p.double() * torch.log(p.double().clamp_min(1e-12))).sum(-1)  # [batch, kept, seq]
                 per_head = (ent * am[:, None, :]).sum(dim=(0, 2))  # [kept]
-                kept = kept_heads(hooks(model).blocks[layer].out_projection, n_heads)
-                total[layer, kept] += per_head.cpu()
-            count += float(am.sum())
-            n_examples += int(batch["input_ids"].shape[0])
-            n_tokens += _tokens(batch)
+                total[layer, kept_of[layer]] += per_head
+            count += am.sum()
+            done += len(sizes)
             if progress:
-                progress(i + 1)
-    heads = (total / max(count, 1.0)).float()
+                progress(done)
+    heads = (total / count.clamp_min(1.0)).float().cpu()
     for layer in range(n_layers):
-        kept = set(kept_heads(hooks(model).blocks[layer].out_projection, n_heads))
+        kept = set(kept_of[layer])
         for head in range(n_heads):
             if head not in kept:
                 heads[layer, head] = float("nan")
     return Scores(heads=heads, mlps=torch.full((n_layers,), float("nan")), method="entropy",
-                  n_examples=n_examples, n_tokens=n_tokens)
+                  n_examples=n_examples, n_tokens=n_tokens, meta=rt.meta())
 
 
 @torch.no_grad()
@@ -306,7 +362,8 @@ def magnitude_scores(model: nn.Module) -> Scores:
 
 
 def score(model: nn.Module, batches=(), method: str = "gradient", normalize: str = "none",
-          mask=None, keep_per_example: bool = False, progress=None) -> Scores:
+          mask=None, keep_per_example: bool = False, progress=None, *, device=None, precision=None,
+          tokens_per_batch: int | None = None) -> Scores:
     """Score heads and MLPs of ``model`` on ``batches`` (the public verb behind ``headcount score``).
 
     Args:
@@ -316,29 +373,41 @@ def score(model: nn.Module, batches=(), method: str = "gradient", normalize: str
         normalize: one of :data:`NORMALIZE`.
         mask: optional :class:`~headcount.masks.Mask` held fixed while scoring (pruning loop).
         keep_per_example: keep per-example contributions (gradient methods).
+        device: ``auto`` | ``cpu`` | ``cuda`` | ``cuda:N``; None: ``$HEADCOUNT_DEVICE``, else the
+            model's device (see :mod:`headcount.device`). The model is moved there and stays.
+        precision: ``auto`` | ``fp32`` | ``bf16`` (autocast); None: ``$HEADCOUNT_PRECISION``, else auto.
+        tokens_per_batch: token budget of one forward pass (batches merged; same scores);
+            None: the device's default; 0: the batches as given.
+
+    The device, precision and token budget are recorded in ``Scores.meta``.
 
     >>> s = score(model, batches, method="gradient", normalize="layer+global")   # doctest: +SKIP
     """
+    from .device import runtime
+
     if method not in METHODS:
         raise HeadcountError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
     if normalize not in NORMALIZE:
         raise HeadcountError(f"unknown normalisation {normalize!r}; choose one of {', '.join(NORMALIZE)}")
-    fixed = set_gates(model, heads=mask.heads, mlps=mask.mlps) if mask is not None else None
+    rt = runtime(model, device, precision, tokens_per_batch)
+    fixed = (set_gates(model, heads=mask.heads.to(rt.device), mlps=mask.mlps.to(rt.device))
+             if mask is not None else None)
     t0 = time.perf_counter()
     try:
         if method == "gradient":
-            s = gradient_scores(model, batches, keep_per_example=keep_per_example, progress=progress)
+            s = gradient_scores(model, batches, keep_per_example=keep_per_example, progress=progress, rt=rt)
         elif method == "gradient-token":
-            s = gradient_scores(model, batches, per_token=True, keep_per_example=keep_per_example, progress=progress)
+            s = gradient_scores(model, batches, per_token=True, keep_per_example=keep_per_example,
+                                progress=progress, rt=rt)
         elif method == "ablation":
             batches = list(batches)
-            s = ablation_scores(model, batches, progress=progress)
-            grad = gradient_scores(model, batches)
+            s = ablation_scores(model, batches, progress=progress, rt=rt)
+            grad = gradient_scores(model, batches, rt=rt)
             s = replace(s, meta={**s.meta, "rank_agreement_with_gradient": rank_agreement(s, grad)})
         elif method == "entropy":
-            s = entropy_scores(model, batches, progress=progress)
+            s = entropy_scores(model, batches, progress=progress, rt=rt)
         else:
-            s = magnitude_scores(model)
+            s = replace(magnitude_scores(model), meta=rt.meta())
     finally:
         if fixed is not None:
             clear_gates(model, fixed)

@@ -1,7 +1,9 @@
 """Executors: run the pending jobs of a plan and publish their results in the store.
 
 - :class:`LocalExecutor` runs jobs one after another in this process, in plan (topological)
-  order; each job writes straight into a temporary directory of the store.
+  order; each job writes straight into a temporary directory of the store. On a machine with
+  several GPUs it keeps a device pool (:func:`headcount.device.pool_devices`): up to one job per
+  GPU at once, each in its own process that sees only its GPU (``CUDA_VISIBLE_DEVICES``).
 - :class:`RayExecutor` turns each job into a Ray task with its resources (CPUs, GPUs), starting
   a local Ray instance when no address is given. Tasks run in a scratch directory on their
   worker and return the result dict and their files as bytes; the driver alone writes the store,
@@ -195,9 +197,19 @@ class Executor:
 
     ``check()`` validates the executor before anything is written; ``session()`` holds what
     ``run`` needs (a Ray connection) around it, so a failed connection writes nothing.
+    ``device`` is the study's device spec (``auto`` | ``cpu`` | ``cuda`` | ``cuda:N``; None:
+    ``$HEADCOUNT_DEVICE``, else ``auto``): each job runs with ``HEADCOUNT_DEVICE`` set from it.
     """
 
     name = "executor"
+    device: str | None = None
+
+    def set_device(self, spec: str | None) -> None:
+        """Use the device spec ``spec`` for the jobs (checked now: an unavailable device is refused)."""
+        from ..device import pool_devices
+
+        pool_devices(spec)
+        self.device = spec
 
     def check(self) -> None:
         """Fail early on an unusable executor (nothing to check by default)."""
@@ -221,8 +233,90 @@ def _blocked_by(job: Job, bad: set[str]) -> str | None:
 # ---------------------------------------------------------------------------------------------
 # local
 # ---------------------------------------------------------------------------------------------
+@contextmanager
+def job_environment(env: Mapping[str, str]):
+    """Set environment variables for one in-process job; restore them afterwards."""
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+class DevicePool:
+    """Free devices of a study run: a job takes one to start and gives it back when it ends.
+
+    >>> pool = DevicePool(["cuda:0", "cuda:1"])
+    >>> a, b, c = pool.acquire(), pool.acquire(), pool.acquire()
+    >>> a, b, c
+    ('cuda:0', 'cuda:1', None)
+    >>> pool.release(a); pool.acquire()
+    'cuda:0'
+    """
+
+    def __init__(self, devices: Sequence[str]):
+        if not devices:
+            raise HeadcountError("a device pool needs at least one device")
+        self.devices = list(devices)
+        self.free = list(devices)
+
+    def __len__(self) -> int:
+        return len(self.devices)
+
+    def acquire(self) -> str | None:
+        return self.free.pop(0) if self.free else None
+
+    def release(self, device: str) -> None:
+        self.free.append(device)
+        self.free.sort(key=self.devices.index)  # lowest index first: deterministic placement
+
+
+def _device_meta(device: str) -> dict:
+    """``device`` and ``precision`` of a job pinned to ``device`` (for its ``meta.json``)."""
+    from ..device import resolve_device, resolve_precision
+
+    try:
+        return {"device": device, "precision": resolve_precision(None, resolve_device(device))}
+    except HeadcountError:  # a fake pool (tests)
+        return {"device": device}
+
+
+def _local_worker(fn_path: str, key: str, params: dict, inputs: dict, workdir: str, env: dict, queue) -> None:
+    """Body of a pooled job's process: pin the device, run the job, report through ``queue``."""
+    os.environ.update(env)  # before anything initialises CUDA in this fresh process
+    last = [0.0]
+
+    def progress(completed: float, total: float | None = None, description: str | None = None) -> None:
+        now = time.monotonic()
+        if now - last[0] >= 0.5 or (total is not None and completed >= total):
+            last[0] = now
+            queue.put(("progress", key, completed, total, description))
+
+    t0 = time.time()
+    try:
+        result = call_job(fn_path, params, inputs, Path(workdir), progress)
+        queue.put(("done", key, result, t0, time.time()))
+    except BaseException as e:  # noqa: BLE001 - reported to the driver, which decides
+        queue.put(("error", key, _one_line(e), traceback.format_exc()))
+
+
 class LocalExecutor(Executor):
-    """Run jobs one by one in this process, in topological order.
+    """Run jobs on this machine: one by one in this process, or one per GPU at once.
+
+    With one device in the pool (the CPU, one GPU, or ``device: cuda:N``) jobs run in this
+    process in topological order, with ``HEADCOUNT_DEVICE`` set to the device. With several
+    (``auto`` or ``cuda`` on a machine with N GPUs) up to N jobs run at once, each in a fresh
+    process that sees only its GPU; a job starts when its inputs are done and a GPU is free.
+
+    Args:
+        devices: the pool, e.g. ``["cuda:0", "cuda:1"]`` (tests pass ``["cpu", "cpu"]`` to run
+            two processes on the CPU); default: :func:`headcount.device.pool_devices` of
+            ``self.device``.
 
     >>> LocalExecutor().name
     'local'
@@ -230,7 +324,27 @@ class LocalExecutor(Executor):
 
     name = "local"
 
+    def __init__(self, devices: Sequence[str] | None = None):
+        self.devices = list(devices) if devices is not None else None
+
+    def pool(self) -> DevicePool:
+        from ..device import pool_devices
+
+        return DevicePool(self.devices if self.devices is not None else pool_devices(self.device))
+
     def run(self, jobs: Sequence[Job], store: RunStore, reporter: Reporter, keep_going: bool = True) -> Outcome:
+        from ..device import cuda_count
+
+        pool = self.pool()
+        # several devices, or one GPU of several: jobs in their own processes, each seeing its GPU
+        # only (in this process the Trainer would take cuda:0, or wrap the model in DataParallel)
+        if len(pool) > 1 or (pool.devices[0].startswith("cuda:") and cuda_count() > 1):
+            return self._run_pooled(jobs, store, reporter, keep_going, pool)
+        return self._run_here(jobs, store, reporter, keep_going, pool.devices[0])
+
+    def _run_here(self, jobs, store: RunStore, reporter: Reporter, keep_going: bool, device: str) -> Outcome:
+        from ..device import ENV_DEVICE
+
         out = Outcome()
         bad: set[str] = set()
         for job in jobs:
@@ -250,9 +364,10 @@ class LocalExecutor(Executor):
             reporter.job_started(job)
             t0 = time.time()
             try:
-                result = call_job(job.fn, job.params, inputs, tmp, reporter.callback(job))
+                with job_environment({ENV_DEVICE: device}):
+                    result = call_job(job.fn, job.params, inputs, tmp, reporter.callback(job))
                 t1 = time.time()
-                store.commit(job, tmp, result, job_meta(t0, t1, self.name))
+                store.commit(job, tmp, result, {**job_meta(t0, t1, self.name), **_device_meta(device)})
             except KeyboardInterrupt:
                 out.interrupted = True
                 raise
@@ -267,6 +382,95 @@ class LocalExecutor(Executor):
                     shutil.rmtree(tmp, ignore_errors=True)
             out.ran.append(job.name)
             reporter.job_finished(job, t1 - t0)
+        return out
+
+
+    def _run_pooled(self, jobs, store: RunStore, reporter: Reporter, keep_going: bool, pool: DevicePool) -> Outcome:
+        import multiprocessing
+        import queue as queue_errors
+
+        from ..device import job_environment as device_env
+
+        ctx = multiprocessing.get_context("spawn")  # fresh processes: CUDA is not initialised there
+        messages = ctx.Queue()
+        out = Outcome()
+        todo = [j for j in jobs if not store.is_done(j.key)]
+        running: dict[str, tuple] = {}  # key -> (job, process, device, tmp)
+        bad: set[str] = set()
+
+        def finish(key: str, error: str | None, trace: str = "", result=None, t0=0.0, t1=0.0) -> None:
+            job, proc, device, tmp = running.pop(key)
+            proc.join(timeout=10)
+            pool.release(device)
+            try:
+                if error is None:
+                    try:
+                        store.commit(job, tmp, result, {**job_meta(t0, t1, self.name), **_device_meta(device)})
+                    except HeadcountError as e:
+                        error, trace = str(e), str(e)
+                if error is None:
+                    out.ran.append(job.name)
+                    reporter.job_finished(job, t1 - t0)
+                else:
+                    bad.add(job.key)
+                    out.failed[job.name] = error
+                    store.record_failure(job, f"device: {device}\n\n{trace}")
+                    reporter.job_finished(job, None, error)
+            finally:
+                if tmp.exists():
+                    shutil.rmtree(tmp, ignore_errors=True)
+
+        try:
+            while todo or running:
+                for job in list(todo):
+                    blocker = _blocked_by(job, bad)
+                    if blocker is not None or (out.failed and not keep_going):
+                        todo.remove(job)
+                        bad.add(job.key)
+                        out.skipped.append(job.name)
+                        if blocker is not None:
+                            reporter.job_skipped(job, blocker)
+                        continue
+                    if not all(store.is_done(d.key) for _, d in job.deps):
+                        continue
+                    device = pool.acquire()
+                    if device is None:
+                        break  # every device is busy
+                    todo.remove(job)
+                    inputs = {alias: store.load(dep.key, dep.name) for alias, dep in job.deps}
+                    tmp = store.new_tmp_dir(job.key)
+                    proc = ctx.Process(target=_local_worker, daemon=True,
+                                       args=(job.fn, job.key, job.params, inputs, str(tmp), device_env(device), messages))
+                    proc.start()
+                    running[job.key] = (job, proc, device, tmp)
+                    reporter.job_started(job, f"start on {device}:")
+                if not running:
+                    if todo:  # pragma: no cover - only when inputs are neither done nor pending
+                        raise HeadcountError(f"jobs {[j.name for j in todo]} wait for inputs that never run")
+                    break
+                try:
+                    msg = messages.get(timeout=0.5)
+                except queue_errors.Empty:
+                    for key, (job, proc, _, _) in list(running.items()):
+                        if not proc.is_alive() and messages.empty():  # died without a word (killed, OOM)
+                            finish(key, f"the job's process died (exit code {proc.exitcode})",
+                                   f"exit code {proc.exitcode}")
+                    continue
+                kind, key = msg[0], msg[1]
+                if key not in running:
+                    continue
+                if kind == "progress":
+                    reporter.step(running[key][0], *msg[2:])
+                elif kind == "done":
+                    finish(key, None, result=msg[2], t0=msg[3], t1=msg[4])
+                else:
+                    finish(key, msg[2], msg[3])
+        except KeyboardInterrupt:
+            out.interrupted = True
+            for job, proc, _, tmp in running.values():
+                proc.terminate()
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise
         return out
 
 
@@ -304,8 +508,13 @@ class _RemoteProgress:
             pass
 
 
-def _ray_job(fn_path: str, key: str, params: dict, inputs_spec: dict, sys_path: list[str], sink) -> dict:
-    """Body of a Ray task: build inputs, run the job in a scratch dir, return result and files."""
+def _ray_job(fn_path: str, key: str, params: dict, inputs_spec: dict, sys_path: list[str], sink,
+             env: dict | None = None) -> dict:
+    """Body of a Ray task: build inputs, run the job in a scratch dir, return result and files.
+
+    ``env`` (``HEADCOUNT_DEVICE``) is set first: Ray has already limited ``CUDA_VISIBLE_DEVICES``
+    to the GPUs it gave the task."""
+    os.environ.update(env or {})
     for p in sys_path:
         if p not in sys.path and os.path.isdir(p):
             sys.path.append(p)
@@ -444,6 +653,21 @@ class RayExecutor(Executor):
             raise HeadcountError(f"cannot connect to the Ray cluster at {self.address}: {_one_line(e)}") from None
         return True
 
+    def _job_env(self, job: Job) -> dict:
+        """A job's ``HEADCOUNT_DEVICE`` under Ray: ``auto`` (its GPUs) when it asked for GPUs
+        (``resources: {gpus: 1}``) and the study's device is not ``cpu``; else ``cpu``, so that
+        no task uses a GPU Ray did not give it.
+
+        >>> from headcount.runner.jobs import Job
+        >>> RayExecutor()._job_env(Job("a", "toy", "m:f", resources={"gpus": 1}))
+        {'HEADCOUNT_DEVICE': 'auto'}
+        """
+        from ..device import ENV_DEVICE
+
+        spec = (self.device or os.environ.get(ENV_DEVICE) or "auto").lower()
+        gpu = job.resources.gpus > 0 and spec != "cpu"
+        return {ENV_DEVICE: "auto" if gpu else "cpu"}
+
     def _options(self, job: Job, cluster: Mapping[str, float]) -> dict:
         cpus, gpus = job.resources.cpus, job.resources.gpus
         have_cpu, have_gpu = cluster.get("CPU", 0.0), cluster.get("GPU", 0.0)
@@ -522,7 +746,7 @@ class RayExecutor(Executor):
                         todo.remove(job)
                         inputs = {alias: spec(alias, d) for alias, d in job.deps}
                         ref = remote.options(**options[job.key]).remote(
-                            job.fn, job.key, job.params, inputs, sys_path, sink
+                            job.fn, job.key, job.params, inputs, sys_path, sink, self._job_env(job)
                         )
                         running[ref] = (job, time.time())
                         reporter.job_started(job, "queue")

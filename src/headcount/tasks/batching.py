@@ -209,11 +209,21 @@ def batch_order(lengths: np.ndarray, batch_size: int, *, shuffle: bool = False, 
     return batches
 
 
-def pad_batch(seqs: list, pad_token_id: int, types: list | None = None) -> dict:
-    """Right-pad to the longest: ``input_ids``, ``attention_mask`` (and ``token_type_ids``)."""
+def round_up(n: int, multiple: int | None) -> int:
+    """``n`` rounded up to a multiple (``None`` or 1: unchanged).
+
+    >>> round_up(45, 8), round_up(45, None)
+    (48, 45)
+    """
+    return -(-int(n) // multiple) * multiple if multiple and multiple > 1 else int(n)
+
+
+def pad_batch(seqs: list, pad_token_id: int, types: list | None = None, pad_to_multiple_of: int | None = None) -> dict:
+    """Right-pad to the longest (rounded up to ``pad_to_multiple_of``): ``input_ids``,
+    ``attention_mask`` (and ``token_type_ids``)."""
     import torch
 
-    width = max(len(s) for s in seqs)
+    width = round_up(max(len(s) for s in seqs), pad_to_multiple_of)
     ids = torch.full((len(seqs), width), int(pad_token_id), dtype=torch.long)  # [batch, seq]
     mask = torch.zeros((len(seqs), width), dtype=torch.long)
     tt = torch.zeros((len(seqs), width), dtype=torch.long) if types is not None else None
@@ -229,7 +239,8 @@ def pad_batch(seqs: list, pad_token_id: int, types: list | None = None) -> dict:
 
 
 def make_batches(encoded, batch_size: int, *, shuffle: bool = False, seed: int = 0,
-                 group_by_length: bool = True, pad_token_id: int = 0) -> list[dict]:
+                 group_by_length: bool = True, pad_token_id: int = 0,
+                 pad_to_multiple_of: int | None = None) -> list[dict]:
     """Cut encoded examples into padded tensor batches.
 
     Args:
@@ -239,6 +250,7 @@ def make_batches(encoded, batch_size: int, *, shuffle: bool = False, seed: int =
         seed: the seed; same seed, same batches.
         group_by_length: put similar lengths together (less padding).
         pad_token_id: the tokenizer's ``pad_token_id``.
+        pad_to_multiple_of: round padded lengths up to this multiple (fewer distinct shapes).
 
     Returns:
         Batches ``{"input_ids": [b, t], "attention_mask": [b, t], "token_type_ids": [b, t]?,
@@ -253,10 +265,108 @@ def make_batches(encoded, batch_size: int, *, shuffle: bool = False, seed: int =
     ids, types, labels, lengths = _columns(encoded)
     batches = []
     for idx in batch_order(lengths, batch_size, shuffle=shuffle, seed=seed, group_by_length=group_by_length):
-        b = pad_batch([ids[i] for i in idx], pad_token_id, None if types is None else [types[i] for i in idx])
+        b = pad_batch([ids[i] for i in idx], pad_token_id, None if types is None else [types[i] for i in idx],
+                      pad_to_multiple_of)
         if labels is not None:
             lab = np.asarray(labels)[idx]
             b["labels"] = (torch.as_tensor(lab, dtype=torch.float32) if lab.dtype.kind == "f"
                            else torch.as_tensor(lab.astype(np.int64)))
         batches.append(b)
     return batches
+
+
+# -- packing prepared batches for a device: rounded lengths, a token budget ------------------------------
+#: fill value of each per-token key when a batch is padded further (others: 0)
+_FILL = {"labels": -100, "attention_mask": 0}
+
+
+def _widen(batch: dict, width: int) -> dict:
+    """``batch`` padded on the right to ``width`` tokens; per-token keys (``[b, seq]``) only.
+
+    A batch without ``attention_mask`` gets one (ones over its own tokens), so the added
+    positions are masked and the model's outputs at real positions do not change.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    seq = batch["input_ids"].shape[1]
+    if "attention_mask" not in batch:
+        batch = {**batch, "attention_mask": torch.ones_like(batch["input_ids"])}
+    if width == seq:
+        return batch
+    out = {}
+    for k, v in batch.items():
+        if torch.is_tensor(v) and v.dim() == 2 and v.shape[1] == seq and not (k == "labels" and v.is_floating_point()):
+            v = F.pad(v, (0, width - seq), value=_FILL.get(k, 0))
+        out[k] = v
+    return out
+
+
+def pack_batches(batches, tokens_per_batch: int, pad_to_multiple_of: int | None = None):
+    """Merge consecutive prepared batches up to a token budget; yield ``(batch, sizes)``.
+
+    ``sizes`` lists the examples of each original batch in the merged one, in order, so that
+    per-batch quantities (the ``gradient`` score's absolute value of each batch's gradient) can
+    be taken exactly as on the batches as given. Merged batches are padded to their longest
+    sequence rounded up to ``pad_to_multiple_of``; the added positions are masked
+    (``attention_mask`` 0, token ``labels`` -100), so losses and gradients do not change.
+    Batches grouped by length (:func:`make_batches`) stay grouped: only neighbours merge.
+
+    Args:
+        batches: dicts with ``input_ids [b, seq]`` (and ``attention_mask``, ``labels`` ...).
+        tokens_per_batch: at most this many (padded) tokens per merged batch; a batch larger on
+            its own passes alone. 0: every batch as given (no merging, no rounding).
+        pad_to_multiple_of: round padded lengths up to this multiple.
+
+    >>> import torch
+    >>> bs = [{"input_ids": torch.ones(2, 5, dtype=torch.long)}, {"input_ids": torch.ones(2, 3, dtype=torch.long)}]
+    >>> [(b["input_ids"].shape, sizes) for b, sizes in pack_batches(bs, 32, 8)]
+    [(torch.Size([4, 8]), [2, 2])]
+    """
+    import torch
+
+    if not tokens_per_batch:
+        for b in batches:
+            yield b, [int(b["input_ids"].shape[0])]
+        return
+    group: list[dict] = []
+    width = 0
+
+    def flush():
+        w = round_up(width, pad_to_multiple_of)
+        parts = [_widen(b, w) for b in group]
+        sizes = [int(b["input_ids"].shape[0]) for b in group]
+        if len(parts) == 1:
+            return parts[0], sizes
+        merged = {}
+        for k, v in parts[0].items():
+            if torch.is_tensor(v):
+                merged[k] = torch.cat([p[k] for p in parts])
+            elif all(p.get(k) == v for p in parts):
+                merged[k] = v
+            else:
+                raise HeadcountError(f"cannot merge batches that differ in {k!r}")
+        return merged, sizes
+
+    for b in batches:
+        n, seq = b["input_ids"].shape
+        rows = sum(int(g["input_ids"].shape[0]) for g in group)
+        wider = round_up(max(width, seq), pad_to_multiple_of)
+        if group and (rows + n) * wider > tokens_per_batch:
+            yield flush()
+            group, width = [], 0
+        group.append(b)
+        width = max(width, int(seq))
+    if group:
+        yield flush()
+
+
+def batch_groups(sizes: list[int], device=None):
+    """Index of the original batch of each example of a merged batch: ``[sum(sizes)]`` long.
+
+    >>> batch_groups([2, 1]).tolist()
+    [0, 0, 1]
+    """
+    import torch
+
+    return torch.repeat_interleave(torch.arange(len(sizes)), torch.as_tensor(sizes)).to(device or "cpu")
