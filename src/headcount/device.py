@@ -254,6 +254,38 @@ def check_spec(device: str | None = None, precision: str | None = None) -> tuple
     return dev, resolve_precision(precision, dev)
 
 
+def trainer_settings(device: str | None = None, precision: str | None = None) -> dict:
+    """``TrainConfig`` fields (``use_cpu``, ``bf16``) for a device and precision spec.
+
+    The ``transformers`` Trainer picks its own GPU (``cuda:0``, or every visible GPU wrapped in
+    ``DataParallel``), so ``cuda:N`` is honoured by making GPU N the only one this process sees
+    (``CUDA_VISIBLE_DEVICES``); that works while CUDA is not initialised yet in the process (a
+    command line or a job process), and is refused otherwise.
+
+    >>> trainer_settings("cpu", "auto")
+    {'use_cpu': True, 'bf16': None}
+    """
+    text = _spec(device, ENV_DEVICE, "auto")
+    if text.startswith("cuda:") and text[5:].isdigit() and text != "cuda:0":
+        n = int(text[5:])
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        ids = [v.strip() for v in visible.split(",") if v.strip()] if visible is not None else None
+        if torch.cuda.is_initialized():
+            resolve_device(text)  # not there: one line
+            raise HeadcountError(f"--device {text}: CUDA is already initialised in this process; "
+                                 f"set CUDA_VISIBLE_DEVICES={n if ids is None else ids[n]} and use --device cuda:0")
+        if ids is not None and n >= len(ids):
+            raise HeadcountError(f"device {text} is not there: CUDA_VISIBLE_DEVICES={visible} shows {len(ids)} GPU(s)")
+        os.environ["CUDA_VISIBLE_DEVICES"] = str(n) if ids is None else ids[n]
+        if cuda_count() == 0:
+            raise HeadcountError(f"device {text} is not there on this machine")
+        text = "cuda:0"
+    dev = resolve_device(text)
+    prec_spec = _spec(precision, ENV_PRECISION, "auto")
+    prec = resolve_precision(prec_spec, dev)
+    return {"use_cpu": dev.type == "cpu", "bf16": None if prec_spec == "auto" else prec == "bf16"}
+
+
 # -- several GPUs: the device pool of a study ---------------------------------------------------------
 def pool_devices(spec: str | None = None, n_cuda: int | None = None) -> list[str]:
     """The devices a study spreads its jobs over: one job at a time per entry.

@@ -257,6 +257,39 @@ def _trainer_class():
             with torch.random.fork_rng(devices=devices):
                 return super().evaluate(*args, **kwargs)
 
+        def _track_num_input_tokens(self, inputs):
+            # The base class adds `.item()` of a device tensor at every step: a host sync that
+            # stalls a GPU. In one process, count on the device; the state gets the count only
+            # when it is read (logging, evaluation, checkpoints, the end). Same numbers on CPU.
+            if (self.args.world_size > 1 or self.args.include_num_input_tokens_seen != "non_padding"
+                    or "attention_mask" not in inputs):
+                return super()._track_num_input_tokens(inputs)
+            n = inputs["attention_mask"].sum()
+            pending = getattr(self, "_headcount_tokens", None)
+            self._headcount_tokens = n if pending is None else pending + n
+
+        def _headcount_flush_tokens(self):
+            pending = getattr(self, "_headcount_tokens", None)
+            if pending is not None:
+                self.state.num_input_tokens_seen += int(pending)
+                self._headcount_tokens = None
+
+        def _maybe_log_save_evaluate(self, *args, **kwargs):
+            c = self.control
+            if c.should_log or c.should_save or c.should_evaluate or c.should_training_stop:
+                self._headcount_flush_tokens()
+            return super()._maybe_log_save_evaluate(*args, **kwargs)
+
+        def _finalize_training(self, *args, **kwargs):
+            self._headcount_flush_tokens()
+            return super()._finalize_training(*args, **kwargs)
+
+        def train(self, *args, **kwargs):
+            try:
+                return super().train(*args, **kwargs)
+            finally:
+                self._headcount_flush_tokens()
+
         def _get_eval_sampler(self, eval_dataset):
             if isinstance(eval_dataset, EncodedDataset) and self.args.world_size <= 1:
                 # longest first: little padding, and an out-of-memory error shows up at once
@@ -351,6 +384,13 @@ def _digest(tensors: dict) -> str:
     return h.hexdigest()[:16]
 
 
+def _use_cpu(config: TrainConfig) -> bool:
+    """Train on the CPU: asked for, or the device rule says so (``$HEADCOUNT_DEVICE=cpu``, no GPU)."""
+    from .device import resolve_device
+
+    return bool(config.use_cpu or resolve_device(None).type == "cpu")
+
+
 def use_bf16(config: TrainConfig) -> bool:
     """Whether a run with ``config`` trains in bf16 here (auto: GPUs that support it).
 
@@ -359,7 +399,7 @@ def use_bf16(config: TrainConfig) -> bool:
     """
     if config.bf16 is not None:
         return bool(config.bf16)
-    return bool(not config.use_cpu and torch.cuda.is_available() and torch.cuda.is_bf16_supported())
+    return bool(not _use_cpu(config) and torch.cuda.is_available() and torch.cuda.is_bf16_supported())
 
 
 def mask_summary(mask: Mask | None, mode: str | None = None) -> dict | None:
@@ -482,8 +522,8 @@ def _training_args(out: Path, config: TrainConfig, seed: int):
         data_seed=seed,
         bf16=use_bf16(config),
         dataloader_num_workers=0,
-        dataloader_pin_memory=torch.cuda.is_available() and not config.use_cpu,
-        use_cpu=config.use_cpu,
+        dataloader_pin_memory=torch.cuda.is_available() and not _use_cpu(config),
+        use_cpu=_use_cpu(config),
         remove_unused_columns=False,
         label_names=["labels"],
         train_sampling_strategy="random",  # length grouping is HeadcountTrainer's own sampler
@@ -655,13 +695,15 @@ def finetune(model_spec: str, task, *, mask=None, mask_mode: str = "prune", weig
         history.unlink(missing_ok=True)  # a fresh start: earlier evaluations do not count
     clock = _make_clock_callback(history, float(before.get("train_seconds", 0.0)))
     cbs = [clock, _make_progress_callback(progress, task.metric), *callbacks]
+    from .device import pad_multiple
+
     Trainer = _trainer_class()
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     trainer = Trainer(
         model=model,
         args=args,
         data_collator=DynamicPadding(pad, regression=task.kind == "regression",
-                                     pad_to_multiple_of=8 if args.device.type == "cuda" else None),
+                                     pad_to_multiple_of=pad_multiple(args.device)),  # few shapes: kernels reused
         train_dataset=train_ds,
         eval_dataset=eval_ds,
         processing_class=tokenizer,
@@ -711,6 +753,7 @@ def finetune(model_spec: str, task, *, mask=None, mask_mode: str = "prune", weig
         "mask": info["mask"],
         "weight_mask": info.get("weight_mask"),
         "bf16": bool(args.bf16),
+        "precision": "bf16" if args.bf16 else "fp32",
         "device": str(args.device),
         "world_size": int(args.world_size),
         "config": json.loads(json.dumps(asdict(config))),

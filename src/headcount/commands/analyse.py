@@ -8,6 +8,7 @@ import typer
 
 from . import app
 from .core import MODEL_HELP
+from ..device import DEVICE_HELP, PRECISION_HELP, TOKENS_HELP
 
 SCORE_FILES = ("scores.json", "heads.png")
 PRUNE_FILES = ("mask.json", "trace.csv", "curve.png")
@@ -28,6 +29,9 @@ def score(
     seed: int = typer.Option(0),
     out: Path = typer.Option(..., "--out", "-o"),
     force: bool = typer.Option(False, "--force", help="replace an earlier score run with other settings in --out"),
+    device: str = typer.Option(None, "--device", help=DEVICE_HELP),
+    precision: str = typer.Option(None, "--precision", help=PRECISION_HELP),
+    tokens_per_batch: int = typer.Option(None, "--tokens-per-batch", help=TOKENS_HELP),
 ):
     """Importance of every head and MLP -> scores.json, heads.png."""
     from ..api import score_command
@@ -38,7 +42,8 @@ def score(
                     batch_size=batch_size, max_length=max_length, method=method, normalize=normalize, seed=seed)
     with prepare_out(out, "score", identity=run_identity(settings, model, task), own=SCORE_FILES, force=force,
                      echo=typer.echo) as guard:
-        summary = score_command(**settings, out=guard.staging(), echo=typer.echo)
+        summary = score_command(**settings, out=guard.staging(), echo=typer.echo, device=device, precision=precision,
+                                tokens_per_batch=tokens_per_batch)
         guard.commit()
     typer.echo(f"wrote {out}/scores.json and {out}/heads.png ({summary['n_examples']} examples, "
                f"{summary['seconds']:.1f} s)")
@@ -65,6 +70,9 @@ def prune(
     seed: int = typer.Option(0),
     out: Path = typer.Option(..., "--out", "-o"),
     force: bool = typer.Option(False, "--force", help="replace an earlier prune run with other settings in --out"),
+    device: str = typer.Option(None, "--device", help=DEVICE_HELP),
+    precision: str = typer.Option(None, "--precision", help=PRECISION_HELP),
+    tokens_per_batch: int = typer.Option(None, "--tokens-per-batch", help=TOKENS_HELP),
 ):
     """Iterative pruning to a threshold -> mask.json, trace.csv, curve.png."""
     from ..api import prune_command
@@ -77,7 +85,8 @@ def prune(
                     max_eval_examples=max_eval_examples, batch_size=batch_size, max_length=max_length, seed=seed)
     with prepare_out(out, "prune", identity=run_identity(settings, model, task), own=PRUNE_FILES, force=force,
                      echo=typer.echo) as guard:
-        result = prune_command(**settings, out=guard.staging(), echo=typer.echo)
+        result = prune_command(**settings, out=guard.staging(), echo=typer.echo, device=device, precision=precision,
+                               tokens_per_batch=tokens_per_batch)
         guard.commit()
     typer.echo(f"wrote {out}/mask.json: {result.mask.n_heads_kept} heads and {result.mask.n_mlps_kept} MLPs kept; "
                f"metric {result.mask.meta['metric']:.4f} (unpruned {result.full_metric:.4f})")

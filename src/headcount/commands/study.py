@@ -21,12 +21,14 @@ def study(
                                "(deletes nothing; the old config and report move to history/)"),
     no_report: bool = typer.Option(False, "--no-report", help="do not draw the report at the end"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress display"),
+    device: str = typer.Option(None, "--device", help="auto (every GPU: one job per GPU at once) | cpu | cuda | "
+                               "cuda:N (default: the config's device:, else $HEADCOUNT_DEVICE, else auto)"),
 ):
     """Run a study (resumable): every job of the config, then the report."""
     from ..runner import run_study
 
     summary = run_study(config, out, executor=executor, address=address, force=force,
-                        report=not no_report, quiet=quiet)
+                        report=not no_report, quiet=quiet, device=device)
     typer.echo(f"run directory: {summary.run_dir}")
     typer.echo(f"jobs: {summary.jobs} ({len(summary.ran)} ran, {summary.reused} reused)")
     if summary.report is not None:

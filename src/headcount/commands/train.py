@@ -8,6 +8,7 @@ import typer
 
 from . import app
 from .core import MODEL_HELP
+from ..device import DEVICE_HELP, PRECISION_HELP
 
 #: what earlier outputs may hold (recognised without a marker)
 FINETUNE_FILES = ("model", "metrics.json", "run.json", "checkpoints", "evaluations.json")
@@ -15,12 +16,15 @@ MAGNITUDE_FILES = ("weight_mask.safetensors", "trace.csv", "magnitude.json", "ma
 TASK_HELP = "a registered task (glue/sst2, offline/movies, ...) or a task YAML file"
 
 
-def _train_config(epochs, lr, batch_size, max_length, max_train_examples, max_eval_examples, save_steps):
+def _train_config(epochs, lr, batch_size, max_length, max_train_examples, max_eval_examples, save_steps,
+                  device=None, precision=None):
+    from ..device import trainer_settings
     from ..training import TrainConfig
 
+    where = trainer_settings(device, precision)  # use_cpu, bf16; cuda:N -> the only visible GPU
     return TrainConfig(lr=lr, batch_size=batch_size, epochs=epochs, max_length=max_length,
                        max_train_examples=max_train_examples, max_eval_examples=max_eval_examples,
-                       save_steps=save_steps)
+                       save_steps=save_steps, **where)
 
 
 def _echo(msg: str) -> None:
@@ -43,13 +47,16 @@ def finetune(
     max_eval_examples: int = typer.Option(None, "--max-eval-examples"),
     save_steps: int = typer.Option(500, "--save-steps", help="checkpoint interval (what an interrupted run resumes from)"),
     out: Path = typer.Option(..., "--out", "-o", help="output folder: model/, metrics.json"),
+    device: str = typer.Option(None, "--device", help=DEVICE_HELP),
+    precision: str = typer.Option(None, "--precision", help=PRECISION_HELP),
 ):
     """Fine-tune (or retrain a masked subnetwork) -> model/, metrics.json. Run again to resume."""
     from ..io import check_out_path, prepare_out
     from ..training import finetune as run
 
     check_out_path(out)
-    config = _train_config(epochs, lr, batch_size, max_length, max_train_examples, max_eval_examples, save_steps)
+    config = _train_config(epochs, lr, batch_size, max_length, max_train_examples, max_eval_examples, save_steps,
+                           device, precision)
     with prepare_out(out, "finetune", own=FINETUNE_FILES):  # run.json decides resume vs another run
         m = run(model, task, mask=mask, mask_mode=mask_mode, weight_mask=weight_mask, seed=seed, config=config,
                 out_dir=out, progress=_echo)
@@ -83,6 +90,8 @@ def magnitude(
     max_eval_examples: int = typer.Option(None, "--max-eval-examples"),
     save_steps: int = typer.Option(500, "--save-steps"),
     out: Path = typer.Option(..., "--out", "-o", help="output folder: weight_mask.safetensors, trace.csv"),
+    device: str = typer.Option(None, "--device", help=DEVICE_HELP),
+    precision: str = typer.Option(None, "--precision", help=PRECISION_HELP),
 ):
     """Magnitude pruning (IMP with rewinding, or one shot) -> weight_mask.safetensors, trace.csv."""
     from ..magnitude import MagnitudeConfig, check_sparsity, magnitude_prune
@@ -97,7 +106,8 @@ def magnitude(
         check_sparsity(sparsity)
     config = MagnitudeConfig(rounds=rounds, threshold=threshold, rate=rate, control=control, variant=variant,
                              sparsity=sparsity, rewind_step=rewind_step)
-    train = _train_config(epochs, lr, batch_size, max_length, max_train_examples, max_eval_examples, save_steps)
+    train = _train_config(epochs, lr, batch_size, max_length, max_train_examples, max_eval_examples, save_steps,
+                          device, precision)
     with prepare_out(out, "magnitude", own=MAGNITUDE_FILES):  # magnitude_run.json decides resume vs another run
         r = magnitude_prune(model, task, config=config, train=train, seed=seed, out_dir=out, match=match,
                             progress=_echo)
