@@ -1,0 +1,287 @@
+"""The job functions of the lottery study (the runner's signature: ``(params, inputs, workdir,
+progress) -> dict``). Orchestration only: each validates its params (:mod:`.config`), loads
+what it needs, calls the maths (:mod:`headcount.analysis`, :mod:`headcount.magnitude`,
+:mod:`headcount.training`) and writes its files.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import save_file
+
+from ...analysis import draw_controls, super_survivors
+from ...analysis.patterns import commonest_structure_maps, load_labelled_maps, load_pattern_cnn, predict_patterns
+from ...analysis.patterns import save_pattern_cnn, train_pattern_cnn
+from ...analysis.subnetworks import cross_task_overlap, seed_stability
+from ...attention import attention_maps
+from ...errors import HeadcountError
+from ...io import atomic_path, atomic_write_json
+from ...magnitude import magnitude_prune
+from ...masks import Mask
+from ...pipeline import DataConfig, batches_for, load_for
+from ...tasks import get_task
+from ..jobs import finetune_job, model_spec, step_messages
+from .config import (
+    MagnitudeParams,
+    OverlapParams,
+    PatternCNNParams,
+    PatternsParams,
+    RetrainParams,
+    SubnetworkParams,
+    job_params,
+)
+
+_CONTROL_IDS = {"random": 1, "bad": 2}
+
+
+def control_rng(seed: int, kind: str) -> np.random.Generator:
+    """The generator a random or bad subnetwork of training seed ``seed`` is drawn with.
+
+    Seeded by ``(seed, kind)`` so that the random and the bad draw of one seed are independent
+    and every draw is reproducible.
+
+    >>> int(control_rng(1, "bad").integers(100)) == int(control_rng(1, "bad").integers(100))
+    True
+    """
+    if kind not in _CONTROL_IDS:
+        raise HeadcountError(f"unknown control {kind!r}; use 'random' or 'bad'")
+    return np.random.default_rng([int(seed) & 0xFFFFFFFF, _CONTROL_IDS[kind]])
+
+
+def _link_tree(src: Path, dst: Path) -> None:
+    """Copy a finished directory by hard links (a plain copy across file systems)."""
+
+    def link(s, d):
+        try:
+            os.link(s, d)
+        except OSError:
+            shutil.copy2(s, d)
+
+    shutil.copytree(src, dst, copy_function=link)
+
+
+def _clean(obj):
+    """JSON-safe: NaN/inf -> None, numpy -> Python."""
+    if isinstance(obj, dict):
+        return {k: _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return _clean(obj.tolist())
+    if isinstance(obj, (np.floating, float)):
+        return None if not math.isfinite(float(obj)) else float(obj)
+    if isinstance(obj, np.integer):
+        return int(obj)
+    return obj
+
+
+def _masks_of(inputs, names) -> tuple[np.ndarray, np.ndarray]:
+    """(heads [n, n_layers, n_heads], mlps [n, n_layers]) of the ``mask.json`` of the named inputs."""
+    masks = [Mask.load(inputs[n].path("mask.json")) for n in names]
+    return np.stack([m.heads.numpy() for m in masks]), np.stack([m.mlps.numpy() for m in masks])
+
+
+def subnetwork_job(params, inputs, workdir: Path, progress) -> dict:
+    """A head/MLP subnetwork derived from good masks; writes ``mask.json``.
+
+    params (:class:`~.config.SubnetworkParams`): ``kind``: ``random`` or ``bad`` (a control of
+    the upstream ``good`` mask, drawn separately for heads and MLPs with
+    :func:`headcount.analysis.draw_controls`), or ``super`` (the super-survivors: kept in every
+    upstream mask, :func:`headcount.analysis.super_survivors`); ``mode``: ``uniform`` |
+    ``bernoulli`` (random only); ``seed``: the draw seed.
+    inputs: ``good`` (a job with ``mask.json``), or for ``super`` any number of them.
+
+    >>> subnetwork_job({"kind": "super"}, {}, Path("."), None)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    headcount.errors.HeadcountError: a super-survivor subnetwork needs at least one good mask
+    """
+    p = job_params(SubnetworkParams, params)
+    if p.kind == "super":
+        if not inputs:
+            raise HeadcountError("a super-survivor subnetwork needs at least one good mask")
+        heads, mlps = _masks_of(inputs, sorted(inputs))
+        heads, mlps = super_survivors(heads), super_survivors(mlps)
+        meta = {"kind": "super", "n_masks": len(inputs)}
+    else:
+        good = Mask.load(inputs["good"].path("mask.json"))
+        drawn = draw_controls({"heads": good.heads.numpy(), "mlps": good.mlps.numpy()}, p.kind,
+                              seed=control_rng(p.seed, p.kind), **({"mode": p.mode} if p.kind == "random" else {}))
+        heads, mlps = drawn["heads"], drawn["mlps"]
+        meta = {"kind": p.kind, "mode": p.mode if p.kind == "random" else None, "seed": p.seed,
+                "good_heads_kept": good.n_heads_kept, "good_mlps_kept": good.n_mlps_kept}
+    mask = Mask(heads, mlps, {k: v for k, v in meta.items() if v is not None})
+    mask.save(workdir / "mask.json")
+    progress(1, 1, f"{p.kind}: {mask.n_heads_kept} heads, {mask.n_mlps_kept} MLPs")
+    return {"mask": mask.to_dict(), "heads_kept": mask.n_heads_kept, "mlps_kept": mask.n_mlps_kept}
+
+
+def retrain_job(params, inputs, workdir: Path, progress) -> dict:
+    """Retrain a subnetwork from the pre-trained weights: :func:`headcount.studies.jobs.finetune_job`
+    with an upstream ``mask`` (physically pruned) or ``weight_mask``; the checkpoint is removed
+    afterwards unless ``params["keep_model"]`` (nothing downstream reads it).
+
+    >>> retrain_job({"model": "offline", "task": "offline/movies", "seed": 1}, {"mask": good}, out, print)  # doctest: +SKIP
+    {'final': {'score': 0.81, ...}, 'mask': {'heads_kept': 41, ...}, ...}
+    """
+    p = job_params(RetrainParams, params)
+    metrics = finetune_job({k: v for k, v in params.items() if k != "keep_model"}, inputs, workdir, progress)
+    if not p.keep_model:
+        shutil.rmtree(workdir / "model", ignore_errors=True)
+    return metrics
+
+
+def magnitude_job(params, inputs, workdir: Path, progress) -> dict:
+    """Magnitude pruning with retraining from the pre-trained weights (:func:`headcount.magnitude.magnitude_prune`).
+
+    params (:class:`~.config.MagnitudeParams`): model (pre-trained), task, seed, train,
+    magnitude, control (``good`` | ``random`` | ``bad``), keep_models.
+    inputs: ``full`` (the finished full fine-tuning of this seed, reused as IMP's round 0) for
+    ``good``; ``match`` (the good magnitude job) for ``random`` and ``bad``, which prune once to
+    exactly its sparsity, ranking the same fine-tuned weights.
+    Writes ``weight_mask.safetensors``, ``trace.csv``, ``magnitude.json``, ``full/``, ``round_XX/``.
+
+    >>> magnitude_job({"model": "offline", "task": "offline/movies", "control": "bad"},
+    ...               {"match": good_magnitude}, out, print)["sparsity"]            # doctest: +SKIP
+    0.3
+    """
+    p = job_params(MagnitudeParams, params)
+    match = None
+    if "match" in inputs:
+        match = inputs["match"].dir
+    elif "full" in inputs:  # IMP's round 0 is exactly the full fine-tuning job: reuse it
+        full = inputs["full"]
+        (workdir / "full").mkdir(parents=True, exist_ok=True)
+        for name in ("run.json", "metrics.json"):
+            shutil.copy2(full.path(name), workdir / "full" / name)
+        _link_tree(full.path("model"), workdir / "full" / "model")
+    summary = magnitude_prune(p.model, p.task, config=p.magnitude.config(p.control), train=p.train.config(),
+                              seed=p.seed, out_dir=workdir, match=match, progress=step_messages(progress))
+    if not p.keep_models:
+        for d in workdir.glob("round_*"):
+            shutil.rmtree(d / "model", ignore_errors=True)
+    return summary
+
+
+def _special_ids(tokenizer) -> set[int]:
+    """Ids of the tokens that open, separate and close sequences (not padding or unknown)."""
+    ids = {getattr(tokenizer, f"{name}_token_id", None) for name in ("cls", "sep", "bos", "eos")}
+    return {int(i) for i in ids if i is not None}
+
+
+def patterns_job(params, inputs, workdir: Path, progress) -> dict:
+    """Pattern class of every head of a (fine-tuned) model from its mean attention maps.
+
+    Attention probabilities of dev examples (:func:`headcount.attention.attention_maps`, eval
+    mode), averaged per head over the examples of the most common structure (e.g.
+    ``[CLS] text [SEP]``) on a fixed ``size`` x ``size`` layout
+    (:func:`headcount.analysis.patterns.commonest_structure_maps`); each head's mean map is
+    classified with the rule-based classifier, and with the CNN when an upstream ``cnn`` job is given.
+
+    params (:class:`~.config.PatternsParams`): task, split, data, size; inputs: ``model``.
+    Writes ``maps.safetensors`` (``maps`` [n_layers, n_heads, size, size]) and ``patterns.json``.
+
+    >>> patterns_job({"task": "offline/movies", "size": 32}, {"model": full}, out, print)["counts"]  # doctest: +SKIP
+    {'vertical': 30, 'diagonal': 9, 'vertical+diagonal': 4, 'block': 0, 'heterogeneous': 29}
+    """
+    p = job_params(PatternsParams, params)
+    task = get_task(p.task)
+    data = DataConfig(**p.data)
+    model, tokenizer, _ = load_for(model_spec(params, inputs), task, "task", seed=data.seed)
+    model.eval()
+    batches = batches_for(task, tokenizer, "task", data, split=p.split or task.validation_split)
+    specials = _special_ids(tokenizer)
+
+    def examples():  # (attention [layer, head, n, n], special positions) per example, padding cut
+        with torch.no_grad():
+            for b, batch in enumerate(batches):
+                feed = {k: v for k, v in batch.items() if k != "labels"}
+                per_layer = attention_maps(model, **feed)  # per layer [batch, heads, seq, seq]
+                if any(m.shape[1] != per_layer[0].shape[1] for m in per_layer):
+                    raise HeadcountError("pattern maps need every head present (classify the unpruned model)")
+                att = torch.stack(per_layer, 1)  # [batch, layer, head, seq, seq]
+                for i in range(att.shape[0]):
+                    n = int(batch["attention_mask"][i].sum())
+                    ids = batch["input_ids"][i, :n].tolist()
+                    yield att[i, :, :, :n, :n], [q for q, t in enumerate(ids) if t in specials]
+                progress(b + 1, len(batches), "attention maps")
+
+    try:
+        common = commonest_structure_maps(examples(), p.size)
+    except HeadcountError as e:
+        raise HeadcountError(f"{task.name}: {e}") from None
+    mean = common.maps
+    rules = mean.classify()
+    with atomic_path(workdir / "maps.safetensors") as tmp:
+        save_file({"maps": mean.maps.contiguous()}, str(tmp))
+    out = {
+        "task": task.name,
+        "labels": rules.labels.tolist(),
+        "counts": rules.counts(),
+        "features": rules.to_dict()["features"],
+        "structure": "/".join(common.structure),
+        "special_cells": list(mean.special_positions),
+        "n_examples": mean.n_examples,
+        "n_other_structures": common.n_other,
+        "size": p.size,
+    }
+    if "cnn" in inputs:
+        cnn = load_pattern_cnn(inputs["cnn"].path("cnn"))
+        out["cnn_labels"] = predict_patterns(cnn, mean.maps).tolist()
+    atomic_write_json(workdir / "patterns.json", out)
+    return out
+
+
+def pattern_cnn_job(params, inputs, workdir: Path, progress) -> dict:
+    """Train the pattern CNN on user-labelled maps; writes ``cnn/`` (model.safetensors, config.json).
+
+    params (:class:`~.config.PatternCNNParams`): maps, labels (paths), epochs, seed, holdout, digests.
+
+    >>> pattern_cnn_job({"maps": "maps.safetensors", "labels": "labels.csv"}, {}, out, print)  # doctest: +SKIP
+    {'train_accuracy': 0.98, 'heldout_accuracy': 0.9, ...}
+    """
+    p = job_params(PatternCNNParams, params)
+    x, y = load_labelled_maps(p.maps, p.labels)
+    model, metrics = train_pattern_cnn(x, y, seed=p.seed, epochs=p.epochs, holdout=p.holdout)
+    save_pattern_cnn(model, workdir / "cnn")
+    progress(1, 1, f"CNN held-out accuracy {metrics['heldout_accuracy']}")
+    return {**metrics, "size": int(x.shape[1])}
+
+
+def stability_job(params, inputs, workdir: Path, progress) -> dict:
+    """Stability of the good masks of one task across seeds
+    (:func:`headcount.analysis.subnetworks.seed_stability`): Krippendorff's alpha, Cochran's Q,
+    pairwise Jaccard, for heads, MLPs and both; how often each head/MLP survives; the super-survivors.
+
+    inputs: one prune job (``mask.json``) per seed.
+
+    >>> stability_job({}, {"s0": prune_seed1, "s1": prune_seed2}, out, print)["heads"]["krippendorff_alpha"]  # doctest: +SKIP
+    0.21
+    """
+    names = sorted(inputs)
+    out = {"seeds": names, **seed_stability(*_masks_of(inputs, names))}
+    progress(1, 1, f"alpha {out['heads']['krippendorff_alpha']}")
+    return _clean(out)
+
+
+def overlap_job(params, inputs, workdir: Path, progress) -> dict:
+    """Overlap of good subnetworks across tasks (:func:`headcount.analysis.subnetworks.cross_task_overlap`):
+    mean Jaccard of kept heads (and MLPs) over all seed pairs of two tasks, and of their super-survivors.
+
+    params (:class:`~.config.OverlapParams`): tasks (names, in order), seeds.
+    inputs: ``t{i}-s{j}`` -> prune job of task i, seed j.
+
+    >>> overlap_job({"tasks": ["a", "b"], "seeds": [1]}, {"t0-s0": pa, "t1-s0": pb}, out, print)["heads_jaccard"]  # doctest: +SKIP
+    [[None, 0.42], [0.42, None]]
+    """
+    p = job_params(OverlapParams, params)
+    per_task = [_masks_of(inputs, [f"t{i}-s{j}" for j in range(len(p.seeds))]) for i in range(len(p.tasks))]
+    ov = cross_task_overlap(np.stack([h for h, _ in per_task]), np.stack([m for _, m in per_task]))
+    progress(1, 1, "overlap")
+    return _clean({"tasks": p.tasks, **ov})

@@ -1,0 +1,212 @@
+"""The tables of a lottery report, from saved results: scores per seed, their summary over seeds,
+the paper's layout, stability, overlap and pattern tables (pandas DataFrames).
+
+A missing or unfinished job leaves a gap (NaN), never an error: a report of a partial run works.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from ...analysis import seed_summary
+from ...analysis.patterns import CLASSES, pattern_distribution
+from ...errors import HeadcountError
+from .config import LotterySettings
+from .plan import job_name, task_name
+
+#: Rows of the paper's main table, in order: (experiment, pruning kind).
+EXPERIMENTS: tuple[tuple[str, str], ...] = (
+    ("full", "none"),
+    ("good pruned", "structured"),
+    ("good retrained", "structured"),
+    ("random retrained", "structured"),
+    ("bad retrained", "structured"),
+    ("magnitude good retrained", "magnitude"),
+    ("magnitude random retrained", "magnitude"),
+    ("magnitude bad retrained", "magnitude"),
+)
+
+#: Rows of the super-survivor table (retrained from the pre-trained weights).
+SUPER_EXPERIMENTS: tuple[str, ...] = ("super-survivors retrained", "super random retrained", "super bad retrained")
+
+
+def finished(store, name):
+    """A finished job's result, or None (a missing or unfinished job leaves a gap, not an error)."""
+    try:
+        return store.result(name) if store.has(name) else None
+    except HeadcountError:
+        return None
+
+
+def _score(r) -> float:
+    if r is None:
+        return math.nan
+    if "final" in r.result:  # a fine-tuning's metrics.json
+        return float(r.result["final"].get("score", math.nan))
+    if "score" in r.result:  # an evaluation
+        return float(r.result["score"])
+    if "metric" in r.result:  # a magnitude summary
+        return float(r.result["metric"])
+    return math.nan
+
+
+def seed_scores(store, settings: LotterySettings, prefix: str = ""):
+    """One row per (experiment, task, seed): score, metric, size of the subnetwork.
+
+    Returns:
+        A pandas DataFrame with columns experiment, pruning, task, seed, metric, score,
+        heads_kept, mlps_kept, sparsity.
+
+    >>> seed_scores(RunStore("runs/lottery-offline"), config).groupby("experiment")["score"].mean()  # doctest: +SKIP
+    """
+
+    s = settings
+    rows = []
+    for task in s.tasks:
+        tname = task_name(task)
+        for seed in s.seeds:
+            tag = f"seed{seed}"
+            full = finished(store, job_name(prefix, "finetune", tname, tag))
+            prune = finished(store, job_name(prefix, "prune", tname, tag))
+            metric = full.result.get("metric") if full is not None else None
+            good_mask = prune.result["mask"] if prune is not None else {}
+
+            def row(experiment, pruning, r, heads=None, mlps=None, sparsity=None):
+                rows.append({"experiment": experiment, "pruning": pruning, "task": tname, "seed": seed,
+                             "metric": metric, "score": _score(r), "heads_kept": heads, "mlps_kept": mlps,
+                             "sparsity": sparsity})
+
+            row("full", "none", full)
+            row("good pruned", "structured", finished(store, job_name(prefix, "good-pruned", tname, tag)),
+                good_mask.get("n_heads_kept"), good_mask.get("n_mlps_kept"))
+            for kind in ("good", "random", "bad"):
+                r = finished(store, job_name(prefix, "retrain", kind, tname, tag))
+                m = (r.result.get("mask") or {}) if r is not None else {}
+                row(f"{kind} retrained", "structured", r, m.get("heads_kept"), m.get("mlps_kept"))
+            if s.magnitude.enabled:
+                for kind in ("good", "random", "bad"):
+                    r = finished(store, job_name(prefix, "magnitude", kind, tname, tag))
+                    row(f"magnitude {kind} retrained", "magnitude", r,
+                        sparsity=r.result.get("sparsity") if r is not None else None)
+            if s.super_survivors.enabled and s.super_survivors.retrain and seed in (s.super_survivors.seeds or s.seeds):
+                for kind, label in zip(("super", "super-random", "super-bad"), SUPER_EXPERIMENTS):
+                    r = finished(store, job_name(prefix, "retrain", kind, tname, tag))
+                    m = (r.result.get("mask") or {}) if r is not None else {}
+                    row(label, "structured", r, m.get("heads_kept"), m.get("mlps_kept"))
+    return pd.DataFrame(rows, columns=["experiment", "pruning", "task", "seed", "metric", "score", "heads_kept",
+                                       "mlps_kept", "sparsity"])
+
+
+def summarize(scores, experiments=None):
+    """Mean and sample std over seeds per (experiment, task), in the order of ``experiments``.
+
+    Returns:
+        A tidy DataFrame: experiment, pruning, task, metric, mean, std, n (seeds with a score),
+        heads_kept / mlps_kept / sparsity means.
+
+    >>> import pandas as pd
+    >>> df = pd.DataFrame({"experiment": ["full"] * 2, "pruning": ["none"] * 2, "task": ["t"] * 2, "seed": [1, 2],
+    ...                    "metric": ["accuracy"] * 2, "score": [0.8, 0.9], "heads_kept": [None] * 2,
+    ...                    "mlps_kept": [None] * 2, "sparsity": [None] * 2})
+    >>> round(float(summarize(df)["std"][0]), 4)
+    0.0707
+    """
+
+    order = list(experiments or dict.fromkeys(scores["experiment"]))
+    rows = []
+    for exp in order:
+        sub = scores[scores["experiment"] == exp]
+        for task in dict.fromkeys(scores["task"]):
+            t = sub[sub["task"] == task]
+            if t.empty:
+                continue
+            st = seed_summary(t["score"].astype(float).to_numpy())
+
+            def mean_of(col):
+                v = pd.to_numeric(t[col], errors="coerce")
+                return float(v.mean()) if v.notna().any() else math.nan
+
+            rows.append({"experiment": exp, "pruning": t["pruning"].iloc[0], "task": task, "metric": t["metric"].iloc[0],
+                         "mean": st["mean"], "std": st["std"], "n": st["n"], "heads_kept": mean_of("heads_kept"),
+                         "mlps_kept": mean_of("mlps_kept"), "sparsity": mean_of("sparsity")})
+    return pd.DataFrame(rows, columns=["experiment", "pruning", "task", "metric", "mean", "std", "n", "heads_kept",
+                                       "mlps_kept", "sparsity"])
+
+
+def wide_table(summary):
+    """Experiments x tasks with ``mean ± std`` cells (the paper's layout).
+
+    >>> import pandas as pd
+    >>> wide_table(pd.DataFrame({"experiment": ["full"], "task": ["t"], "mean": [0.8], "std": [0.01]}))["t"][0]
+    '0.800 ± 0.010'
+    """
+
+    def cell(m, s):
+        if m is None or not math.isfinite(m):
+            return "-"
+        return f"{m:.3f} ± {s:.3f}" if s is not None and math.isfinite(s) else f"{m:.3f}"
+
+    tasks = list(dict.fromkeys(summary["task"]))
+    rows = []
+    for exp in dict.fromkeys(summary["experiment"]):
+        sub = summary[summary["experiment"] == exp]
+        row = {"experiment": exp}
+        for t in tasks:
+            r = sub[sub["task"] == t]
+            row[t] = cell(float(r["mean"].iloc[0]), float(r["std"].iloc[0])) if len(r) else "-"
+        rows.append(row)
+    return pd.DataFrame(rows, columns=["experiment", *tasks])
+
+
+def pattern_tables(store, settings, prefix):
+    """(per-head table, distribution table) from the saved pattern jobs and masks."""
+
+    s = settings
+    heads_rows, dist_rows = [], []
+    for task in s.tasks:
+        tname = task_name(task)
+        sup = finished(store, job_name(prefix, "subnetwork", "super", tname)) if s.super_survivors.enabled else None
+        sup_heads = np.asarray(sup.result["mask"]["heads"]) if sup is not None else None
+        for seed in s.seeds:
+            pt = finished(store, job_name(prefix, "patterns", tname, f"seed{seed}"))
+            prune = finished(store, job_name(prefix, "prune", tname, f"seed{seed}"))
+            if pt is None:
+                continue
+            for source in ("rules", "cnn"):
+                key = "labels" if source == "rules" else "cnn_labels"
+                if key not in pt.result:
+                    continue
+                labels = np.asarray(pt.result[key], dtype=str)
+                groups = {"full model": None}
+                if prune is not None:
+                    groups["good subnetwork"] = np.asarray(prune.result["mask"]["heads"])
+                if sup_heads is not None:
+                    groups["super-survivors"] = sup_heads
+                for group, mask in groups.items():
+                    if mask is not None and mask.sum() == 0:
+                        continue
+                    for cls, frac in pattern_distribution(labels, mask).items():
+                        dist_rows.append({"task": tname, "seed": seed, "classifier": source, "group": group,
+                                          "pattern": cls, "fraction": frac})
+            good = np.asarray(prune.result["mask"]["heads"]) if prune is not None else None
+            labels = np.asarray(pt.result["labels"], dtype=str)
+            feats = pt.result.get("features", {})
+            for layer in range(labels.shape[0]):
+                for head in range(labels.shape[1]):
+                    r = {"task": tname, "seed": seed, "layer": layer, "head": head, "pattern": labels[layer, head],
+                         "kept_good": int(good[layer, head]) if good is not None else None,
+                         "super_survivor": int(sup_heads[layer, head]) if sup_heads is not None else None}
+                    if "cnn_labels" in pt.result:
+                        r["pattern_cnn"] = pt.result["cnn_labels"][layer][head]
+                    for f, v in feats.items():
+                        r[f] = v[layer][head]
+                    heads_rows.append(r)
+    dist = pd.DataFrame(dist_rows, columns=["task", "seed", "classifier", "group", "pattern", "fraction"])
+    if not dist.empty:
+        dist = (dist.groupby(["task", "classifier", "group", "pattern"], sort=False)["fraction"]
+                .agg(mean="mean", std="std", n="count").reset_index())
+        dist["pattern"] = pd.Categorical(dist["pattern"], CLASSES)
+    return pd.DataFrame(heads_rows), dist
