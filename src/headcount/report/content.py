@@ -52,6 +52,8 @@ class ReportTable:
         caption: text above the table.
         csv: also write ``results/<name>.csv``.
         max_rows: rows shown in the HTML (the CSV has all of them).
+        collapsed: shown folded (an HTML ``<details>`` with the caption as its summary): for
+            raw tables below the ones a reader looks at first.
     """
 
     name: str
@@ -59,6 +61,7 @@ class ReportTable:
     caption: str = ""
     csv: bool = True
     max_rows: int = 60
+    collapsed: bool = False
 
     def __post_init__(self):
         _check_name(self.name, "table")

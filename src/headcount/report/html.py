@@ -30,6 +30,7 @@ table.data th,table.data td{border:1px solid #ddd;padding:.25em .5em;text-align:
 table.data th{background:#f6f6f6} table.data td:first-child,table.data th:first-child{text-align:left}
 pre{background:#f7f7f7;padding:.8em;overflow-x:auto;font-size:.85em} code{background:#f3f3f3;padding:0 .2em}
 nav ul{columns:2} .caption{color:#555;font-size:.9em;margin:.2em 0} .note{color:#666;font-size:.85em}
+div.table{max-width:100%;overflow-x:auto} details.table summary{cursor:pointer;color:#555;font-size:.9em}
 """
 
 
@@ -92,6 +93,7 @@ def _text_html(text: str) -> str:
 def _table_html(table: ReportTable) -> str:
     df = tidy(table.data)
     shown = df.head(table.max_rows)
+    shown = shown.apply(lambda c: c.where(c.notna(), "") if c.dtype == object else c)  # None: blank, like NaN
 
     def fmt(x):
         return f"{x:.4g}"
@@ -100,8 +102,13 @@ def _table_html(table: ReportTable) -> str:
     note = ""
     if len(df) > len(shown):
         note = f'<p class="note">first {len(shown)} of {len(df)} rows; all in results/{table.name}.csv</p>'
+    csv = f"results/{html.escape(table.name)}.csv"
+    link = f'<p class="note"><a href="{csv}">{csv}</a></p>' if table.csv else ""
+    if table.collapsed:
+        summary = html.escape(table.caption or table.name)
+        return (f'<details class="table" id="table-{html.escape(table.name)}"><summary>{summary}</summary>'
+                f'<div class="table">{body}</div>{note}{link}</details>')
     cap = f'<p class="caption">{html.escape(table.caption)}</p>' if table.caption else ""
-    link = f'<p class="note">results/{html.escape(table.name)}.csv</p>' if table.csv else ""
     return f'<div class="table" id="table-{html.escape(table.name)}">{cap}{body}{note}{link}</div>'
 
 
