@@ -185,6 +185,9 @@ def test_task_yaml_over_download_files(tmp_path):
     task = get_task(str(tmp_path / "rte.yaml"))
     assert task.load().labels.tolist() == [y for _, y in data["validation"]]
     assert task.load("train").texts == [t for t, _ in data["train"]]
+    (tmp_path / "rte.yaml").write_text("glue: rte\nfiles: {train: RTE/train.tsv, dev: RTE/dev.tsv}\n")
+    with pytest.raises(HeadcountError, match=r"no split 'dev' \(the GLUE download's dev.tsv is the validation split\)"):
+        get_task(str(tmp_path / "rte.yaml"))
 
 
 # --------------------------------------------------------------------------- missing or ambiguous splits

@@ -23,7 +23,7 @@ from typing import Mapping
 
 from ..errors import HeadcountError
 from .base import Source, Task
-from .glue_local import GlueFilesSource, expected_files, find_glue_files, glue_folder
+from .glue_local import DOWNLOAD_NAMES, GlueFilesSource, expected_files, find_glue_files, glue_folder
 from .tables import Table
 
 HUB_ID = "nyu-mll/glue"
@@ -143,7 +143,9 @@ def glue_task(name: str, data_dir=None, data_files: Mapping[str, str | os.PathLi
     if data_files is not None:  # the splits the caller names; a missing one fails when loaded
         unknown = [s for s in data_files if s not in spec.splits]
         if unknown:
-            raise HeadcountError(f"GLUE {config} has no split {unknown[0]!r}; splits: {', '.join(spec.splits)}")
+            hub = DOWNLOAD_NAMES.get(unknown[0])
+            hint = f" (the GLUE download's {unknown[0]}.tsv is the {hub} split)" if hub in spec.splits else ""
+            raise HeadcountError(f"GLUE {config} has no split {unknown[0]!r}{hint}; splits: {', '.join(spec.splits)}")
         source: Source = GlueFilesSource(data_files, config, spec.text)
         sizes = None
     elif data_dir is not None:
