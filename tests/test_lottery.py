@@ -8,6 +8,7 @@ has the right size, and that a study on a tiny model runs to a report with the m
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -214,8 +215,19 @@ def test_study_runs_to_a_report_with_the_main_table(run):
     assert sorted(set(sup["experiment"])) == sorted(SUPER_EXPERIMENTS) and (sup["n"] == 2).all()
     html = summary.report.read_text()
     for name in ("lottery_main_wide", "lottery_scores", "lottery_survivors", "lottery_overlap", "lottery_pattern_mix",
-                 "lottery_pattern_grid", "lottery_stability"):
+                 "lottery_pattern_grid", "lottery_stability", "lottery_paper_structured", "lottery_paper_magnitude"):
         assert name in html
+    # the paper's tables first (open), then figures; raw tables folded, each with a link to its CSV
+    assert html.index("table-lottery_paper_structured") < html.index("figure-lottery_scores")
+    assert '<details class="table" id="table-lottery_seeds">' in html and 'href="results/lottery_seeds.csv"' in html
+    assert ">None<" not in html and ">nan<" not in html
+    paper = pd.read_csv(results / "lottery_paper_structured.csv", dtype=str, keep_default_na=False)
+    assert list(paper["task"]) == tasks and list(paper.columns[3:]) == ["full", "good, not retrained", "good", "random",
+                                                                      "bad", "good heads"]  # no paper columns: no GLUE
+    for task in tasks:
+        row = main[(main["task"] == task) & (main["experiment"] == "random retrained")]
+        cell = paper.loc[paper["task"] == task, "random"].item()
+        assert cell == f"{row['mean'].item():.3f} ± {row['std'].item():.3f}"
     full = main[main["experiment"] == "full"]["mean"]
     assert (full > 0.6).all()  # the tiny task is learnt (chance 0.5): the subnetworks are not trivial
 
@@ -269,3 +281,48 @@ def test_stability_overlap_and_patterns_are_saved(run):
     sums = dist[dist["classifier"] == "rules"].groupby(["task", "group"])["mean"].sum()
     assert np.allclose(sums, 1.0)
     assert json.loads((summary.run_dir / "plan.json").read_text())["jobs"]  # the plan names every job
+
+
+# -- job parameters, settings, report tables -------------------------------------------------------
+def test_job_params_are_validated_into_their_models(tmp_path):
+    from headcount.studies.lottery import retrain_job
+
+    good = _good(tmp_path, np.ones((2, 4)), [1, 0])
+    with pytest.raises(HeadcountError, match="needs a mode"):
+        subnetwork_job({"kind": "random", "seed": 1}, {"good": good}, tmp_path, no_progress)
+    with pytest.raises(HeadcountError, match="needs a seed"):
+        subnetwork_job({"kind": "bad"}, {"good": good}, tmp_path, no_progress)
+    with pytest.raises(HeadcountError, match=r"RetrainParams params: 'train.epocs'|unknown key 'train.epocs'"):
+        retrain_job({"model": "offline", "task": "offline/movies", "seed": 1, "train": {"epocs": 1},
+                     "mask_mode": "prune", "keep_model": False}, {}, tmp_path, no_progress)
+    assert not (tmp_path / "model").exists()  # refused before any work
+
+
+def test_train_and_magnitude_settings_are_the_library_configs_fields():
+    from headcount.magnitude import MagnitudeConfig
+    from headcount.studies.lottery import MagnitudeSettings, TrainSettings
+    from headcount.training import TrainConfig
+
+    train, mag = TrainSettings(), MagnitudeSettings()
+    assert all(getattr(train, k) == getattr(TrainConfig(), k) for k in TrainSettings.model_fields)
+    assert train.config() == TrainConfig(**train.model_dump())
+    assert mag.config("bad") == MagnitudeConfig(**mag.model_dump(exclude={"enabled"}), control="bad")
+    with pytest.raises(ValueError, match="rate"):
+        MagnitudeSettings(rate=1.5)  # MagnitudeConfig's own check
+
+
+def test_paper_table_sets_the_runs_numbers_beside_the_published_ones():
+    from headcount.studies.lottery.published import PRASANNA_2020, published
+    from headcount.studies.lottery.tables import paper_table
+
+    summary = pd.DataFrame({
+        "experiment": ["full", "good pruned", "full", "good pruned"],
+        "task": ["glue/sst2", "glue/sst2", "offline/movies", "offline/movies"],
+        "metric": ["accuracy"] * 4, "mean": [0.91, 0.85, 0.8, math.nan], "std": [0.01, 0.02, math.nan, math.nan],
+        "n": [3, 3, 1, 0], "heads_kept": [math.nan, 70.5, math.nan, math.nan]})
+    t = paper_table(summary, {"full": "full", "good pruned": "good, not retrained"}, heads=True)
+    sst2, movies = t.iloc[0].to_dict(), t.iloc[1].to_dict()
+    assert sst2["full"] == "0.910 ± 0.010" and sst2["full, paper"] == "0.93" == f"{PRASANNA_2020['full'][5]:.2f}"
+    assert sst2["good heads"] == "70.5" and sst2["good heads, paper"] == "67"
+    assert movies["full"] == "0.800" and movies["full, paper"] == "" and movies["good, not retrained"] == ""
+    assert movies["seeds"] == "0-1" and published("full", "offline/movies") is None

@@ -16,6 +16,7 @@ from ...analysis.patterns import CLASSES, pattern_distribution
 from ...errors import HeadcountError
 from .config import LotterySettings
 from .plan import job_name, task_name
+from .published import PAPER_HEADS_KEPT, paper_task, published
 
 #: Rows of the paper's main table, in order: (experiment, pruning kind).
 EXPERIMENTS: tuple[tuple[str, str], ...] = (
@@ -136,19 +137,23 @@ def summarize(scores, experiments=None):
                                        "mlps_kept", "sparsity"])
 
 
-def wide_table(summary):
-    """Experiments x tasks with ``mean ± std`` cells (the paper's layout).
+def mean_std(mean, std) -> str:
+    """A ``mean ± std`` cell; just the mean without a finite std; blank without a mean.
 
-    >>> import pandas as pd
+    >>> mean_std(0.8, 0.01), mean_std(0.8, float("nan")), mean_std(None, None)
+    ('0.800 ± 0.010', '0.800', '')
+    """
+    if mean is None or not math.isfinite(mean):
+        return ""
+    return f"{mean:.3f} ± {std:.3f}" if std is not None and math.isfinite(std) else f"{mean:.3f}"
+
+
+def wide_table(summary):
+    """Experiments x tasks with ``mean ± std`` cells (the paper's layout); blank where a score is missing.
+
     >>> wide_table(pd.DataFrame({"experiment": ["full"], "task": ["t"], "mean": [0.8], "std": [0.01]}))["t"][0]
     '0.800 ± 0.010'
     """
-
-    def cell(m, s):
-        if m is None or not math.isfinite(m):
-            return "-"
-        return f"{m:.3f} ± {s:.3f}" if s is not None and math.isfinite(s) else f"{m:.3f}"
-
     tasks = list(dict.fromkeys(summary["task"]))
     rows = []
     for exp in dict.fromkeys(summary["experiment"]):
@@ -156,9 +161,78 @@ def wide_table(summary):
         row = {"experiment": exp}
         for t in tasks:
             r = sub[sub["task"] == t]
-            row[t] = cell(float(r["mean"].iloc[0]), float(r["std"].iloc[0])) if len(r) else "-"
+            row[t] = mean_std(float(r["mean"].iloc[0]), float(r["std"].iloc[0])) if len(r) else ""
         rows.append(row)
     return pd.DataFrame(rows, columns=["experiment", *tasks])
+
+
+def paper_table(summary, experiments: dict[str, str], heads: bool = False):
+    """One of the paper's main tables, one row per task: this run's ``mean ± std`` over seeds
+    beside Prasanna et al.'s published mean (:mod:`.published`).
+
+    Args:
+        summary: :func:`summarize` of the run's scores.
+        experiments: experiment (a row of ``summary``) -> column header, in order.
+        heads: add the good subnetwork's heads kept (mean over seeds), and the paper's.
+
+    Returns:
+        Columns ``task``, ``metric``, ``seeds`` (how many seeds have a score: ``n`` or ``min-max``),
+        then per experiment its header and ``<header>, paper``; the paper's columns are left out
+        when it has none of the run's tasks. Cells are text; missing ones blank.
+
+    >>> s = pd.DataFrame({"experiment": ["full", "good retrained"], "task": ["glue/rte"] * 2, "metric": ["accuracy"] * 2,
+    ...                   "mean": [0.65, 0.6], "std": [0.02, 0.03], "n": [3, 3], "heads_kept": [None, 70.0]})
+    >>> paper_table(s, {"full": "full", "good retrained": "good"}).iloc[0].tolist()
+    ['glue/rte', 'accuracy', '3', '0.650 ± 0.020', '0.63', '0.600 ± 0.030', '0.58']
+    """
+    tasks = list(dict.fromkeys(summary["task"]))
+    with_paper = any(paper_task(t) is not None for t in tasks)
+    rows = []
+    for task in tasks:
+        sub = summary[summary["task"] == task].set_index("experiment")
+        ns = [int(sub.loc[e, "n"]) for e in experiments if e in sub.index]
+        row = {"task": task, "metric": str(sub["metric"].iloc[0]),
+               "seeds": "" if not ns else (str(min(ns)) if min(ns) == max(ns) else f"{min(ns)}-{max(ns)}")}
+        for exp, header in experiments.items():
+            row[header] = mean_std(float(sub.loc[exp, "mean"]), float(sub.loc[exp, "std"])) if exp in sub.index else ""
+            if with_paper:
+                value = published(exp, task)
+                row[f"{header}, paper"] = "" if value is None else f"{value:.2f}"
+        if heads:
+            good = [e for e in ("good pruned", "good retrained") if e in sub.index]  # the same mask
+            kept = float(sub.loc[good[0], "heads_kept"]) if good else math.nan
+            row["good heads"] = f"{kept:.1f}" if math.isfinite(kept) else ""
+            if with_paper:
+                col = paper_task(task)
+                row["good heads, paper"] = str(PAPER_HEADS_KEPT[col]) if col in PAPER_HEADS_KEPT else ""
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def stability_table(stab: dict[str, dict]):
+    """Mask stability across seeds, one row per (task, components): Krippendorff's alpha,
+    Cochran's Q, mean pairwise Jaccard, kept per seed, super-survivors (from the stability jobs)."""
+    rows = []
+    for tname, r in stab.items():
+        n_super = {"heads": int(np.sum(r["super_heads"])), "mlps": int(np.sum(r["super_mlps"]))}
+        n_super["all"] = n_super["heads"] + n_super["mlps"]
+        for comp in ("heads", "mlps", "all"):
+            st = r[comp]
+            rows.append({"task": tname, "components": comp, "krippendorff_alpha": st["krippendorff_alpha"],
+                         "cochran_q": st["cochran_q"], "cochran_df": st["cochran_df"], "cochran_p": st["cochran_p"],
+                         "mean_pairwise_jaccard": st["mean_pairwise_jaccard"],
+                         "kept_per_seed": " ".join(map(str, st["kept_per_seed"])),
+                         "super_survivors": n_super[comp]})
+    return pd.DataFrame(rows)
+
+
+def overlap_table(ov: dict):
+    """The overlap job's matrices as rows: task_a, task_b, heads/mlps/super_heads Jaccard."""
+    tasks = ov["tasks"]
+    return pd.DataFrame([{"task_a": a, "task_b": b, "heads_jaccard": ov["heads_jaccard"][i][j],
+                          "mlps_jaccard": ov["mlps_jaccard"][i][j],
+                          "super_heads_jaccard": ov["super_heads_jaccard"][i][j]}
+                         for i, a in enumerate(tasks) for j, b in enumerate(tasks)])
 
 
 def pattern_tables(store, settings, prefix):
