@@ -86,7 +86,7 @@ def test_acceptable_deduction_takes_the_largest_acceptable_loss():
     rows = [{"level": 0.2, "mlm_loss_increase": 0.2, "mlm_accuracy_drop": 0.02, "relative_score": 0.97},
             {"level": 0.4, "mlm_loss_increase": 0.9, "mlm_accuracy_drop": 0.10, "relative_score": 0.85},
             {"level": 0.6, "mlm_loss_increase": 0.7, "mlm_accuracy_drop": 0.08, "relative_score": 0.91}]
-    assert T.acceptable_deduction(rows)["level"] == 0.6
+    assert T.acceptable_deduction(rows, threshold=0.9)["level"] == 0.6
     assert T.acceptable_deduction(rows, threshold=0.99)["level"] is None
 
 
@@ -306,6 +306,35 @@ def test_a_shared_layer_model_is_reported_per_application_and_per_shared_head(tm
 
 def test_docstring_examples_run():
     import doctest
+    import importlib
 
-    result = doctest.testmod(T, optionflags=doctest.ELLIPSIS)
-    assert result.attempted > 0 and result.failed == 0
+    attempted = 0
+    for name in ("", ".config", ".plan", ".jobs", ".tables", ".figures", ".report"):
+        module = importlib.import_module(f"headcount.studies.transfer{name}")
+        result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
+        assert result.failed == 0, name
+        attempted += result.attempted
+    for name in ("headcount.analysis.coherence", "headcount.analysis.removal"):
+        result = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
+        assert result.attempted > 0 and result.failed == 0, name
+    assert attempted > 0
+
+
+def test_every_job_validates_its_params_and_refuses_unknown_ones():
+    from headcount.studies.transfer import config as C
+    from headcount.studies.transfer.plan import JOBS
+
+    models = {"layout_job": C.LayoutParams, "mlm_score_job": C.MlmScoreParams, "head_fit_job": C.HeadFitParams,
+              "mask_job": C.MaskParams, "curve_job": C.CurveParams, "coherence_job": C.CoherenceParams}
+    settings = T.TransferSettings(tasks=["offline/movies", "offline/tweets"], seeds=[1, 2],
+                                  before_after={"random_control": True})
+    jobs = [j for j in Plan(T.transfer_jobs(settings)) if j.fn.startswith(JOBS + ":")]  # masks are deps only
+    assert {j.fn.split(":")[1] for j in jobs} == set(models)
+    for job in jobs:
+        model = models[job.fn.split(":")[1]]
+        model.model_validate(job.params)  # what the plan writes is what the job reads
+        with pytest.raises(ValueError, match="extra|Extra"):
+            model.model_validate({**job.params, "typo": 1})
+    curve = next(j for j in jobs if j.name == "curve/movies/mlm")
+    with pytest.raises(ValueError, match="needs model and mlm_head"):
+        C.CurveParams.model_validate({k: v for k, v in curve.params.items() if k != "mlm_head"})

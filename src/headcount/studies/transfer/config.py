@@ -1,0 +1,414 @@
+"""The ``transfer`` study's settings (pydantic), and the parameters of each of its jobs.
+
+Every setting is declared once, here: :class:`TransferConfig` is what a ``study: transfer``
+YAML holds, :class:`TransferSettings` the same without ``study:`` (a part of another study,
+e.g. the demo). The job parameter models (``*Params``) say what each job function of
+:mod:`.jobs` receives; they reuse the settings sections (a job's ``data`` *is* a
+:class:`DataSettings`) and declare no default of their own, so a job never restates one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import fields
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, ValidationInfo, field_validator, model_validator
+
+from ...analysis.stats import DEFAULT_FRACTIONS
+from ...errors import HeadcountError
+from ...pipeline import DataConfig
+from ...runner import ConfigSection, StudyConfig
+from ...training import TrainConfig
+
+Method = Literal["gradient", "gradient-token"]
+Normalize = Literal["none", "layer"]
+View = Literal["application", "shared"]
+AfterHead = Literal["pretrained", "refit"]
+
+_DATA_DEFAULTS = {f.name: f.default for f in fields(DataConfig)}
+
+
+# =============================================================================================
+# settings (the YAML)
+# =============================================================================================
+class TrainSettings(ConfigSection):
+    """Fine-tuning settings: any field of :class:`headcount.training.TrainConfig`; unset = its default."""
+
+    lr: float | None = None
+    batch_size: int | None = None
+    epochs: float | None = None
+    max_length: int | None = None
+    weight_decay: float | None = None
+    warmup: float | None = None
+    max_grad_norm: float | None = None
+    eval_each_epoch: bool | None = None
+    bf16: bool | None = None
+    group_by_length: bool | None = None
+    max_train_examples: int | None = None
+    max_eval_examples: int | None = None
+    eval_batch_size: int | None = None
+    max_steps: int | None = None
+    gradient_accumulation_steps: int | None = None
+    data_seed: int | None = None
+    save_steps: int | None = None
+
+    def values(self) -> dict:
+        """The fields that are set (what overrides the defaults)."""
+        return {k: v for k, v in self.model_dump().items() if v is not None}
+
+    def config(self) -> TrainConfig:
+        """The :class:`~headcount.training.TrainConfig` these settings give (its defaults where unset)."""
+        return TrainConfig(**self.values())
+
+    @model_validator(mode="after")
+    def _valid(self):
+        try:
+            self.config()
+        except HeadcountError as e:  # a ValueError is what pydantic reports with the key and line
+            raise ValueError(str(e)) from None
+        return self
+
+
+class DataSettings(ConfigSection):
+    """Which examples and how they are batched (:class:`headcount.pipeline.DataConfig`; its defaults
+    except ``max_examples``, which the study keeps smaller)."""
+
+    max_examples: int | None = Field(512, ge=1)
+    batch_size: int = Field(_DATA_DEFAULTS["batch_size"], ge=1)
+    max_length: int = Field(_DATA_DEFAULTS["max_length"], ge=8, le=8192)
+    seed: int = _DATA_DEFAULTS["seed"]
+
+    def config(self, split: str | None = None) -> DataConfig:
+        return DataConfig(split=split, **self.model_dump())
+
+
+class MlmSettings(ConfigSection):
+    """The masked-LM objective.
+
+    Attributes:
+        corpus: a task (name or YAML) whose texts carry the MLM objective for every task;
+            None = each task's own texts.
+        head_corpus: texts to fit an MLM head on when the checkpoint has none (a task,
+            ``offline/corpus``, a ``.txt`` file); None = the MLM corpus (the first task's).
+        head_steps: optimisation steps of that fit.
+        head_max_texts: texts used for the fit (a seeded subset).
+        after_head: on a fine-tuned encoder, put the pre-trained MLM head back (``pretrained``)
+            or fit a new one (``refit``).
+        eval: the validation texts of the MLM prunability curve.
+    """
+
+    corpus: str | None = None
+    head_corpus: str | None = None
+    head_steps: int = Field(300, ge=1)
+    head_max_texts: int = Field(2000, ge=2)
+    after_head: AfterHead = "pretrained"
+    eval: DataSettings = DataSettings(max_examples=256)
+
+
+class ScoringSettings(ConfigSection):
+    """Importance scores: the method and the (train-split) examples."""
+
+    method: Method = "gradient-token"
+    data: DataSettings = DataSettings()
+
+
+def _check_levels(v):
+    if not v or any(not 0 < x < 1 for x in v):
+        raise ValueError("levels must be fractions in (0, 1)")
+    return tuple(sorted(set(float(x) for x in v)))
+
+
+class PruningSettings(ConfigSection):
+    """Prunability curves (masks as gates, no retraining).
+
+    Attributes:
+        levels: fractions of heads removed, each in (0, 1).
+        random_draws: random removal orders per curve.
+        normalize: score normalisation before ranking (``layer``: per-layer L2, Michel et al.).
+        views: ``application`` (depth x head) and, for shared-layer models, ``shared``.
+    """
+
+    levels: tuple[float, ...] = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+    random_draws: int = Field(3, ge=0)
+    normalize: Normalize = "layer"
+    views: tuple[View, ...] = ("application", "shared")
+
+    @field_validator("levels")
+    @classmethod
+    def _levels(cls, v):
+        return _check_levels(v)
+
+
+class BeforeAfterSettings(ConfigSection):
+    """Prune the pre-trained model by MLM importance, then fine-tune.
+
+    Attributes:
+        enabled: run this part (and the acceptable deduction).
+        levels: fractions of heads removed before fine-tuning.
+        seeds: fine-tuning seeds for it (None = the study's seeds).
+        view: rank per application or per shared head (shared: removable from shared weights).
+        mask_mode: ``prune`` (physical) or ``gate``.
+        random_control: also prune at random (one draw per level) and fine-tune.
+        threshold: "acceptable" = at least this share of the full fine-tuned score.
+    """
+
+    enabled: bool = True
+    levels: tuple[float, ...] = (0.2, 0.4, 0.6, 0.8)
+    seeds: tuple[int, ...] | None = None
+    view: View = "application"
+    mask_mode: Literal["prune", "gate"] = "prune"
+    random_control: bool = False
+    threshold: float = Field(0.9, gt=0, le=1)
+
+    @field_validator("levels")
+    @classmethod
+    def _levels(cls, v):
+        return _check_levels(v)
+
+
+class StatsSettings(ConfigSection):
+    """Uncertainty of the coherence statistics.
+
+    Attributes:
+        n_boot: bootstrap resamples over examples (0 = no intervals).
+        n_permutations: permutations for the p-values (0 = none).
+        level: confidence level.
+        seed: base seed (each pair adds a hash of its name).
+        fractions: top-k fractions for the Jaccard overlap.
+    """
+
+    n_boot: int = Field(1000, ge=0)
+    n_permutations: int = Field(9999, ge=0)
+    level: float = Field(0.95, gt=0, lt=1)
+    seed: int = 0
+    fractions: tuple[float, ...] = DEFAULT_FRACTIONS
+
+    @field_validator("fractions")
+    @classmethod
+    def _fractions(cls, v):
+        if not v or any(not 0 < f <= 1 for f in v):
+            raise ValueError("fractions must be in (0, 1]")
+        return tuple(sorted(set(v)))
+
+
+class TaskSpec(ConfigSection):
+    """A task with an explicit short id (used in job names, tables and figure labels)."""
+
+    id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    task: str
+
+
+class TransferSettings(ConfigSection):
+    """Everything a transfer part needs (the ``transfer`` study config without ``study:``).
+
+    Attributes:
+        model: hub id, checkpoint directory or ``offline``.
+        tasks: task names / YAML paths, or ``{id, task}`` mappings.
+        seeds: fine-tuning seeds.
+        train: fine-tuning settings.
+        head_fit: settings of the task head fitted on the frozen encoder, over ``train``.
+        mlm / scoring / pruning / before_after / stats: see their sections.
+    """
+
+    model: str = "offline"
+    tasks: tuple[str | TaskSpec, ...]
+    seeds: tuple[int, ...] = (1,)
+    train: TrainSettings = TrainSettings()
+    head_fit: TrainSettings = TrainSettings(lr=1e-3, epochs=10)
+    mlm: MlmSettings = MlmSettings()
+    scoring: ScoringSettings = ScoringSettings()
+    pruning: PruningSettings = PruningSettings()
+    before_after: BeforeAfterSettings = BeforeAfterSettings()
+    stats: StatsSettings = StatsSettings()
+
+    @field_validator("model")
+    @classmethod
+    def _model(cls, v, info: ValidationInfo):
+        return _resolve_path(v, info)
+
+    @field_validator("tasks", mode="before")
+    @classmethod
+    def _tasks(cls, v, info: ValidationInfo):
+        if not isinstance(v, (list, tuple)) or not v:
+            raise ValueError("give at least one task")
+        out = []
+        for item in v:
+            if isinstance(item, str):
+                out.append(_resolve_path(item, info))
+            elif isinstance(item, Mapping) and isinstance(item.get("task"), str):
+                out.append({**item, "task": _resolve_path(item["task"], info)})
+            else:
+                out.append(item)
+        return out
+
+    @field_validator("seeds")
+    @classmethod
+    def _seeds(cls, v):
+        if not v or len(set(v)) != len(v):
+            raise ValueError("seeds must be a non-empty list without repeats")
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        ids = [task_id(t) for t in self.tasks]
+        dup = sorted({i for i in ids if ids.count(i) > 1})
+        if dup:
+            raise ValueError(f"two tasks have the id {dup[0]!r}; give them ids: {{id: ..., task: ...}}")
+        if self.before_after.seeds is not None and not set(self.before_after.seeds) <= set(self.seeds):
+            raise ValueError("before_after.seeds must be among seeds")
+        return self
+
+    @field_validator("mlm")
+    @classmethod
+    def _mlm_paths(cls, v: MlmSettings, info: ValidationInfo):
+        upd = {k: _resolve_path(getattr(v, k), info) for k in ("corpus", "head_corpus") if getattr(v, k)}
+        return v.model_copy(update=upd) if upd else v
+
+
+class TransferConfig(StudyConfig, TransferSettings):
+    """The ``study: transfer`` config: :class:`TransferSettings` plus name and description.
+
+    >>> c = TransferConfig(study="transfer", tasks=["offline/movies", "offline/tweets"])
+    >>> [task_id(t) for t in c.tasks], c.pruning.levels[:2]
+    (['movies', 'tweets'], (0.1, 0.2))
+    """
+
+
+def _resolve_path(value: str, info: ValidationInfo) -> str:
+    """A relative path that exists next to the config file becomes absolute; names stay names."""
+    if not isinstance(value, str):
+        return value
+    base = (info.context or {}).get("base_dir") if info is not None else None
+    p = Path(value).expanduser()
+    if p.is_absolute():
+        return str(p)
+    if base is not None:
+        candidate = Path(base) / p
+        if candidate.exists() or (p.suffix.lower() in (".yaml", ".yml", ".txt") and not p.exists()):
+            return str(candidate.resolve())
+    if p.exists() and (p.suffix or value.startswith(".")):
+        return str(p.resolve())
+    return value
+
+
+def task_id(spec: str | TaskSpec) -> str:
+    """The short id of a task entry: its ``id``, else the name's last part without a suffix.
+
+    >>> task_id("offline/movies"), task_id("/data/my-task.yaml"), task_id(TaskSpec(id="a", task="x"))
+    ('movies', 'my-task', 'a')
+    """
+    if isinstance(spec, TaskSpec):
+        return spec.id
+    name = Path(str(spec)).name
+    for suffix in (".yaml", ".yml"):
+        if name.lower().endswith(suffix):
+            name = name[: -len(suffix)]
+    return "".join(c if c.isalnum() or c in "_.-" else "-" for c in name).strip("-.") or "task"
+
+
+def task_name(spec: str | TaskSpec) -> str:
+    """The task a task entry names (what :func:`headcount.tasks.get_task` reads)."""
+    return spec.task if isinstance(spec, TaskSpec) else str(spec)
+
+
+# =============================================================================================
+# job parameters (what :mod:`.plan` writes and :mod:`.jobs` reads; no defaults of their own)
+# =============================================================================================
+class LayoutParams(ConfigSection):
+    model: str
+
+
+class MlmHeadParams(ConfigSection):
+    """The MLM head of every MLM job (from :class:`MlmSettings`): texts, fit steps, subset, seed."""
+
+    corpus: str
+    steps: int
+    max_texts: int
+    seed: int
+    after: AfterHead
+
+
+class MlmScoreParams(ConfigSection):
+    model: str
+    task: str
+    data: DataSettings
+    method: Method
+    mlm_head: MlmHeadParams
+
+
+class HeadFitParams(ConfigSection):
+    model: str
+    task: str
+    seed: int
+    train: TrainSettings
+
+
+class MaskParams(ConfigSection):
+    """``order: scores`` ranks by the upstream ``scores`` job; ``random`` draws with ``seed``."""
+
+    level: float
+    order: Literal["scores", "random"]
+    view: View
+    normalize: Normalize
+    seed: int | None = None  # only for ``order: random``
+
+    @model_validator(mode="after")
+    def _seeded(self):
+        if self.order == "random" and self.seed is None:
+            raise ValueError("a random mask needs a seed")
+        return self
+
+
+class CurveParams(ConfigSection):
+    """A prunability curve: ``task`` (the upstream ``model``) or ``mlm`` (``model`` + ``mlm_head``).
+
+    ``orders``: ``{order: {replicate: input name}}``, the score grids that rank the heads.
+    """
+
+    objective: Literal["task", "mlm"]
+    task: str
+    eval: DataSettings
+    levels: tuple[float, ...]
+    normalize: Normalize
+    views: tuple[View, ...]
+    orders: dict[str, dict[str, str]]
+    random_draws: int
+    random_seed: int
+    model: str | None = None  # mlm only: the pre-trained model
+    mlm_head: MlmHeadParams | None = None  # mlm only
+
+    @model_validator(mode="after")
+    def _mlm(self):
+        if self.objective == "mlm" and (self.model is None or self.mlm_head is None):
+            raise ValueError("an MLM curve needs model and mlm_head")
+        return self
+
+
+class PairParams(ConfigSection):
+    """Two score grids compared (``a``, ``b``: input names) and what the rows say about them."""
+
+    name: str
+    comparison: str
+    a: str
+    b: str
+    task: str | None
+    task_b: str | None
+    seed: int | None
+    seed_b: int | None
+    paired: bool
+
+
+class GridParams(ConfigSection):
+    # in the order of the params' sorted JSON keys: the columns of layer_mass.csv
+    kind: str
+    seed: int | None
+    task: str
+
+
+class CoherenceParams(ConfigSection):
+    pairs: tuple[PairParams, ...]
+    grids: dict[str, GridParams]
+    stats: StatsSettings
+    views: tuple[View, ...]

@@ -1,0 +1,159 @@
+"""The transfer study's tables: saved results -> tidy pandas DataFrames (and small helpers on them).
+
+:func:`transfer_tables` reads every finished job of a transfer part through :class:`.plan.Names`;
+the figures (:mod:`.figures`) and the report (:mod:`.report`) are drawn from its output only.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+from scipy.stats import rankdata
+
+from ...analysis.removal import acceptable_deduction
+from .config import TransferSettings
+from .plan import Names, plan_of
+
+
+def artifact(prefix: str) -> str:
+    """A report-name prefix from a job-name prefix (``"transfer/"`` -> ``"transfer-"``)."""
+    return "".join(c if c.isalnum() or c in "_.-" else "-" for c in prefix)
+
+
+def transfer_tables(store, settings: TransferSettings, prefix: str = "") -> dict:
+    """The tidy tables of a finished transfer part, read from saved results (pandas DataFrames).
+
+    Keys: ``layout`` (the layout job's result, a dict), ``mlm`` (the MLM head and the
+    pre-trained model's MLM quality per text source), ``coherence``, ``coherence_summary``, ``layer_mass``, ``head_scores``, ``finetune``,
+    ``curves``, ``prunability``, ``before_after``, ``acceptable_deduction``,
+    ``acceptable_deduction_summary`` (the last three empty when ``before_after`` is off).
+
+    >>> tables = transfer_tables(RunStore("runs/transfer-offline"), config)   # doctest: +SKIP
+    """
+    n, p = Names(prefix), plan_of(settings)
+    coh = store.result(n.coherence())
+    coherence_df = pd.DataFrame(coh.result["rows"])
+    summary = (coherence_df.groupby(["comparison", "view", "task", "task_b", "statistic"], dropna=False, sort=False)
+               .agg(estimate=("estimate", "mean"), estimate_min=("estimate", "min"), estimate_max=("estimate", "max"),
+                    low=("low", "mean"), high=("high", "mean"), p_value_max=("p_value", "max"),
+                    chance=("chance", "first"), n=("estimate", "size")).reset_index())
+
+    scores = []
+
+    def add_scores(result, kind, task, seed):
+        d = result.load_json("scores.json")
+        for layer, row in enumerate(d["heads"]):
+            for head, v in enumerate(row):
+                scores.append({"kind": kind, "task": task, "seed": seed, "layer": layer, "head": head, "score": v})
+
+    mlm_rows = []
+    for c in p["corpora"]:
+        job = store.result(n.mlm_pre(c))
+        add_scores(job, "mlm-pre-trained", c, None)
+        head = job.result.get("mlm_head") or {}
+        mlm_rows.append({"corpus": c, "texts": p["corpora"][c], "head": job.result.get("head"),
+                         "head_heldout_loss": head.get("loss"), "head_heldout_accuracy": head.get("accuracy")})
+    ft_rows, curve_rows = [], []
+    for t in p["ids"]:
+        for seed in p["seeds"]:
+            add_scores(store.result(n.task_after(t, seed)), "task-fine-tuned", t, seed)
+            add_scores(store.result(n.task_before(t, seed)), "task-pre-trained", t, seed)
+            add_scores(store.result(n.mlm_after(t, seed)), "mlm-fine-tuned", t, seed)
+            f, h = store.result(n.finetune(t, seed)).result, store.result(n.head_fit(t, seed)).result
+            ft_rows.append({"task": t, "seed": seed, "metric": f["metric"], "fine_tuned": f["final"]["score"],
+                            "head_only": h["final"]["score"], "train_seconds": f["train_seconds"],
+                            "head_fit_seconds": h["train_seconds"], "n_train": f["n_train"], "n_eval": f["n_eval"]})
+            cur = store.result(n.curve(t, seed)).result
+            curve_rows += [{"task": t, "seed": seed, **r} for r in cur["rows"]]
+        cur = store.result(n.mlm_curve(t)).result
+        curve_rows += [{"task": t, "seed": None, **r} for r in cur["rows"]]
+        for r in mlm_rows:
+            if r["corpus"] == p["corpus_of"][t]:
+                r.update(validation_loss=cur["full"]["loss"], validation_accuracy=cur["full"]["score"],
+                         validation_masked_tokens=cur["full"].get("n_masked"))
+    curves = pd.DataFrame(curve_rows)
+
+    prun = []
+    for (t, objective, view, order), g in curves.groupby(["task", "objective", "view", "order"], sort=False):
+        full = g[g["fraction"] == 0]["score"].mean()
+        mean = g.groupby("fraction")["score"].mean()
+        ok = [f for f, v in mean.items() if v >= settings.before_after.threshold * full]
+        prun.append({"task": t, "objective": objective, "view": view, "order": order, "full": full,
+                     "removable_fraction": max(ok) if ok else 0.0,
+                     "score_at_50": float(mean.get(0.5, np.nan)), "auc": float(np.trapezoid(mean.values, mean.index))})
+    prunability = pd.DataFrame(prun)
+
+    ba_rows, ad_rows, ad_summary = [], [], []
+    if p["ba_levels"]:
+        ftd = pd.DataFrame(ft_rows)
+        for t in p["ids"]:
+            full = float(ftd[(ftd["task"] == t) & ftd["seed"].isin(p["ba_seeds"])]["fine_tuned"].mean())
+            c = curves[curves["task"] == t]
+            mlm_c = c[(c["objective"] == "mlm") & (c["order"] == "mlm") & (c["view"] == settings.before_after.view)]
+            if mlm_c.empty:  # a model without shared layers: the application view stands for both
+                mlm_c = c[(c["objective"] == "mlm") & (c["order"] == "mlm") & (c["view"] == "application")]
+            mlm_full = mlm_c[mlm_c["fraction"] == 0].iloc[0]
+            task_c = c[(c["objective"] == "task") & (c["view"] == "application")]
+            orders = ["mlm"] + (["random"] if settings.before_after.random_control else [])
+            for level in p["ba_levels"]:
+                pruned_first = {}
+                for order in orders:
+                    vals = [store.result(n.pruned_finetune(t, seed, order, level)).result["final"]["score"]
+                            for seed in p["ba_seeds"]]
+                    pruned_first[order] = float(np.mean(vals))
+                    ba_rows.append({"task": t, "level": level, "setting": f"prune ({order}) then fine-tune",
+                                    "score": pruned_first[order], "score_min": float(np.min(vals)),
+                                    "score_max": float(np.max(vals)), "full": full})
+                for order in ("task", "mlm"):
+                    v = task_c[(task_c["order"] == order) & np.isclose(task_c["fraction"], level)]["score"]
+                    ba_rows.append({"task": t, "level": level, "setting": f"fine-tune then prune ({order})",
+                                    "score": float(v.mean()), "score_min": float(v.min()), "score_max": float(v.max()),
+                                    "full": float(task_c[task_c["fraction"] == 0]["score"].mean())})
+                m = mlm_c[np.isclose(mlm_c["fraction"], level)].iloc[0]
+                rel = pruned_first["mlm"] / full if full else float("nan")
+                ad_rows.append({"task": t, "level": level, "mlm_loss": float(m["loss"]), "mlm_accuracy": float(m["score"]),
+                                "mlm_loss_increase": float(m["loss"] - mlm_full["loss"]),
+                                "mlm_accuracy_drop": float(mlm_full["score"] - m["score"]),
+                                "fine_tuned_score": pruned_first["mlm"], "full_score": full, "relative_score": rel,
+                                "acceptable": bool(rel >= settings.before_after.threshold)})
+            best = acceptable_deduction([r for r in ad_rows if r["task"] == t], threshold=settings.before_after.threshold)
+            ad_summary.append({"task": t, "threshold": settings.before_after.threshold, **best})
+    return {"layout": store.result(n.layout()).result, "mlm": pd.DataFrame(mlm_rows), "coherence": coherence_df,
+            "coherence_summary": summary, "layer_mass": pd.DataFrame(coh.result["layer_mass"]),
+            "head_scores": pd.DataFrame(scores), "finetune": pd.DataFrame(ft_rows), "curves": curves,
+            "prunability": prunability, "before_after": pd.DataFrame(ba_rows),
+            "acceptable_deduction": pd.DataFrame(ad_rows), "acceptable_deduction_summary": pd.DataFrame(ad_summary)}
+
+
+def rank01(grid) -> np.ndarray:
+    """Percentile ranks in [0, 1] (the scale every coherence statistic sees)."""
+    g = np.asarray(grid, dtype=np.float64)
+    r = rankdata(g.ravel())
+    return ((r - 1) / max(r.size - 1, 1)).reshape(g.shape)
+
+
+def grid_of(scores, kind, task, seed=None) -> np.ndarray:
+    """The ``[n_layers, n_heads]`` percentile-rank grid of one kind of score (mean over seeds) from ``head_scores``."""
+    d = scores[(scores["kind"] == kind) & (scores["task"] == task)]
+    if seed is not None:
+        d = d[d["seed"] == seed]
+    if d.empty:
+        return np.zeros((0, 0))
+    grids = [g.pivot(index="layer", columns="head", values="score").to_numpy()
+             for _, g in d.groupby("seed", dropna=False)]
+    return np.mean([rank01(g) for g in grids], axis=0)
+
+
+def stat_rows(summary, comparison, statistic, view="application", **where):
+    """The rows of ``coherence_summary`` for one comparison and statistic (optionally filtered further)."""
+    d = summary[(summary["comparison"] == comparison) & (summary["statistic"] == statistic) & (summary["view"] == view)]
+    for k, v in where.items():
+        d = d[d[k] == v]
+    return d
+
+
+def fmt(x, digits=2) -> str:
+    """A number for text: ``digits`` decimals, ``n/a`` for None or non-finite."""
+    return "n/a" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:.{digits}f}"
