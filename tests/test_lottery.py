@@ -227,7 +227,7 @@ def test_study_runs_to_a_report_with_the_main_table(run):
     for task in tasks:
         row = main[(main["task"] == task) & (main["experiment"] == "random retrained")]
         cell = paper.loc[paper["task"] == task, "random"].item()
-        assert cell == f"{row['mean'].item():.3f} ± {row['std'].item():.3f}"
+        assert cell == f"{row['mean'].item():.2f} ± {row['std'].item():.2f}"
     full = main[main["experiment"] == "full"]["mean"]
     assert (full > 0.6).all()  # the tiny task is learnt (chance 0.5): the subnetworks are not trivial
 
@@ -322,7 +322,7 @@ def test_paper_table_sets_the_runs_numbers_beside_the_published_ones():
         "n": [3, 3, 1, 0], "heads_kept": [math.nan, 70.5, math.nan, math.nan]})
     t = paper_table(summary, {"full": "full", "good pruned": "good, not retrained"}, heads=True)
     sst2, movies = t.iloc[0].to_dict(), t.iloc[1].to_dict()
-    assert sst2["full"] == "0.910 ± 0.010" and sst2["full, paper"] == "0.93" == f"{PRASANNA_2020['full'][5]:.2f}"
+    assert sst2["full"] == "0.91 ± 0.01" and sst2["full, paper"] == "0.93" == f"{PRASANNA_2020['full'][5]:.2f}"
     assert sst2["good heads"] == "70.5" and sst2["good heads, paper"] == "67"
-    assert movies["full"] == "0.800" and movies["full, paper"] == "" and movies["good, not retrained"] == ""
+    assert movies["full"] == "0.80" and movies["full, paper"] == "" and movies["good, not retrained"] == ""
     assert movies["seeds"] == "0-1" and published("full", "offline/movies") is None

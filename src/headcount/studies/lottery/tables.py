@@ -137,15 +137,15 @@ def summarize(scores, experiments=None):
                                        "mlps_kept", "sparsity"])
 
 
-def mean_std(mean, std) -> str:
+def mean_std(mean, std, digits: int = 3) -> str:
     """A ``mean ± std`` cell; just the mean without a finite std; blank without a mean.
 
-    >>> mean_std(0.8, 0.01), mean_std(0.8, float("nan")), mean_std(None, None)
-    ('0.800 ± 0.010', '0.800', '')
+    >>> mean_std(0.8, 0.01), mean_std(0.8, float("nan"), digits=2), mean_std(None, None)
+    ('0.800 ± 0.010', '0.80', '')
     """
     if mean is None or not math.isfinite(mean):
         return ""
-    return f"{mean:.3f} ± {std:.3f}" if std is not None and math.isfinite(std) else f"{mean:.3f}"
+    return f"{mean:.{digits}f} ± {std:.{digits}f}" if std is not None and math.isfinite(std) else f"{mean:.{digits}f}"
 
 
 def wide_table(summary):
@@ -168,7 +168,8 @@ def wide_table(summary):
 
 def paper_table(summary, experiments: dict[str, str], heads: bool = False):
     """One of the paper's main tables, one row per task: this run's ``mean ± std`` over seeds
-    beside Prasanna et al.'s published mean (:mod:`.published`).
+    beside Prasanna et al.'s published mean (:mod:`.published`), both to the paper's two decimals
+    (the tidy ``main`` table has the full precision).
 
     Args:
         summary: :func:`summarize` of the run's scores.
@@ -183,7 +184,7 @@ def paper_table(summary, experiments: dict[str, str], heads: bool = False):
     >>> s = pd.DataFrame({"experiment": ["full", "good retrained"], "task": ["glue/rte"] * 2, "metric": ["accuracy"] * 2,
     ...                   "mean": [0.65, 0.6], "std": [0.02, 0.03], "n": [3, 3], "heads_kept": [None, 70.0]})
     >>> paper_table(s, {"full": "full", "good retrained": "good"}).iloc[0].tolist()
-    ['glue/rte', 'accuracy', '3', '0.650 ± 0.020', '0.63', '0.600 ± 0.030', '0.58']
+    ['glue/rte', 'accuracy', '3', '0.65 ± 0.02', '0.63', '0.60 ± 0.03', '0.58']
     """
     tasks = list(dict.fromkeys(summary["task"]))
     with_paper = any(paper_task(t) is not None for t in tasks)
@@ -194,7 +195,8 @@ def paper_table(summary, experiments: dict[str, str], heads: bool = False):
         row = {"task": task, "metric": str(sub["metric"].iloc[0]),
                "seeds": "" if not ns else (str(min(ns)) if min(ns) == max(ns) else f"{min(ns)}-{max(ns)}")}
         for exp, header in experiments.items():
-            row[header] = mean_std(float(sub.loc[exp, "mean"]), float(sub.loc[exp, "std"])) if exp in sub.index else ""
+            row[header] = (mean_std(float(sub.loc[exp, "mean"]), float(sub.loc[exp, "std"]), digits=2)
+                           if exp in sub.index else "")
             if with_paper:
                 value = published(exp, task)
                 row[f"{header}, paper"] = "" if value is None else f"{value:.2f}"
