@@ -10,12 +10,18 @@ values, a single category) the result is ``nan``, never an exception or a warnin
 Groups:
 
 - coherence of two score grids: :func:`spearman`, :func:`kendall_tau`, :func:`top_k_overlap`,
-  :func:`layer_mass`, :func:`compare_scores`, :func:`pairwise_matrix`;
-- uncertainty: :func:`bootstrap_ci` (resampling examples / batches), :func:`permutation_test`;
-- stability of masks over seeds: :func:`krippendorff_alpha_nominal`, :func:`cochrans_q`,
-  :func:`pairwise_jaccard`, :func:`mask_stability`;
+  :func:`layer_mass`, :func:`compare_scores`, :func:`pairwise_matrix`, :func:`normalize_layers`
+  (per-layer normalisation that takes out layer effects);
+- uncertainty: :func:`bootstrap_ci` (resampling examples / batches), :func:`paired_bootstrap_ci`
+  (two grids of the same examples, paired by example id), :func:`hierarchical_bootstrap_ci` and
+  :func:`hierarchical_ci_from_replicates` (a mean over seeds: resample seeds, then examples),
+  :func:`permutation_test` (global, or within layers with ``strata="rows"``);
+- stability of masks over seeds: :func:`krippendorff_alpha_nominal` and :func:`pairwise_jaccard`
+  (do the seeds keep the *same* components?), :func:`cochrans_q` (do they keep the same
+  *proportion*? not which ones), :func:`mask_stability`;
 - subnetworks: :func:`super_survivors`, :func:`random_control`, :func:`bad_control`,
   :func:`draw_controls`;
+- pruning curves: :func:`largest_contiguous_passing`;
 - across seeds: :func:`seed_summary`.
 """
 
@@ -34,6 +40,7 @@ from ..errors import HeadcountError
 __all__ = [
     "BootstrapResult",
     "CochranQResult",
+    "HierarchicalBootstrapResult",
     "PermutationResult",
     "DEFAULT_FRACTIONS",
     "bad_control",
@@ -41,11 +48,16 @@ __all__ = [
     "cochrans_q",
     "compare_scores",
     "draw_controls",
+    "hierarchical_bootstrap_ci",
+    "hierarchical_ci_from_replicates",
     "jaccard",
     "kendall_tau",
     "krippendorff_alpha_nominal",
+    "largest_contiguous_passing",
     "layer_mass",
     "mask_stability",
+    "normalize_layers",
+    "paired_bootstrap_ci",
     "pairwise_jaccard",
     "pairwise_matrix",
     "permutation_test",
@@ -267,6 +279,54 @@ def layer_mass(scores) -> np.ndarray:
     return per_layer / total
 
 
+def normalize_layers(scores, method: Literal["zscore", "l2", "rank"] = "zscore") -> np.ndarray:
+    """Each layer (row) of a ``[layer, head]`` grid normalised on its own, to take out layer effects.
+
+    Coherence computed on normalised grids asks "do the two grids order the heads *within* each
+    layer alike?", the question the within-layer permutation test (``permutation_test(...,
+    strata="rows")``) answers; on raw grids, layer means that differ alike in both grids
+    (early layers matter for both tasks) dominate a global correlation.
+
+    Args:
+        scores: ``[n_layers, n_heads]`` (NaN entries stay NaN and are ignored in the row's
+            statistics).
+        method: ``"zscore"`` (default: minus the row mean, divided by the row's standard
+            deviation, ddof 0; a constant row becomes 0), ``"l2"`` (divided by the row's L2 norm,
+            Michel et al.'s per-layer normalisation, as in
+            :func:`headcount.analysis.removal.removal_mask`: rescales but keeps the layer mean)
+            or ``"rank"`` (average ranks within the row, scaled to [0, 1]; constant row -> 0.5).
+
+    Returns:
+        A float64 array shaped like ``scores``.
+
+    >>> normalize_layers([[1.0, 3.0], [10.0, 30.0]]).tolist()
+    [[-1.0, 1.0], [-1.0, 1.0]]
+    """
+    s = _np(scores)
+    if s.ndim != 2:
+        raise HeadcountError(f"normalize_layers expects [n_layers, n_heads], got shape {s.shape}")
+    finite = np.isfinite(s)
+    n = finite.sum(axis=1, keepdims=True)
+    if method == "zscore":
+        with np.errstate(invalid="ignore", divide="ignore"):
+            mean = np.where(finite, s, 0.0).sum(axis=1, keepdims=True) / np.maximum(n, 1)
+            dev = np.where(finite, s - mean, 0.0)
+            sd = np.sqrt((dev**2).sum(axis=1, keepdims=True) / np.maximum(n, 1))
+        out = dev / np.where(sd > 0, sd, 1.0)
+    elif method == "l2":
+        norm = np.sqrt((np.where(finite, s, 0.0) ** 2).sum(axis=1, keepdims=True))
+        out = s / np.where(norm > 0, norm, 1.0)
+    elif method == "rank":
+        out = np.empty_like(s)
+        for i, row in enumerate(s):
+            ok = finite[i]
+            r = _sps.rankdata(row[ok])
+            out[i, ok] = (r - 1) / (ok.sum() - 1) if ok.sum() > 1 and not _is_constant(row[ok]) else 0.5
+    else:
+        raise HeadcountError(f"unknown layer normalisation {method!r}; use 'zscore', 'l2' or 'rank'")
+    return np.where(finite, out, math.nan)
+
+
 def compare_scores(a, b, fractions: Sequence[float] = DEFAULT_FRACTIONS) -> dict[str, object]:
     """All coherence numbers of two ``[layer, head]`` grids in one JSON-ready dict.
 
@@ -466,6 +526,268 @@ def bootstrap_ci(
     return BootstrapResult(out(estimate), out(low), out(high), level, n_boot, n_valid, samples)
 
 
+def paired_bootstrap_ci(
+    statistic: Callable[..., float | np.ndarray],
+    a,
+    b,
+    ids_a: Sequence,
+    ids_b: Sequence,
+    *,
+    n_boot: int = 1000,
+    level: float = 0.95,
+    seed: Seed = 0,
+    reduce: Literal["sum", "mean"] = "sum",
+) -> BootstrapResult:
+    """Bootstrap of ``statistic(grid_a, grid_b)`` that resamples the same example ids for both.
+
+    For two importance grids computed on the same texts (MLM and task importance on a task's
+    examples): an unpaired bootstrap resamples the two independently and ignores that an example
+    that is hard for one is often hard for the other, so its intervals are too wide for
+    differences and wrong for correlations. Rows are paired by id, not by position: ``b`` is
+    put in ``ids_a``'s order first, then :func:`bootstrap_ci` draws one index set per resample.
+
+    Args:
+        statistic: function of the two aggregated grids (float or array).
+        a: ``[n_examples, ...]`` per-example contributions.
+        b: ``[n_examples, ...]`` per-example contributions of the same examples.
+        ids_a: ``n_examples`` example ids of ``a``'s rows (ints or strings, unique).
+        ids_b: the ids of ``b``'s rows: the same set, in any order.
+        n_boot: number of resamples.
+        level: confidence level in (0, 1).
+        seed: int or ``numpy.random.Generator``.
+        reduce: ``"sum"`` (importance convention) or ``"mean"`` over examples.
+
+    Returns:
+        A :class:`BootstrapResult` (same draws as ``bootstrap_ci(..., paired=True)`` on the
+        aligned arrays).
+
+    Raises:
+        HeadcountError: an id list whose length differs from its array's rows, repeated ids, or
+            id sets that differ (the message names a few ids found on one side only).
+
+    >>> x = np.array([1.0, 2.0, 3.0, 4.0])
+    >>> r = paired_bootstrap_ci(lambda p, q: p - q, x, x[::-1] + 1, ["a", "b", "c", "d"], ["d", "c", "b", "a"],
+    ...                         reduce="mean", n_boot=200)
+    >>> (r.estimate, float(r.low), float(r.high))    # b is a + 1 once paired by id: no spread
+    (-1.0, -1.0, -1.0)
+    """
+    xa, xb = _np(a), _np(b)
+    la, lb = _id_list(ids_a, "ids_a"), _id_list(ids_b, "ids_b")
+    for name, x, ids in (("a", xa, la), ("b", xb, lb)):
+        if x.ndim < 1 or x.shape[0] != len(ids):
+            raise HeadcountError(f"{name} has {x.shape[0] if x.ndim else 0} rows but {len(ids)} example ids")
+    if la != lb:
+        pos_b = {v: i for i, v in enumerate(lb)}
+        only_a = [v for v in la if v not in pos_b]
+        only_b = [v for v in lb if v not in set(la)]
+        if only_a or only_b:
+            raise HeadcountError(
+                "cannot pair the examples: the id sets differ "
+                f"({len(only_a)} only in a, e.g. {only_a[:3]}; {len(only_b)} only in b, e.g. {only_b[:3]})")
+        xb = xb[[pos_b[v] for v in la]]
+    return bootstrap_ci(statistic, xa, xb, n_boot=n_boot, level=level, seed=seed, reduce=reduce, paired=True)
+
+
+def _id_list(ids, name: str) -> list:
+    out = ids.tolist() if hasattr(ids, "tolist") else list(ids)
+    if len(set(out)) != len(out):
+        seen: set = set()
+        dup = [v for v in out if v in seen or seen.add(v)]
+        raise HeadcountError(f"{name} has repeated example ids, e.g. {dup[:3]}")
+    return out
+
+
+@dataclass(frozen=True)
+class HierarchicalBootstrapResult(BootstrapResult):
+    """A confidence interval for a mean over seeds from a two-level (seeds, then examples) bootstrap.
+
+    Attributes (beyond :class:`BootstrapResult`'s; ``estimate`` is the mean over seeds of each
+    seed's statistic, ``samples`` ``[n_boot, ...]`` the mean over a resample of seeds):
+        n_seeds: number of seeds.
+        interval: how ``low``/``high`` were read from the samples: ``"t"`` or ``"percentile"``
+            (with one seed always ``"percentile"``: example noise only, no seed variance).
+    """
+
+    n_seeds: int = 1
+    interval: str = "t"
+
+    def to_dict(self) -> dict[str, object]:
+        """JSON-ready summary (without the samples)."""
+        return {**super().to_dict(), "n_seeds": self.n_seeds, "interval": self.interval}
+
+
+def _example_weights(rng: np.random.Generator, n: int, n_boot: int) -> np.ndarray:
+    """``[n_boot, n]`` bootstrap resample counts of n examples (each row sums to n)."""
+    return rng.multinomial(n, np.full(n, 1.0 / n), size=n_boot).astype(np.float64)
+
+
+def hierarchical_bootstrap_ci(
+    statistic: Callable[..., float | np.ndarray] | None,
+    *per_seed: Sequence,
+    n_boot: int = 1000,
+    level: float = 0.95,
+    seed: Seed = 0,
+    reduce: Literal["sum", "mean"] = "mean",
+    paired: bool = False,
+    interval: Literal["t", "percentile"] = "t",
+) -> HierarchicalBootstrapResult:
+    """CI for a mean over seeds of a per-seed statistic: resample seeds, then examples within each.
+
+    The quantity is ``mean_s statistic(grids of seed s)`` where seed s's grids aggregate its
+    per-example contributions (as in :func:`bootstrap_ci`). Both sources of error count: which
+    seeds were trained (seed variance) and which examples were scored (example noise).
+    Averaging each seed's example-bootstrap bounds, the old summary, ignores the first: with
+    seed variance comparable to example noise it covers the truth far less often than nominal.
+
+    Each seed gets ``n_boot`` example resamples of its statistic (a pool); a hierarchical
+    resample then draws ``n_seeds`` seeds with replacement and, for each, a random member of its
+    pool, and averages (:func:`hierarchical_ci_from_replicates`).
+
+    Args:
+        statistic: function of one seed's aggregated grids (one per ``per_seed`` argument);
+            ``None`` with a single argument: the aggregated grid itself (vectorised; e.g. the mean
+            accuracy over examples).
+        *per_seed: one or more sequences over seeds, each item ``[n_examples_s, ...]`` (seed s's
+            per-example contributions; seeds may have different numbers of examples).
+        n_boot: example resamples per seed, and hierarchical resamples.
+        level: confidence level in (0, 1).
+        seed: int or ``numpy.random.Generator``.
+        reduce: ``"mean"`` (default) or ``"sum"`` over a seed's examples.
+        paired: within a seed, resample all arrays with the same indices (same examples).
+        interval: ``"t"`` (default): estimate +- t_{n_seeds-1} x the samples' standard deviation
+            x sqrt(n_seeds / (n_seeds - 1)), which keeps its coverage with the 2-5 seeds the
+            studies train (the percentile interval of a bootstrap over 5 seeds covers ~85% when
+            seed variance dominates); ``"percentile"``: the samples' quantiles.
+
+    Returns:
+        A :class:`HierarchicalBootstrapResult`.
+
+    >>> rng = np.random.default_rng(0)
+    >>> seeds = [rng.normal(mu, 1.0, size=200) for mu in (0.9, 1.0, 1.1, 1.2)]  # 4 seeds x 200 examples
+    >>> r = hierarchical_bootstrap_ci(None, seeds, n_boot=500)
+    >>> round(r.estimate, 3), bool(r.low < 1.05 < r.high), r.n_seeds
+    (1.024, True, 4)
+    """
+    if not per_seed:
+        raise HeadcountError("hierarchical_bootstrap_ci needs at least one sequence of per-seed contributions")
+    if statistic is None and len(per_seed) != 1:
+        raise HeadcountError("statistic=None works on a single sequence of per-seed contributions")
+    if reduce not in ("sum", "mean"):
+        raise HeadcountError(f"reduce must be 'sum' or 'mean', got {reduce!r}")
+    if n_boot < 1:
+        raise HeadcountError(f"n_boot must be >= 1, got {n_boot}")
+    groups = [list(g) for g in per_seed]
+    n_seeds = len(groups[0])
+    if n_seeds < 1 or any(len(g) != n_seeds for g in groups):
+        raise HeadcountError(f"every argument needs the same number (>= 1) of seeds, got {[len(g) for g in groups]}")
+    rng = _rng(seed)
+    estimates, pools = [], []
+    for s in range(n_seeds):
+        arrays = [_np(g[s]) for g in groups]
+        for x in arrays:
+            if x.ndim < 1 or x.shape[0] < 1:
+                raise HeadcountError(f"seed {s}: each contributions array needs a leading n_examples axis with >= 1 row")
+        if paired and len({x.shape[0] for x in arrays}) > 1:
+            raise HeadcountError(f"seed {s}: paired=True needs the same number of examples in every array")
+        flat = [np.nan_to_num(x.reshape(x.shape[0], -1), nan=0.0) for x in arrays]  # [n_s, F]
+        scale = [1.0 / x.shape[0] if reduce == "mean" else 1.0 for x in arrays]
+        full = [(f.sum(0) * c).reshape(x.shape[1:]) for f, c, x in zip(flat, scale, arrays)]
+        weights = []
+        for i, x in enumerate(arrays):
+            weights.append(weights[0] if paired and i else _example_weights(rng, x.shape[0], n_boot))
+        boot = [(w @ f * c).reshape(n_boot, *x.shape[1:])  # [n_boot, ...] resampled grids
+                for w, f, c, x in zip(weights, flat, scale, arrays)]
+        if statistic is None:
+            estimates.append(full[0])
+            pools.append(boot[0])
+        else:
+            estimates.append(np.asarray(statistic(*full), dtype=np.float64))
+            pools.append(np.stack([np.asarray(statistic(*[g[k] for g in boot]), dtype=np.float64)
+                                   for k in range(n_boot)]))
+    return hierarchical_ci_from_replicates(estimates, pools, n_boot=n_boot, level=level, seed=rng, interval=interval)
+
+
+def hierarchical_ci_from_replicates(
+    estimates,
+    replicates: Sequence,
+    *,
+    n_boot: int = 2000,
+    level: float = 0.95,
+    seed: Seed = 0,
+    interval: Literal["t", "percentile"] = "t",
+) -> HierarchicalBootstrapResult:
+    """Combine per-seed example-bootstrap replicates into a CI for the mean over seeds.
+
+    For results that already hold each seed's bootstrap samples (``BootstrapResult.samples`` of
+    one comparison per seed): a hierarchical resample draws ``n_seeds`` seeds with replacement
+    and one random replicate of each, then averages them. This is the second stage of
+    :func:`hierarchical_bootstrap_ci`; see its ``interval`` for the two ways to read the bounds.
+
+    Args:
+        estimates: ``[n_seeds, ...]`` each seed's statistic on its full data.
+        replicates: ``n_seeds`` arrays ``[n_boot_s, ...]`` (each seed's example-bootstrap samples;
+            non-finite members make the hierarchical samples that draw them invalid).
+        n_boot: number of hierarchical resamples.
+        level: confidence level in (0, 1).
+        seed: int or ``numpy.random.Generator``.
+        interval: ``"t"`` or ``"percentile"``.
+
+    Returns:
+        A :class:`HierarchicalBootstrapResult`; ``estimate`` is the mean of ``estimates``.
+
+    >>> est = [0.5, 0.7]; reps = [np.full(10, 0.5), np.full(10, 0.7)]   # no example noise
+    >>> r = hierarchical_ci_from_replicates(est, reps, n_boot=400, interval="percentile")
+    >>> r.estimate, float(r.low), float(r.high)
+    (0.6, 0.5, 0.7)
+    """
+    if not 0 < level < 1:
+        raise HeadcountError(f"level must be in (0, 1), got {level}")
+    if n_boot < 1:
+        raise HeadcountError(f"n_boot must be >= 1, got {n_boot}")
+    if interval not in ("t", "percentile"):
+        raise HeadcountError(f"unknown interval {interval!r}; use 't' or 'percentile'")
+    est = np.stack([_np(e) for e in estimates]) if len(estimates) else np.empty(0)
+    pools = [_np(r) for r in replicates]
+    n_seeds = len(pools)
+    if n_seeds < 1 or est.shape[0] != n_seeds:
+        raise HeadcountError(f"need one estimate and one replicate array per seed (>= 1), got {est.shape[0]} and {n_seeds}")
+    shape = est.shape[1:]
+    for s, p in enumerate(pools):
+        if p.ndim < 1 or p.shape[0] < 1 or p.shape[1:] != shape:
+            raise HeadcountError(f"seed {s}: replicates must be [n_boot, *{shape}], got {p.shape}")
+    rng = _rng(seed)
+    sizes = np.array([p.shape[0] for p in pools])
+    padded = np.full((n_seeds, sizes.max(), *shape), math.nan)  # [n_seeds, max n_boot_s, ...]
+    for s, p in enumerate(pools):
+        padded[s, :p.shape[0]] = p
+    pick_seed = rng.integers(0, n_seeds, size=(n_boot, n_seeds))
+    pick_rep = (rng.random((n_boot, n_seeds)) * sizes[pick_seed]).astype(np.int64)
+    samples = padded[pick_seed, pick_rep].mean(axis=1)  # [n_boot, ...]
+    estimate = est.mean(axis=0)
+    finite = np.isfinite(samples)
+    n_valid = int(finite.sum(axis=0).min()) if samples.size else 0
+    alpha = (1 - level) / 2
+    use = interval if n_seeds > 1 else "percentile"
+    masked = np.where(finite, samples, np.nan)
+    if n_valid < 2:
+        low = np.full(shape, math.nan)
+        high = low.copy()
+    elif use == "percentile":
+        low = np.nanquantile(masked, alpha, axis=0)
+        high = np.nanquantile(masked, 1 - alpha, axis=0)
+    else:
+        half = (_sps.t.ppf(1 - alpha, n_seeds - 1) * np.nanstd(masked, axis=0, ddof=1)
+                * math.sqrt(n_seeds / (n_seeds - 1)))
+        low, high = estimate - half, estimate + half
+
+    def out(v):
+        v = np.asarray(v, dtype=np.float64)
+        return float(v) if v.ndim == 0 else v
+
+    return HierarchicalBootstrapResult(out(estimate), out(low), out(high), level, n_boot, n_valid, samples,
+                                       n_seeds=n_seeds, interval=use)
+
+
 # --------------------------------------------------------------------------- permutation test
 
 
@@ -497,6 +819,30 @@ def _permuted_rows(rng: np.random.Generator, n: int, rows: int) -> np.ndarray:
     return np.argsort(rng.random((rows, n)), axis=1)  # [rows, n] independent permutations
 
 
+def _strata_codes(a, b, strata) -> np.ndarray | None:
+    """Integer stratum codes of the entries :func:`_paired_flat` keeps (None: no strata).
+
+    Codes are consecutive (0..K-1) so that ``code + uniform[0, 1)`` sorts by stratum first.
+    """
+    if strata is None:
+        return None
+    sa, sb = _np(a), _np(b)
+    if sa.shape != sb.shape:
+        raise HeadcountError(f"score grids differ in shape: {sa.shape} vs {sb.shape}")
+    if isinstance(strata, str):
+        if strata != "rows":
+            raise HeadcountError(f"unknown strata {strata!r}; use None, 'rows' or an array of labels")
+        if sa.ndim < 2:
+            raise HeadcountError(f"strata='rows' needs a grid with rows ([layer, head]), got shape {sa.shape}")
+        labels = np.broadcast_to(np.arange(sa.shape[0]).reshape(-1, *([1] * (sa.ndim - 1))), sa.shape)
+    else:
+        labels = np.asarray(strata)
+        if labels.shape != sa.shape:
+            raise HeadcountError(f"strata shape {labels.shape} differs from the grids' {sa.shape}")
+    ok = np.isfinite(sa.ravel()) & np.isfinite(sb.ravel())
+    return np.unique(labels.ravel()[ok], return_inverse=True)[1].astype(np.float64)
+
+
 def permutation_test(
     a,
     b,
@@ -504,11 +850,18 @@ def permutation_test(
     n_permutations: int = 9999,
     seed: Seed = 0,
     alternative: Literal["two-sided", "greater", "less"] = "two-sided",
+    strata=None,
 ) -> PermutationResult:
     """Permutation p-value for the association of two grids: permute one grid's flattened entries.
 
     The null hypothesis is that the positions of ``b``'s scores are exchangeable (no relation
     to ``a``). Spearman and Kendall are vectorised; a callable is evaluated per permutation.
+
+    With ``strata`` the permutations stay inside each stratum (a *stratified* or *within-layer*
+    test): the null is only that ``b``'s scores are exchangeable among the heads of one layer.
+    Use ``strata="rows"`` on ``[layer, head]`` grids whose layers differ systematically (layer
+    means that correlate between the grids make the global test reject although no head is
+    related within its layer; see :func:`normalize_layers` for the matching statistic).
 
     Args:
         a: scores, any shape.
@@ -517,6 +870,9 @@ def permutation_test(
         n_permutations: number of random permutations.
         seed: int or ``numpy.random.Generator``.
         alternative: ``"two-sided"`` (|null| >= |observed|), ``"greater"`` or ``"less"``.
+        strata: ``None`` (default: permute all entries, the global test), ``"rows"`` (each
+            index of the first axis is a stratum: within-layer for ``[layer, head]``), or an
+            array of stratum labels shaped like ``a``.
 
     Returns:
         A :class:`PermutationResult`; ``nan`` statistic and p-value for constant grids.
@@ -528,6 +884,7 @@ def permutation_test(
         raise HeadcountError(f"unknown alternative {alternative!r}")
     if n_permutations < 1:
         raise HeadcountError(f"n_permutations must be >= 1, got {n_permutations}")
+    codes = _strata_codes(a, b, strata)
     x, y = _paired_flat(a, b)
     n = x.size
     rng = _rng(seed)
@@ -535,6 +892,18 @@ def permutation_test(
         return PermutationResult(math.nan, math.nan, n_permutations, alternative, np.full(n_permutations, math.nan))
     null = np.empty(n_permutations)
     chunk = max(1, min(n_permutations, 2_000_000 // max(n, 1)))
+    if codes is None:
+        perm_rows = _permuted_rows
+    else:
+        # within strata: a random order of each stratum's positions (sorting code + U groups
+        # them by stratum) is placed on that stratum's positions (``home``, grouped the same way)
+        home = np.argsort(codes, kind="stable")  # [n]
+
+        def perm_rows(rng: np.random.Generator, n: int, rows: int) -> np.ndarray:  # [rows, n]
+            src = np.argsort(codes[None, :] + rng.random((rows, n)), axis=1)
+            out = np.empty_like(src)
+            out[:, home] = src
+            return out
     if statistic == "spearman":
         observed = spearman(x, y)
         rx = _sps.rankdata(x)
@@ -543,7 +912,7 @@ def permutation_test(
         ry = (ry - ry.mean()) / np.linalg.norm(ry - ry.mean())
         for s in range(0, n_permutations, chunk):
             m = min(chunk, n_permutations - s)
-            null[s:s + m] = ry[_permuted_rows(rng, n, m)] @ rx
+            null[s:s + m] = ry[perm_rows(rng, n, m)] @ rx
     elif statistic == "kendall" and n <= 2000:
         observed = kendall_tau(x, y)
         iu, ju = np.triu_indices(n, k=1)
@@ -553,7 +922,7 @@ def permutation_test(
         pchunk = max(1, min(n_permutations, 20_000_000 // iu.size))
         for s in range(0, n_permutations, pchunk):
             m = min(pchunk, n_permutations - s)
-            yp = y[_permuted_rows(rng, n, m)]  # [m, n]
+            yp = y[perm_rows(rng, n, m)]  # [m, n]
             null[s:s + m] = (np.sign(yp[:, iu] - yp[:, ju]) @ sx) / denom
     else:
         if isinstance(statistic, str) and statistic not in _CORRELATIONS:
@@ -561,7 +930,7 @@ def permutation_test(
         fn = _CORRELATIONS[statistic] if isinstance(statistic, str) else statistic
         observed = float(fn(x, y))
         for k in range(n_permutations):
-            null[k] = fn(x, y[rng.permutation(n)])
+            null[k] = fn(x, y[rng.permutation(n) if codes is None else perm_rows(rng, n, 1)[0]])
     if not math.isfinite(observed):
         return PermutationResult(math.nan, math.nan, n_permutations, alternative, null)
     eps = 1e-12 * max(1.0, abs(observed))  # float noise must not turn a tie into "less extreme"
@@ -845,6 +1214,47 @@ def draw_controls(
     if kind == "bad":
         return {name: bad_control(m, rng) for name, m in good.items()}
     raise HeadcountError(f"unknown control kind {kind!r}; use 'random' or 'bad'")
+
+
+# --------------------------------------------------------------------------- pruning curves
+
+
+def largest_contiguous_passing(levels: Sequence[float], passes: Sequence[bool]) -> float | None:
+    """The largest level such that it and every lower level pass (None when the lowest fails).
+
+    A pruning curve is noisy: a level can pass again after a lower one failed (e.g. 30% fails,
+    40% passes by luck). "How much can be removed" must not jump over a failure, so the answer
+    is where the passing run that starts at the lowest level ends. Show the raw curve next to it.
+
+    Args:
+        levels: pruning levels (fractions removed), any order, no repeats.
+        passes: for each level, whether it passes (e.g. mean score >= threshold x full score).
+            NaN / None count as failing.
+
+    Returns:
+        A level from ``levels`` (as a float), or None when the lowest level fails or there are
+        no levels (callers that need a number use 0.0: nothing can be removed).
+
+    >>> largest_contiguous_passing([0.1, 0.2, 0.3, 0.4], [True, True, False, True])
+    0.2
+    >>> largest_contiguous_passing([0.3, 0.1, 0.2], [True, False, True]) is None
+    True
+    """
+    lv = _np(levels).ravel()
+    ok = [bool(p) if p is not None and not (isinstance(p, float) and math.isnan(p)) else False
+          for p in (passes.tolist() if hasattr(passes, "tolist") else list(passes))]
+    if lv.size != len(ok):
+        raise HeadcountError(f"got {lv.size} levels but {len(ok)} pass flags")
+    if not np.all(np.isfinite(lv)):
+        raise HeadcountError("levels must be finite numbers")
+    if np.unique(lv).size != lv.size:
+        raise HeadcountError(f"levels repeat: {sorted(lv.tolist())}")
+    best = None
+    for i in np.argsort(lv, kind="stable"):
+        if not ok[i]:
+            break
+        best = float(lv[i])
+    return best
 
 
 # --------------------------------------------------------------------------- across seeds
