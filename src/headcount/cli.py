@@ -65,6 +65,9 @@ def main(argv: list[str] | None = None) -> int:
     _quiet_libraries()
     debug = bool(os.environ.get("HEADCOUNT_DEBUG"))
     args = list(sys.argv[1:] if argv is None else argv)
+    from .io import ACTIVE_OUTS
+
+    ACTIVE_OUTS.clear()
     try:
         _check_empty_values(args)
         code = app(args=args, standalone_mode=False)

@@ -112,7 +112,7 @@ OUT_MARKER = ".headcount-out.json"
 LOCK_NAME = ".lock"
 STAGING_PREFIX = ".headcount-staging."
 
-#: directories currently held by this process (for the Ctrl-C message)
+#: the --out directories this command has taken (cli.main clears it; the Ctrl-C message names the last)
 ACTIVE_OUTS: list[Path] = []
 
 
@@ -262,9 +262,7 @@ class OutDir:
         if failed:
             self._undo()
         unlock_file(self._fd)
-        self._fd = None
-        if self.path in ACTIVE_OUTS:
-            ACTIVE_OUTS.remove(self.path)
+        self._fd = None  # the path stays in ACTIVE_OUTS: the Ctrl-C message names it after the unwinding
 
     def __enter__(self) -> "OutDir":
         return self
@@ -320,6 +318,7 @@ def prepare_out(out, command: str, *, identity=None, own=(), force: bool = False
         raise HeadcountError(f"cannot create --out {out}: {e.strerror}") from None
     if not os.access(path, os.W_OK | os.X_OK):
         raise HeadcountError(f"--out {out} is not writable")
+    had_lock = os.path.lexists(path / LOCK_NAME)
     fd = lock_file(path, f"headcount {command}")
     try:
         marker = read_marker(path)
@@ -350,6 +349,8 @@ def prepare_out(out, command: str, *, identity=None, own=(), force: bool = False
             write_marker(path, command, None if not entries or identity is None else "unknown", entries)
             marker = read_marker(path)
     except BaseException:
+        if not had_lock:  # a refused directory is left exactly as it was
+            (path / LOCK_NAME).unlink(missing_ok=True)
         unlock_file(fd)
         if created is not None:
             shutil.rmtree(created, ignore_errors=True)

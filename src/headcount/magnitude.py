@@ -502,8 +502,6 @@ def magnitude_prune(model_spec: str, task, *, config: MagnitudeConfig | None = N
             diff = sorted(k for k in identity if old.get(k) != identity.get(k))
             raise HeadcountError(f"{out} holds a different magnitude run (different {', '.join(diff)}); "
                                  "use another --out or delete it")
-    else:
-        atomic_write_json(previous_run, identity)
 
     # -- the full model (round 0) -----------------------------------------------------------
     if match is not None:
@@ -521,7 +519,11 @@ def magnitude_prune(model_spec: str, task, *, config: MagnitudeConfig | None = N
             float(full["final"]["score"])
         except (OSError, ValueError, KeyError, TypeError):
             raise HeadcountError(f"{match} is not a valid finished magnitude run ({full_dir / 'metrics.json'})") from None
+        if not previous_run.is_file():  # the inputs are checked: the folder is this run's now
+            atomic_write_json(previous_run, identity)
     else:
+        if not previous_run.is_file():
+            atomic_write_json(previous_run, identity)
         full_dir = out / "full"
         cbs = list(callbacks)
         if config.rewind_step:

@@ -353,8 +353,6 @@ class RunStore:
         if self._lock_fd is not None:
             unlock_file(self._lock_fd)
             self._lock_fd = None
-            if self.root in ACTIVE_OUTS:
-                ACTIVE_OUTS.remove(self.root)
 
     def __enter__(self) -> "RunStore":
         self.lock()

@@ -1,0 +1,437 @@
+"""Bad input, command by command: one ``error:`` line, exit status 2, no traceback, and nothing
+changed on disk (earlier outputs byte-identical, no --out created).
+
+Each row of :data:`ROWS` builds its inputs in a fresh folder (``make(w, d)``: ``w`` the shared
+tiny world, ``d`` the row's folder) and returns the argv; the CLI runs in-process. A row may add
+a ``needle`` that the error line must contain.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import shutil
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from headcount.cli import main
+from training_helpers import make_checkpoint, make_task, one_thread
+
+_one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
+
+
+@pytest.fixture(scope="module")
+def w(tmp_path_factory):
+    """The shared world: checkpoints, a task, masks and earlier outputs of every command."""
+    root = tmp_path_factory.mktemp("world")
+    clf = make_checkpoint(root / "clf", head="classification")
+    pre = make_checkpoint(root / "pre")
+    task = make_task(root / "task", n_train=32, n_dev=16)
+    mask = root / "mask.json"
+    mask.write_text(json.dumps({"heads": [[1, 0, 1, 1], [1, 1, 1, 0]], "mlps": [1, 1]}))
+    world = {"root": root, "clf": str(clf), "pre": str(pre), "task": str(task), "mask": str(mask)}
+    # earlier outputs that bad input must leave byte-identical
+    for argv in (["score", "--model", world["clf"], "--task", world["task"], "--method", "magnitude",
+                  "--out", str(root / "earlier-score")],
+                 ["shrink", "--model", world["clf"], "--mask", world["mask"], "--out", str(root / "earlier-shrink")],
+                 ["patterns", "synthetic", "--n-per-class", "2", "--size", "8", "--out", str(root / "maps")]):
+        try:
+            main(argv)
+        except SystemExit as e:
+            assert not e.code, argv
+    return world
+
+
+def snapshot(root: Path) -> dict[str, str]:
+    out = {}
+    for p in sorted(Path(root).rglob("*")):
+        rel = p.relative_to(root).as_posix()
+        if p.name == ".lock":
+            continue
+        out[rel] = "dir" if p.is_dir() else ("link" if p.is_symlink() else hashlib.sha256(p.read_bytes()).hexdigest())
+    return out
+
+
+# -- builders ----------------------------------------------------------------------------------------------------
+def ckpt(w, d, name="ck") -> Path:
+    """A copy of the tiny classifier to break."""
+    dst = d / name
+    shutil.copytree(w["clf"], dst)
+    return dst
+
+
+def weights(w, d, data: bytes) -> Path:
+    c = ckpt(w, d)
+    (c / "model.safetensors").write_bytes(data)
+    return c
+
+
+def truncated(w, d) -> Path:
+    c = ckpt(w, d)
+    f = c / "model.safetensors"
+    f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+    return c
+
+
+def config_edit(w, d, **changes) -> Path:
+    c = ckpt(w, d)
+    cfg = json.loads((c / "config.json").read_text())
+    cfg.update(changes)
+    (c / "config.json").write_text(json.dumps(cfg))
+    return c
+
+
+def config_text(w, d, data: bytes) -> Path:
+    c = ckpt(w, d)
+    (c / "config.json").write_bytes(data)
+    return c
+
+
+def pickle_only(w, d) -> Path:
+    c = ckpt(w, d)
+    (c / "model.safetensors").unlink()
+    (c / "pytorch_model.bin").write_bytes(b"\x80\x04not really a pickle")
+    return c
+
+
+def index(w, d, doc) -> Path:
+    c = ckpt(w, d)
+    (c / "model.safetensors.index.json").write_text(doc if isinstance(doc, str) else json.dumps(doc))
+    return c
+
+
+def text_file(d, name, text: str | bytes) -> Path:
+    p = d / name
+    p.write_bytes(text if isinstance(text, bytes) else text.encode())
+    return p
+
+
+def task_with(d, train: str | bytes | None = None, yaml_extra: str = "", yaml_text: str | None = None) -> Path:
+    folder = d / "task"
+    make_task(folder, n_train=16, n_dev=8)
+    if train is not None:
+        (folder / "train.csv").write_bytes(train if isinstance(train, bytes) else train.encode())
+    if yaml_text is not None:
+        (folder / "task.yaml").write_text(yaml_text)
+    elif yaml_extra:
+        with open(folder / "task.yaml", "a") as f:
+            f.write(yaml_extra)
+    return folder / "task.yaml"
+
+
+def a_file(d) -> Path:
+    return text_file(d, "afile.txt", "mine\n")
+
+
+def foreign(d) -> Path:
+    v = d / "v"
+    (v / "sub").mkdir(parents=True)
+    (v / "notes.txt").write_text("precious\n")
+    return v
+
+
+def lock_dir(d) -> Path:
+    out = d / "o"
+    (out / ".lock").mkdir(parents=True)
+    return out
+
+
+def lock_link(d) -> Path:
+    out = d / "o"
+    out.mkdir()
+    victim = text_file(d, "victim.txt", "do not touch\n")
+    (out / ".lock").symlink_to(victim)
+    return out
+
+
+def run_dir(d, **files) -> Path:
+    """A fake study run directory whose files can be corrupted one by one."""
+    run = d / "run"
+    (run / "jobs" / "toy-0123456789abcdef").mkdir(parents=True)
+    (run / "manifest.json").write_text(json.dumps({"format": 1, "study": "toy", "config_hash": "x"}))
+    (run / "plan.json").write_text(json.dumps({"jobs": [{"key": "toy-0123456789abcdef", "name": "a", "kind": "toy",
+                                                           "fn": "m:f", "params": {}, "inputs": {}}]}))
+    job = run / "jobs" / "toy-0123456789abcdef"
+    (job / "DONE").write_text("toy-0123456789abcdef\n")
+    (job / "result.json").write_text("{}")
+    (job / "meta.json").write_text("{}")
+    for rel, data in files.items():
+        target = run / rel.replace("__", "/")
+        target.write_bytes(data if isinstance(data, bytes) else data.encode())
+    return run
+
+
+def magnitude_dir(d, summary: str | None) -> Path:
+    m = d / "mag"
+    m.mkdir()
+    if summary is not None:
+        (m / "magnitude.json").write_text(summary)
+    return m
+
+
+def study_config(d, text: str) -> Path:
+    return text_file(d, "study.yaml", text)
+
+
+def demo_config(d, old: str, new: str) -> Path:
+    from headcount.commands.demo import config_dir
+
+    return study_config(d, (config_dir() / "demo.yaml").read_text().replace(old, new))
+
+
+def full_disk(monkeypatch):
+    """Every atomic write fails as on a full disk."""
+    import headcount.io
+
+    def fail(path, data):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(headcount.io, "atomic_write_bytes", fail)
+
+
+@dataclass
+class Row:
+    id: str
+    make: Callable  # (w, d) -> argv
+    needle: str = ""
+    patch: Callable | None = None  # (monkeypatch) -> None
+
+
+S, T, M = "score", "--task", "--model"
+FT = ["--epochs", "1", "--batch-size", "16", "--max-length", "32"]
+
+
+def _or(value, default):
+    return str(default if value is None else value)
+
+
+def score(w, d, *extra, model=None, task=None, out=None):
+    return ["score", M, _or(model, w["clf"]), T, _or(task, w["task"]), "--method", "magnitude",
+            "--out", _or(out, d / "o"), *extra]
+
+
+def shrink(w, d, mask=None, out=None, model=None):
+    return ["shrink", M, _or(model, w["clf"]), "--mask", _or(mask, w["mask"]), "--out", _or(out, d / "o")]
+
+
+def prune(w, d, *extra, out=None):
+    return ["prune", M, w["clf"], T, w["task"], "--out", str(out or d / "o"), *extra]
+
+
+def finetune(w, d, *extra, out=None, model=None, task=None):
+    return ["finetune", M, str(model or w["pre"]), T, str(task or w["task"]), *FT, "--out", str(out or d / "o"), *extra]
+
+
+def magnitude(w, d, *extra, out=None):
+    return ["magnitude", M, w["pre"], T, w["task"], *FT, "--out", str(out or d / "o"), *extra]
+
+
+def read_only(monkeypatch):
+    """As root, permissions do not stop writes: make ``os.access`` say what it says for other users."""
+    if os.geteuid() == 0:
+        real = os.access
+        monkeypatch.setattr(os, "access", lambda p, mode, **k: False if Path(p).name == "ro" and mode & os.W_OK
+                            else real(p, mode, **k))
+
+
+def ro_dir(d) -> Path:
+    out = d / "ro"
+    out.mkdir()
+    out.chmod(0o500)
+    return out
+
+
+ROWS = [
+    # -- model files ----------------------------------------------------------------------------------------
+    Row("model-empty-safetensors", lambda w, d: ["info", M, str(weights(w, d, b""))], "not a valid safetensors"),
+    Row("model-truncated-safetensors", lambda w, d: ["info", M, str(truncated(w, d))], "truncated"),
+    Row("model-garbage-safetensors", lambda w, d: ["info", M, str(weights(w, d, b"\x10\x00\x00\x00\x00\x00\x00\x00not json!!"))],
+        "bad header"),
+    Row("model-huge-header-size", lambda w, d: ["info", M, str(weights(w, d, struct.pack("<Q", 10**9) + b"{}"))],
+        "not a valid safetensors"),
+    Row("model-header-not-object", lambda w, d: ["info", M, str(weights(w, d, struct.pack("<Q", 2) + b"[]"))],
+        "bad header"),
+    Row("model-pickle-only", lambda w, d: ["info", M, str(pickle_only(w, d))], "refuses to unpickle"),
+    Row("model-pickle-only-score", lambda w, d: score(w, d, model=pickle_only(w, d)), "pickle"),
+    Row("model-auto-map-unknown-type", lambda w, d: ["info", M, str(config_edit(
+        w, d, model_type="nonesuch", auto_map={"AutoModel": "modeling_x.XModel"}))]),
+    Row("model-config-not-json", lambda w, d: ["info", M, str(config_text(w, d, b"{nope"))]),
+    Row("model-config-not-utf8", lambda w, d: ["info", M, str(config_text(w, d, b'{"model_type": "\xff"}'))]),
+    Row("model-missing-dir", lambda w, d: ["info", M, str(d / "nowhere" / "ck")], "not found"),
+    Row("model-no-config", lambda w, d: ["info", M, str((d / "empty").mkdir() or d / "empty")], "no config.json"),
+    Row("model-empty-string", lambda w, d: ["info", M, ""], "must not be empty"),
+    Row("model-index-outside", lambda w, d: ["info", M, str(index(w, d, {"weight_map": {"a": "../../other/model.safetensors"}}))],
+        "not a file inside"),
+    Row("model-index-not-json", lambda w, d: ["info", M, str(index(w, d, "{"))], "corrupt"),
+    Row("model-index-no-weight-map", lambda w, d: ["info", M, str(index(w, d, {"metadata": {}}))], "weight_map"),
+    Row("model-index-missing-shard", lambda w, d: ["info", M, str(index(w, d, {"weight_map": {"a": "model-00002.safetensors"}}))],
+        "missing"),
+    Row("model-bad-pruning-record", lambda w, d: ["info", M, str(config_edit(w, d, headcount_pruning={"removed_heads": "x"}))]),
+    Row("model-pruning-record-wrong-shape", lambda w, d: shrink(w, d, model=config_edit(
+        w, d, headcount_pruning={"removed_heads": [[0, 1, 2, 3, 4, 5, 6]], "removed_mlps": []}))),
+    Row("model-gpt2-unsupported", lambda w, d: ["info", M, str(config_edit(w, d, model_type="gpt2", n_embd=16))]),
+    # -- masks (shrink) -------------------------------------------------------------------------------------
+    Row("mask-missing", lambda w, d: shrink(w, d, mask=d / "none.json"), "not found"),
+    Row("mask-not-json", lambda w, d: shrink(w, d, mask=text_file(d, "m.json", "{heads")), "not JSON"),
+    Row("mask-not-utf8", lambda w, d: shrink(w, d, mask=text_file(d, "m.json", b"\xff\xfe\x00h")), "not JSON"),
+    Row("mask-nan", lambda w, d: shrink(w, d, mask=text_file(d, "m.json", '{"heads": [[NaN, 1, 1, 1], [1, 1, 1, 1]], "mlps": [1, 1]}'))),
+    Row("mask-wrong-shape", lambda w, d: shrink(w, d, mask=text_file(d, "m.json", '{"heads": [[1, 1], [1, 1]], "mlps": [1, 1]}'))),
+    Row("mask-values-2", lambda w, d: shrink(w, d, mask=text_file(d, "m.json", '{"heads": [[2, 1, 1, 1], [1, 1, 1, 1]], "mlps": [1, 1]}'))),
+    Row("mask-empty-object", lambda w, d: shrink(w, d, mask=text_file(d, "m.json", "{}")), "heads"),
+    Row("mask-ragged", lambda w, d: shrink(w, d, mask=text_file(d, "m.json", '{"heads": [[1, 1, 1], [1, 1, 1, 1]], "mlps": [1, 1]}'))),
+    Row("mask-list-not-object", lambda w, d: shrink(w, d, mask=text_file(d, "m.json", "[1, 2]"))),
+    # -- --out guards ----------------------------------------------------------------------------------------------
+    Row("shrink-out-existing-file", lambda w, d: shrink(w, d, out=a_file(d)), "existing file"),
+    Row("shrink-out-foreign-dir", lambda w, d: shrink(w, d, out=foreign(d)), "not empty"),
+    Row("shrink-out-empty-string", lambda w, d: shrink(w, d, out=""), "must not be empty"),
+    Row("shrink-out-lock-is-dir", lambda w, d: shrink(w, d, out=lock_dir(d)), "is a directory"),
+    Row("shrink-out-lock-symlink", lambda w, d: shrink(w, d, out=lock_link(d)), "symbolic link"),
+    Row("shrink-out-read-only", lambda w, d: shrink(w, d, out=ro_dir(d)), "not writable", patch=read_only),
+    Row("shrink-out-other-command", lambda w, d: shrink(w, d, out=w["root"] / "earlier-score"), "holds the output"),
+    Row("shrink-out-parent-is-file", lambda w, d: shrink(w, d, out=a_file(d) / "sub")),
+    Row("shrink-full-disk", lambda w, d: shrink(w, d), "no space left", patch=full_disk),
+    Row("score-out-existing-file", lambda w, d: score(w, d, out=a_file(d)), "existing file"),
+    Row("score-out-different-run", lambda w, d: score(w, d, "--seed", "3", out=w["root"] / "earlier-score"),
+        "different `headcount score` run"),
+    Row("score-out-read-only", lambda w, d: score(w, d, out=ro_dir(d)), "not writable", patch=read_only),
+    Row("score-full-disk", lambda w, d: score(w, d), "no space left", patch=full_disk),
+    Row("prune-out-existing-file", lambda w, d: prune(w, d, out=a_file(d)), "existing file"),
+    Row("prune-out-read-only", lambda w, d: prune(w, d, out=ro_dir(d)), "not writable", patch=read_only),
+    Row("finetune-out-existing-file", lambda w, d: finetune(w, d, out=a_file(d)), "existing file"),
+    Row("finetune-out-foreign-dir", lambda w, d: finetune(w, d, out=foreign(d)), "not empty"),
+    Row("finetune-out-read-only", lambda w, d: finetune(w, d, out=ro_dir(d)), "not writable", patch=read_only),
+    Row("finetune-full-disk", lambda w, d: finetune(w, d), "no space left", patch=full_disk),
+    Row("magnitude-out-existing-file", lambda w, d: magnitude(w, d, out=a_file(d)), "existing file"),
+    Row("magnitude-out-read-only", lambda w, d: magnitude(w, d, out=ro_dir(d)), "not writable", patch=read_only),
+    Row("patterns-train-out-existing-file", lambda w, d: ["patterns", "train", "--maps", str(w["root"] / "maps" / "maps.safetensors"),
+                                                         "--labels", str(w["root"] / "maps" / "labels.csv"), "--epochs", "1",
+                                                         "--out", str(a_file(d))], "existing file"),
+    Row("patterns-synthetic-full-disk", lambda w, d: ["patterns", "synthetic", "--n-per-class", "2", "--size", "8",
+                                                      "--out", str(d / "o")], "no space left", patch=full_disk),
+    Row("patterns-synthetic-other-run", lambda w, d: ["patterns", "synthetic", "--n-per-class", "3", "--size", "8",
+                                                      "--out", str(w["root"] / "maps")], "different"),
+    # -- score / prune settings -------------------------------------------------------------------------------------
+    Row("score-unknown-method", lambda w, d: score(w, d, "--method", "vibes"), "unknown method"),
+    Row("score-unknown-normalize", lambda w, d: score(w, d, "--normalize", "sometimes"), "normalisation"),
+    Row("score-unknown-objective", lambda w, d: score(w, d, "--objective", "fun"), "objective"),
+    Row("score-unknown-split", lambda w, d: score(w, d, "--method", "entropy", "--split", "nonesuch"), "no split"),
+    Row("score-zero-examples", lambda w, d: score(w, d, "--max-examples", "0"), "max-examples"),
+    Row("score-negative-examples", lambda w, d: score(w, d, "--max-examples", "-5"), "max-examples"),
+    Row("score-zero-batch", lambda w, d: score(w, d, "--batch-size", "0"), "batch-size"),
+    Row("score-tiny-max-length", lambda w, d: score(w, d, "--max-length", "4"), "max-length"),
+    Row("score-not-a-number", lambda w, d: score(w, d, "--seed", "one")),
+    Row("prune-threshold-zero", lambda w, d: prune(w, d, "--threshold", "0"), "threshold"),
+    Row("prune-threshold-above-one", lambda w, d: prune(w, d, "--threshold", "1.5"), "threshold"),
+    Row("prune-step-zero", lambda w, d: prune(w, d, "--step", "0")),
+    Row("prune-step-of-unknown", lambda w, d: prune(w, d, "--step-of", "bogus")),
+    Row("prune-method-entropy", lambda w, d: prune(w, d, "--method", "entropy"), "cannot drive pruning"),
+    # -- tasks ---------------------------------------------------------------------------------------------------------
+    Row("task-missing-yaml", lambda w, d: score(w, d, task=d / "none.yaml")),
+    Row("task-unknown-name", lambda w, d: score(w, d, task="glue/nonesuch")),
+    Row("task-yaml-not-utf8", lambda w, d: score(w, d, task=text_file(d, "t.yaml", b"name: \xff\xfe\n"))),
+    Row("task-yaml-unknown-key", lambda w, d: score(w, d, task=task_with(d, yaml_extra="colour: blue\n"))),
+    Row("task-yaml-not-mapping", lambda w, d: score(w, d, task=text_file(d, "t.yaml", "- a\n- b\n"))),
+    Row("task-csv-empty-split", lambda w, d: score(w, d, "--method", "entropy", task=task_with(d, train="sentence,label\n"))),
+    Row("task-csv-unknown-label", lambda w, d: score(w, d, "--method", "entropy",
+                                                     task=task_with(d, train="sentence,label\nthe film,maybe\n"))),
+    Row("task-csv-not-utf8", lambda w, d: score(w, d, "--method", "entropy",
+                                                task=task_with(d, train=b"sentence,label\n\xff\xfe film,positive\n"))),
+    Row("task-csv-missing-column", lambda w, d: score(w, d, "--method", "entropy",
+                                                      task=task_with(d, train="text,label\nthe film,positive\n"))),
+    Row("task-empty-string", lambda w, d: score(w, d, task=""), "must not be empty"),
+    # -- finetune ------------------------------------------------------------------------------------------------------
+    Row("finetune-zero-epochs", lambda w, d: finetune(w, d, "--epochs", "0"), "epochs"),
+    Row("finetune-negative-lr", lambda w, d: finetune(w, d, "--lr", "-1"), "learning rate"),
+    Row("finetune-nan-lr", lambda w, d: finetune(w, d, "--lr", "nan"), "learning rate"),
+    Row("finetune-zero-batch", lambda w, d: finetune(w, d, "--batch-size", "0"), "batch size"),
+    Row("finetune-huge-max-length", lambda w, d: finetune(w, d, "--max-length", "100000"), "max length"),
+    Row("finetune-zero-save-steps", lambda w, d: finetune(w, d, "--save-steps", "0")),
+    Row("finetune-negative-max-train", lambda w, d: finetune(w, d, "--max-train-examples", "-1")),
+    Row("finetune-unknown-mask-mode", lambda w, d: finetune(w, d, "--mask-mode", "sometimes"), "mask mode"),
+    Row("finetune-mask-wrong-shape", lambda w, d: finetune(w, d, "--mask", str(text_file(
+        d, "m.json", '{"heads": [[1, 1, 1, 1]], "mlps": [1]}')))),
+    Row("finetune-weight-mask-not-safetensors", lambda w, d: finetune(w, d, "--weight-mask", str(text_file(
+        d, "wm.safetensors", "not a weight mask")))),
+    Row("finetune-weight-mask-missing", lambda w, d: finetune(w, d, "--weight-mask", str(d / "none.safetensors")), "not found"),
+    Row("finetune-regression-head-for-classes", lambda w, d: finetune(w, d, model=config_edit(
+        w, d, num_labels=1, problem_type="regression", id2label={"0": "LABEL_0"}, label2id={"LABEL_0": 0}))),
+    # -- magnitude ------------------------------------------------------------------------------------------------------
+    Row("magnitude-threshold-2", lambda w, d: magnitude(w, d, "--threshold", "2"), "threshold"),
+    Row("magnitude-rate-zero", lambda w, d: magnitude(w, d, "--rate", "0"), "rate"),
+    Row("magnitude-sparsity-one", lambda w, d: magnitude(w, d, "--sparsity", "1.0"), "sparsity"),
+    Row("magnitude-sparsity-nan", lambda w, d: magnitude(w, d, "--sparsity", "nan"), "sparsity"),
+    Row("magnitude-unknown-control", lambda w, d: magnitude(w, d, "--control", "meh"), "control"),
+    Row("magnitude-unknown-variant", lambda w, d: magnitude(w, d, "--variant", "meh"), "variant"),
+    Row("magnitude-zero-rounds", lambda w, d: magnitude(w, d, "--rounds", "0"), "rounds"),
+    Row("magnitude-negative-rewind", lambda w, d: magnitude(w, d, "--rewind-step", "-1"), "rewind"),
+    Row("magnitude-match-not-a-run", lambda w, d: magnitude(w, d, "--match", str(magnitude_dir(d, None))), "not a finished"),
+    Row("magnitude-match-corrupt", lambda w, d: magnitude(w, d, "--match", str(magnitude_dir(d, "{"))), "corrupt"),
+    Row("magnitude-match-bad-sparsity", lambda w, d: magnitude(w, d, "--match", str(magnitude_dir(d, '{"sparsity": 7}')))),
+    # -- patterns ------------------------------------------------------------------------------------------------------
+    Row("patterns-train-maps-missing", lambda w, d: ["patterns", "train", "--maps", str(d / "none.safetensors"),
+                                                    "--labels", str(w["root"] / "maps" / "labels.csv"), "--out", str(d / "o")]),
+    Row("patterns-train-zero-epochs", lambda w, d: ["patterns", "train", "--maps", str(w["root"] / "maps" / "maps.safetensors"),
+                                                   "--labels", str(w["root"] / "maps" / "labels.csv"), "--epochs", "0",
+                                                   "--out", str(d / "o")], "epochs"),
+    Row("patterns-train-labels-not-utf8", lambda w, d: ["patterns", "train", "--maps", str(w["root"] / "maps" / "maps.safetensors"),
+                                                       "--labels", str(text_file(d, "l.csv", b"label\n\xff\xfe\n")),
+                                                       "--out", str(d / "o")]),
+    Row("patterns-synthetic-zero-per-class", lambda w, d: ["patterns", "synthetic", "--n-per-class", "0", "--out", str(d / "o")]),
+    Row("patterns-synthetic-negative-size", lambda w, d: ["patterns", "synthetic", "--size", "-8", "--out", str(d / "o")]),
+    # -- study / report ---------------------------------------------------------------------------------------------------
+    Row("report-corrupt-manifest", lambda w, d: ["report", str(run_dir(d, **{"manifest.json": "{"}))], "corrupt"),
+    Row("report-manifest-not-object", lambda w, d: ["report", str(run_dir(d, **{"manifest.json": "[1]"}))], "corrupt"),
+    Row("report-corrupt-plan", lambda w, d: ["report", str(run_dir(d, **{"plan.json": "{\"jobs\": 3}"}))]),
+    Row("report-not-a-run", lambda w, d: ["report", str(foreign(d))], "not a headcount run directory"),
+    Row("study-config-missing", lambda w, d: ["study", str(d / "none.yaml"), "--out", str(d / "run")], "cannot read"),
+    Row("study-config-not-utf8", lambda w, d: ["study", str(text_file(d, "s.yaml", b"study: \xff\n")), "--out", str(d / "run")]),
+    Row("study-config-unknown-key", lambda w, d: ["study", str(demo_config(d, "study: demo", "study: demo\ncolour: blue")),
+                                                  "--out", str(d / "run")], "unknown key"),
+    Row("study-seed-negative", lambda w, d: ["study", str(demo_config(d, "seeds: [1]", "seeds: [-1]")), "--out",
+                                             str(d / "run")], "seed must be >= 0"),
+    Row("study-out-existing-file", lambda w, d: ["study", str(demo_config(d, "", "")), "--out", str(a_file(d))]),
+    Row("study-out-foreign-dir", lambda w, d: ["study", str(demo_config(d, "", "")), "--out", str(foreign(d))], "not empty"),
+    Row("study-corrupt-manifest", lambda w, d: ["study", str(demo_config(d, "", "")), "--out",
+                                                str(run_dir(d, **{"manifest.json": b"\xff{"}))], "corrupt"),
+    Row("data-show-unknown-task", lambda w, d: ["data", "show", "glue/nonesuch"]),
+    Row("unknown-option", lambda w, d: ["score", "--colour", "blue"]),
+]
+
+
+def test_the_table_is_large_enough():
+    assert len(ROWS) >= 60 and len({r.id for r in ROWS}) == len(ROWS)
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[r.id for r in ROWS])
+def test_bad_input(row, w, tmp_path, capsys, monkeypatch):
+    d = tmp_path / "case"
+    d.mkdir()
+    argv = [str(a) for a in row.make(w, d)]
+    monkeypatch.chdir(d)
+    world_before, case_before = snapshot(w["root"]), snapshot(d)
+    if row.patch is not None:
+        row.patch(monkeypatch)
+    capsys.readouterr()
+    try:
+        code = main(argv)
+    except SystemExit as e:
+        code = e.code
+    _, err = capsys.readouterr()
+    monkeypatch.undo()
+    for p in d.rglob("*"):  # let pytest clean up read-only folders
+        if p.is_dir() and not p.is_symlink():
+            p.chmod(0o755)
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert code == 2, err
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    assert "Traceback" not in err and "internal error" not in err, err
+    if row.needle:
+        assert row.needle in lines[0], lines[0]
+    assert snapshot(w["root"]) == world_before  # earlier outputs byte-identical
+    assert snapshot(d) == case_before  # nothing created, changed or hidden

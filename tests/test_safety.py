@@ -1,0 +1,406 @@
+"""What headcount promises about your files (issue 11): kills, Ctrl-C, locks, --out guards,
+outputs that appear together, content fingerprints, modes and resumed metrics.
+
+Kills are real: a child process runs the CLI with one library function wrapped so that it
+SIGKILLs itself at a chosen point (inside a Trainer checkpoint, in the middle of the final model
+save, after shrink staged its checkpoint); the rerun is compared with an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from headcount.cli import main
+from headcount.errors import HeadcountError
+from headcount.io import LOCK_NAME, OUT_MARKER, lock_file, unlock_file
+from training_helpers import make_checkpoint, make_task, one_thread
+
+_one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
+
+#: 64 training examples, batch 16, 2 epochs: 8 steps, a checkpoint every 2
+FT = ["--epochs", "2", "--batch-size", "16", "--lr", "1e-2", "--max-length", "32", "--max-train-examples", "64",
+      "--max-eval-examples", "32", "--save-steps", "2", "--seed", "1"]
+
+#: the child: wrap one function so that the process SIGKILLs itself at KILL_POINT, then run the CLI
+CHILD = r"""
+import os, signal, sys
+from pathlib import Path
+import torch
+torch.set_num_threads(1)
+import transformers
+point, step = os.environ.get("KILL_POINT", ""), int(os.environ.get("KILL_STEP", "0"))
+die = lambda: os.kill(os.getpid(), signal.SIGKILL)
+if point == "checkpoint":  # weights, optimizer and RNG of checkpoint-STEP written, trainer_state.json not yet
+    orig = transformers.Trainer._save_rng_state
+    def save_rng(self, output_dir):
+        orig(self, output_dir)
+        if self.state.global_step == step:
+            die()
+    transformers.Trainer._save_rng_state = save_rng
+elif point == "final":  # the final model's weights half written
+    orig_save = transformers.PreTrainedModel.save_pretrained
+    def save(self, path, *a, **k):
+        out = orig_save(self, path, *a, **k)
+        if "checkpoint-" not in str(path):
+            f = next(Path(path).glob("*.safetensors"))
+            data = f.read_bytes()
+            f.write_bytes(data[: len(data) // 2])
+            die()
+        return out
+    transformers.PreTrainedModel.save_pretrained = save
+elif point == "shrink":  # the pruned checkpoint staged, not yet renamed into --out
+    import headcount.surgery as S
+    orig_pruned = S.save_pruned
+    def save_pruned(*a, **k):
+        orig_pruned(*a, **k)
+        die()
+    S.save_pruned = save_pruned
+from headcount.cli import main
+main(sys.argv[1:])
+"""
+
+
+def child(args, env=None, **kw) -> subprocess.CompletedProcess:
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", **(env or {})}
+    return subprocess.run([sys.executable, "-c", CHILD, *args], env=full_env, capture_output=True, text=True,
+                          timeout=300, **kw)
+
+
+def run_cli(capsys, *argv) -> tuple[int, str, str]:
+    capsys.readouterr()
+    try:
+        code = main([str(a) for a in argv])
+    except SystemExit as e:
+        code = e.code
+    out, err = capsys.readouterr()
+    return code or 0, out, err
+
+
+def one_error(code, err, status=2) -> str:
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert code == status, err
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in err, err
+    return lines[0]
+
+
+def snapshot(root: Path) -> dict[str, str]:
+    """Every file under ``root`` (hidden ones too, the lock aside) -> sha256: to compare 'byte-identical'."""
+    return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(Path(root).rglob("*")) if p.is_file() and not p.is_symlink() and p.name != LOCK_NAME}
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    root = tmp_path_factory.mktemp("safety")
+    pre = make_checkpoint(root / "pre")
+    clf = make_checkpoint(root / "clf", head="classification")
+    task = make_task(root / "task", n_train=64, n_dev=32)
+    mask = root / "mask.json"
+    mask.write_text(json.dumps({"heads": [[1, 0, 1, 1], [1, 1, 1, 0]], "mlps": [1, 1]}))
+    return {"pre": str(pre), "clf": str(clf), "task": str(task), "mask": mask, "root": root}
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(world, tmp_path_factory):
+    """One finetune run without interruption (what every killed-and-resumed run must equal)."""
+    out = tmp_path_factory.mktemp("ft") / "out"
+    r = child(["finetune", "--model", world["pre"], "--task", world["task"], *FT, "--out", str(out)])
+    assert r.returncode == 0, r.stderr
+    return json.loads((out / "metrics.json").read_text())
+
+
+def _same_run(m, base):
+    assert m["final"] == base["final"] and m["epochs"] == base["epochs"] and m["steps"] == base["steps"]
+    # the whole run's tokens, not only the resumed part (issue 11), and a rate that is not 0
+    assert m["train_tokens"] == base["train_tokens"] > 0 and m["tokens_per_s"] > 0
+
+
+# -- 1. --out never deletes or hides what headcount did not write ---------------------------------------
+def test_shrink_refuses_a_directory_it_did_not_write(capsys, world, tmp_path, monkeypatch):
+    v = tmp_path / "v"
+    (v / "sub").mkdir(parents=True)
+    (v / "notes.txt").write_text("precious\n")
+    before = snapshot(v)
+    code, _, err = run_cli(capsys, "shrink", "--model", world["clf"], "--mask", world["mask"], "--out", v)
+    assert "not empty and was not written by `headcount shrink`" in one_error(code, err)
+    assert snapshot(v) == before and (v / "sub").is_dir()
+    # an existing file is refused, not turned into a directory or hidden
+    f = tmp_path / "afile.txt"
+    f.write_text("mine\n")
+    code, _, err = run_cli(capsys, "shrink", "--model", world["clf"], "--mask", world["mask"], "--out", f)
+    assert "existing file" in one_error(code, err)
+    assert f.read_text() == "mine\n" and sorted(p.name for p in tmp_path.iterdir()) == ["afile.txt", "v"]
+    # the working directory is never taken over
+    monkeypatch.chdir(v)
+    code, _, err = run_cli(capsys, "shrink", "--model", world["clf"], "--mask", world["mask"], "--out", ".")
+    one_error(code, err)
+    assert snapshot(v) == before
+
+
+def test_shrink_output_is_recognised_and_force_says_what_it_replaces(capsys, world, tmp_path):
+    out = tmp_path / "small"
+    code, _, err = run_cli(capsys, "shrink", "--model", world["clf"], "--mask", world["mask"], "--out", out)
+    assert code == 0, err
+    assert (out / "config.json").is_file() and json.loads((out / OUT_MARKER).read_text())["command"] == "shrink"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["small"]  # nothing written beside --out
+    first = snapshot(out)
+    # the same inputs again: allowed (rewrites its own files)
+    code, _, err = run_cli(capsys, "shrink", "--model", world["clf"], "--mask", world["mask"], "--out", out)
+    assert code == 0, err
+    # another mask into the same --out: refused without --force, earlier output untouched
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"heads": [[1, 1, 1, 1], [0, 1, 1, 1]], "mlps": [1, 0]}))
+    code, _, err = run_cli(capsys, "shrink", "--model", world["clf"], "--mask", other, "--out", out)
+    assert "different `headcount shrink` run" in one_error(code, err)
+    assert snapshot(out) == first
+    code, stdout, err = run_cli(capsys, "shrink", "--model", world["clf"], "--mask", other, "--out", out, "--force")
+    assert code == 0, err
+    assert "--force: replacing" in stdout and "model.safetensors" in stdout
+    assert json.loads((out / "headcount.json").read_text())["mask"] == str(other)
+    # another command's output is refused as --out
+    code, _, err = run_cli(capsys, "score", "--model", world["clf"], "--task", world["task"], "--method", "magnitude",
+                           "--out", out)
+    assert "holds the output of `headcount shrink`" in one_error(code, err)
+    # outputs get the usual file modes (safetensors writes 0600 by itself)
+    umask = os.umask(0)
+    os.umask(umask)
+    assert (out / "model.safetensors").stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+# -- 2/8. kills during checkpoint and model writes; temp files cleaned on the next run ------------------------
+@pytest.mark.parametrize("point,step", [("checkpoint", 2), ("checkpoint", 4), ("checkpoint", 6), ("final", 0)])
+def test_finetune_killed_while_writing_resumes_and_matches(capsys, world, uninterrupted, tmp_path, point, step):
+    out = tmp_path / "ft"
+    args = ["finetune", "--model", world["pre"], "--task", world["task"], *FT, "--out", str(out)]
+    r = child(args, env={"KILL_POINT": point, "KILL_STEP": str(step)})
+    assert r.returncode == -signal.SIGKILL, r.stderr
+    if point == "checkpoint":  # the partial checkpoint is there, without its trainer_state.json
+        partial = out / "checkpoints" / f"checkpoint-{step}"
+        assert partial.is_dir() and not (partial / "trainer_state.json").exists()
+    else:  # the half-written final model sits in a temp directory inside --out
+        assert [p.name for p in out.iterdir() if p.name.startswith(".model.")], list(out.iterdir())
+    code, _, err = run_cli(capsys, *args)
+    assert code == 0, err
+    m = json.loads((out / "metrics.json").read_text())
+    _same_run(m, uninterrupted)
+    left = [p.name for p in out.iterdir() if ".tmp" in p.name or ".old." in p.name or "staging" in p.name]
+    assert left == [] and not (out / "checkpoints").exists()
+    if point == "checkpoint" and step == 6:
+        assert m["resumed_from"] == "checkpoint-4"  # the newest complete one, the partial one discarded
+    if point == "final":  # resumed after the last step: 0 steps trained here, the whole run reported (issue 11)
+        assert m["resumed_from"] == "checkpoint-8"
+
+
+def test_shrink_killed_before_its_output_is_complete(capsys, world, tmp_path):
+    out = tmp_path / "small"
+    r = child(["shrink", "--model", world["clf"], "--mask", str(world["mask"]), "--out", str(out)],
+              env={"KILL_POINT": "shrink"})
+    assert r.returncode == -signal.SIGKILL, r.stderr
+    assert not (out / "config.json").exists()  # nothing half-published; only a staging dir inside --out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["small"]
+    code, _, err = run_cli(capsys, "shrink", "--model", world["clf"], "--mask", world["mask"], "--out", out)
+    assert code == 0, err
+    assert (out / "model.safetensors").is_file() and not [p for p in out.iterdir() if "staging" in p.name]
+
+
+# -- 3. Ctrl-C ---------------------------------------------------------------------------------------------
+def test_ctrl_c_exits_130_with_one_line_and_keeps_the_checkpoints(capsys, world, tmp_path):
+    out = tmp_path / "ft"
+    slow = [a if a != "2" or i != 1 else "40" for i, a in enumerate(FT)]  # 40 epochs: time to press Ctrl-C
+    args = ["finetune", "--model", world["pre"], "--task", world["task"], *slow, "--out", str(out)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    p = subprocess.Popen([sys.executable, "-c", CHILD, *args], env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 240
+        while not list((out / "checkpoints").glob("checkpoint-*/trainer_state.json")) and time.time() < deadline:
+            if p.poll() is not None:
+                break
+            time.sleep(0.05)
+        p.send_signal(signal.SIGINT)
+        _, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 130, err
+    lines = [x for x in err.splitlines() if x.strip()]
+    line = lines[-1]  # after the progress lines, one error line
+    assert [x for x in lines if x.startswith("error:")] == [line] and "Traceback" not in err
+    assert "interrupted" in line and str(out) in line and "same command" in line
+    assert list((out / "checkpoints").glob("checkpoint-*/trainer_state.json"))
+
+
+def test_ctrl_c_in_process_keeps_earlier_results(capsys, world, tmp_path, monkeypatch):
+    out = tmp_path / "s"
+    assert run_cli(capsys, "score", "--model", world["clf"], "--task", world["task"], "--method", "magnitude",
+                   "--out", out)[0] == 0
+    before = snapshot(out)
+    import headcount.api
+
+    def interrupted(**kw):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(headcount.api, "score_command", interrupted)
+    code, _, err = run_cli(capsys, "score", "--model", world["clf"], "--task", world["task"], "--method", "magnitude",
+                           "--out", out)
+    assert "interrupted" in one_error(code, err, status=130)
+    assert snapshot(out) == before
+
+
+# -- 4. content fingerprints -----------------------------------------------------------------------------------
+def test_edited_data_or_rewritten_checkpoint_is_another_run(capsys, world, tmp_path):
+    from headcount.runner.jobs import Job
+
+    root = tmp_path / "w"
+    task = make_task(root / "task", n_train=64, n_dev=32)
+    pre = make_checkpoint(root / "pre")
+    key = Job("ft", "finetune", "headcount.studies.jobs:finetune_job", {"model": str(pre), "task": str(task)}).key
+    out = tmp_path / "ft"
+    assert run_cli(capsys, "finetune", "--model", pre, "--task", task, *FT, "--out", out)[0] == 0
+    # flip the validation labels under the same file name
+    dev = task.parent / "dev.csv"
+    rows = dev.read_text().splitlines()
+    dev.write_text("\n".join([rows[0]] + [r.replace("positive", "X").replace("negative", "positive").replace("X", "negative")
+                                          for r in rows[1:]]) + "\n")
+    code, _, err = run_cli(capsys, "finetune", "--model", pre, "--task", task, *FT, "--out", out)
+    assert "different run" in one_error(code, err) and "task_fingerprint" in err
+    key2 = Job("ft", "finetune", "headcount.studies.jobs:finetune_job", {"model": str(pre), "task": str(task)}).key
+    assert key2 != key
+    # a checkpoint rewritten at the same path
+    make_checkpoint(pre, seed=5)
+    key3 = Job("ft", "finetune", "headcount.studies.jobs:finetune_job", {"model": str(pre), "task": str(task)}).key
+    assert key3 not in (key, key2)
+    # score: the same settings on changed data are a different run too
+    s = tmp_path / "s"
+    assert run_cli(capsys, "score", "--model", pre, "--task", task, "--method", "magnitude", "--out", s)[0] == 0
+    make_checkpoint(pre, seed=6)
+    code, _, err = run_cli(capsys, "score", "--model", pre, "--task", task, "--method", "magnitude", "--out", s)
+    assert "different `headcount score` run (different model)" in one_error(code, err)
+
+
+def test_fingerprints_are_cached_by_size_and_mtime(tmp_path, monkeypatch):
+    import headcount.fingerprint as F
+
+    f = tmp_path / "w.bin"
+    f.write_bytes(b"a" * 1000)
+    first = F.file_digest(f)
+    calls = []
+    real_open = open
+    monkeypatch.setattr("builtins.open", lambda *a, **k: calls.append(a[0]) or real_open(*a, **k))
+    assert F.file_digest(f) == first and calls == []  # not read again
+    monkeypatch.undo()
+    f.write_bytes(b"b" * 1000)
+    os.utime(f, ns=(time.time_ns(), time.time_ns() + 10**9))
+    assert F.file_digest(f) != first
+
+
+# -- 5/7. locks -------------------------------------------------------------------------------------------------
+def test_every_command_locks_its_out(capsys, world, tmp_path):
+    out = tmp_path / "ft"
+    out.mkdir()
+    fd = lock_file(out)
+    try:
+        for argv in (["finetune", "--model", world["pre"], "--task", world["task"], *FT],
+                     ["score", "--model", world["clf"], "--task", world["task"], "--method", "magnitude"],
+                     ["shrink", "--model", world["clf"], "--mask", world["mask"]]):
+            code, _, err = run_cli(capsys, *argv, "--out", out)
+            assert "in use by another headcount process" in one_error(code, err)
+    finally:
+        unlock_file(fd)
+    assert sorted(p.name for p in out.iterdir()) == [LOCK_NAME]
+
+
+def test_lock_is_never_followed_through_a_link(capsys, world, tmp_path):
+    from headcount.runner.store import RunStore
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("do not touch\n")
+    for d in (tmp_path / "run", tmp_path / "s"):
+        d.mkdir()
+        (d / LOCK_NAME).symlink_to(victim)
+    with pytest.raises(HeadcountError, match="symbolic link"):
+        RunStore(tmp_path / "run").lock()
+    code, _, err = run_cli(capsys, "score", "--model", world["clf"], "--task", world["task"], "--method", "magnitude",
+                           "--out", tmp_path / "s")
+    assert "symbolic link" in one_error(code, err)
+    hard = tmp_path / "h"
+    hard.mkdir()
+    os.link(victim, hard / LOCK_NAME)
+    with pytest.raises(HeadcountError, match="other links"):
+        RunStore(hard).lock()
+    assert victim.read_text() == "do not touch\n"
+
+
+# -- 6. outputs appear together or not at all ---------------------------------------------------------------------
+def test_a_failed_write_leaves_the_earlier_set_intact(capsys, world, tmp_path, monkeypatch):
+    out = tmp_path / "s"
+    assert run_cli(capsys, "score", "--model", world["clf"], "--task", world["task"], "--method", "magnitude",
+                   "--out", out)[0] == 0
+    before = snapshot(out)
+    import headcount.plots
+
+    def full_disk(*a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device", str(out / "heads.png"))
+
+    monkeypatch.setattr(headcount.plots, "head_heatmap", full_disk)
+    code, _, err = run_cli(capsys, "score", "--model", world["clf"], "--task", world["task"], "--method", "entropy",
+                           "--max-examples", "8", "--out", out, "--force")
+    assert "no space left" in one_error(code, err)
+    assert snapshot(out) == before  # scores.json was not replaced without heads.png
+
+
+# -- 10. inputs that were accepted and should not be ---------------------------------------------------------------
+def test_empty_strings_and_out_of_range_values_are_refused(capsys, world, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for argv, needle in ((["info", "--model", ""], "--model must not be empty"),
+                         (["score", "--out", "", "--method", "magnitude"], "--out must not be empty"),
+                         (["score", "--out=", "--method", "magnitude"], "--out must not be empty"),
+                         (["magnitude", "--threshold", "2", "--out", "m"], "--threshold must be in [0, 1]")):
+        code, _, err = run_cli(capsys, *argv)
+        assert needle in one_error(code, err)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_finished_magnitude_run_is_not_replaced_by_a_bad_threshold(capsys, world, tmp_path):
+    out = tmp_path / "m"
+    out.mkdir()
+    (out / "weight_mask.safetensors").write_bytes(b"earlier")
+    before = snapshot(out)
+    code, _, err = run_cli(capsys, "magnitude", "--model", world["pre"], "--task", world["task"], "--threshold", "2",
+                           "--out", out)
+    one_error(code, err)
+    assert snapshot(out) == before
+
+
+def test_study_seed_below_zero_is_refused(tmp_path):
+    from headcount.commands.demo import config_dir
+    from headcount.runner.config import load_study_config
+
+    text = (config_dir() / "demo.yaml").read_text()
+    assert "seeds: [1]" in text
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text.replace("seeds: [1]", "seeds: [-1]"))
+    with pytest.raises(HeadcountError, match="seed must be >= 0"):
+        load_study_config(bad)
+
+
+def test_index_weight_map_outside_the_checkpoint_is_refused(capsys, world, tmp_path):
+    import shutil
+
+    ck = tmp_path / "ck"
+    shutil.copytree(world["clf"], ck)
+    (ck / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {}, "weight_map": {"bert.pooler.dense.weight": "../../other/model.safetensors"}}))
+    code, _, err = run_cli(capsys, "info", "--model", ck)
+    assert "not a file inside" in one_error(code, err)
