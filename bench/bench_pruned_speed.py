@@ -2,8 +2,8 @@
 
 Model: BERT-base sized (``BertConfig()``: 12 layers, 12 heads of 64, hidden 768, intermediate
 3072), random weights, bare encoder (``BertModel``), default attention implementation.
-Input: batch 32 x 128 tokens, no padding. CPU, ``torch.inference_mode()``, torch threads = all
-cores. Pruned: 6 of the 12 heads removed in every layer and the MLP removed in 6 of the 12
+Input: batch 32 x 128 tokens, no padding. CPU (or ``--device cuda``, ``--precision bf16``),
+``torch.inference_mode()``, torch threads = all cores. Pruned: 6 of the 12 heads removed in every layer and the MLP removed in 6 of the 12
 layers, by ``headcount.surgery`` (the model keeps its idle gate hooks, as a loaded pruned
 checkpoint does).
 
@@ -52,9 +52,15 @@ def model_flops(cfg, batch: int, seq: int, heads_per_layer: list[int], mlps: lis
                for h, m in zip(heads_per_layer, mlps))
 
 
-def timed(model, batch: dict) -> float:
-    t = time.perf_counter()
-    model(**batch)
+def timed(model, batch: dict, precision: str = "fp32") -> float:
+    device = batch["input_ids"].device
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t = time.perf_counter()
+        model(**batch)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
     return time.perf_counter() - t
 
 
@@ -64,7 +70,20 @@ def main(argv=None) -> dict:
     p.add_argument("--warmup", type=int, default=None, help="warm-up runs per model (default 1; quick: 2)")
     p.add_argument("--runs", type=int, default=None, help="timed runs per model (default 3; quick: 10)")
     p.add_argument("--threads", type=int, default=os.cpu_count(), help="torch threads (default: all cores)")
+    p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N | auto")
+    p.add_argument("--precision", default=None, help="fp32 | bf16 (autocast) | auto (default: fp32, and bf16 too on a GPU)")
+    p.add_argument("--batch", type=int, default=None, help="batch size (default 32; quick: 8)")
     args = p.parse_args(argv)
+    from headcount.device import resolve_device, resolve_precision
+
+    if args.precision is None:  # a GPU: both precisions (fp32 and bf16 autocast); the CPU: fp32
+        both = resolve_device(args.device).type == "cuda"
+        rest = list(argv if argv is not None else __import__("sys").argv[1:])
+        results = [main(rest + ["--precision", prec]) for prec in (("fp32", "bf16") if both else ("fp32",))]
+        return results[-1]
+
+    device = resolve_device(args.device)
+    precision = resolve_precision(args.precision, device)
 
     if args.quick:
         cfg = transformers.BertConfig(hidden_size=256, num_hidden_layers=4, num_attention_heads=8,
@@ -75,13 +94,16 @@ def main(argv=None) -> dict:
         cfg = transformers.BertConfig()  # BERT-base
         batch_size, seq = 32, 128
         warmup, runs = args.warmup or 1, args.runs or 3
+    if device.type == "cuda":  # GPU timings are short and noisy: more of them
+        warmup, runs = args.warmup or 3, args.runs or 20
+    batch_size = args.batch or batch_size
     torch.set_num_threads(args.threads)
     transformers.utils.logging.set_verbosity_error()
 
     torch.manual_seed(0)
-    full = transformers.BertModel(cfg).eval()
+    full = transformers.BertModel(cfg).eval().to(device)
     torch.manual_seed(0)
-    pruned = transformers.BertModel(cfg).eval()
+    pruned = transformers.BertModel(cfg).eval().to(device)
     n_layers, n_heads = layout(pruned)
     g = torch.Generator().manual_seed(0)
     heads = {layer: torch.randperm(n_heads, generator=g)[: n_heads // 2].tolist() for layer in range(n_layers)}
@@ -90,7 +112,7 @@ def main(argv=None) -> dict:
     prune_mlps(pruned, mlps)
 
     ids = torch.randint(1000, cfg.vocab_size, (batch_size, seq), generator=g)
-    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    batch = {"input_ids": ids.to(device), "attention_mask": torch.ones_like(ids).to(device)}
 
     kept_heads = [n_heads - len(heads[layer]) for layer in range(n_layers)]
     kept_mlps = [layer not in mlps for layer in range(n_layers)]
@@ -100,11 +122,11 @@ def main(argv=None) -> dict:
     times = {"full": [], "pruned": []}
     with torch.inference_mode():
         for _ in range(warmup):
-            timed(full, batch)
-            timed(pruned, batch)
+            timed(full, batch, precision)
+            timed(pruned, batch, precision)
         for _ in range(runs):  # interleaved: a busy moment on the machine hits both models
-            times["full"].append(timed(full, batch))
-            times["pruned"].append(timed(pruned, batch))
+            times["full"].append(timed(full, batch, precision))
+            times["pruned"].append(timed(pruned, batch, precision))
 
     best = {k: min(v) for k, v in times.items()}
     measured = best["full"] / best["pruned"]
@@ -112,7 +134,9 @@ def main(argv=None) -> dict:
     ratio = measured / theoretical
     name = "quick config" if args.quick else "BERT-base"
     print(f"bench_pruned_speed: {name} ({n_layers} layers x {n_heads} heads, hidden {cfg.hidden_size}, "
-          f"intermediate {cfg.intermediate_size}), batch {batch_size} x {seq} tokens, CPU, "
+          f"intermediate {cfg.intermediate_size}), batch {batch_size} x {seq} tokens, device {device}"
+          f"{' (' + torch.cuda.get_device_name(device) + ')' if device.type == 'cuda' else ''}, {precision}, "
+          f"torch {torch.__version__}, transformers {transformers.__version__}, "
           f"{torch.get_num_threads()} threads, attention {full.config._attn_implementation}, "
           f"{warmup} warm-up + {runs} timed runs per model")
     print(f"  pruned: {sum(kept_heads)}/{n_layers * n_heads} heads kept (half of every layer), "
@@ -126,7 +150,7 @@ def main(argv=None) -> dict:
               f"   ({flops / best[k] / 1e9:.0f} GFLOP/s)")
     print(f"  measured speed-up     {measured:.2f}x")
     print(f"  theoretical speed-up  {theoretical:.2f}x (FLOPs)")
-    print(f"  ratio                 {ratio:.2f}  (target >= {TARGET}: {'met' if ratio >= TARGET else 'NOT met'})")
+    print(f"  ratio [{device}, {precision}] {ratio:.2f}  (target >= {TARGET}: {'met' if ratio >= TARGET else 'NOT met'})")
     return {"measured": measured, "theoretical": theoretical, "ratio": ratio, "times": times}
 
 

@@ -5,10 +5,16 @@ stored), every batch padded to max length, a fixed [L, H] head_mask-like gate.
 headcount: only the gates require grad, dynamic padding, batches grouped by length, and the
 pruning loop physically shrinks its working copy between steps.
 
-Model: MiniLM-L6-sized (6 layers, 12 heads, hidden 384, intermediate 1536), random weights.
+Model: MiniLM-L6-sized (6 layers, 12 heads, hidden 384, intermediate 1536), random weights; on a
+GPU (or ``--model base``) BERT-base-sized (``BertConfig()``).
 Text: variable-length token sequences (lengths drawn like sentence lengths: 8..128, median ~30).
 Prints speed-ups (targets: score >= 2x, pruning trace >= 2.5x with the same final mask) and the
-achieved FLOP/s as a fraction of this machine's measured matmul peak.
+achieved FLOP/s: on the CPU as a fraction of this machine's measured matmul peak; on a GPU as
+the fraction of the card's bf16 dense peak (2 x forward FLOPs counted / time / peak; the peak
+from the device name, e.g. H200/H100 989 TFLOP/s, or ``--peak``), for fp32 and bf16 scoring.
+
+    python bench/bench_score.py                    # CPU, 256 examples
+    python bench/bench_score.py --device cuda      # BERT-base, 4,096 examples, fp32 and bf16
 """
 
 from __future__ import annotations
@@ -26,11 +32,19 @@ from headcount.pruning import PruneConfig, iterative_prune, select_lowest
 from headcount.scoring import score
 
 
-def make_model():
-    cfg = transformers.BertConfig(hidden_size=384, num_hidden_layers=6, num_attention_heads=12,
-                                  intermediate_size=1536, num_labels=2)
+#: bf16 dense tensor-core peak (FLOP/s) by device-name fragment; --peak overrides
+BF16_PEAK = {"H200": 989e12, "H100": 989e12, "GH200": 989e12, "A100": 312e12, "L40S": 362e12, "A10": 125e12,
+             "L4": 121e12, "RTX 4090": 165e12}
+
+
+def make_model(size="minilm", device="cpu"):
+    if size == "base":
+        cfg = transformers.BertConfig(num_labels=2)
+    else:
+        cfg = transformers.BertConfig(hidden_size=384, num_hidden_layers=6, num_attention_heads=12,
+                                      intermediate_size=1536, num_labels=2)
     torch.manual_seed(0)
-    return transformers.AutoModelForSequenceClassification.from_config(cfg).eval()
+    return transformers.AutoModelForSequenceClassification.from_config(cfg).eval().to(device)
 
 
 def make_examples(n, seed=0, max_len=128):
@@ -72,11 +86,13 @@ def batches_dynamic(examples, bs):
 def baseline_scores(model, batches, mask=None):
     """run_bertology's compute_heads_importance: weights require grad, head_mask gate, padded."""
     n_layers, n_heads = layout(model)
+    device = next(model.parameters()).device
     for p in model.parameters():
         p.requires_grad_(True)
-    heads = torch.zeros(n_layers, n_heads)
-    base = mask.heads if mask is not None else torch.ones(n_layers, n_heads)
+    heads = torch.zeros(n_layers, n_heads, device=device)
+    base = (mask.heads if mask is not None else torch.ones(n_layers, n_heads)).to(device)
     for b in batches:
+        b = {k: v.to(device) for k, v in b.items()}
         g = base.clone().requires_grad_(True)
         with gated(model, heads=g):
             loss = model(**b).loss
@@ -85,7 +101,23 @@ def baseline_scores(model, batches, mask=None):
         model.zero_grad(set_to_none=True)
     for p in model.parameters():
         p.requires_grad_(False)
-    return heads
+    return heads.cpu()
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def bf16_peak(device, given=None):
+    """The card's bf16 dense peak (FLOP/s): --peak, else by device name; None when unknown."""
+    if given:
+        return given * 1e12
+    name = torch.cuda.get_device_name(device)
+    for key, value in sorted(BF16_PEAK.items(), key=lambda kv: -len(kv[0])):
+        if key in name:
+            return value
+    return None
 
 
 def matmul_peak(seconds=1.0):
@@ -110,38 +142,71 @@ def score_flops(model, batches):
     return total
 
 
-def main():
+def main(argv=None):
+    from headcount.device import resolve_device
+
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
-    args = ap.parse_args()
-    torch.set_num_threads(torch.get_num_threads())
-    n = 128 if args.quick else 256
-    model = make_model()
+    ap.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N | auto")
+    ap.add_argument("--model", choices=["minilm", "base"], default=None, help="default: base on a GPU, else minilm")
+    ap.add_argument("--examples", type=int, default=None, help="default: 4096 on a GPU, 256 on the CPU (quick: 128)")
+    ap.add_argument("--peak", type=float, default=None, help="bf16 dense peak in TFLOP/s (default: from the GPU's name)")
+    args = ap.parse_args(argv)
+    device = resolve_device(args.device)
+    gpu = device.type == "cuda"
+    size = args.model or ("base" if gpu else "minilm")
+    n = args.examples or (4096 if gpu else (128 if args.quick else 256))
+    model = make_model(size, device)
     examples = make_examples(n)
     padded, dynamic = batches_padded(examples, 32), batches_dynamic(examples, 32)
+    where = (f"device {device}{' (' + torch.cuda.get_device_name(device) + ')' if gpu else ''}, torch "
+             f"{torch.__version__}, transformers {transformers.__version__}, model {size}, {n} examples, batch 32")
+    print(f"bench_score: {where}")
+    if gpu:  # first calls pay for cuBLAS/cuDNN set-up: not what is measured
+        score(model, dynamic[:4], device=device, precision="fp32")
+        score(model, dynamic[:4], device=device, precision="bf16")
+        baseline_scores(model, padded[:2])
+    sync(device)
 
     t0 = time.perf_counter()
     ref = baseline_scores(model, padded)
+    sync(device)
     t_base = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    ours = score(model, dynamic)
-    t_ours = time.perf_counter() - t0
-    corr = torch.corrcoef(torch.stack([ref.flatten(), ours.heads.flatten()]))[0, 1]
-    peak = matmul_peak()
-    achieved = score_flops(model, dynamic) / t_ours
-    print(f"score: baseline {t_base:.2f} s, headcount {t_ours:.2f} s, speed-up {t_base / t_ours:.2f}x "
-          f"(target >= 2x); scores agree r={float(corr):.5f}")
-    print(f"score: achieved {achieved / 1e9:.1f} GFLOP/s = {achieved / peak:.2f} of measured matmul peak "
-          f"{peak / 1e9:.1f} GFLOP/s")
+    flops = score_flops(model, dynamic)
+    runs = {}
+    for precision in (("fp32", "bf16") if gpu else ("fp32",)):
+        for budget in ((0, None) if gpu else (None,)):
+            t0 = time.perf_counter()
+            ours = score(model, dynamic, device=device, precision=precision, tokens_per_batch=budget)
+            sync(device)
+            runs[(precision, budget)] = (time.perf_counter() - t0, ours)
+    for (precision, budget), (t_ours, ours) in runs.items():
+        corr = torch.corrcoef(torch.stack([ref.flatten(), ours.heads.flatten()]))[0, 1]
+        label = f"{precision}, " + ("batches as given" if budget == 0 else f"{ours.meta['tokens_per_batch']} tokens/pass")
+        print(f"score [{device}, {label}]: baseline (fp32) {t_base:.2f} s, headcount {t_ours:.2f} s, "
+              f"speed-up {t_base / t_ours:.2f}x (target >= 2x); scores agree r={float(corr):.5f}")
+        achieved = flops / t_ours
+        if gpu:
+            peak = bf16_peak(device, args.peak)
+            frac = f"{achieved / peak:.3f} of the bf16 dense peak {peak / 1e12:.0f} TFLOP/s" if peak else \
+                "bf16 peak unknown for this GPU (pass --peak)"
+            print(f"score [{device}, {label}]: achieved {achieved / 1e12:.2f} TFLOP/s = {frac}")
+        else:
+            peak = matmul_peak()
+            print(f"score [{device}, {label}]: achieved {achieved / 1e9:.1f} GFLOP/s = {achieved / peak:.2f} of "
+                  f"measured matmul peak {peak / 1e9:.1f} GFLOP/s")
 
     # pruning trace: same number of steps, same schedule, importance on train, stop on dev
-    dev = make_examples(n // 2, seed=1)
+    if gpu:  # the trace on a quarter of the examples: the loop's overhead, not the scoring again
+        examples = examples[: n // 4]
+        padded, dynamic = batches_padded(examples, 32), batches_dynamic(examples, 32)
+    dev = make_examples(max(len(examples) // 2, 32), seed=1)
     dev_padded, dev_dynamic = batches_padded(dev, 32), batches_dynamic(dev, 32)
     steps = 3 if args.quick else 5
     cfg = dict(threshold=0.01, step=0.1, step_of="total", max_steps=steps)
 
     def base_eval(m, mask):
-        r = evaluate_batches(m, dev_padded, "accuracy", mask=mask)
+        r = evaluate_batches(m, dev_padded, "accuracy", mask=mask, device=device, precision="fp32", tokens_per_batch=0)
         return r["score"], r["loss"]
 
     def base_loop():
@@ -159,19 +224,21 @@ def main():
 
     t0 = time.perf_counter()
     base_mask = base_loop()
+    sync(device)
     t_base = time.perf_counter() - t0
 
     def our_eval(m, mask):
-        r = evaluate_batches(m, dev_dynamic, "accuracy", mask=mask)
+        r = evaluate_batches(m, dev_dynamic, "accuracy", mask=mask, device=device, precision="fp32")
         return r["score"], r["loss"]
 
     t0 = time.perf_counter()
-    result = iterative_prune(model, lambda m, k: score(m, dynamic, mask=k, normalize="layer+global"), our_eval,
-                             PruneConfig(**cfg))
+    result = iterative_prune(model, lambda m, k: score(m, dynamic, mask=k, normalize="layer+global", device=device,
+                                                       precision="fp32"), our_eval, PruneConfig(**cfg))
+    sync(device)
     t_ours = time.perf_counter() - t0
     same = bool(torch.equal(result.mask.heads, base_mask.heads))
-    print(f"prune trace ({steps} steps): baseline {t_base:.2f} s, headcount {t_ours:.2f} s, "
-          f"speed-up {t_base / t_ours:.2f}x (target >= 2.5x); same final mask: {same}")
+    print(f"prune trace [{device}, fp32] ({steps} steps, {len(examples)} examples): baseline {t_base:.2f} s, "
+          f"headcount {t_ours:.2f} s, speed-up {t_base / t_ours:.2f}x (target >= 2.5x); same final mask: {same}")
 
 
 if __name__ == "__main__":

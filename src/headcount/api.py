@@ -30,7 +30,17 @@ def describe(model_spec: str) -> dict:
         "heads kept": f"{n_layers * n_heads - removed_heads}/{n_layers * n_heads}",
         "MLPs kept": f"{n_layers - len(rec.get('removed_mlps', []))}/{n_layers}",
         "residual gates": "yes" if rec.get("gates") else "no",
+        "device": _where(),
     }
+
+
+def _where() -> str:
+    """The device and precision commands would run on here (the device rule, :mod:`headcount.device`)."""
+    from .device import device_name, resolve_device, resolve_precision
+
+    dev = resolve_device(None)
+    name = device_name(dev)
+    return f"{dev}{f' ({name})' if name != 'cpu' else ''}, {resolve_precision(None, dev)}"
 
 
 def shrink_checkpoint(model_spec: str, mask_path, out) -> dict:
