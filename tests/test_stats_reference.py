@@ -1,0 +1,243 @@
+"""headcount.analysis.stats' honest-statistics procedures against small reference implementations.
+
+Each reference below is written here with plain numpy/scipy loops (it does not call the code
+under test) and checked on synthetic data with a known truth:
+
+- the within-layer (stratified) permutation test is calibrated under a null with strong layer
+  effects, where the global permutation test rejects far too often;
+- the hierarchical bootstrap (seeds, then examples) covers the true mean over seeds at about
+  the nominal rate, where averaging each seed's example-bootstrap bounds does not;
+- the paired bootstrap pairs examples by id and is narrower than an unpaired one for
+  positively correlated contributions.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.stats as sps
+
+from headcount.analysis import (
+    bootstrap_ci,
+    hierarchical_bootstrap_ci,
+    hierarchical_ci_from_replicates,
+    paired_bootstrap_ci,
+    permutation_test,
+)
+from headcount.errors import HeadcountError
+
+N_LAYERS, N_HEADS = 12, 12
+
+
+def layer_effect_null(rng: np.random.Generator, layer_sd: float = 2.0) -> tuple[np.ndarray, np.ndarray]:
+    """Two ``[layer, head]`` grids that share each layer's mean; heads independent within a layer."""
+    layer_mean = layer_sd * rng.standard_normal((N_LAYERS, 1))
+    a = layer_mean + rng.standard_normal((N_LAYERS, N_HEADS))
+    b = layer_mean + rng.standard_normal((N_LAYERS, N_HEADS))
+    return a, b
+
+
+def reference_within_layer_p(a: np.ndarray, b: np.ndarray, n_permutations: int, seed: int) -> float:
+    """Two-sided Spearman permutation p-value, shuffling b's heads inside each layer (plain loops)."""
+    rng = np.random.default_rng(seed)
+    observed = sps.spearmanr(a.ravel(), b.ravel()).statistic
+    hits = 0
+    for _ in range(n_permutations):
+        shuffled = np.stack([row[rng.permutation(row.size)] for row in b])
+        hits += abs(sps.spearmanr(a.ravel(), shuffled.ravel()).statistic) >= abs(observed) - 1e-12
+    return (1 + hits) / (1 + n_permutations)
+
+
+# --------------------------------------------------------------------------- stratified permutation
+
+
+def test_within_layer_permutation_is_calibrated_where_the_global_one_is_not():
+    rng = np.random.default_rng(20261201)
+    n_rep, n_perm = 200, 199
+    p_within, p_global = np.empty(n_rep), np.empty(n_rep)
+    for r in range(n_rep):
+        a, b = layer_effect_null(rng)
+        p_within[r] = permutation_test(a, b, n_permutations=n_perm, seed=r, strata="rows").pvalue
+        p_global[r] = permutation_test(a, b, n_permutations=n_perm, seed=r).pvalue
+    # under the null p is ~uniform on {1/200, ..., 1}: 5% below 0.05 (binomial sd over 200: 1.5%)
+    assert 0.015 <= np.mean(p_within <= 0.05) <= 0.09
+    assert sps.kstest(p_within, "uniform").pvalue > 0.01
+    assert 0.4 < np.median(p_within) < 0.6
+    # the global test sees the shared layer means as head-level agreement
+    assert np.mean(p_global <= 0.05) > 0.8
+
+
+def test_within_layer_permutation_agrees_with_the_reference_loop():
+    rng = np.random.default_rng(7)
+    a, b = layer_effect_null(rng, layer_sd=1.0)
+    b = b + 0.1 * (a - a.mean(axis=1, keepdims=True))  # a weak within-layer association
+    ours = permutation_test(a, b, n_permutations=4000, seed=1, strata="rows")
+    ref = reference_within_layer_p(a, b, n_permutations=1500, seed=2)
+    assert ours.statistic == pytest.approx(sps.spearmanr(a.ravel(), b.ravel()).statistic)
+    assert 0.03 < ref < 0.4
+    assert ours.pvalue == pytest.approx(ref, abs=0.035)  # Monte Carlo sd of the difference ~0.01
+    assert permutation_test(a, b, n_permutations=4000, seed=1).pvalue < 0.01  # the global test: "significant"
+
+
+def test_stratified_permutations_never_move_a_value_to_another_layer():
+    rng = np.random.default_rng(3)
+    a = rng.random((4, 6))
+    b = rng.random((4, 6))
+    layer = np.repeat(np.arange(4), 6)  # the flattened entries' layers
+
+    def same_layer_multisets(x, y_perm):  # 1.0 when each layer holds the same values as before
+        return float(all(np.array_equal(np.sort(y_perm[layer == i]), np.sort(b.ravel()[layer == i]))
+                         for i in range(4)))
+
+    r = permutation_test(a, b, same_layer_multisets, n_permutations=200, seed=0, strata="rows")
+    assert np.all(r.null == 1.0)
+    g = permutation_test(a, b, same_layer_multisets, n_permutations=200, seed=0)
+    assert np.mean(g.null) < 0.05  # a global permutation mixes the layers
+    # the vectorised Kendall path uses the same within-layer draws
+    k = permutation_test(a, b, "kendall", n_permutations=500, seed=0, strata="rows")
+    assert 0 < k.pvalue <= 1 and np.isfinite(k.null).all()
+
+
+# --------------------------------------------------------------------------- hierarchical bootstrap
+
+
+N_SEEDS, N_EXAMPLES, SEED_SD, EXAMPLE_SD, TRUE_MEAN = 5, 40, 1.0, 1.0, 1.0
+
+
+def synthetic_seeds(rng: np.random.Generator) -> list[np.ndarray]:
+    """Per-example values of N_SEEDS seeds: seed means scatter around TRUE_MEAN, examples around them."""
+    seed_means = TRUE_MEAN + SEED_SD * rng.standard_normal(N_SEEDS)
+    return [m + EXAMPLE_SD * rng.standard_normal(N_EXAMPLES) for m in seed_means]
+
+
+def reference_per_seed_percentiles(values: np.ndarray, rng: np.random.Generator, n_boot: int) -> tuple[float, float]:
+    """One seed's example-bootstrap 95% percentile interval of the mean."""
+    idx = rng.integers(0, values.size, size=(n_boot, values.size))
+    means = values[idx].mean(axis=1)
+    return float(np.quantile(means, 0.025)), float(np.quantile(means, 0.975))
+
+
+def reference_hierarchical(seeds: list[np.ndarray], rng: np.random.Generator, n_boot: int) -> np.ndarray:
+    """Two-level bootstrap by loops: draw seeds with replacement, then fresh examples for each draw."""
+    out = np.empty(n_boot)
+    for k in range(n_boot):
+        picked = rng.integers(0, len(seeds), len(seeds))
+        out[k] = np.mean([seeds[s][rng.integers(0, seeds[s].size, seeds[s].size)].mean() for s in picked])
+    return out
+
+
+def test_hierarchical_bootstrap_covers_the_truth_and_the_averaged_bounds_do_not():
+    rng = np.random.default_rng(11)
+    n_rep, n_boot = 200, 200
+    covered_ours, covered_old, covered_pct = 0, 0, 0
+    for r in range(n_rep):
+        seeds = synthetic_seeds(rng)
+        ours = hierarchical_bootstrap_ci(None, seeds, n_boot=n_boot, seed=r)
+        covered_ours += ours.low <= TRUE_MEAN <= ours.high
+        pct = hierarchical_bootstrap_ci(None, seeds, n_boot=n_boot, seed=r, interval="percentile")
+        covered_pct += pct.low <= TRUE_MEAN <= pct.high
+        bounds = np.array([reference_per_seed_percentiles(s, rng, n_boot) for s in seeds])  # the old summary
+        low, high = bounds.mean(axis=0)
+        covered_old += low <= TRUE_MEAN <= high
+    assert covered_ours / n_rep >= 0.90
+    assert covered_old / n_rep < 0.90
+    assert covered_old / n_rep < 0.75  # far off: it only sees example noise
+    assert covered_pct <= covered_ours  # percentile bounds over 5 seeds are narrower than the t bounds
+
+
+def test_hierarchical_bootstrap_matches_the_reference_loop():
+    rng = np.random.default_rng(5)
+    seeds = synthetic_seeds(rng)
+    ours = hierarchical_bootstrap_ci(None, seeds, n_boot=3000, seed=0, interval="percentile")
+    ref = reference_hierarchical(seeds, np.random.default_rng(1), n_boot=3000)
+    assert ours.estimate == pytest.approx(np.mean([s.mean() for s in seeds]))
+    assert ours.samples.std() == pytest.approx(ref.std(), rel=0.08)
+    assert ours.low == pytest.approx(np.quantile(ref, 0.025), abs=0.15 * ref.std())  # tails: MC error ~0.05 sd
+    assert ours.high == pytest.approx(np.quantile(ref, 0.975), abs=0.15 * ref.std())
+    t = hierarchical_bootstrap_ci(None, seeds, n_boot=3000, seed=0)
+    half = sps.t.ppf(0.975, N_SEEDS - 1) * ref.std(ddof=1) * np.sqrt(N_SEEDS / (N_SEEDS - 1))
+    assert (t.high - t.low) / 2 == pytest.approx(half, rel=0.08)
+    assert t.interval == "t" and t.n_seeds == N_SEEDS and t.to_dict()["n_seeds"] == N_SEEDS
+
+
+def test_hierarchical_bootstrap_of_a_statistic_of_paired_grids():
+    rng = np.random.default_rng(9)
+    # 3 seeds x [n, 4] contributions to two grids computed on the same examples
+    a = [rng.random((30, 4)) + np.arange(4) for _ in range(3)]
+    b = [x + 0.3 * rng.random((30, 4)) for x in a]
+
+    def diff(x, y):
+        return x.sum() - y.sum()
+
+    r = hierarchical_bootstrap_ci(diff, a, b, paired=True, reduce="sum", n_boot=300, seed=0)
+    assert r.estimate == pytest.approx(np.mean([diff(x.sum(0), y.sum(0)) for x, y in zip(a, b)]))
+    assert r.low < r.estimate < r.high
+    unpaired = hierarchical_bootstrap_ci(diff, a, b, reduce="sum", n_boot=300, seed=0)
+    assert (r.high - r.low) < (unpaired.high - unpaired.low)
+    again = hierarchical_bootstrap_ci(diff, a, b, paired=True, reduce="sum", n_boot=300, seed=0)
+    np.testing.assert_array_equal(again.samples, r.samples)
+    # the same numbers from each seed's own bootstrap samples
+    pools = [bootstrap_ci(diff, x, y, n_boot=300, seed=s, paired=True) for s, (x, y) in enumerate(zip(a, b))]
+    combined = hierarchical_ci_from_replicates([p.estimate for p in pools], [p.samples for p in pools],
+                                               n_boot=2000, seed=0)
+    assert combined.estimate == pytest.approx(r.estimate)
+    assert combined.high - combined.low == pytest.approx(r.high - r.low, rel=0.25)
+
+
+# --------------------------------------------------------------------------- paired bootstrap
+
+
+def reference_paired(stat, a, b, ids_a, ids_b, n_boot, seed):
+    """Pair rows by id, then draw one index set per resample (rng.integers, as bootstrap_ci does)."""
+    row_of_b = {v: i for i, v in enumerate(ids_b)}
+    b = b[[row_of_b[v] for v in ids_a]]
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n_boot):
+        idx = rng.integers(0, len(ids_a), len(ids_a))
+        out.append(stat(a[idx].sum(axis=0), b[idx].sum(axis=0)))
+    return np.array(out)
+
+
+def test_paired_bootstrap_agrees_with_the_reference_on_a_tiny_example():
+    a = np.array([[1.0, 0.0], [2.0, 1.0], [0.5, 3.0], [4.0, 2.0], [1.5, 1.5]])  # 5 examples x 2 heads
+    ids_a = ["s3", "s1", "s4", "s0", "s2"]
+    ids_b = ["s0", "s1", "s2", "s3", "s4"]
+    b = np.array([[3.0, 2.5], [2.0, 0.5], [1.0, 1.0], [1.5, 0.0], [0.0, 2.5]])
+
+    def stat(x, y):
+        return np.array([x[0] - y[0], x[1] / y[1]])
+
+    ours = paired_bootstrap_ci(stat, a, b, ids_a, ids_b, n_boot=50, seed=3)
+    ref = reference_paired(stat, a, b, ids_a, ids_b, n_boot=50, seed=3)
+    np.testing.assert_allclose(ours.samples, ref, rtol=1e-12)
+    np.testing.assert_allclose(ours.low, np.quantile(ref, 0.025, axis=0), rtol=1e-12)
+    np.testing.assert_allclose(ours.estimate, stat(a.sum(0), b[[3, 1, 4, 0, 2]].sum(0)))
+
+
+def test_paired_bootstrap_is_narrower_than_unpaired_for_correlated_examples():
+    rng = np.random.default_rng(4)
+    n = 300
+    difficulty = rng.standard_normal(n)  # shared by both objectives: hard examples are hard for both
+    a = difficulty + 0.3 * rng.standard_normal(n)
+    b = difficulty + 0.3 * rng.standard_normal(n) + 0.1
+    ids = np.arange(n)
+    order = rng.permutation(n)  # b's rows stored in another order
+    diff = lambda x, y: x - y  # noqa: E731
+    paired = paired_bootstrap_ci(diff, a, b[order], ids, ids[order], reduce="mean", n_boot=500, seed=0)
+    unpaired = bootstrap_ci(diff, a, b, reduce="mean", n_boot=500, seed=0)
+    assert paired.estimate == pytest.approx(unpaired.estimate)
+    assert (paired.high - paired.low) < 0.5 * (unpaired.high - unpaired.low)
+    # pairing by position after the reordering would lose the pairing: as wide as unpaired
+    by_position = bootstrap_ci(diff, a, b[order], reduce="mean", n_boot=500, seed=0, paired=True)
+    assert (by_position.high - by_position.low) > 0.8 * (unpaired.high - unpaired.low)
+
+
+def test_paired_bootstrap_refuses_ids_it_cannot_pair():
+    a, b = np.ones((3, 2)), np.ones((3, 2))
+    with pytest.raises(HeadcountError, match=r"id sets differ.*only in a, e.g. \['z'\]"):
+        paired_bootstrap_ci(lambda x, y: x.sum(), a, b, ["x", "y", "z"], ["x", "y", "w"])
+    with pytest.raises(HeadcountError, match="repeated example ids"):
+        paired_bootstrap_ci(lambda x, y: x.sum(), a, b, [1, 1, 2], [1, 2, 3])
+    with pytest.raises(HeadcountError, match="3 rows but 2 example ids"):
+        paired_bootstrap_ci(lambda x, y: x.sum(), a, b, [1, 2], [1, 2, 3])
