@@ -715,6 +715,7 @@ def finetune(model_spec: str, task, *, mask=None, mask_mode: str = "prune", weig
 
     trainer.remove_callback(PrinterCallback)  # progress goes through `progress`, not print()
     trainer.remove_callback(ProgressCallback)
+    progress(f"training on {args.device}, {'bf16 mixed precision' if args.bf16 else 'fp32'}")
     if resume:
         progress(f"resuming from {Path(resume).name}")
     t0 = time.perf_counter()
