@@ -231,6 +231,30 @@ def test_the_study_runs_end_to_end_with_every_table_and_figure(run):
     assert encoder and all(torch.equal(pre[k], fitted[f"bert.{k}"]) for k in encoder)
 
 
+def test_the_report_starts_with_the_main_tables_and_folds_the_raw_ones(run):
+    root, _ = run
+    out = root / "run"
+    html = (out / "report.html").read_text()
+    first = html.index("<h2>Main results</h2>")
+    assert first < html.index('id="figure-heatmaps"') < html.index('id="table-finetune"')
+    for name in ("main_coherence", "main_pruning", "main_before_after"):
+        assert first < html.index(f'id="table-{name}"') < html.index('id="figure-heatmaps"'), name
+        assert f'<details class="table" id="table-{name}"' not in html
+    for name in TABLES:  # the raw tables: folded, with a link to their CSV
+        assert f'<details class="table" id="table-{name}"' in html and f'href="results/{name}.csv"' in html
+    coh = pd.read_csv(out / "results" / "main_coherence.csv", keep_default_na=False)
+    assert "None" not in coh.to_string() and "nan" not in coh.to_string()
+    row = coh[(coh["comparison"] == T.COMPARISONS["mlm-vs-task"]) & (coh["task"] == "good")].iloc[0]
+    per_seed = pd.read_csv(out / "results" / "coherence.csv")
+    rho = per_seed[(per_seed["comparison"] == "mlm-vs-task") & (per_seed["task"] == "good") &
+                   (per_seed["view"] == "application") & (per_seed["statistic"] == "spearman")]["estimate"]
+    assert row["Spearman"].startswith(f"{rho.mean():.2f} ± {rho.std(ddof=1):.2f} [")  # two seeds: mean ± std [CI]
+    seeds = coh[coh["comparison"] == T.COMPARISONS["seed-vs-seed"]]
+    assert len(seeds) == 2 and not seeds["Spearman"].str.contains("±").any()  # one pair per task: no spread
+    pruning = pd.read_csv(out / "results" / "main_pruning.csv", keep_default_na=False)
+    assert list(pruning["task"]) == ["good", "has-not"] and pruning["fine-tuned"].str.contains("±").all()
+
+
 def test_bootstrap_contributions_add_up_to_the_scores(run):
     root, _ = run
     store = RunStore(root / "run")

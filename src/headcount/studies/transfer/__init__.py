@@ -88,18 +88,7 @@ import importlib
 from ...runner import register_study
 from .config import (BeforeAfterSettings, DataSettings, MlmSettings, PruningSettings, ScoringSettings,
                      StatsSettings, TaskSpec, TrainSettings, TransferConfig, TransferSettings, task_id)
-from .plan import Names, expand, plan_of, transfer_jobs
-
-#: the comparisons of the coherence table, in the order the report shows them
-COMPARISONS = {
-    "mlm-vs-task": "MLM (pre-trained) vs task (fine-tuned)",
-    "mlm-vs-task-before": "MLM (pre-trained) vs task (pre-trained encoder, fitted head)",
-    "task-before-vs-after": "task: pre-trained encoder vs fine-tuned",
-    "mlm-before-vs-after": "MLM: pre-trained vs fine-tuned encoder",
-    "task-vs-task": "task vs task (fine-tuned, same seed)",
-    "seed-vs-seed": "same task, two fine-tuning seeds",
-    "mlm-vs-mlm": "MLM on one task's texts vs another's",
-}
+from .plan import COMPARISONS, Names, expand, plan_of, transfer_jobs
 
 # Names served on first use: the job functions, the report and the maths they need import torch
 # models, pandas and matplotlib (about 1 s), which validating or planning a config does not need.

@@ -14,6 +14,17 @@ from .config import TransferConfig, TransferSettings, task_id, task_name
 JOBS = "headcount.studies.transfer.jobs"
 SHARED_JOBS = "headcount.studies.jobs"
 
+#: the comparisons of the coherence table, in the order the report shows them
+COMPARISONS = {
+    "mlm-vs-task": "MLM (pre-trained) vs task (fine-tuned)",
+    "mlm-vs-task-before": "MLM (pre-trained) vs task (pre-trained encoder, fitted head)",
+    "task-before-vs-after": "task: pre-trained encoder vs fine-tuned",
+    "mlm-before-vs-after": "MLM: pre-trained vs fine-tuned encoder",
+    "task-vs-task": "task vs task (fine-tuned, same seed)",
+    "seed-vs-seed": "same task, two fine-tuning seeds",
+    "mlm-vs-mlm": "MLM on one task's texts vs another's",
+}
+
 
 def _level(x: float) -> str:
     return f"{x:g}"

@@ -6,12 +6,15 @@ study (the demo) can include a transfer part; :func:`report` is the study type's
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
+import pandas as pd
 
 from ...report import ReportContent, ReportFigure, ReportTable, Section
 from .config import TransferConfig, TransferSettings
 from .figures import figures
-from .plan import plan_of
+from .plan import COMPARISONS, plan_of
 from .tables import artifact, fmt, stat_rows, transfer_tables
 
 
@@ -67,6 +70,121 @@ def transfer_summary(tables: dict, settings: TransferSettings, prefix: str = "")
     return "\n\n".join(parts)
 
 
+# =============================================================================================
+# the paper's main tables, with this run's numbers
+# =============================================================================================
+def _finite(x) -> bool:
+    return x is not None and isinstance(x, (int, float, np.floating, np.integer)) and math.isfinite(float(x))
+
+
+def cell(mean, std=None, low=None, high=None, digits: int = 2) -> str:
+    """``mean ± std [low, high]`` with the parts that are defined; blank when ``mean`` is not.
+
+    >>> cell(0.3141, 0.02, 0.2, 0.4), cell(0.5), cell(float("nan")), cell(0.5, float("nan"), None, 0.7)
+    ('0.31 ± 0.02 [0.20, 0.40]', '0.50', '', '0.50')
+    """
+    if not _finite(mean):
+        return ""
+    out = f"{mean:.{digits}f}"
+    if _finite(std):
+        out += f" ± {std:.{digits}f}"
+    if _finite(low) and _finite(high):
+        out += f" [{low:.{digits}f}, {high:.{digits}f}]"
+    return out
+
+
+def _over_seeds(values: pd.Series) -> tuple[float, float]:
+    v = pd.to_numeric(values, errors="coerce").dropna()
+    if v.empty:
+        return float("nan"), float("nan")
+    return float(v.mean()), float(v.std(ddof=1)) if len(v) > 1 else float("nan")
+
+
+def main_coherence(tables: dict, settings: TransferSettings) -> pd.DataFrame:
+    """Coherence of head importance, one row per comparison and task: mean ± std over seeds
+    [bootstrap interval, each seed's bounds averaged]; the largest permutation p over seeds."""
+    coh = tables["coherence"]
+    coh = coh[coh["view"] == "application"]
+    stats = [("spearman", "Spearman"), ("kendall", "Kendall"),
+             *[(f"jaccard@{f:g}", f"top-{f:.0%} Jaccard (chance {f / (2 - f):.2f})") for f in settings.stats.fractions],
+             ("layer_mass_l1", "layer-mass L1")]
+    rows = []
+    for comparison, label in COMPARISONS.items():
+        d = coh[coh["comparison"] == comparison]
+        for (task, task_b), g in d.groupby(["task", "task_b"], dropna=False, sort=False):
+            row = {"comparison": label,
+                   "task": task if pd.isna(task_b) or task_b == task else f"{task} / {task_b}",
+                   "pairs": int(g["pair"].nunique())}
+            for stat, name in stats:
+                x = g[g["statistic"] == stat]
+                mean, std = _over_seeds(x["estimate"])
+                row[name] = cell(mean, std, _over_seeds(x["low"])[0], _over_seeds(x["high"])[0])
+            p = pd.to_numeric(g[g["statistic"] == "spearman"]["p_value"], errors="coerce").max()
+            row["Spearman p (max)"] = "" if not _finite(p) else f"{p:.3g}"
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def main_pruning(tables: dict, settings: TransferSettings) -> pd.DataFrame:
+    """Per task: full and head-only scores (mean ± std over seeds), the share of heads removable by
+    each order without retraining, and the acceptable deduction."""
+    ft, pr, ad = tables["finetune"], tables["prunability"], tables["acceptable_deduction_summary"]
+    pct = f"{settings.before_after.threshold:.0%}"
+    rows = []
+    for t, g in ft.groupby("task", sort=False):
+        row = {"task": t, "metric": g["metric"].iloc[0], "seeds": len(g),
+               "fine-tuned": cell(*_over_seeds(g["fine_tuned"])),
+               "head only (frozen encoder)": cell(*_over_seeds(g["head_only"]))}
+        d = pr[(pr["task"] == t) & (pr["objective"] == "task") & (pr["view"] == "application")] if len(pr) else pr
+        for order in ("task", "mlm", "random"):
+            x = d[d["order"] == order]["removable_fraction"] if len(d) else []
+            row[f"removable at {pct}, by {order}"] = f"{float(x.iloc[0]):.0%}" if len(x) else ""
+        a = ad[ad["task"] == t] if len(ad) else ad
+        level = a["level"].iloc[0] if len(a) else None
+        row["acceptable deduction: heads removed"] = f"{float(level):.0%}" if _finite(level) else ""
+        loss = a["mlm_loss_increase"].iloc[0] if len(a) else None
+        row["acceptable deduction: MLM loss +"] = cell(loss)
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def main_before_after(tables: dict) -> pd.DataFrame:
+    """Per task and level: pruned before fine-tuning vs after (mean ± std over seeds)."""
+    ba = tables["before_after"]
+    if ba.empty:
+        return pd.DataFrame()
+    rows = []
+    for (t, level), g in ba.groupby(["task", "level"], sort=False):
+        row = {"task": t, "heads removed": f"{level:.0%}"}
+        for _, r in g.iterrows():
+            row[r["setting"]] = cell(r["score"], r.get("score_std"))
+        row["full fine-tuned"] = cell(g["full"].iloc[0])
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def main_section(tables: dict, settings: TransferSettings, art: str = "") -> Section:
+    """The first section: the paper's questions answered with this run's numbers."""
+    ts = [ReportTable(f"{art}main_coherence", main_coherence(tables, settings),
+                      caption="Do MLM and task importance agree? Application view (depth x head); mean ± std over "
+                              "fine-tuning seeds, [percentile bootstrap interval over scoring examples, each "
+                              "seed's bounds averaged]; p: two-sided permutation p-value, the largest over seeds."),
+          ReportTable(f"{art}main_pruning", main_pruning(tables, settings),
+                      caption="Fine-tuned and head-only scores (mean ± std over seeds); the largest share of heads "
+                              "removable (gates, no retraining) while the mean score stays at the threshold share of "
+                              "the full model's; the acceptable deduction (prune by MLM importance, then fine-tune).")]
+    ba = main_before_after(tables)
+    if not ba.empty:
+        ts.append(ReportTable(f"{art}main_before_after", ba,
+                              caption="Pruning before fine-tuning (by MLM importance of the pre-trained model, or at "
+                                      "random) vs after (the fine-tuned model by task or MLM importance, not "
+                                      "retrained): downstream score, mean ± std over seeds."))
+    return Section("Main results",
+                   "The questions of Chiang & Chen (2021), answered with this run's numbers. The paper has no "
+                   "public code and headcount records no published values to set beside these; the figures and "
+                   "the raw tables (folded, with their CSV files) follow.", tables=ts)
+
+
 def pd_isna(x) -> bool:
     try:
         return x is None or bool(np.isnan(x))
@@ -98,12 +216,13 @@ def transfer_sections(store, settings: TransferSettings, prefix: str = "", table
         return [ReportFigure(f"{art}{nm}", figs[f"{art}{nm}"][0], figs[f"{art}{nm}"][1])
                 for nm in names if f"{art}{nm}" in figs]
 
-    def T(name, caption=""):
-        return ReportTable(f"{art}{name}", tables[name], caption=caption)
+    def T(name, caption="", **kw):  # a raw table: folded below the figures
+        return ReportTable(f"{art}{name}", tables[name], caption=caption or name, collapsed=True, **kw)
 
     coh_cols = ["comparison", "view", "task", "task_b", "statistic", "estimate", "estimate_min", "estimate_max",
                 "low", "high", "p_value_max", "chance", "n"]
     sections = [
+        main_section(tables, settings, art),
         Section("Importance of heads: MLM and tasks",
                 "Gate-gradient importance (Michel et al.) on the same training examples: masked LM on the "
                 "pre-trained model, the task on the pre-trained encoder with a fitted head, and the task on the "
@@ -121,17 +240,18 @@ def transfer_sections(store, settings: TransferSettings, prefix: str = "", table
                 "largest p-value over seeds; chance: the expected value for unrelated scores).",
                 figures=F("correlation-matrix", "layer-mass"),
                 tables=[ReportTable(f"{art}coherence_summary", tables["coherence_summary"][coh_cols],
-                                    caption="Coherence, mean over seeds.", max_rows=80),
-                        ReportTable(f"{art}coherence", tables["coherence"], caption="Coherence per seed.", max_rows=20),
-                        ReportTable(f"{art}layer_mass", tables["layer_mass"], max_rows=12),
-                        ReportTable(f"{art}head_scores", tables["head_scores"], max_rows=12)]),
+                                    caption="Coherence, mean over seeds.", max_rows=80, collapsed=True),
+                        T("coherence", "Coherence per seed.", max_rows=20),
+                        T("layer_mass", "Share of importance per layer.", max_rows=12),
+                        T("head_scores", "Every head score.", max_rows=12)]),
         Section("Prunability",
                 "Heads removed in order of importance (computed once; per-layer L2 normalised) and applied as "
                 "gates to the fine-tuned model (task metric) or the pre-trained model (MLM accuracy), without "
                 "retraining. removable_fraction: the largest level whose mean score stays at or above the "
                 "threshold share of the full model's.",
                 figures=F("prunability"),
-                tables=[T("prunability"), ReportTable(f"{art}curves", tables["curves"], max_rows=20)]),
+                tables=[T("prunability", "Removable fraction, score at 50% and area under each curve."),
+                        T("curves", "Every point of every curve.", max_rows=20)]),
     ]
     if not tables["before_after"].empty:
         sections.append(Section(
@@ -139,13 +259,14 @@ def transfer_sections(store, settings: TransferSettings, prefix: str = "", table
             "Pruned before: the pre-trained model without its least MLM-important heads, fine-tuned with the "
             "full model's settings. Pruned after: the fine-tuned model with its least important heads (by task "
             "or by MLM importance) gated off, not retrained.",
-            figures=F("before-after"), tables=[T("before_after")]))
+            figures=F("before-after"), tables=[T("before_after", "Scores before vs after, per level.")]))
         sections.append(Section(
             "Acceptable deduction",
             "For each task, the largest masked-LM loss increase of the pruned pre-trained model at which the "
             "fine-tuned pruned model keeps the threshold share of the full fine-tuned score.",
             figures=F("acceptable-deduction"),
-            tables=[T("acceptable_deduction_summary"), T("acceptable_deduction")]))
+            tables=[T("acceptable_deduction_summary", "Acceptable deduction per task."),
+                    T("acceptable_deduction", "Every level.")]))
     return sections
 
 
@@ -153,7 +274,7 @@ def report(store, config: TransferConfig):
     """``report_fn`` of the ``transfer`` study type.
 
     >>> report(RunStore("runs/transfer-offline"), config).sections[0].title   # doctest: +SKIP
-    'Importance of heads: MLM and tasks'
+    'Main results'
     """
     tables = transfer_tables(store, config)
     return ReportContent(summary=transfer_summary(tables, config), sections=transfer_sections(store, config, tables=tables))

@@ -105,12 +105,13 @@ def transfer_tables(store, settings: TransferSettings, prefix: str = "") -> dict
                     pruned_first[order] = float(np.mean(vals))
                     ba_rows.append({"task": t, "level": level, "setting": f"prune ({order}) then fine-tune",
                                     "score": pruned_first[order], "score_min": float(np.min(vals)),
-                                    "score_max": float(np.max(vals)), "full": full})
+                                    "score_max": float(np.max(vals)), "full": full, "score_std": _std(vals)})
                 for order in ("task", "mlm"):
                     v = task_c[(task_c["order"] == order) & np.isclose(task_c["fraction"], level)]["score"]
                     ba_rows.append({"task": t, "level": level, "setting": f"fine-tune then prune ({order})",
                                     "score": float(v.mean()), "score_min": float(v.min()), "score_max": float(v.max()),
-                                    "full": float(task_c[task_c["fraction"] == 0]["score"].mean())})
+                                    "full": float(task_c[task_c["fraction"] == 0]["score"].mean()),
+                                    "score_std": _std(v)})
                 m = mlm_c[np.isclose(mlm_c["fraction"], level)].iloc[0]
                 rel = pruned_first["mlm"] / full if full else float("nan")
                 ad_rows.append({"task": t, "level": level, "mlm_loss": float(m["loss"]), "mlm_accuracy": float(m["score"]),
@@ -125,6 +126,12 @@ def transfer_tables(store, settings: TransferSettings, prefix: str = "") -> dict
             "head_scores": pd.DataFrame(scores), "finetune": pd.DataFrame(ft_rows), "curves": curves,
             "prunability": prunability, "before_after": pd.DataFrame(ba_rows),
             "acceptable_deduction": pd.DataFrame(ad_rows), "acceptable_deduction_summary": pd.DataFrame(ad_summary)}
+
+
+def _std(values) -> float:
+    """Sample standard deviation over seeds (NaN with fewer than two)."""
+    v = np.asarray(values, dtype=np.float64)
+    return float(np.std(v, ddof=1)) if v.size > 1 else float("nan")
 
 
 def rank01(grid) -> np.ndarray:
