@@ -18,10 +18,16 @@ from headcount.analysis import (
     cochrans_q,
     compare_scores,
     draw_controls,
+    expected_jaccard,
+    hierarchical_bootstrap_ci,
+    hierarchical_ci_from_replicates,
+    jaccard,
     kendall_tau,
     krippendorff_alpha_nominal,
+    largest_contiguous_passing,
     layer_mass,
     mask_stability,
+    normalize_layers,
     pairwise_jaccard,
     pairwise_matrix,
     permutation_test,
@@ -371,3 +377,150 @@ def test_seed_summary_matches_numpy_and_ignores_nan():
     assert s["n"].tolist() == [3, 2]
     one = seed_summary([0.7])
     assert one["mean"] == 0.7 and math.isnan(one["std"]) and math.isnan(one["sem"]) and one["n"] == 1
+
+
+# --------------------------------------------------------------------------- layer effects
+
+
+def test_normalize_layers_zscore_l2_rank():
+    g = np.array([[1.0, 2.0, 3.0, 6.0], [10.0, 10.0, 10.0, 10.0], [0.0, np.nan, 4.0, 2.0]])
+    z = normalize_layers(g)
+    np.testing.assert_allclose(z[0], (g[0] - g[0].mean()) / g[0].std())
+    np.testing.assert_array_equal(z[1], 0.0)  # a constant layer carries no ordering
+    assert np.isnan(z[2, 1]) and np.nanmean(z[2]) == pytest.approx(0.0) and np.nanstd(z[2]) == pytest.approx(1.0)
+    l2 = normalize_layers(g, "l2")
+    np.testing.assert_allclose(l2[0], g[0] / np.sqrt((g[0] ** 2).sum()))
+    np.testing.assert_allclose(l2[2, [0, 2, 3]], g[2, [0, 2, 3]] / math.sqrt(20.0))
+    r = normalize_layers(g, "rank")
+    np.testing.assert_allclose(r[0], [0, 1 / 3, 2 / 3, 1])
+    np.testing.assert_allclose(r[1], 0.5)
+    np.testing.assert_allclose(r[2, [0, 2, 3]], [0, 1, 0.5])
+    # a grid that is only a layer effect has no within-layer structure left
+    layers = np.arange(4.0)[:, None] * np.ones((4, 3)) + np.array([0.0, 0.1, 0.2])
+    assert spearman(layers, layers[:, ::-1]) > 0.85  # raw: the layer means agree
+    za, zb = normalize_layers(layers), normalize_layers(layers[:, ::-1])
+    assert np.corrcoef(za.ravel(), zb.ravel())[0, 1] == pytest.approx(-1.0)  # within layers: reversed
+    assert spearman(za, zb) < -0.8  # (ties across layers keep it off -1)
+    with pytest.raises(HeadcountError):
+        normalize_layers(g, "minmax")
+    with pytest.raises(HeadcountError):
+        normalize_layers(np.ones(5))
+
+
+def test_permutation_strata_validation_and_explicit_labels():
+    a, b = grid(0, (3, 4)), grid(1, (3, 4))
+    rows = permutation_test(a, b, n_permutations=300, seed=0, strata="rows")
+    labels = np.repeat(np.arange(3), 4).reshape(3, 4) * 7  # same strata, other label values
+    explicit = permutation_test(a, b, n_permutations=300, seed=0, strata=labels)
+    np.testing.assert_array_equal(rows.null, explicit.null)
+    one = permutation_test(a, b, n_permutations=300, seed=0, strata=np.zeros((3, 4)))
+    assert one.pvalue == pytest.approx(permutation_test(a, b, n_permutations=300, seed=5).pvalue, abs=0.1)
+    single = permutation_test(a, b, n_permutations=50, seed=0, strata=np.arange(12).reshape(3, 4))
+    assert np.allclose(single.null, single.statistic) and single.pvalue == 1.0  # nothing can move
+    with pytest.raises(HeadcountError, match="strata"):
+        permutation_test(a, b, strata="layers")
+    with pytest.raises(HeadcountError, match="strata"):
+        permutation_test(a, b, strata=np.zeros(12))
+    with pytest.raises(HeadcountError, match="rows"):
+        permutation_test(a.ravel(), b.ravel(), strata="rows")
+    # default unchanged: no strata argument gives the global test's exact draws
+    np.testing.assert_array_equal(permutation_test(a, b, n_permutations=100, seed=3).null,
+                                  permutation_test(a, b, n_permutations=100, seed=3, strata=None).null)
+
+
+# --------------------------------------------------------------------------- hierarchical bootstrap
+
+
+def test_hierarchical_from_replicates_hand_values_and_errors():
+    est = [0.2, 0.4, 0.9]
+    reps = [np.full(5, 0.2), np.full(7, 0.4), np.full(3, 0.9)]  # no example noise: only seed choice
+    r = hierarchical_ci_from_replicates(est, reps, n_boot=4000, seed=0, interval="percentile")
+    assert r.estimate == pytest.approx(0.5)
+    assert set(np.round(r.samples * 3, 6)) <= {round(x, 6) for x in np.arange(0.6, 2.8, 0.1)}
+    assert r.low >= 0.2 - 1e-12 and r.high <= 0.9 + 1e-12 and r.low < 0.5 < r.high
+    sd = np.std(est, ddof=1)
+    t = hierarchical_ci_from_replicates(est, reps, n_boot=4000, seed=0)
+    # bootstrap sd of a mean of 3 is sqrt(2/3) sd/sqrt(3); the t interval undoes the 2/3
+    assert (t.high - t.low) / 2 == pytest.approx(sps.t.ppf(0.975, 2) * sd / math.sqrt(3), rel=0.05)
+    vec = hierarchical_ci_from_replicates([[0.0, 1.0], [2.0, 3.0]], [np.zeros((4, 2)), np.ones((4, 2))], n_boot=50)
+    assert vec.samples.shape == (50, 2) and vec.estimate.tolist() == [1.0, 2.0]
+    with pytest.raises(HeadcountError):
+        hierarchical_ci_from_replicates([0.1, 0.2], [np.zeros(3)])
+    with pytest.raises(HeadcountError):
+        hierarchical_ci_from_replicates([0.1], [np.zeros((3, 2))])
+    with pytest.raises(HeadcountError):
+        hierarchical_ci_from_replicates([0.1], [np.zeros(3)], interval="bca")
+
+
+def test_hierarchical_bootstrap_one_seed_is_the_example_bootstrap():
+    rng = np.random.default_rng(0)
+    x = rng.normal(2.0, 1.0, size=400)
+    r = hierarchical_bootstrap_ci(None, [x], n_boot=2000, seed=1)
+    assert r.interval == "percentile" and r.n_seeds == 1  # no seed variance can be estimated
+    assert r.high - r.low == pytest.approx(2 * 1.96 * x.std(ddof=1) / math.sqrt(400), rel=0.15)
+    assert r.estimate == pytest.approx(x.mean())
+    s = hierarchical_bootstrap_ci(None, [x.reshape(100, 4), x.reshape(100, 4)[::-1]], reduce="sum", n_boot=20)
+    assert s.samples.shape == (20, 4) and np.allclose(s.estimate, x.reshape(100, 4).sum(0))
+    with pytest.raises(HeadcountError):
+        hierarchical_bootstrap_ci(None, [x], [x])  # statistic=None: one sequence only
+    with pytest.raises(HeadcountError):
+        hierarchical_bootstrap_ci(lambda p, q: p - q, [x, x], [x])  # seed counts differ
+    with pytest.raises(HeadcountError):
+        hierarchical_bootstrap_ci(lambda p, q: p - q, [x], [x[:10]], paired=True)
+
+
+# --------------------------------------------------------------------------- curves, chance, Cochran
+
+
+def reference_contiguous(levels, passes):
+    out = None
+    for lv, ok in sorted(zip(levels, passes)):
+        if not ok:
+            return out
+        out = lv
+    return out
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_largest_contiguous_passing_matches_a_reference(seed):
+    rng = np.random.default_rng(seed)
+    levels = rng.permutation(np.round(np.arange(0, 1.0, 0.1), 1)).tolist()
+    passes = (rng.random(len(levels)) < 0.8).tolist()
+    assert largest_contiguous_passing(levels, passes) == reference_contiguous(levels, passes)
+
+
+def test_largest_contiguous_passing_edge_cases():
+    assert largest_contiguous_passing([0.0, 0.1, 0.2, 0.3], [True, True, False, True]) == 0.1  # not 0.3
+    assert largest_contiguous_passing([0.1, 0.2], [True, True]) == 0.2
+    assert largest_contiguous_passing([0.1, 0.2], [False, True]) is None
+    assert largest_contiguous_passing([], []) is None
+    assert largest_contiguous_passing(np.array([0.2, 0.1]), np.array([True, True])) == 0.2
+    assert largest_contiguous_passing([0.1, 0.2, 0.3], [True, float("nan"), True]) == 0.1
+    assert largest_contiguous_passing([0.1, 0.2, 0.3], [True, None, True]) == 0.1
+    with pytest.raises(HeadcountError):
+        largest_contiguous_passing([0.1, 0.1], [True, True])
+    with pytest.raises(HeadcountError):
+        largest_contiguous_passing([0.1, 0.2], [True])
+
+
+def test_expected_jaccard_against_random_masks():
+    rng = np.random.default_rng(0)
+    n, ka, kb = 30, 12, 7
+    draws = [jaccard(np.isin(np.arange(n), rng.choice(n, ka, replace=False)),
+                     np.isin(np.arange(n), rng.choice(n, kb, replace=False))) for _ in range(4000)]
+    assert expected_jaccard(ka, kb, n) == pytest.approx(np.mean(draws), abs=4 * np.std(draws) / math.sqrt(4000))
+    assert expected_jaccard(n, 5, n) == pytest.approx(5 / n)  # one mask keeps all: J = kb / n exactly
+    assert math.isnan(expected_jaccard(0, 0, 10)) and expected_jaccard(0, 3, 10) == 0.0
+    with pytest.raises(HeadcountError):
+        expected_jaccard(11, 1, 10)
+
+
+def test_cochrans_q_ignores_which_components_are_kept():
+    # two seeds keeping disjoint halves: nothing in common, yet Q = 0 (p = 1): equal proportions
+    disjoint = np.array([[1, 1, 1, 0, 0, 0], [0, 0, 0, 1, 1, 1]])
+    q = cochrans_q(disjoint)
+    assert q.q == 0.0 and q.pvalue == pytest.approx(1.0)
+    s = mask_stability(disjoint)
+    assert s["mean_pairwise_jaccard"] == 0.0 < s["mean_pairwise_jaccard_chance"]
+    assert s["krippendorff_alpha"] < 0  # alpha sees the disagreement
+    assert s["mean_pairwise_jaccard_chance"] == pytest.approx(expected_jaccard(3, 3, 6))

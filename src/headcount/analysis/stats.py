@@ -17,7 +17,7 @@ Groups:
   :func:`hierarchical_ci_from_replicates` (a mean over seeds: resample seeds, then examples),
   :func:`permutation_test` (global, or within layers with ``strata="rows"``);
 - stability of masks over seeds: :func:`krippendorff_alpha_nominal` and :func:`pairwise_jaccard`
-  (do the seeds keep the *same* components?), :func:`cochrans_q` (do they keep the same
+  against :func:`expected_jaccard` (do the seeds keep the *same* components?), :func:`cochrans_q` (do they keep the same
   *proportion*? not which ones), :func:`mask_stability`;
 - subnetworks: :func:`super_survivors`, :func:`random_control`, :func:`bad_control`,
   :func:`draw_controls`;
@@ -48,6 +48,7 @@ __all__ = [
     "cochrans_q",
     "compare_scores",
     "draw_controls",
+    "expected_jaccard",
     "hierarchical_bootstrap_ci",
     "hierarchical_ci_from_replicates",
     "jaccard",
@@ -995,6 +996,11 @@ def krippendorff_alpha_nominal(data) -> float:
 class CochranQResult:
     """Cochran's Q test: do k related binary samples (seeds) have the same proportion of 1s?
 
+    It tests *how many* components each seed keeps, not *which*: two seeds that keep disjoint
+    halves of the heads have Q = 0 (p = 1). Stability claims need
+    :func:`krippendorff_alpha_nominal` or :func:`pairwise_jaccard` against its chance level
+    (:func:`expected_jaccard`).
+
     Attributes:
         q: the statistic.
         df: degrees of freedom, k - 1.
@@ -1016,7 +1022,10 @@ def cochrans_q(masks) -> CochranQResult:
     ``Q = (k - 1) * (k * sum_j C_j^2 - N^2) / (k * N - sum_i R_i^2)`` with C_j the number kept
     by seed j, R_i the number of seeds keeping component i, N the total. A small p-value says
     the seeds keep different proportions of components (the same test as statsmodels'
-    ``cochrans_q`` on the transposed table).
+    ``cochrans_q`` on the transposed table). A large one does *not* say they keep the same
+    components: Q depends on the masks only through the kept counts per seed and per
+    component, and seeds with equal counts give Q = 0 however little their kept sets overlap.
+    For "are the good subnetworks stable?" use Krippendorff's alpha and pairwise Jaccard.
 
     Args:
         masks: ``[n_seeds, ...]`` 0/1 (trailing dims flattened).
@@ -1066,15 +1075,47 @@ def pairwise_jaccard(masks) -> np.ndarray:
         return np.where(union > 0, inter / np.where(union > 0, union, 1), math.nan)
 
 
+def expected_jaccard(k_a: int, k_b: int, n: int) -> float:
+    """Expected Jaccard index of two independent uniformly random subsets of sizes k_a, k_b of n.
+
+    The chance level for the overlap of two masks that keep k_a and k_b of n components: the
+    intersection X is hypergeometric, and ``E[X / (k_a + k_b - X)]`` is summed exactly.
+
+    Args:
+        k_a: size of the first subset, 0 <= k_a <= n.
+        k_b: size of the second.
+        n: number of components.
+
+    Returns:
+        The expectation, or ``nan`` when both subsets are empty.
+
+    >>> round(expected_jaccard(72, 72, 144), 3)   # two random halves of 144 heads
+    0.334
+    """
+    k_a, k_b, n = int(k_a), int(k_b), int(n)
+    if not (0 <= k_a <= n and 0 <= k_b <= n):
+        raise HeadcountError(f"subset sizes must be in [0, n={n}], got {k_a} and {k_b}")
+    if k_a + k_b == 0:
+        return math.nan
+    x = np.arange(max(0, k_a + k_b - n), min(k_a, k_b) + 1)
+    pmf = _sps.hypergeom.pmf(x, n, k_a, k_b)
+    return float((pmf * x / (k_a + k_b - x)).sum())
+
+
 def mask_stability(masks) -> dict[str, object]:
-    """Summary of mask agreement across seeds: alpha, Cochran's Q, mean pairwise Jaccard.
+    """Summary of mask agreement across seeds: alpha, mean pairwise Jaccard (and its chance level), Cochran's Q.
+
+    Which components are kept alike: ``krippendorff_alpha`` (chance-corrected: 0 = as random
+    masks of the same sizes) and ``mean_pairwise_jaccard`` against
+    ``mean_pairwise_jaccard_chance`` (the mean over pairs of :func:`expected_jaccard` for the two
+    masks' sizes). ``cochran_*`` only tests whether the seeds keep equal *proportions*.
 
     Args:
         masks: ``[n_seeds, ...]`` 0/1, e.g. ``[n_seeds, n_layers, n_heads]``.
 
     Returns:
         ``{"krippendorff_alpha", "cochran_q", "cochran_df", "cochran_p", "mean_pairwise_jaccard",
-        "n_seeds", "n_components", "kept_per_seed"}`` (JSON-ready).
+        "mean_pairwise_jaccard_chance", "n_seeds", "n_components", "kept_per_seed"}`` (JSON-ready).
 
     >>> mask_stability([[1, 1, 0, 0], [1, 1, 0, 0]])["mean_pairwise_jaccard"]
     1.0
@@ -1085,12 +1126,17 @@ def mask_stability(masks) -> dict[str, object]:
     pj = pairwise_jaccard(flat)
     off = pj[~np.eye(len(pj), dtype=bool)]
     off = off[np.isfinite(off)]
+    kept = flat.sum(axis=1)
+    chance = [expected_jaccard(kept[i], kept[j], flat.shape[1])
+              for i in range(len(kept)) for j in range(i + 1, len(kept))]
+    chance = [c for c in chance if math.isfinite(c)]
     return {
         "krippendorff_alpha": krippendorff_alpha_nominal(flat),
         "cochran_q": q.q,
         "cochran_df": q.df,
         "cochran_p": q.pvalue,
         "mean_pairwise_jaccard": float(off.mean()) if off.size else math.nan,
+        "mean_pairwise_jaccard_chance": float(np.mean(chance)) if chance else math.nan,
         "n_seeds": int(flat.shape[0]),
         "n_components": int(flat.shape[1]),
         "kept_per_seed": flat.sum(axis=1).astype(int).tolist(),
