@@ -693,11 +693,15 @@ def hierarchical_bootstrap_ci(
         flat = [np.nan_to_num(x.reshape(x.shape[0], -1), nan=0.0) for x in arrays]  # [n_s, F]
         scale = [1.0 / x.shape[0] if reduce == "mean" else 1.0 for x in arrays]
         full = [(f.sum(0) * c).reshape(x.shape[1:]) for f, c, x in zip(flat, scale, arrays)]
-        weights = []
-        for i, x in enumerate(arrays):
-            weights.append(weights[0] if paired and i else _example_weights(rng, x.shape[0], n_boot))
-        boot = [(w @ f * c).reshape(n_boot, *x.shape[1:])  # [n_boot, ...] resampled grids
-                for w, f, c, x in zip(weights, flat, scale, arrays)]
+        boot = [np.empty((n_boot, f.shape[1])) for f in flat]  # [n_boot, F] resampled grids
+        step = max(1, 4_000_000 // max(x.shape[0] for x in arrays))  # weight blocks of <= 32 MB
+        for lo in range(0, n_boot, step):
+            m = min(step, n_boot - lo)
+            w = None
+            for i, x in enumerate(arrays):
+                w = w if paired and i else _example_weights(rng, x.shape[0], m)  # [m, n_s]
+                boot[i][lo:lo + m] = w @ flat[i] * scale[i]
+        boot = [b.reshape(n_boot, *x.shape[1:]) for b, x in zip(boot, arrays)]
         if statistic is None:
             estimates.append(full[0])
             pools.append(boot[0])
