@@ -404,3 +404,43 @@ def test_index_weight_map_outside_the_checkpoint_is_refused(capsys, world, tmp_p
         {"metadata": {}, "weight_map": {"bert.pooler.dense.weight": "../../other/model.safetensors"}}))
     code, _, err = run_cli(capsys, "info", "--model", ck)
     assert "not a file inside" in one_error(code, err)
+
+
+# -- 9. corrupt run-directory files under `report` and `study` ------------------------------------------------
+TOY = "study: toy_study:toy\nvalues: [1, 2]\nsteps: 2\nfactor: 2.0\n"
+
+
+@pytest.mark.parametrize("victim", ["manifest.json", "plan.json", "result.json", "meta.json"])
+def test_corrupt_run_files_are_one_error_line(capsys, tmp_path, victim):
+    import toy_study  # noqa: F401  (registers the toy study type)
+
+    config = tmp_path / "toy.yaml"
+    config.write_text(TOY)
+    run = tmp_path / "run"
+    code, _, err = run_cli(capsys, "study", config, "--out", run, "--quiet")
+    assert code == 0, err
+    targets = {"manifest.json": [run / "manifest.json"], "plan.json": [run / "plan.json"],
+               "result.json": sorted(run.glob("jobs/*/result.json")), "meta.json": sorted(run.glob("jobs/*/meta.json"))}
+    target = targets[victim][0]
+    target.write_bytes(b"\xff{not json")
+    before = {k: v for k, v in snapshot(run).items() if k.startswith("jobs/")}
+    codes = {}
+    for argv in (["report", run], ["study", config, "--out", run, "--quiet"]):
+        code, _, err = run_cli(capsys, *argv)
+        codes[argv[0]] = code
+        assert "internal error" not in err and "Traceback" not in err, err
+        if code != 0:  # a file the command needs: one line naming it; else it was not needed or rebuilt
+            assert "corrupt" in one_error(code, err) and target.name in err
+    if victim != "plan.json":  # plan.json is rebuilt from the config; the others are needed by the report
+        assert codes["report"] == 2
+    assert {k: v for k, v in snapshot(run).items() if k.startswith("jobs/")} == before  # results untouched
+
+
+def test_hub_retry_warnings_are_silenced(capsys):
+    import logging
+
+    from huggingface_hub.utils import logging as hub_logging
+
+    hub_logging.set_verbosity_warning()
+    run_cli(capsys, "info", "--model", "")
+    assert hub_logging.get_verbosity() == logging.ERROR

@@ -36,6 +36,12 @@ def _quiet_libraries() -> None:
         transformers.utils.logging.disable_progress_bar()
     except ImportError:
         pass
+    try:  # the hub's retry warnings ("Retrying in 1s [Retry 1/5]") would bury the one error line
+        from huggingface_hub.utils import logging as hub_logging
+
+        hub_logging.set_verbosity_error()
+    except ImportError:
+        pass
 
 
 #: options whose value may not be an empty string (typer would read "" as "." or as the default)
