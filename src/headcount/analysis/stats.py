@@ -580,7 +580,8 @@ def paired_bootstrap_ci(
     if la != lb:
         pos_b = {v: i for i, v in enumerate(lb)}
         only_a = [v for v in la if v not in pos_b]
-        only_b = [v for v in lb if v not in set(la)]
+        set_a = set(la)
+        only_b = [v for v in lb if v not in set_a]
         if only_a or only_b:
             raise HeadcountError(
                 "cannot pair the examples: the id sets differ "
@@ -677,6 +678,10 @@ def hierarchical_bootstrap_ci(
         raise HeadcountError(f"reduce must be 'sum' or 'mean', got {reduce!r}")
     if n_boot < 1:
         raise HeadcountError(f"n_boot must be >= 1, got {n_boot}")
+    if not 0 < level < 1:
+        raise HeadcountError(f"level must be in (0, 1), got {level}")
+    if interval not in ("t", "percentile"):
+        raise HeadcountError(f"unknown interval {interval!r}; use 't' or 'percentile'")
     groups = [list(g) for g in per_seed]
     n_seeds = len(groups[0])
     if n_seeds < 1 or any(len(g) != n_seeds for g in groups):
@@ -687,7 +692,7 @@ def hierarchical_bootstrap_ci(
         arrays = [_np(g[s]) for g in groups]
         for x in arrays:
             if x.ndim < 1 or x.shape[0] < 1:
-                raise HeadcountError(f"seed {s}: each contributions array needs a leading n_examples axis with >= 1 row")
+                raise HeadcountError(f"seed {s}: each contributions array needs a leading n_examples axis, >= 1 row")
         if paired and len({x.shape[0] for x in arrays}) > 1:
             raise HeadcountError(f"seed {s}: paired=True needs the same number of examples in every array")
         flat = [np.nan_to_num(x.reshape(x.shape[0], -1), nan=0.0) for x in arrays]  # [n_s, F]
@@ -755,7 +760,8 @@ def hierarchical_ci_from_replicates(
     pools = [_np(r) for r in replicates]
     n_seeds = len(pools)
     if n_seeds < 1 or est.shape[0] != n_seeds:
-        raise HeadcountError(f"need one estimate and one replicate array per seed (>= 1), got {est.shape[0]} and {n_seeds}")
+        raise HeadcountError(f"need one estimate and one replicate array per seed (>= 1), "
+                             f"got {est.shape[0]} and {n_seeds}")
     shape = est.shape[1:]
     for s, p in enumerate(pools):
         if p.ndim < 1 or p.shape[0] < 1 or p.shape[1:] != shape:
