@@ -7,6 +7,8 @@ has the right size, and that a study on a tiny model runs to a report with the m
 
 from __future__ import annotations
 
+import doctest
+import importlib
 import json
 import math
 from pathlib import Path
@@ -16,17 +18,25 @@ import pandas as pd
 import pytest
 
 from headcount.analysis import draw_controls, random_control, super_survivors
+from headcount.analysis.patterns import CLASSES, save_labelled_maps, synthetic_attention_maps
 from headcount.errors import HeadcountError
+from headcount.magnitude import MagnitudeConfig
 from headcount.masks import Mask
-from headcount.runner import JobResult, get_study_type, no_progress, parse_study_config, run_study
+from headcount.runner import JobResult, RunStore, get_study_type, no_progress, parse_study_config, run_study
 from headcount.studies.lottery import (
     EXPERIMENTS,
     SUPER_EXPERIMENTS,
     LotterySettings,
+    MagnitudeSettings,
+    TrainSettings,
     control_rng,
     lottery_jobs,
+    retrain_job,
     subnetwork_job,
 )
+from headcount.studies.lottery.published import PRASANNA_2020, published
+from headcount.studies.lottery.tables import paper_table
+from headcount.training import TrainConfig
 from training_helpers import make_checkpoint, make_task, one_thread
 
 _one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
@@ -173,8 +183,6 @@ def test_super_survivors_are_kept_by_every_seed(tmp_path):
 @pytest.fixture(scope="module")
 def run(world):
     """Two tasks x two seeds on the tiny model, with magnitude, super-survivors, patterns and the CNN."""
-    from headcount.analysis.patterns import save_labelled_maps, synthetic_attention_maps
-
     root = world["root"]
     syn = synthetic_attention_maps(n_per_class=6, size=16, seed=0)
     save_labelled_maps(syn.maps, syn.labels, root / "labelled" / "maps.safetensors", root / "labelled" / "labels.csv")
@@ -190,8 +198,6 @@ magnitude: {rounds: 1, rate: 0.3}
 patterns: {max_examples: 16, size: 16, cnn: {maps: labelled/maps.safetensors, labels: labelled/labels.csv, epochs: 2}}
 """)
     summary = run_study(root / "study.yaml", root / "run", quiet=True)
-    from headcount.runner import RunStore
-
     return summary, RunStore(root / "run")
 
 
@@ -263,8 +269,6 @@ def test_every_subnetwork_has_the_right_size(run):
 
 
 def test_stability_overlap_and_patterns_are_saved(run):
-    from headcount.analysis.patterns import CLASSES
-
     summary, store = run
     stab = store.result("stability/has-good").result
     assert stab["heads"]["n_seeds"] == 2 and stab["heads"]["n_components"] == 8
@@ -285,8 +289,6 @@ def test_stability_overlap_and_patterns_are_saved(run):
 
 # -- job parameters, settings, report tables -------------------------------------------------------
 def test_job_params_are_validated_into_their_models(tmp_path):
-    from headcount.studies.lottery import retrain_job
-
     good = _good(tmp_path, np.ones((2, 4)), [1, 0])
     with pytest.raises(HeadcountError, match="needs a mode"):
         subnetwork_job({"kind": "random", "seed": 1}, {"good": good}, tmp_path, no_progress)
@@ -299,10 +301,6 @@ def test_job_params_are_validated_into_their_models(tmp_path):
 
 
 def test_train_and_magnitude_settings_are_the_library_configs_fields():
-    from headcount.magnitude import MagnitudeConfig
-    from headcount.studies.lottery import MagnitudeSettings, TrainSettings
-    from headcount.training import TrainConfig
-
     train, mag = TrainSettings(), MagnitudeSettings()
     assert all(getattr(train, k) == getattr(TrainConfig(), k) for k in TrainSettings.model_fields)
     assert train.config() == TrainConfig(**train.model_dump())
@@ -312,9 +310,6 @@ def test_train_and_magnitude_settings_are_the_library_configs_fields():
 
 
 def test_paper_table_sets_the_runs_numbers_beside_the_published_ones():
-    from headcount.studies.lottery.published import PRASANNA_2020, published
-    from headcount.studies.lottery.tables import paper_table
-
     summary = pd.DataFrame({
         "experiment": ["full", "good pruned", "full", "good pruned"],
         "task": ["glue/sst2", "glue/sst2", "offline/movies", "offline/movies"],
@@ -326,3 +321,9 @@ def test_paper_table_sets_the_runs_numbers_beside_the_published_ones():
     assert sst2["good heads"] == "70.5" and sst2["good heads, paper"] == "67"
     assert movies["full"] == "0.80" and movies["full, paper"] == "" and movies["good, not retrained"] == ""
     assert movies["seeds"] == "0-1" and published("full", "offline/movies") is None
+
+
+@pytest.mark.parametrize("module", ["config", "plan", "jobs", "tables", "published"])
+def test_docstring_examples_run(module):
+    result = doctest.testmod(importlib.import_module(f"headcount.studies.lottery.{module}"), optionflags=doctest.ELLIPSIS)
+    assert result.attempted >= 2 and result.failed == 0

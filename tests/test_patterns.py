@@ -10,12 +10,14 @@ import time
 import numpy as np
 import pytest
 import torch
+from safetensors.numpy import save_file
 
 import headcount.analysis.patterns as patterns_mod
 from headcount.analysis.patterns import (
     CLASSES,
     PatternCNN,
     classify_patterns,
+    commonest_structure_maps,
     load_labelled_maps,
     load_pattern_cnn,
     mean_attention_maps,
@@ -269,8 +271,6 @@ def test_labelled_maps_formats(tmp_path):
     (tmp_path / "bad.csv").write_text("name\nvertical\n")
     with pytest.raises(HeadcountError, match="'label' column"):
         load_labelled_maps(tmp_path / "maps.safetensors", tmp_path / "bad.csv")
-    from safetensors.numpy import save_file
-
     save_file({"attn": s.maps}, str(tmp_path / "other.safetensors"))
     with pytest.raises(HeadcountError, match="no tensor named 'maps'"):
         load_labelled_maps(tmp_path / "other.safetensors", tmp_path / "labels.csv")
@@ -329,8 +329,6 @@ def test_cli_patterns_synthetic_writes_trainable_data(tmp_path, capsys):
 
 
 def test_commonest_structure_maps_average_the_most_common_structure_only():
-    from headcount.analysis.patterns import commonest_structure_maps
-
     g = torch.Generator().manual_seed(0)
     single = [(torch.softmax(torch.randn(2, 3, n, n, generator=g), -1), (0, n - 1)) for n in (7, 12, 20)]
     pair = [(torch.softmax(torch.randn(2, 3, 11, 11, generator=g), -1), (0, 5, 10))]
