@@ -442,6 +442,8 @@ def test_hierarchical_from_replicates_hand_values_and_errors():
     t = hierarchical_ci_from_replicates(est, reps, n_boot=4000, seed=0)
     # bootstrap sd of a mean of 3 is sqrt(2/3) sd/sqrt(3); the t interval undoes the 2/3
     assert (t.high - t.low) / 2 == pytest.approx(sps.t.ppf(0.975, 2) * sd / math.sqrt(3), rel=0.05)
+    clipped = hierarchical_ci_from_replicates(est, reps, n_boot=4000, seed=0, clip=(0.0, 1.0))
+    assert (clipped.low, clipped.high) == (0.0, 1.0) and t.low < 0 < 1 < t.high
     vec = hierarchical_ci_from_replicates([[0.0, 1.0], [2.0, 3.0]], [np.zeros((4, 2)), np.ones((4, 2))], n_boot=50)
     assert vec.samples.shape == (50, 2) and vec.estimate.tolist() == [1.0, 2.0]
     with pytest.raises(HeadcountError):

@@ -632,6 +632,7 @@ def hierarchical_bootstrap_ci(
     reduce: Literal["sum", "mean"] = "mean",
     paired: bool = False,
     interval: Literal["t", "percentile"] = "t",
+    clip: tuple[float, float] | None = None,
 ) -> HierarchicalBootstrapResult:
     """CI for a mean over seeds of a per-seed statistic: resample seeds, then examples within each.
 
@@ -660,6 +661,8 @@ def hierarchical_bootstrap_ci(
             x sqrt(n_seeds / (n_seeds - 1)), which keeps its coverage with the 2-5 seeds the
             studies train (the percentile interval of a bootstrap over 5 seeds covers ~85% when
             seed variance dominates); ``"percentile"``: the samples' quantiles.
+        clip: ``(lowest, highest)`` possible value of the statistic (e.g. ``(-1, 1)`` for a
+            correlation): the t bounds are clipped to it.
 
     Returns:
         A :class:`HierarchicalBootstrapResult`.
@@ -714,7 +717,8 @@ def hierarchical_bootstrap_ci(
             estimates.append(np.asarray(statistic(*full), dtype=np.float64))
             pools.append(np.stack([np.asarray(statistic(*[g[k] for g in boot]), dtype=np.float64)
                                    for k in range(n_boot)]))
-    return hierarchical_ci_from_replicates(estimates, pools, n_boot=n_boot, level=level, seed=rng, interval=interval)
+    return hierarchical_ci_from_replicates(estimates, pools, n_boot=n_boot, level=level, seed=rng, interval=interval,
+                                           clip=clip)
 
 
 def hierarchical_ci_from_replicates(
@@ -725,6 +729,7 @@ def hierarchical_ci_from_replicates(
     level: float = 0.95,
     seed: Seed = 0,
     interval: Literal["t", "percentile"] = "t",
+    clip: tuple[float, float] | None = None,
 ) -> HierarchicalBootstrapResult:
     """Combine per-seed example-bootstrap replicates into a CI for the mean over seeds.
 
@@ -741,6 +746,7 @@ def hierarchical_ci_from_replicates(
         level: confidence level in (0, 1).
         seed: int or ``numpy.random.Generator``.
         interval: ``"t"`` or ``"percentile"``.
+        clip: ``(lowest, highest)`` possible value: bounds are clipped to it.
 
     Returns:
         A :class:`HierarchicalBootstrapResult`; ``estimate`` is the mean of ``estimates``.
@@ -790,6 +796,8 @@ def hierarchical_ci_from_replicates(
         half = (_sps.t.ppf(1 - alpha, n_seeds - 1) * np.nanstd(masked, axis=0, ddof=1)
                 * math.sqrt(n_seeds / (n_seeds - 1)))
         low, high = estimate - half, estimate + half
+    if clip is not None:
+        low, high = np.clip(low, *clip), np.clip(high, *clip)
 
     def out(v):
         v = np.asarray(v, dtype=np.float64)
