@@ -237,8 +237,10 @@ def gradient_scores(model: nn.Module, batches, *, per_token: bool = False, keep_
             else:
                 eg = dg[:, 0].double() * w[:, None, None]  # [b, L, H]: each example's part of its batch's gradient
                 em = dm[:, 0].double() * w[:, None]
-                heads += eg.new_zeros(len(sizes), n_layers, n_heads).index_add_(0, groups, eg).abs().sum(0)
-                mlps += em.new_zeros(len(sizes), n_layers).index_add_(0, groups, em).abs().sum(0)
+                # each original batch's gradient (its examples are contiguous), then its absolute value;
+                # sums of slices rather than index_add_, whose CUDA atomics would change the order
+                heads += torch.stack([part.sum(0) for part in eg.split(sizes)]).abs().sum(0)
+                mlps += torch.stack([part.sum(0) for part in em.split(sizes)]).abs().sum(0)
                 example = eg.abs()
             if keep_per_example:
                 per_example.append(example.float())  # each example's share of its batch's score
