@@ -179,7 +179,7 @@ def test_shrink_output_is_recognised_and_force_says_what_it_replaces(capsys, wor
 
 
 # -- 2/8. kills during checkpoint and model writes; temp files cleaned on the next run ------------------------
-@pytest.mark.parametrize("point,step", [("checkpoint", 2), ("checkpoint", 4), ("checkpoint", 6), ("final", 0)])
+@pytest.mark.parametrize("point,step", [("checkpoint", 6), ("final", 0)])
 def test_finetune_killed_while_writing_resumes_and_matches(capsys, world, uninterrupted, tmp_path, point, step):
     out = tmp_path / "ft"
     args = ["finetune", "--model", world["pre"], "--task", world["task"], *FT, "--out", str(out)]
@@ -444,3 +444,39 @@ def test_hub_retry_warnings_are_silenced(capsys):
     hub_logging.set_verbosity_warning()
     run_cli(capsys, "info", "--model", "")
     assert hub_logging.get_verbosity() == logging.ERROR
+
+
+def test_magnitude_killed_in_a_checkpoint_resumes_and_matches(capsys, world, tmp_path):
+    args = ["magnitude", "--model", world["pre"], "--task", world["task"], *FT, "--epochs", "1", "--sparsity", "0.5"]
+    r = child([*args, "--out", str(tmp_path / "a")])
+    assert r.returncode == 0, r.stderr
+    out = tmp_path / "b"
+    r = child([*args, "--out", str(out)], env={"KILL_POINT": "checkpoint", "KILL_STEP": "4"})
+    assert r.returncode == -signal.SIGKILL, r.stderr
+    assert (out / "full" / "checkpoints" / "checkpoint-4").is_dir()  # partial
+    code, _, err = run_cli(capsys, *args, "--out", out)
+    assert code == 0, err
+    a, b = (json.loads((d / "magnitude.json").read_text()) for d in (tmp_path / "a", out))
+    for k in ("full_metric", "metric", "sparsity", "pruned", "total", "round"):
+        assert a[k] == b[k], k
+    from headcount.magnitude import load_weight_mask
+
+    ma, mb = load_weight_mask(tmp_path / "a"), load_weight_mask(out)
+    assert ma.keys() == mb.keys() and all(torch.equal(ma[k], mb[k]) for k in ma)
+
+
+def test_api_save_never_deletes_a_folder_it_did_not_write(tmp_path):
+    from headcount.models import load_model
+    from headcount.surgery import save_pruned, shrink
+    from headcount.masks import Mask
+
+    v = tmp_path / "v"
+    v.mkdir()
+    (v / "notes.txt").write_text("precious\n")
+    model = load_model(str(make_checkpoint(tmp_path / "pre")), head="base")
+    shrink(model, Mask.full(2, 4).without_heads([(0, 1)]))
+    with pytest.raises(HeadcountError, match="notes.txt"):
+        save_pruned(model, v)
+    assert (v / "notes.txt").read_text() == "precious\n" and sorted(p.name for p in tmp_path.iterdir()) == ["pre", "v"]
+    save_pruned(model, tmp_path / "w")
+    save_pruned(model, tmp_path / "w")  # an earlier version of the same output is replaced

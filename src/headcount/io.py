@@ -72,8 +72,13 @@ def atomic_path(path: str | os.PathLike):
 
 
 @contextmanager
-def atomic_dir(path: str | os.PathLike):
-    """Yield a temporary directory that replaces ``path`` (a directory) when the block succeeds."""
+def atomic_dir(path: str | os.PathLike, replace_any: bool = False):
+    """Yield a temporary directory that replaces ``path`` (a directory) when the block succeeds.
+
+    An existing ``path`` is replaced only when the new directory holds every name it holds (an
+    earlier version of the same output); otherwise :class:`HeadcountError`, and nothing is deleted.
+    ``replace_any=True``: ``path`` is wholly generated (a report's ``figures/``), replace it anyway.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
@@ -86,6 +91,12 @@ def atomic_dir(path: str | os.PathLike):
         if path.exists() and not path.is_dir():
             raise HeadcountError(f"{path} is an existing file, not a directory")
         if path.exists():
+            # replace an earlier version of the same directory only: never delete a file the new
+            # one does not replace (a folder of the user's named like an output is refused)
+            extra = sorted({p.name for p in path.iterdir()} - {p.name for p in tmp.iterdir()})
+            if extra and not replace_any:
+                raise HeadcountError(f"{path} holds {', '.join(extra[:3])}{', ...' if len(extra) > 3 else ''}, "
+                                     "which the new version would not replace; refusing to delete it")
             old = path.with_name(f".{path.name}.old.{os.getpid()}")
             os.replace(path, old)
             os.replace(tmp, path)

@@ -120,12 +120,12 @@ def build_report(run_dir: str | os.PathLike, *, loaded=None, store=None) -> Path
     page = render_html(content, pngs, subtitle=subtitle, config_text=store.config_text,
                        jobs_table=jobs_table, versions_table=versions_table)
 
-    with atomic_dir(run_dir / "results") as tmp:
+    with atomic_dir(run_dir / "results", replace_any=True) as tmp:
         for t in [*content.tables(), jobs_table]:
             if t.csv:
                 tidy(t.data).to_csv(tmp / f"{t.name}.csv", index=False)
     if pngs:
-        with atomic_dir(run_dir / "figures") as tmp:
+        with atomic_dir(run_dir / "figures", replace_any=True) as tmp:
             for name, png in pngs.items():
                 atomic_write_bytes(tmp / f"{name}.png", png)
     return atomic_write_text(run_dir / "report.html", page)
