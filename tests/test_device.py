@@ -232,3 +232,51 @@ def test_attention_maps_come_back_where_the_inputs_were():
     assert maps[0].dtype == torch.float32 and maps[0].device == batch["input_ids"].device
     rows = maps[0].sum(-1)[batch["attention_mask"].bool()[:, None, :].expand_as(maps[0].sum(-1))]
     torch.testing.assert_close(rows, torch.ones_like(rows), atol=2e-2, rtol=0)
+
+
+# --- on a GPU (skipped without one; `pytest -k gpu` on the GPU machine) ---------------------------
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@needs_gpu
+def test_gpu_scores_evaluation_and_maps_match_the_cpu():
+    from headcount.attention import attention_maps
+    from headcount.masks import Mask
+
+    model = tiny_model("bert")
+    batches = _cls_batches(model)
+    mask = Mask.full(3, 4).without_heads([(0, 1)])
+    cpu = score(model, batches, device="cpu", keep_per_example=True, mask=mask)
+    cpu_eval = evaluate_batches(model, batches, "accuracy", device="cpu", mask=mask)
+    gpu = score(model, batches, device="cuda", precision="fp32", keep_per_example=True, mask=mask)
+    assert next(model.parameters()).device.type == "cuda"  # moved once, and stays
+    assert gpu.heads.device.type == "cpu" and gpu.meta["device"].startswith("cuda")
+    torch.testing.assert_close(gpu.heads, cpu.heads, rtol=1e-3, atol=1e-5)
+    torch.testing.assert_close(gpu.per_example, cpu.per_example, rtol=1e-3, atol=1e-6)
+    gpu_eval = evaluate_batches(model, batches, "accuracy", precision="fp32", mask=mask)
+    assert gpu_eval["score"] == cpu_eval["score"] and gpu_eval["loss"] == pytest.approx(cpu_eval["loss"], rel=1e-4)
+    for method in ("gradient-token", "ablation", "entropy", "magnitude"):
+        s = score(model, batches, method=method, precision="bf16")
+        assert s.heads.device.type == "cpu" and s.meta["precision"] == "bf16"
+    batch = tiny_batch(model)
+    maps = attention_maps(model, **batch)  # CPU inputs, model on the GPU: CPU maps
+    assert maps[0].device.type == "cpu"
+
+
+@needs_gpu
+def test_gpu_bf16_scores_are_rank_equivalent():
+    from scipy.stats import spearmanr
+
+    cfg = transformers.BertConfig(vocab_size=200, hidden_size=128, num_hidden_layers=4, num_attention_heads=8,
+                                  intermediate_size=256, max_position_embeddings=64, num_labels=2,
+                                  initializer_range=0.1, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    torch.manual_seed(0)
+    model = transformers.BertForSequenceClassification(cfg).eval().cuda()
+    g = torch.Generator().manual_seed(0)
+    batches = []
+    for seq in (40, 32, 28, 24, 20, 16, 12, 8):
+        ids = torch.randint(5, 200, (32, seq), generator=g)
+        batches.append({"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": (ids[:, 1] % 2).long()})
+    fp32 = score(model, batches, precision="fp32")
+    bf16 = score(model, batches, precision="bf16")
+    assert spearmanr(fp32.heads.flatten().numpy(), bf16.heads.flatten().numpy())[0] >= 0.99
