@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import errno
+import fnmatch
 import json
 import os
 import shutil
@@ -306,7 +307,8 @@ def prepare_out(out, command: str, *, identity=None, own=(), force: bool = False
         identity: what the run computes (JSON-able). An earlier output of the same command with
             another identity is refused unless ``force`` (then ``echo`` says what is replaced);
             None: the caller checks (``finetune``/``magnitude`` resume).
-        own: file names the command writes (an earlier output without a marker is recognised by them).
+        own: names (or glob patterns) of what the command writes: an earlier output without a
+            marker (written before markers existed) is recognised by them.
         force: replace an earlier output of the same command with other settings.
         echo: where the ``--force`` message goes.
 
@@ -338,7 +340,7 @@ def prepare_out(out, command: str, *, identity=None, own=(), force: bool = False
         if marker is not None and marker["command"] != command:
             raise HeadcountError(f"--out {out} holds the output of `headcount {marker['command']}`; "
                                  f"choose another directory for `headcount {command}`")
-        if marker is None and entries and not set(entries) <= set(own):
+        if marker is None and entries and not all(any(fnmatch.fnmatchcase(e, pat) for pat in own) for e in entries):
             shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
             raise HeadcountError(f"--out {out} is not empty and was not written by `headcount {command}` "
                                  f"(it holds {shown}); choose a new or empty directory")

@@ -12,7 +12,7 @@ from ..device import DEVICE_HELP, PRECISION_HELP
 
 #: what earlier outputs may hold (recognised without a marker)
 FINETUNE_FILES = ("model", "metrics.json", "run.json", "checkpoints", "evaluations.json")
-MAGNITUDE_FILES = ("weight_mask.safetensors", "trace.csv", "magnitude.json", "magnitude_run.json", "full")
+MAGNITUDE_FILES = ("weight_mask.safetensors", "trace.csv", "magnitude.json", "magnitude_run.json", "full", "round_[0-9]*")
 TASK_HELP = "a registered task (glue/sst2, offline/movies, ...) or a task YAML file"
 
 
