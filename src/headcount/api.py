@@ -34,6 +34,12 @@ def describe(model_spec: str) -> dict:
     }
 
 
+def _on(meta: dict) -> str:
+    """``cpu, fp32`` or ``cuda:0 (NVIDIA H200), bf16`` from a result's device metadata."""
+    name = meta.get("device_name", "cpu")
+    return f"{meta['device']}{f' ({name})' if name != 'cpu' else ''}, {meta['precision']}"
+
+
 def _where() -> str:
     """The device and precision commands would run on here (the device rule, :mod:`headcount.device`)."""
     from .device import device_name, resolve_device, resolve_precision
@@ -114,7 +120,7 @@ def score_command(*, model, task, objective="task", split=None, max_examples=100
     with decoding(m, metric_for(t, objective)):
         s = score(m, batches, method=method, normalize=normalize, device=info["device"], precision=precision,
                   tokens_per_batch=tokens_per_batch)
-    echo(f"scored on {s.meta['device']} ({s.meta['device_name']}), {s.meta['precision']}")
+    echo(f"scored on {_on(s.meta)}")
     meta = {"objective": objective, "task": t.name, "model": model, "split": data.split or t.train_split,
             "head": info["head"]}
     if "mlm_head" in info:
@@ -167,7 +173,7 @@ def prune_command(*, model, task, objective="task", threshold=0.9, step=0.1, ste
     result = prune_model(m, imp_batches, stop_batches, metric, method=method, normalize=normalize, config=config,
                          progress=progress, device=info["device"], precision=precision,
                          tokens_per_batch=tokens_per_batch)
-    echo(f"pruned on {result.meta['device']} ({result.meta['device_name']}), {result.meta['precision']}")
+    echo(f"pruned on {_on(result.meta)}")
     out = Path(out)
     mask = result.mask.with_meta(model=model, task=t.name, objective=objective, metric_name=metric, method=method,
                                  normalize=normalize)
