@@ -780,7 +780,7 @@ def finetune(model_spec: str, task, *, mask=None, mask_mode: str = "prune", weig
 
 def evaluate(model, task_or_data, *, tokenizer=None, split: str | None = None, metric: str | None = None,
              batch_size: int = 64, max_length: int = 128, max_examples: int | None = None, seed: int = 0,
-             mask: Mask | None = None) -> dict:
+             mask: Mask | None = None, device=None, precision=None, tokens_per_batch: int | None = None) -> dict:
     """Validation metrics of ``model`` (no gradient, dynamic padding, batches grouped by length).
 
     Args:
@@ -796,6 +796,8 @@ def evaluate(model, task_or_data, *, tokenizer=None, split: str | None = None, m
         max_examples: a subset of the split, drawn with ``seed``.
         seed: the subset's seed.
         mask: a head/MLP mask applied as gates during the evaluation.
+        device / precision / tokens_per_batch: where and how it runs (:mod:`headcount.device`;
+            default: where the model is, auto precision, the device's token budget).
 
     Returns:
         ``{"score": primary metric, "loss": mean loss, ...metric parts, "n_examples": n}``.
@@ -827,7 +829,8 @@ def evaluate(model, task_or_data, *, tokenizer=None, split: str | None = None, m
         batches = T.make_batches(encoded, batch_size, shuffle=False, group_by_length=True, pad_token_id=pad)
     if metric is None:
         raise HeadcountError("evaluate() needs metric= for encoded data or prepared batches")
-    return evaluate_batches(model, batches, metric, mask=mask)
+    return evaluate_batches(model, batches, metric, mask=mask, device=device, precision=precision,
+                            tokens_per_batch=tokens_per_batch)
 
 
 __all__ = ["TrainConfig", "finetune", "evaluate", "prepare_model", "DynamicPadding", "LengthGroupedEpochSampler",
