@@ -8,20 +8,25 @@ The five classes, in this order everywhere (:data:`CLASSES`):
 - ``block``: attention stays within the query's own segment (sentence), spread over it;
 - ``heterogeneous``: none of these.
 
-Three tools:
+Two views of a model's heads, and tools:
 
-1. a transparent rule-based classifier, :func:`classify_patterns`, on features documented in
-   :func:`pattern_features` and thresholds kept as named constants (``VERTICAL_MIN``, ...);
-   :func:`mean_attention_maps` turns per-example maps of varying lengths into fixed-size mean
-   maps with the special tokens kept as single, aligned rows/columns;
-2. the small CNN of Prasanna et al. (2020), :class:`PatternCNN`, trained from user labels with
-   :func:`train_pattern_cnn` and saved like a checkpoint (:func:`save_pattern_cnn`,
-   :func:`load_pattern_cnn`);
+1. a transparent rule-based classifier (headcount's own), :func:`classify_patterns`, on features
+   documented in :func:`pattern_features` and thresholds kept as named constants
+   (``VERTICAL_MIN``, ...), applied to per-head MEAN maps: :func:`mean_attention_maps` turns
+   per-example maps of varying lengths into fixed-size mean maps with the special tokens kept as
+   single, aligned rows/columns; class shares are fractions of heads;
+2. the CNN of Prasanna et al. (2020), :class:`PatternCNN` (their six-convolution net by
+   default, ``architecture="prasanna"``), trained from user labels with their recipe
+   (:func:`train_pattern_cnn`), saved like a checkpoint (:func:`save_pattern_cnn`,
+   :func:`load_pattern_cnn`) and applied to PER-EXAMPLE maps (one per example and head),
+   centre-padded with zeros to one side (:func:`center_pad`); class shares are counted over
+   examples x heads (:func:`pattern_distribution` on ``[n_examples, n_layers, n_heads]`` labels);
 3. :func:`synthetic_attention_maps`, seeded synthetic maps of every class (tests and demos).
 
 Labelled data for the CNN (``headcount patterns train --maps maps.safetensors --labels
 labels.csv``): ``maps.safetensors`` holds one float tensor ``"maps"`` of shape ``[N, S, S]``
-(rows are attention distributions of query tokens, S the same for all maps, e.g. 32); the
+(rows are attention distributions of query tokens, S the same for all maps; shorter maps
+zero-padded, centred, or top-left with an integer tensor ``"lengths"`` [N]); the
 labels are a CSV file with a ``label`` column (one row per map, in order) or a JSON list
 (or ``{"labels": [...]}``), each label a class name or its index in :data:`CLASSES`.
 See :func:`load_labelled_maps` / :func:`save_labelled_maps`.
@@ -32,7 +37,16 @@ Modules: :mod:`.features` (classes, features, rules), :mod:`.layout` (fixed-size
 over examples), :mod:`.synthetic`, :mod:`.cnn`, :mod:`.labels` (labelled data files).
 """
 
-from .cnn import PatternCNN, load_pattern_cnn, predict_patterns, save_pattern_cnn, train_pattern_cnn
+from .cnn import (
+    ARCHITECTURES,
+    PRASANNA_MIN_SIZE,
+    PatternCNN,
+    load_pattern_cnn,
+    predict_pattern_ids,
+    predict_patterns,
+    save_pattern_cnn,
+    train_pattern_cnn,
+)
 from .features import (
     BLOCK_MIN,
     BLOCK_MIN_ENTROPY,
@@ -48,10 +62,18 @@ from .features import (
     pattern_features,
 )
 from .labels import load_labelled_maps, save_labelled_maps
-from .layout import AttentionMaps, StructureMeans, commonest_structure_maps, mean_attention_maps, resample_attention
+from .layout import (
+    AttentionMaps,
+    StructureMeans,
+    center_pad,
+    commonest_structure_maps,
+    mean_attention_maps,
+    resample_attention,
+)
 from .synthetic import SyntheticMaps, synthetic_attention_maps
 
 __all__ = [
+    "ARCHITECTURES",
     "BLOCK_MIN",
     "BLOCK_MIN_ENTROPY",
     "CLASSES",
@@ -59,12 +81,14 @@ __all__ = [
     "DIAGONAL_NEIGHBOUR_OFFSETS",
     "DIAGONAL_OFFSETS",
     "MAP_SIZE",
+    "PRASANNA_MIN_SIZE",
     "VERTICAL_MIN",
     "AttentionMaps",
     "PatternCNN",
     "PatternClassification",
     "StructureMeans",
     "SyntheticMaps",
+    "center_pad",
     "classify_patterns",
     "commonest_structure_maps",
     "load_labelled_maps",
@@ -72,6 +96,7 @@ __all__ = [
     "mean_attention_maps",
     "pattern_distribution",
     "pattern_features",
+    "predict_pattern_ids",
     "predict_patterns",
     "resample_attention",
     "save_labelled_maps",

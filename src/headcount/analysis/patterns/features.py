@@ -272,24 +272,32 @@ def classify_patterns(maps, special_positions: Sequence[int] | None = None, segm
 
 
 def pattern_distribution(labels, mask=None) -> dict[str, float]:
-    """Fraction of heads in each class, optionally among the heads a mask keeps.
+    """Fraction of maps in each class, optionally among the heads a mask keeps.
+
+    Counted over every entry of ``labels``: per-head labels ``[n_layers, n_heads]`` give shares
+    of heads (the rule classifier on mean maps); per-example labels ``[n_examples, n_layers,
+    n_heads]`` give shares over examples x heads, as Prasanna et al. count the CNN's classes.
 
     Args:
-        labels: class names, any shape (e.g. ``[n_layers, n_heads]``).
-        mask: optional 0/1 array of the same shape; only entries with 1 are counted.
+        labels: class names, any shape (e.g. ``[n_layers, n_heads]`` or ``[n_examples, n_layers, n_heads]``).
+        mask: optional 0/1 array shaped like ``labels`` or like its trailing dims (a head mask
+            ``[n_layers, n_heads]`` is applied to every example); only entries with 1 are counted.
 
     Returns:
         ``{class: fraction}`` in :data:`CLASSES` order (all ``nan`` when nothing is counted).
 
     >>> pattern_distribution([["block", "vertical"], ["vertical", "diagonal"]])["vertical"]
     0.5
+    >>> per_example = [[["block", "vertical"]], [["block", "block"]]]  # [examples=2, layers=1, heads=2]
+    >>> pattern_distribution(per_example, mask=[[1, 0]])["block"]
+    1.0
     """
     lab = np.asarray(labels, dtype=str)
     if mask is not None:
         mk = np.asarray(_to_numpy(mask)) != 0
-        if mk.shape != lab.shape:
-            raise HeadcountError(f"mask shape {mk.shape} differs from labels shape {lab.shape}")
-        lab = lab[mk]
+        if mk.shape != lab.shape[lab.ndim - mk.ndim:] or mk.ndim > lab.ndim:
+            raise HeadcountError(f"mask shape {mk.shape} differs from labels shape {lab.shape} (or its trailing dims)")
+        lab = lab[np.broadcast_to(mk, lab.shape)]
     flat = lab.ravel().tolist()
     n = len(flat)
     return {c: (flat.count(c) / n if n else math.nan) for c in CLASSES}

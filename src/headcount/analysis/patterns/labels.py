@@ -15,15 +15,24 @@ from safetensors.numpy import load_file, save_file
 from ...errors import HeadcountError
 from ...io import atomic_path, atomic_write_json, atomic_write_text
 from .features import CLASSES, _to_numpy
+from .layout import center_pad
+
+
+#: Label spellings read as ``vertical`` (Kovaleva et al.'s three vertical classes).
+_VERTICAL_VARIANTS: tuple[str, ...] = ("single+vertical", "double+vertical", "multiple+vertical",
+                                       "single-vertical", "double-vertical", "multiple-vertical")
 
 
 def label_ids(labels, classes: Sequence[str]) -> np.ndarray:
     """Class ids ``[N]`` of labels given as class names (case, spaces and ``_`` for ``+`` forgiven) or ids.
 
-    >>> label_ids(["Vertical", "vertical_diagonal", 4], CLASSES).tolist()
-    [0, 2, 4]
+    >>> label_ids(["Vertical", "vertical_diagonal", 4, "double_vertical"], CLASSES).tolist()
+    [0, 2, 4, 0]
     """
     norm = {c.lower().replace(" ", "").replace("_", "+"): i for i, c in enumerate(classes)}
+    if "vertical" in norm:  # Kovaleva et al.'s single/double/multiple vertical, merged as Prasanna et al. do
+        for variant in _VERTICAL_VARIANTS:
+            norm.setdefault(variant, norm["vertical"])
     out = []
     for k, lab in enumerate(list(labels)):
         if isinstance(lab, (int, np.integer)) and not isinstance(lab, bool):
@@ -72,13 +81,17 @@ def load_labelled_maps(maps_path, labels_path, classes: Sequence[str] = CLASSES)
     """Read user-labelled maps: ``maps.safetensors`` (tensor ``"maps"`` [N, S, S]) and CSV/JSON labels.
 
     Args:
-        maps_path: a .safetensors file with a float tensor named ``maps``, shape ``[N, S, S]``.
+        maps_path: a .safetensors file with a float tensor named ``maps``, shape ``[N, S, S]``, and
+            optionally an integer tensor ``lengths`` ``[N]``: map i is then ``maps[i, :L_i, :L_i]``
+            (per-example maps of a padded batch) and is centre-padded back to S x S
+            (:func:`~headcount.analysis.patterns.center_pad`), the input the CNN reads.
         labels_path: a .csv with a ``label`` column, or a .json list (or ``{"labels": [...]}``);
             labels are class names or ids, one per map, in order.
         classes: class names the labels refer to.
 
     Returns:
-        ``(maps float32 [N, S, S], labels int64 [N])``.
+        ``(maps float32 [N, S, S], labels int64 [N])``; labels may name Kovaleva et al.'s
+        ``single_vertical`` / ``double_vertical`` / ``multiple_vertical``, read as ``vertical``.
 
     Raises:
         HeadcountError: missing files, a wrong format or shape, unknown labels, counts that differ.
@@ -108,6 +121,12 @@ def load_labelled_maps(maps_path, labels_path, classes: Sequence[str] = CLASSES)
         raise HeadcountError(f"'maps' in {mp} must be [N, S, S], got shape {tuple(maps.shape)}")
     if not np.all(np.isfinite(maps)) or np.any(maps < 0):
         raise HeadcountError(f"'maps' in {mp} must be finite and non-negative")
+    if "lengths" in tensors:  # per-example maps stored top-left in a padded [N, S, S]: centre them
+        lengths = np.asarray(tensors["lengths"]).reshape(-1)
+        if lengths.shape[0] != maps.shape[0] or not np.issubdtype(lengths.dtype, np.integer) \
+                or np.any(lengths < 1) or np.any(lengths > maps.shape[1]):
+            raise HeadcountError(f"'lengths' in {mp} must hold {maps.shape[0]} integers in 1..{maps.shape[1]}")
+        maps = np.stack([center_pad(m[:n, :n], maps.shape[1]) for m, n in zip(maps, lengths.tolist())])
     labels = label_ids(_read_labels(lp), classes)
     if labels.shape[0] != maps.shape[0]:
         raise HeadcountError(f"{mp.name} has {maps.shape[0]} maps but {lp.name} has {labels.shape[0]} labels")

@@ -15,6 +15,38 @@ import torch
 from ...errors import HeadcountError
 from .features import MAP_SIZE, PatternClassification, classify_patterns
 
+def center_pad(maps, size: int):
+    """Per-example maps ``[..., L, L]`` on a ``[..., size, size]`` canvas, as Prasanna et al.'s ``pad_image``.
+
+    A map longer than ``size`` is first cut to its top-left ``size`` x ``size`` corner (its first
+    ``size`` tokens: [CLS] and the start of the text); a shorter one is centred with zeros around
+    it, ``(size - L) // 2`` rows/columns before and the rest after. Rows are not renormalised.
+
+    Args:
+        maps: numpy array or tensor ``[..., L, L]`` (a tensor stays on its device).
+        size: output side (>= 1).
+
+    Returns:
+        The same kind as the input, ``[..., size, size]`` (numpy: float32).
+
+    >>> center_pad(np.ones((2, 2)), 5).astype(int).tolist()[1]
+    [0, 1, 1, 0, 0]
+    """
+    if size < 1:
+        raise HeadcountError(f"center_pad needs a size >= 1, got {size}")
+    if maps.ndim < 2 or maps.shape[-1] != maps.shape[-2]:
+        raise HeadcountError(f"maps must be square [..., L, L], got shape {tuple(maps.shape)}")
+    x = maps[..., :size, :size]
+    n = int(x.shape[-1])
+    before = (size - n) // 2
+    after = size - n - before
+    if isinstance(x, torch.Tensor):
+        return torch.nn.functional.pad(x, (before, after, before, after)) if size != n else x
+    x = np.asarray(x, dtype=np.float32)
+    widths = [(0, 0)] * (x.ndim - 2) + [(before, after), (before, after)]
+    return np.pad(x, widths) if size != n else x
+
+
 def _layout(length: int, specials: Sequence[int], size: int) -> tuple[tuple, np.ndarray, list[int], np.ndarray]:
     """Canonical fixed-size layout: specials get one cell, content runs share the rest equally.
 
