@@ -280,3 +280,12 @@ def test_gpu_bf16_scores_are_rank_equivalent():
     fp32 = score(model, batches, precision="fp32")
     bf16 = score(model, batches, precision="bf16")
     assert spearmanr(fp32.heads.flatten().numpy(), bf16.heads.flatten().numpy())[0] >= 0.99
+
+
+@pytest.mark.parametrize("module", ["device", "tasks.batching"])
+def test_docstring_examples_run(module):
+    import doctest
+    import importlib
+
+    result = doctest.testmod(importlib.import_module(f"headcount.{module}"), optionflags=doctest.ELLIPSIS)
+    assert result.failed == 0 and result.attempted > 0
