@@ -480,3 +480,28 @@ def test_api_save_never_deletes_a_folder_it_did_not_write(tmp_path):
     assert (v / "notes.txt").read_text() == "precious\n" and sorted(p.name for p in tmp_path.iterdir()) == ["pre", "v"]
     save_pruned(model, tmp_path / "w")
     save_pruned(model, tmp_path / "w")  # an earlier version of the same output is replaced
+
+
+def test_ctrl_c_in_a_study_exits_130_and_the_same_command_resumes(capsys, tmp_path, monkeypatch):
+    import toy_study
+
+    config = tmp_path / "toy.yaml"
+    config.write_text(TOY)
+    run = tmp_path / "run"
+    real = toy_study._side_effects
+
+    def press_ctrl_c(label):
+        if label == "make-2":
+            raise KeyboardInterrupt
+        real(label)
+
+    monkeypatch.setattr(toy_study, "_side_effects", press_ctrl_c)
+    code, _, err = run_cli(capsys, "study", config, "--out", run, "--quiet")
+    line = one_error(code, err, status=130)
+    assert "interrupted" in line and str(run) in line
+    kept = {p.name for p in (run / "jobs").iterdir() if not p.name.startswith(".")}
+    assert kept  # make-1 finished and is kept
+    monkeypatch.setattr(toy_study, "_side_effects", real)
+    code, out, err = run_cli(capsys, "study", config, "--out", run, "--quiet")
+    assert code == 0, err
+    assert f"{len(kept)} reused" in out
