@@ -136,6 +136,15 @@ def foreign(d) -> Path:
     return v
 
 
+def hidden(d) -> Path:
+    """A folder with only hidden files, one named like a temporary file (not headcount's)."""
+    v = d / "h"
+    v.mkdir()
+    (v / ".notes.txt").write_text("precious\n")
+    (v / ".draft.tmp").write_text("mine\n")
+    return v
+
+
 def lock_dir(d) -> Path:
     out = d / "o"
     (out / ".lock").mkdir(parents=True)
@@ -289,6 +298,7 @@ ROWS = [
     # -- --out guards ----------------------------------------------------------------------------------------------
     Row("shrink-out-existing-file", lambda w, d: shrink(w, d, out=a_file(d)), "existing file"),
     Row("shrink-out-foreign-dir", lambda w, d: shrink(w, d, out=foreign(d)), "not empty"),
+    Row("shrink-out-hidden-user-files", lambda w, d: shrink(w, d, out=hidden(d)), "not empty"),
     Row("shrink-out-empty-string", lambda w, d: shrink(w, d, out=""), "must not be empty"),
     Row("shrink-out-lock-is-dir", lambda w, d: shrink(w, d, out=lock_dir(d)), "is a directory"),
     Row("shrink-out-lock-symlink", lambda w, d: shrink(w, d, out=lock_link(d)), "symbolic link"),

@@ -7,6 +7,7 @@ import errno
 import fnmatch
 import json
 import os
+import re
 import shutil
 import socket
 import stat
@@ -128,9 +129,16 @@ STAGING_PREFIX = ".headcount-staging."
 ACTIVE_OUTS: list[Path] = []
 
 
+#: the names of files that are not results yet, exactly as headcount's writers make them:
+#: ``.NAME.XXXXXXXX.tmp`` (mkstemp/mkdtemp), ``.NAME.PID.tmp.SUFFIX`` (atomic_path),
+#: ``.NAME.old.PID`` (atomic_dir), ``.headcount-staging.XXXXXXXX[.old].tmp``
+_TEMP_NAMES = re.compile(r"^\..+\.([a-z0-9_]{8}|\d+)\.tmp(\.[A-Za-z0-9]+)?$|^\..+\.old\.\d+$"
+                         r"|^" + re.escape(STAGING_PREFIX) + r"[a-z0-9_]{8}(\.old)?\.tmp$")
+
+
 def _is_temp_name(name: str) -> bool:
-    """Names headcount's atomic writers and staging use for files that are not results yet."""
-    return name.startswith(STAGING_PREFIX) or (name.startswith(".") and (".tmp" in name or ".old." in name))
+    """Whether ``name`` is one of headcount's temporary names (see ``_TEMP_NAMES``)."""
+    return bool(_TEMP_NAMES.match(name))
 
 
 def lock_file(directory: Path, what: str = "") -> int:
