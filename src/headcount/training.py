@@ -12,7 +12,10 @@ several GPUs, bf16 mixed precision, checkpoints, experiment trackers (``report_t
 - one output folder per run: ``model/`` (the checkpoint), ``metrics.json`` (per-epoch validation
   metric, final metrics, time, tokens/s, parameters, mask summary), ``run.json`` (what the run is)
   and, while it runs, ``checkpoints/`` (Trainer checkpoints). Calling :func:`finetune` again with
-  the same ``out_dir`` resumes from the last checkpoint, or returns the finished run's metrics.
+  the same ``out_dir`` resumes from the newest *complete* checkpoint (one cut short by a kill
+  or a full disk, without a readable ``trainer_state.json``, is discarded), or returns the
+  finished run's metrics. The run's identity (``run.json``) holds content fingerprints of the
+  model and the task's data files (:mod:`headcount.fingerprint`): edited data is another run.
 
 Prasanna et al. (2020) hyper-parameters are the defaults: lr 2e-5, batch 32, 3 epochs, max length
 128, no weight decay, no warmup, gradient clipping at 1.0.
