@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import doctest
 import importlib
+import inspect
 import json
 import time
 
@@ -16,6 +17,7 @@ import headcount.analysis.patterns as patterns_mod
 from headcount.analysis.patterns import (
     CLASSES,
     PatternCNN,
+    center_pad,
     classify_patterns,
     commonest_structure_maps,
     load_labelled_maps,
@@ -23,6 +25,7 @@ from headcount.analysis.patterns import (
     mean_attention_maps,
     pattern_distribution,
     pattern_features,
+    predict_pattern_ids,
     predict_patterns,
     resample_attention,
     save_labelled_maps,
@@ -30,6 +33,7 @@ from headcount.analysis.patterns import (
     synthetic_attention_maps,
     train_pattern_cnn,
 )
+from headcount.analysis.patterns.labels import label_ids
 from headcount.cli import main
 from headcount.errors import HeadcountError
 
@@ -210,21 +214,137 @@ def test_synthetic_maps_are_seeded_and_valid():
 # --------------------------------------------------------------------------- CNN
 
 
-def test_cnn_trains_well_above_chance_and_is_deterministic():
-    s = synthetic_attention_maps(n_per_class=30, size=32, seed=0)
+def _layers(model):
+    return [(type(m).__name__, getattr(m, "kernel_size", None), getattr(m, "in_channels", None),
+             getattr(m, "out_channels", None)) for m in model.modules() if not list(m.children())]
+
+
+def test_default_cnn_is_prasanna_et_al_s_network():
+    model = PatternCNN(size=32)
+    assert model.architecture == "prasanna"
+    conv = lambda k, i, o: ("Conv2d", (k, k), i, o)  # noqa: E731
+    relu, pool = ("ReLU", None, None, None), ("MaxPool2d", 2, None, None)
+    assert _layers(model) == [
+        conv(3, 1, 16), relu, conv(3, 16, 16), relu, pool,
+        conv(3, 16, 32), relu, conv(3, 32, 32), relu, pool,
+        conv(3, 32, 64), relu, conv(3, 64, 64), relu,
+        conv(1, 64, 16), ("AdaptiveAvgPool2d", None, None, None), conv(1, 16, 5),
+    ]
+    assert all(m.padding == (0, 0) for m in model.modules() if isinstance(m, torch.nn.Conv2d))  # unpadded, as theirs
+    # parameters by hand: weights k*k*in*out + biases out, per convolution
+    by_hand = sum(k * k * i * o + o for k, i, o in [(3, 1, 16), (3, 16, 16), (3, 16, 32), (3, 32, 32), (3, 32, 64),
+                                                    (3, 64, 64), (1, 64, 16), (1, 16, 5)])
+    assert by_hand == 160 + 2320 + 4640 + 9248 + 18496 + 36928 + 1040 + 85
+    assert sum(p.numel() for p in model.parameters()) == by_hand
+    # their init: Xavier-normal weights (std = sqrt(2 / (fan_in + fan_out))), zero biases
+    big = model.net[12]  # conv3x3 64->64
+    assert torch.all(big.bias == 0)
+    assert abs(float(big.weight.detach().std()) - (2 / (64 * 9 + 64 * 9)) ** 0.5) < 0.005
+    # fully convolutional: one logit vector per map, for any side >= 32
+    for side in (32, 45, 128):
+        assert model(torch.rand(3, side, side)).shape == (3, 5)
+    with pytest.raises(HeadcountError, match=">= 32"):
+        PatternCNN(size=31)
+    with pytest.raises(HeadcountError, match="architecture"):
+        PatternCNN(size=32, architecture="resnet")
+
+
+def test_small_cnn_is_kept_as_a_named_option():
+    model = PatternCNN(size=16, architecture="small")
+    assert [t[0] for t in _layers(model)] == ["Conv2d", "ReLU", "MaxPool2d", "Conv2d", "ReLU", "MaxPool2d", "Linear"]
+    assert model(torch.rand(2, 16, 16)).shape == (2, 5)
+    with pytest.raises(HeadcountError, match="divisible by 4"):
+        PatternCNN(size=30, architecture="small")
+
+
+def _pad_reference(m: np.ndarray, size: int) -> np.ndarray:
+    """Prasanna et al.'s pad_image, written out: crop to size, zeros before (size - L) // 2."""
+    m = m[:size, :size]
+    n = m.shape[0]
+    out = np.zeros((size, size), dtype=np.float32)
+    b = (size - n) // 2
+    for i in range(n):
+        for j in range(n):
+            out[b + i, b + j] = m[i, j]
+    return out
+
+
+@pytest.mark.parametrize("n,size", [(3, 8), (4, 8), (5, 5), (7, 4), (1, 6)])
+def test_center_pad_matches_the_reference(n, size):
+    m = np.arange(1, n * n + 1, dtype=np.float32).reshape(n, n)
+    expected = _pad_reference(m, size)
+    np.testing.assert_array_equal(center_pad(m, size), expected)
+    t = center_pad(torch.as_tensor(m)[None, None].repeat(2, 3, 1, 1), size)  # leading dims, tensors
+    assert isinstance(t, torch.Tensor) and t.shape == (2, 3, size, size)
+    np.testing.assert_array_equal(t[1, 2].numpy(), expected)
+    if n < size:  # odd margins: the extra zero row/column goes after
+        assert expected[(size - n) // 2, (size - n) // 2] == 1.0
+
+
+def test_shares_over_examples_x_heads_equal_a_hand_count():
+    v, d, vd, b, h = CLASSES
+    labels = np.array([  # [examples=3, layers=2, heads=2]
+        [[v, d], [b, h]],
+        [[v, v], [b, vd]],
+        [[d, v], [h, h]],
+    ])
+    full = pattern_distribution(labels)
+    assert full == {v: 4 / 12, d: 2 / 12, vd: 1 / 12, b: 2 / 12, h: 3 / 12}
+    mask = np.array([[1, 0], [0, 1]])  # heads (0, 0) and (1, 1), in every example
+    kept = pattern_distribution(labels, mask)
+    # kept entries: (v, h), (v, vd), (d, h): v 2, d 1, vd 1, h 2 of 6
+    assert kept == {v: 2 / 6, d: 1 / 6, vd: 1 / 6, b: 0.0, h: 2 / 6}
+    with pytest.raises(HeadcountError, match="mask shape"):
+        pattern_distribution(labels, np.ones((3, 2)))
+
+
+def test_prasanna_cnn_learns_the_five_synthetic_classes_quickly_and_deterministically():
+    s = synthetic_attention_maps(n_per_class=20, size=32, seed=0)
     t0 = time.perf_counter()
-    model, metrics = train_pattern_cnn(s.maps, s.labels, seed=0, epochs=8)
+    model, metrics = train_pattern_cnn(s.maps, s.labels, seed=0, epochs=10, batch_size=16)
     elapsed = time.perf_counter() - t0
     assert elapsed < 20
-    assert metrics["n_heldout"] == 30 and metrics["n_train"] == 120
-    assert metrics["heldout_accuracy"] >= 0.7  # chance is 0.2
+    assert metrics["architecture"] == "prasanna" and metrics["size"] == 32 and metrics["lr"] == 1e-3
+    assert metrics["n_heldout"] == 20 and metrics["n_train"] == 80 and 1 <= metrics["best_epoch"] <= 10
+    assert metrics["heldout_accuracy"] >= 0.85  # chance is 0.2
     fresh = synthetic_attention_maps(n_per_class=20, size=32, seed=9)
     pred = predict_patterns(model, fresh.maps)
-    assert np.mean([CLASSES.index(p) == y for p, y in zip(pred.tolist(), fresh.labels.tolist())]) >= 0.7
-    again, metrics2 = train_pattern_cnn(s.maps, s.labels, seed=0, epochs=8)
+    assert np.mean([CLASSES.index(p) == y for p, y in zip(pred.tolist(), fresh.labels.tolist())]) >= 0.85
+    again, metrics2 = train_pattern_cnn(s.maps, s.labels, seed=0, epochs=10, batch_size=16)
     assert metrics2["final_loss"] == metrics["final_loss"]
     for (k, v), (_, w) in zip(model.state_dict().items(), again.state_dict().items()):
         assert torch.equal(v, w), k
+
+
+def test_training_keeps_the_best_validation_epoch():
+    s = synthetic_attention_maps(n_per_class=6, size=32, seed=1)
+    runs = [train_pattern_cnn(s.maps, s.labels, seed=0, epochs=e, batch_size=8, lr=3e-2)[1] for e in range(1, 7)]
+    # training for e epochs is the first e epochs of a longer run: the kept (best-so-far) held-out
+    # accuracy never drops, and the best epoch is the latest of the best ones
+    acc = [m["heldout_accuracy"] for m in runs]
+    assert acc == sorted(acc) and [m["best_epoch"] for m in runs] == sorted(m["best_epoch"] for m in runs)
+    last = runs[-1]
+    assert last["best_epoch"] == max(e for e in range(1, 7) if runs[e - 1]["heldout_accuracy"] == acc[-1]
+                                     and runs[e - 1]["best_epoch"] == e)
+    confusion = np.asarray(last["confusion"])
+    assert confusion.sum() == last["n_heldout"] == 5 and np.trace(confusion) / 5 == pytest.approx(acc[-1])
+
+
+def test_per_example_maps_of_varying_sizes_are_centre_padded_to_the_largest():
+    g = np.random.default_rng(0)
+    maps = [g.dirichlet(np.ones(n), size=n).astype(np.float32) for n in (33, 40, 36, 40)]
+    model, metrics = train_pattern_cnn(maps, ["vertical", "block", "vertical", "block"], epochs=1, holdout=0)
+    assert model.size == metrics["size"] == 40 and metrics["heldout_accuracy"] is None and metrics["best_epoch"] is None
+    # prediction pads shorter maps and crops longer ones to the CNN's side, as their pad_image
+    short, long = g.random((20, 20)), g.random((50, 50))
+    x = torch.as_tensor(np.stack([_pad_reference(short, 40), _pad_reference(long, 40)]))
+    with torch.no_grad():
+        expected = model(x).argmax(-1)
+    assert predict_pattern_ids(model, torch.as_tensor(short)).item() == expected[0].item()
+    assert predict_pattern_ids(model, long).item() == expected[1].item()
+    small, _ = train_pattern_cnn(synthetic_attention_maps(2, size=16).maps, synthetic_attention_maps(2, size=16).labels,
+                                 epochs=1)
+    assert small.size == 32  # maps smaller than the net's smallest input are padded up to 32
 
 
 def test_cnn_save_load_round_trip(tmp_path):
@@ -232,16 +352,24 @@ def test_cnn_save_load_round_trip(tmp_path):
     model, _ = train_pattern_cnn(s.maps, [CLASSES[i] for i in s.labels], seed=1, epochs=2)
     save_pattern_cnn(model, tmp_path / "cnn")
     loaded = load_pattern_cnn(tmp_path / "cnn")
-    assert loaded.size == 16 and loaded.classes == CLASSES
-    x = torch.as_tensor(s.maps)
+    assert loaded.size == 32 and loaded.classes == CLASSES and loaded.architecture == "prasanna"
+    x = torch.as_tensor(center_pad(s.maps, 32))
     torch.testing.assert_close(loaded(x), model(x))
-    assert json.loads((tmp_path / "cnn" / "config.json").read_text())["format"] == "headcount-pattern-cnn"
+    cfg = json.loads((tmp_path / "cnn" / "config.json").read_text())
+    assert cfg["format"] == "headcount-pattern-cnn" and cfg["architecture"] == "prasanna"
     with pytest.raises(HeadcountError):
         load_pattern_cnn(tmp_path)
+    # the small net: a fixed input side; a config written before (no "architecture") loads as it
+    small, _ = train_pattern_cnn(s.maps, s.labels, seed=1, epochs=1, architecture="small")
+    save_pattern_cnn(small, tmp_path / "small")
+    cfg = json.loads((tmp_path / "small" / "config.json").read_text())
+    del cfg["architecture"]
+    (tmp_path / "small" / "config.json").write_text(json.dumps(cfg))
+    old = load_pattern_cnn(tmp_path / "small")
+    assert old.architecture == "small" and old.size == 16
+    torch.testing.assert_close(old(torch.as_tensor(s.maps)), small(torch.as_tensor(s.maps)))
     with pytest.raises(HeadcountError, match="reads 16"):
-        predict_patterns(loaded, np.ones((1, 32, 32)))
-    with pytest.raises(HeadcountError):
-        PatternCNN(size=30)
+        predict_patterns(old, np.ones((1, 32, 32)))
 
 
 def test_train_rejects_bad_labels():
@@ -250,6 +378,21 @@ def test_train_rejects_bad_labels():
         train_pattern_cnn(s.maps, ["sideways"] * 10, epochs=1)
     with pytest.raises(HeadcountError, match="labels"):
         train_pattern_cnn(s.maps, s.labels[:3], epochs=1)
+    with pytest.raises(HeadcountError, match="out of range"):
+        train_pattern_cnn(s.maps, [5] * 10, epochs=1)
+    bad = s.maps.copy()
+    bad[3, 2, 2] = np.nan
+    with pytest.raises(HeadcountError, match="NaN"):
+        train_pattern_cnn(bad, s.labels, epochs=1)
+    with pytest.raises(HeadcountError, match=r"\[N, S, S\]"):
+        train_pattern_cnn(s.maps[0], s.labels[:1], epochs=1)
+    with pytest.raises(HeadcountError, match="square"):
+        train_pattern_cnn([np.ones((4, 5))] * 2, [0, 1], epochs=1)
+    with pytest.raises(HeadcountError, match="NaN"):
+        predict_patterns(PatternCNN(size=32), np.full((1, 32, 32), np.nan))
+    # Kovaleva et al.'s three vertical labels are one class, as Prasanna et al. merge them
+    assert label_ids(["single_vertical", "double vertical", "Multiple_Vertical", "vertical+diagonal"],
+                     CLASSES).tolist() == [0, 0, 0, 2]
 
 
 # --------------------------------------------------------------------------- data format
@@ -282,14 +425,24 @@ def test_labelled_maps_formats(tmp_path):
 def test_cli_patterns_train(tmp_path, capsys):
     s = synthetic_attention_maps(n_per_class=8, size=16, seed=0)
     save_labelled_maps(s.maps, s.labels, tmp_path / "maps.safetensors", tmp_path / "labels.json")
-    rc = main(["patterns", "train", "--maps", str(tmp_path / "maps.safetensors"),
+    rc = main(["patterns", "train", "--maps", str(tmp_path / "maps.safetensors"), "--device", "cpu",
                "--labels", str(tmp_path / "labels.json"), "--out", str(tmp_path / "out"), "--epochs", "3"])
     assert rc == 0
     metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
-    assert {"train_accuracy", "heldout_accuracy", "n_train", "n_heldout"} <= set(metrics)
+    assert {"train_accuracy", "heldout_accuracy", "n_train", "n_heldout", "best_epoch"} <= set(metrics)
     assert 0 <= metrics["heldout_accuracy"] <= 1 and metrics["n_heldout"] == 5
-    assert load_pattern_cnn(tmp_path / "out").size == 16
+    # the new defaults: the paper's net and recipe; 16x16 maps centre-padded to the net's 32
+    assert (metrics["architecture"], metrics["batch_size"], metrics["lr"], metrics["epochs"]) == ("prasanna", 64, 1e-3, 3)
+    assert metrics["size"] == 32 and metrics["input_size"] == 16
+    loaded = load_pattern_cnn(tmp_path / "out")
+    assert loaded.size == 32 and loaded.architecture == "prasanna"
     assert "held-out accuracy" in capsys.readouterr().out
+    assert inspect.signature(train_pattern_cnn).parameters["epochs"].default == 200  # what --epochs defaults to
+    # the small net, by name, with its own side
+    rc = main(["patterns", "train", "--maps", str(tmp_path / "maps.safetensors"), "--labels",
+               str(tmp_path / "labels.json"), "--out", str(tmp_path / "small"), "--epochs", "1", "--architecture",
+               "small", "--batch-size", "8", "--lr", "0.003", "--device", "cpu"])
+    assert rc == 0 and load_pattern_cnn(tmp_path / "small").size == 16
 
 
 def _cli_error(args, capsys) -> str:
@@ -317,6 +470,22 @@ def test_cli_patterns_train_bad_input(tmp_path, capsys):
     assert "labels must be" in _cli_error(["patterns", "train", "--maps", maps, "--labels", maps, "--out", out], capsys)
     assert "--epochs" in _cli_error(["patterns", "train", "--maps", maps, "--labels", labels, "--out", out,
                                      "--epochs", "0"], capsys)
+    assert "--architecture" in _cli_error(["patterns", "train", "--maps", maps, "--labels", labels, "--out", out,
+                                           "--architecture", "resnet"], capsys)
+    bad = s.maps.copy()
+    bad[0, 1, 1] = np.nan
+    save_file({"maps": bad}, str(tmp_path / "nan.safetensors"))
+    assert "finite" in _cli_error(["patterns", "train", "--maps", str(tmp_path / "nan.safetensors"), "--labels", labels,
+                                   "--out", out], capsys)
+    save_file({"maps": s.maps[:, :, :8].copy()}, str(tmp_path / "wide.safetensors"))
+    assert "[N, S, S]" in _cli_error(["patterns", "train", "--maps", str(tmp_path / "wide.safetensors"),
+                                      "--labels", labels, "--out", out], capsys)
+    (tmp_path / "six.csv").write_text("label\n" + "sideways\n" * 10)
+    assert "not one of" in _cli_error(["patterns", "train", "--maps", maps, "--labels", str(tmp_path / "six.csv"),
+                                       "--out", out], capsys)
+    save_file({"maps": s.maps, "lengths": np.full(10, 99, dtype=np.int64)}, str(tmp_path / "len.safetensors"))
+    assert "'lengths'" in _cli_error(["patterns", "train", "--maps", str(tmp_path / "len.safetensors"),
+                                      "--labels", labels, "--out", out], capsys)
     assert not (tmp_path / "out").exists()
 
 

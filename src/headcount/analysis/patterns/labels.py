@@ -19,8 +19,8 @@ from .layout import center_pad
 
 
 #: Label spellings read as ``vertical`` (Kovaleva et al.'s three vertical classes).
-_VERTICAL_VARIANTS: tuple[str, ...] = ("single+vertical", "double+vertical", "multiple+vertical",
-                                       "single-vertical", "double-vertical", "multiple-vertical")
+_VERTICAL_VARIANTS: tuple[str, ...] = tuple(f"{n}{sep}vertical" for n in ("single", "double", "multiple")
+                                             for sep in ("+", "-", ""))
 
 
 def label_ids(labels, classes: Sequence[str]) -> np.ndarray:
