@@ -371,6 +371,10 @@ ROWS = [
     Row("finetune-weight-mask-missing", lambda w, d: finetune(w, d, "--weight-mask", str(d / "none.safetensors")), "not found"),
     Row("finetune-regression-head-for-classes", lambda w, d: finetune(w, d, model=config_edit(
         w, d, num_labels=1, problem_type="regression", id2label={"0": "LABEL_0"}, label2id={"LABEL_0": 0}))),
+    Row("finetune-empty-train-split", lambda w, d: finetune(w, d, task=task_with(d, train="sentence,label\n"))),
+    Row("finetune-unknown-label", lambda w, d: finetune(w, d, task=task_with(d, train="sentence,label\nthe film,maybe\n"))),
+    Row("magnitude-empty-train-split", lambda w, d: ["magnitude", M, w["pre"], T, str(task_with(d, train="sentence,label\n")),
+                                                     *FT, "--out", str(d / "o")]),
     # -- magnitude ------------------------------------------------------------------------------------------------------
     Row("magnitude-threshold-2", lambda w, d: magnitude(w, d, "--threshold", "2"), "threshold"),
     Row("magnitude-rate-zero", lambda w, d: magnitude(w, d, "--rate", "0"), "rate"),

@@ -492,6 +492,8 @@ def magnitude_prune(model_spec: str, task, *, config: MagnitudeConfig | None = N
                 "match": str(match) if match is not None else None,
                 "match_fingerprint": path_fingerprint(Path(match) / "weight_mask.safetensors") if match else None,
                 "train": json.loads(json.dumps(train.identity()))}
+    for split in (task.train_split, task.validation_split):  # bad data ends here, before any output
+        task.load(split)
     previous_run = out / "magnitude_run.json"
     if previous_run.is_file():
         try:

@@ -684,12 +684,12 @@ def finetune(model_spec: str, task, *, mask=None, mask_mode: str = "prune", weig
     model, tokenizer, info = prepare_model(model_spec, task, mask=mask, mask_mode=mask_mode,
                                            weight_mask=weight_mask, seed=seed)
     out.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(out / "run.json", identity)
     ckpt_dir = out / "checkpoints"
     resume = last_complete_checkpoint(ckpt_dir)
     before = (_read_json(Path(resume) / CLOCK_FILE) or {}) if resume else {}
 
     train_ds, eval_ds = _datasets(task, tokenizer, config)
+    atomic_write_json(out / "run.json", identity)  # the inputs are checked: the folder is this run's now
     if info.get("head_note"):
         progress(info["head_note"])
     args = _training_args(out, config, seed)
