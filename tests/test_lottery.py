@@ -278,12 +278,26 @@ def test_stability_overlap_and_patterns_are_saved(run):
     assert ov["tasks"] == ["has-good", "has-good-2"] and np.asarray(ov["heads_jaccard"], dtype=float).shape == (2, 2)
     pt = store.result("patterns/has-good/seed1").result
     assert np.asarray(pt["labels"]).shape == (2, 4) and set(np.ravel(pt["labels"])) <= set(CLASSES)
-    assert set(np.ravel(pt["cnn_labels"])) <= set(CLASSES) and pt["n_examples"] > 0
+    assert pt["n_examples"] > 0 and "cnn_labels" not in pt  # the CNN reads per-example maps, not the mean maps
+    ids = np.asarray(pt["cnn_example_ids"])  # [examples, layers, heads]: one CNN class per example and head
+    assert ids.shape == (pt["cnn_n_examples"], 2, 4) and pt["cnn_n_examples"] >= pt["n_examples"]
+    assert pt["cnn_classes"] == list(CLASSES) and sum(pt["cnn_counts"].values()) == ids.size
+    assert pt["cnn_architecture"] == "prasanna" and pt["cnn_size"] == 32 and pt["cnn_n_cropped"] == 0
     assert pt["structure"] == "S/C/S"
     dist = pd.read_csv(summary.run_dir / "results" / "lottery_patterns.csv")
     assert set(dist["group"]) >= {"full model", "good subnetwork"} and set(dist["classifier"]) == {"rules", "cnn"}
     sums = dist[dist["classifier"] == "rules"].groupby(["task", "group"])["mean"].sum()
     assert np.allclose(sums, 1.0)
+    assert np.allclose(dist[dist["classifier"] == "cnn"].groupby(["task", "group"])["mean"].sum(), 1.0)
+    views = dist.groupby("classifier")["counted_over"].unique()
+    assert list(views["rules"]) == ["heads"] and list(views["cnn"]) == ["examples x heads"]
+    full = dist[(dist["classifier"] == "cnn") & (dist["group"] == "full model") & (dist["task"] == "has-good")]
+    per_seed = [store.result(f"patterns/has-good/seed{k}").result for k in (1, 2)]  # shares = counts / (examples x heads)
+    expected = {c: np.mean([r["cnn_counts"][c] / np.size(r["cnn_example_ids"]) for r in per_seed]) for c in CLASSES}
+    assert dict(zip(full["pattern"].astype(str), full["mean"])) == pytest.approx(expected) and (full["n"] == 2).all()
+    heads = pd.read_csv(summary.run_dir / "results" / "lottery_pattern_heads.csv")
+    shares = heads[[f"cnn_share_{c}" for c in CLASSES]].to_numpy()
+    assert np.allclose(shares.sum(1), 1.0) and set(heads["pattern_cnn_commonest"]) <= set(CLASSES)
     assert json.loads((summary.run_dir / "plan.json").read_text())["jobs"]  # the plan names every job
 
 

@@ -144,11 +144,11 @@ def _accuracy(model: PatternCNN, x: torch.Tensor, y: torch.Tensor) -> float | No
     return float((_predict_ids(model, x) == y).float().mean())
 
 
-def _fit(x_tr, y_tr, x_he, y_he, build, seed, epochs, batch_size, lr, device) -> tuple[PatternCNN, float, int | None]:
+def _fit(x_tr, y_tr, x_he, y_he, build, seed, epochs, batch_size, lr, device) -> tuple[PatternCNN, float, list[float]]:
     """Adam + cross-entropy; with a held-out part, the weights of the epoch with the best held-out
     accuracy (the latest of equal ones, as their ``acc_val >= best_val_acc``) are kept.
     torch's global RNG is seeded inside a fork, so callers are unaffected.
-    Returns (model, last epoch's mean training loss, best epoch (1-based) or None)."""
+    Returns (model, last epoch's mean training loss, held-out accuracy after each epoch)."""
     devices = [device] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)
@@ -156,7 +156,7 @@ def _fit(x_tr, y_tr, x_he, y_he, build, seed, epochs, batch_size, lr, device) ->
         gen = torch.Generator().manual_seed(seed)
         opt = torch.optim.Adam(model.parameters(), lr=lr)
         loss_fn = nn.CrossEntropyLoss()
-        last, best, best_epoch, best_state = math.nan, -1.0, None, None
+        last, best, best_state, history = math.nan, -1.0, None, []
         for epoch in range(1, epochs + 1):
             model.train()
             order = torch.randperm(len(y_tr), generator=gen).to(device)
@@ -172,12 +172,13 @@ def _fit(x_tr, y_tr, x_he, y_he, build, seed, epochs, batch_size, lr, device) ->
             last = total / max(count, 1)
             if len(y_he):
                 acc = _accuracy(model, x_he, y_he)
+                history.append(acc)
                 if acc >= best:
-                    best, best_epoch = acc, epoch
+                    best = acc
                     best_state = copy.deepcopy(model.state_dict())
         if best_state is not None:
             model.load_state_dict(best_state)
-    return model, last, best_epoch
+    return model, last, history
 
 
 def _stack_maps(maps, size: int | None, architecture: str) -> torch.Tensor:
@@ -253,7 +254,8 @@ def train_pattern_cnn(
 
     Returns:
         ``(model, metrics)`` with metrics ``{"train_accuracy", "heldout_accuracy" (None without a
-        held-out part), "n_train", "n_heldout", "epochs", "best_epoch", "seed", "final_loss",
+        held-out part), "n_train", "n_heldout", "epochs", "best_epoch" (1-based; None without a
+        held-out part), "heldout_history" (held-out accuracy after each epoch), "seed", "final_loss",
         "classes", "confusion" (held-out, rows = true class), "architecture", "size",
         "batch_size", "lr"}``, accuracies of the returned weights; the model is in eval mode.
 
@@ -296,7 +298,7 @@ def train_pattern_cnn(
     if num_threads is not None and dev.type == "cpu":
         torch.set_num_threads(int(num_threads))
     try:
-        model, last, best_epoch = _fit(x_tr, y_tr, x_he, y_he, lambda: PatternCNN(size, classes, channels, architecture),
+        model, last, history = _fit(x_tr, y_tr, x_he, y_he, lambda: PatternCNN(size, classes, channels, architecture),
                                        seed, epochs, batch_size, lr, dev)
         confusion = np.zeros((len(classes), len(classes)), dtype=np.int64)
         if len(he):
@@ -311,7 +313,8 @@ def train_pattern_cnn(
         "n_train": int(len(tr)),
         "n_heldout": int(len(he)),
         "epochs": int(epochs),
-        "best_epoch": best_epoch,
+        "best_epoch": (len(history) - history[::-1].index(max(history))) if history else None,
+        "heldout_history": history,
         "seed": int(seed),
         "final_loss": float(last),
         "classes": list(classes),

@@ -19,11 +19,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError, ValidationInfo, create_model, field_validator, model_validator
 
-from ...analysis.patterns import MAP_SIZE, train_pattern_cnn
+from ...analysis.patterns import ARCHITECTURES, MAP_SIZE, train_pattern_cnn
 from ...errors import HeadcountError
 from ...magnitude import MagnitudeConfig
 from ...runner import ConfigSection, StudyConfig
-from ...runner.config import format_validation_error
+from ...runner.config import format_validation_error, task_ref
 from ...tasks import get_task
 from ...training import TrainConfig
 
@@ -182,13 +182,19 @@ class SuperSurvivorSettings(ConfigSection):
 
 class PatternCNNSettings(ConfigSection):
     """The pattern CNN of Prasanna et al., trained on user-labelled maps (see ``headcount
-    patterns train``): ``maps`` a .safetensors with ``maps`` [N, S, S], ``labels`` a .csv/.json."""
+    patterns train``): ``maps`` a .safetensors with ``maps`` [N, S, S], ``labels`` a .csv/.json.
+    The other fields are :func:`headcount.analysis.patterns.train_pattern_cnn`'s, with its
+    defaults (the paper's recipe: their net, 200 epochs, batch 64, Adam 1e-3, 20% held out)."""
 
     maps: str
     labels: str
     epochs: int = Field(_CNN_DEFAULTS["epochs"], ge=1)
     seed: int = _CNN_DEFAULTS["seed"]
     holdout: float = Field(_CNN_DEFAULTS["holdout"], ge=0, le=0.9)
+    batch_size: int = Field(_CNN_DEFAULTS["batch_size"], ge=1)
+    lr: float = Field(_CNN_DEFAULTS["lr"], gt=0)
+    architecture: Literal[ARCHITECTURES] = _CNN_DEFAULTS["architecture"]  # type: ignore[valid-type]
+    size: int | None = Field(_CNN_DEFAULTS["size"], ge=4)
 
     @field_validator("maps", "labels")
     @classmethod
@@ -204,8 +210,11 @@ class PatternSettings(ConfigSection):
         max_examples: dev examples whose attention maps are averaged.
         batch_size: examples per forward pass.
         max_length: tokens per example (default: ``train.max_length``).
-        size: side of the fixed-size mean maps (:func:`headcount.analysis.patterns.mean_attention_maps`).
-        cnn: optional labelled maps to train the CNN on; its labels are reported beside the rules'.
+        size: side of the fixed-size mean maps the rule classifier reads
+            (:func:`headcount.analysis.patterns.mean_attention_maps`).
+        cnn: optional labelled maps to train the CNN on; it classifies every example's map of
+            every head (the same ``max_examples`` dev examples), centre-padded to the CNN's size,
+            and its shares over examples x heads are reported beside the rules' shares of heads.
     """
 
     enabled: bool = True
@@ -256,12 +265,7 @@ class LotterySettings(ConfigSection):
     @field_validator("tasks")
     @classmethod
     def _tasks(cls, v: list[str], info: ValidationInfo) -> list[str]:
-        out = [_resolve_path(t, info) for t in v]
-        for t in out:
-            try:
-                get_task(t)
-            except HeadcountError as e:
-                raise ValueError(str(e)) from None
+        out = [task_ref(t, info) for t in v]  # the task rule; each task built and checked
         names = [get_task(t).name for t in out]
         if len(set(names)) != len(names):
             raise ValueError(f"tasks must be distinct (got {names})")

@@ -88,27 +88,34 @@ def overlap_figure(ov: dict):
 
 
 def pattern_mix_figure(dist):
+    """Stacked class shares per group: one row per view present (the rule classifier on per-head
+    mean maps, shares of heads; the CNN on per-example maps, shares of examples x heads), one
+    column per task."""
 
-    d = dist[dist["classifier"] == "rules"]
-    tasks = list(dict.fromkeys(d["task"]))
-    fig, axes = new_figure(1, len(tasks), size=(max(4.0, 3.4 * len(tasks)), 3.2))
-    axes = np.atleast_1d(axes)
+    views = [c for c in ("rules", "cnn") if (dist["classifier"] == c).any()]
+    tasks = list(dict.fromkeys(dist["task"]))
+    fig, axes = new_figure(len(views), len(tasks), size=(max(4.0, 3.4 * len(tasks)), 3.2 * len(views)))
+    axes = np.asarray(axes, dtype=object).reshape(len(views), len(tasks))
     colors = ["#4c72b0", "#55a868", "#c44e52", "#8172b2", "#bbbbbb"]
-    for ax, task in zip(axes, tasks):
-        t = d[d["task"] == task]
-        groups = list(dict.fromkeys(t["group"]))
-        bottom = np.zeros(len(groups))
-        for cls, color in zip(CLASSES, colors):
-            vals = np.array([float(t[(t["group"] == g) & (t["pattern"] == cls)]["mean"].sum()) for g in groups])
-            vals = np.nan_to_num(vals)
-            ax.bar(range(len(groups)), vals, bottom=bottom, color=color, label=cls)
-            bottom += vals
-        ax.set_xticks(range(len(groups)))
-        ax.set_xticklabels(groups, rotation=20, ha="right", fontsize=7)
-        ax.set_ylim(0, 1)
-        ax.set_title(task, fontsize=9)
-        ax.set_ylabel("fraction of heads")
-    axes[-1].legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    for row, view in zip(axes, views):
+        d = dist[dist["classifier"] == view]
+        label = d["view"].iloc[0] if "view" in d and len(d) else view
+        unit = d["counted_over"].iloc[0] if "counted_over" in d and len(d) else "heads"
+        for ax, task in zip(row, tasks):
+            t = d[d["task"] == task]
+            groups = list(dict.fromkeys(t["group"]))
+            bottom = np.zeros(len(groups))
+            for cls, color in zip(CLASSES, colors):
+                vals = np.array([float(t[(t["group"] == g) & (t["pattern"] == cls)]["mean"].sum()) for g in groups])
+                vals = np.nan_to_num(vals)
+                ax.bar(range(len(groups)), vals, bottom=bottom, color=color, label=cls)
+                bottom += vals
+            ax.set_xticks(range(len(groups)))
+            ax.set_xticklabels(groups, rotation=20, ha="right", fontsize=7)
+            ax.set_ylim(0, 1)
+            ax.set_title(f"{task}: {label}", fontsize=7)
+            ax.set_ylabel(f"fraction of {unit}", fontsize=7)
+    axes[0, -1].legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     return fig
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import os
 import shutil
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -16,10 +17,11 @@ import torch
 from safetensors.torch import save_file
 
 from ...analysis import draw_controls, super_survivors
-from ...analysis.patterns import commonest_structure_maps, load_labelled_maps, load_pattern_cnn, predict_patterns
-from ...analysis.patterns import save_pattern_cnn, train_pattern_cnn
+from ...analysis.patterns import CLASSES, commonest_structure_maps, load_labelled_maps, load_pattern_cnn
+from ...analysis.patterns import predict_pattern_ids, save_pattern_cnn, train_pattern_cnn
 from ...analysis.subnetworks import cross_task_overlap, seed_stability
 from ...attention import attention_maps
+from ...device import model_device, resolve_device, to_device
 from ...errors import HeadcountError
 from ...io import atomic_path, atomic_write_json
 from ...magnitude import magnitude_prune
@@ -119,7 +121,14 @@ def subnetwork_job(params, inputs, workdir: Path, progress) -> dict:
     mask = Mask(heads, mlps, {k: v for k, v in meta.items() if v is not None})
     mask.save(workdir / "mask.json")
     progress(1, 1, f"{p.kind}: {mask.n_heads_kept} heads, {mask.n_mlps_kept} MLPs")
-    return {"mask": mask.to_dict(), "heads_kept": mask.n_heads_kept, "mlps_kept": mask.n_mlps_kept}
+    out = {"mask": mask.to_dict(), "heads_kept": mask.n_heads_kept, "mlps_kept": mask.n_mlps_kept}
+    if mask.n_heads_kept == 0 and mask.n_mlps_kept == 0:  # retrained, it predicts a constant: often a NaN metric
+        out["empty"] = True
+        msg = (f"warning: the {p.kind} subnetwork (seed {p.seed}) was drawn empty: 0 heads and 0 MLPs "
+               f"(the good mask keeps {meta.get('good_heads_kept', 0)} heads, {meta.get('good_mlps_kept', 0)} MLPs)")
+        warnings.warn(msg[len("warning: "):], RuntimeWarning, stacklevel=2)
+        progress(1, 1, msg)
+    return out
 
 
 def retrain_job(params, inputs, workdir: Path, progress) -> dict:
@@ -176,15 +185,22 @@ def _special_ids(tokenizer) -> set[int]:
 
 
 def patterns_job(params, inputs, workdir: Path, progress) -> dict:
-    """Pattern class of every head of a (fine-tuned) model from its mean attention maps.
+    """Pattern classes of the heads of a (fine-tuned) model, in two views.
 
     Attention probabilities of dev examples (:func:`headcount.attention.attention_maps`, eval
-    mode), averaged per head over the examples of the most common structure (e.g.
-    ``[CLS] text [SEP]``) on a fixed ``size`` x ``size`` layout
-    (:func:`headcount.analysis.patterns.commonest_structure_maps`); each head's mean map is
-    classified with the rule-based classifier, and with the CNN when an upstream ``cnn`` job is given.
+    mode, on the model's device).
 
-    params (:class:`~.config.PatternsParams`): task, split, data, size; inputs: ``model``.
+    1. Rule classifier on per-head mean maps (headcount): averaged per head over the examples of
+       the most common structure (e.g. ``[CLS] text [SEP]``) on a fixed ``size`` x ``size`` layout
+       (:func:`headcount.analysis.patterns.commonest_structure_maps`); result keys ``labels``
+       ``[n_layers, n_heads]``, ``counts`` (heads), ``features``.
+    2. CNN on per-example maps (Prasanna et al.), when an upstream ``cnn`` job is given: every
+       example's map of every head, centre-padded with zeros to the CNN's side (longer inputs
+       cropped to their first ``cnn_size`` tokens, counted in ``cnn_n_cropped``), classified on
+       the model's device; ``cnn_example_ids`` ``[n_examples, n_layers, n_heads]`` (ids into
+       ``cnn_classes``) and ``cnn_counts`` over examples x heads.
+
+    params (:class:`~.config.PatternsParams`): task, split, data, size; inputs: ``model``, ``cnn``.
     Writes ``maps.safetensors`` (``maps`` [n_layers, n_heads, size, size]) and ``patterns.json``.
 
     >>> patterns_job({"task": "offline/movies", "size": 32}, {"model": full}, out, print)["counts"]  # doctest: +SKIP
@@ -197,19 +213,28 @@ def patterns_job(params, inputs, workdir: Path, progress) -> dict:
     model.eval()
     batches = batches_for(task, tokenizer, "task", data, split=p.split or task.validation_split)
     specials = _special_ids(tokenizer)
+    dev = model_device(model)  # the maps are computed, and the CNN run, where the model is
+    cnn = load_pattern_cnn(inputs["cnn"].path("cnn")).to(dev) if "cnn" in inputs else None
+    cnn_ids: list[torch.Tensor] = []  # per example [layer, head] class ids (Prasanna et al.'s counting)
+    n_cropped = 0
 
     def examples():  # (attention [layer, head, n, n], special positions) per example, padding cut
+        nonlocal n_cropped
         with torch.no_grad():
             for b, batch in enumerate(batches):
-                feed = {k: v for k, v in batch.items() if k != "labels"}
-                per_layer = attention_maps(model, **feed)  # per layer [batch, heads, seq, seq]
+                feed = to_device({k: v for k, v in batch.items() if k != "labels"}, dev)
+                per_layer = attention_maps(model, **feed)  # per layer [batch, heads, seq, seq], on dev
                 if any(m.shape[1] != per_layer[0].shape[1] for m in per_layer):
                     raise HeadcountError("pattern maps need every head present (classify the unpruned model)")
                 att = torch.stack(per_layer, 1)  # [batch, layer, head, seq, seq]
                 for i in range(att.shape[0]):
                     n = int(batch["attention_mask"][i].sum())
                     ids = batch["input_ids"][i, :n].tolist()
-                    yield att[i, :, :, :n, :n], [q for q, t in enumerate(ids) if t in specials]
+                    one = att[i, :, :, :n, :n]  # [layer, head, n, n]
+                    if cnn is not None:  # each head's map of this example, centre-padded to the CNN's side
+                        cnn_ids.append(predict_pattern_ids(cnn, one).cpu())
+                        n_cropped += n > cnn.size
+                    yield one, [q for q, t in enumerate(ids) if t in specials]
                 progress(b + 1, len(batches), "attention maps")
 
     try:
@@ -231,9 +256,18 @@ def patterns_job(params, inputs, workdir: Path, progress) -> dict:
         "n_other_structures": common.n_other,
         "size": p.size,
     }
-    if "cnn" in inputs:
-        cnn = load_pattern_cnn(inputs["cnn"].path("cnn"))
-        out["cnn_labels"] = predict_patterns(cnn, mean.maps).tolist()
+    if cnn is not None:
+        per_example = torch.stack(cnn_ids)  # [examples, layer, head], all examples of every structure
+        names = np.asarray(cnn.classes)[per_example.numpy()]
+        out.update({
+            "cnn_example_ids": per_example.tolist(),
+            "cnn_classes": list(cnn.classes),
+            "cnn_counts": {c: int((names == c).sum()) for c in CLASSES},
+            "cnn_n_examples": int(per_example.shape[0]),
+            "cnn_n_cropped": int(n_cropped),
+            "cnn_size": cnn.size,
+            "cnn_architecture": cnn.architecture,
+        })
     atomic_write_json(workdir / "patterns.json", out)
     return out
 
@@ -241,17 +275,19 @@ def patterns_job(params, inputs, workdir: Path, progress) -> dict:
 def pattern_cnn_job(params, inputs, workdir: Path, progress) -> dict:
     """Train the pattern CNN on user-labelled maps; writes ``cnn/`` (model.safetensors, config.json).
 
-    params (:class:`~.config.PatternCNNParams`): maps, labels (paths), epochs, seed, holdout, digests.
+    params (:class:`~.config.PatternCNNParams`): maps, labels (paths), epochs, seed, holdout, batch_size,
+    lr, architecture, size, digests. Trains on the job's device (``$HEADCOUNT_DEVICE``, else auto).
 
     >>> pattern_cnn_job({"maps": "maps.safetensors", "labels": "labels.csv"}, {}, out, print)  # doctest: +SKIP
     {'train_accuracy': 0.98, 'heldout_accuracy': 0.9, ...}
     """
     p = job_params(PatternCNNParams, params)
     x, y = load_labelled_maps(p.maps, p.labels)
-    model, metrics = train_pattern_cnn(x, y, seed=p.seed, epochs=p.epochs, holdout=p.holdout)
+    model, metrics = train_pattern_cnn(x, y, seed=p.seed, epochs=p.epochs, holdout=p.holdout, batch_size=p.batch_size,
+                                       lr=p.lr, architecture=p.architecture, size=p.size, device=resolve_device(None))
     save_pattern_cnn(model, workdir / "cnn")
     progress(1, 1, f"CNN held-out accuracy {metrics['heldout_accuracy']}")
-    return {**metrics, "size": int(x.shape[1])}
+    return {**metrics, "input_size": int(x.shape[1])}
 
 
 def stability_job(params, inputs, workdir: Path, progress) -> dict:

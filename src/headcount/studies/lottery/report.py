@@ -24,6 +24,7 @@ from .tables import (
     EXPERIMENTS,
     SUPER_EXPERIMENTS,
     finished,
+    nan_table,
     overlap_table,
     paper_table,
     pattern_tables,
@@ -88,6 +89,10 @@ def lottery_sections(store, settings: LotterySettings, prefix: str = "", tag: st
     if s.magnitude.enabled:
         paper.append(ReportTable(f"{tag}_paper_magnitude", paper_table(main, MAGNITUDE_COLUMNS),
                                  "Magnitude pruning (weights): dev metric, mean ± std over seeds."))
+    flagged = nan_table(store, s, scores, prefix)
+    if not flagged.empty:  # a NaN drops out of a mean over seeds: cells say (n=k of m), this says why
+        paper.append(ReportTable(f"{tag}_nan_runs", flagged, "Runs that produced NaN (left out of the means over "
+                                 "seeds: cells marked (n=k of m)) and control subnetworks drawn empty, with why."))
     sections = [Section(
         "The paper's main tables",
         f"Prasanna et al. (2020), Table 1 and its magnitude counterpart, with this run's numbers: mean ± sample std "
@@ -148,15 +153,20 @@ def lottery_sections(store, settings: LotterySettings, prefix: str = "", tag: st
         if not heads_table.empty:
             sections.append(Section(
                 "Self-attention patterns",
-                "Each head of the fine-tuned full model classified (Kovaleva et al. 2019 classes) by the rule-based "
-                "classifier on its mean attention map over dev examples (headcount.analysis.patterns: mass on the "
-                "special-token columns, on the diagonal band, within the query's segment, entropy)"
-                + (", and by the CNN trained on the labelled maps of the config" if s.patterns.cnn else "")
-                + ". Pattern mix of all heads vs the heads of the good subnetworks vs the super-survivors "
+                "Heads of the fine-tuned full model in the Kovaleva et al. (2019) classes. Rule classifier on "
+                "per-head mean maps (headcount): each head's mean attention map over dev examples, classified by "
+                "rules (headcount.analysis.patterns: mass on the special-token columns, on the diagonal band, "
+                "within the query's segment, entropy); shares are fractions of heads."
+                + (" CNN on per-example maps (Prasanna et al.): the CNN trained on the labelled maps of the config "
+                   "classifies every example's map of every head, centre-padded with zeros to its side; shares are "
+                   "fractions of examples x heads, as the paper counts them (a head mask applies to every example)."
+                   if s.patterns.cnn else "")
+                + " Pattern mix of all heads vs the heads of the good subnetworks vs the super-survivors "
                 "(mean over seeds).",
                 figures={f"{tag}_pattern_mix": pattern_mix_figure(dist),
                          f"{tag}_pattern_grid": pattern_grid_figure(heads_table, s)},
-                tables=[_raw(f"{tag}_patterns", dist, "Pattern distributions (fraction of heads, mean/std over seeds)."),
+                tables=[_raw(f"{tag}_patterns", dist, "Pattern distributions (fraction of heads, or of examples x heads "
+                             "for the CNN: see counted_over; mean/std over seeds)."),
                         _raw(f"{tag}_pattern_heads", heads_table, "Per-head pattern class and features.")],
             ))
     return sections

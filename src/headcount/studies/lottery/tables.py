@@ -14,6 +14,7 @@ import pandas as pd
 from ...analysis import seed_summary
 from ...analysis.patterns import CLASSES, pattern_distribution
 from ...errors import HeadcountError
+from ...report.format import nan_runs, seed_cell
 from .config import LotterySettings
 from .plan import job_name, task_name
 from .published import PAPER_HEADS_KEPT, paper_task, published
@@ -78,7 +79,7 @@ def seed_scores(store, settings: LotterySettings, prefix: str = ""):
             def row(experiment, pruning, r, heads=None, mlps=None, sparsity=None):
                 rows.append({"experiment": experiment, "pruning": pruning, "task": tname, "seed": seed,
                              "metric": metric, "score": _score(r), "heads_kept": heads, "mlps_kept": mlps,
-                             "sparsity": sparsity})
+                             "sparsity": sparsity, "finished": r is not None})
 
             row("full", "none", full)
             row("good pruned", "structured", finished(store, job_name(prefix, "good-pruned", tname, tag)),
@@ -98,7 +99,39 @@ def seed_scores(store, settings: LotterySettings, prefix: str = ""):
                     m = (r.result.get("mask") or {}) if r is not None else {}
                     row(label, "structured", r, m.get("heads_kept"), m.get("mlps_kept"))
     return pd.DataFrame(rows, columns=["experiment", "pruning", "task", "seed", "metric", "score", "heads_kept",
-                                       "mlps_kept", "sparsity"])
+                                       "mlps_kept", "sparsity", "finished"])
+
+
+def _why_nan(r) -> str:
+    if not r.get("finished", True):
+        return "not finished (missing or failed): see the run's log"
+    if r.get("heads_kept") == 0 and r.get("mlps_kept") == 0:
+        return "the subnetwork is empty (0 heads, 0 MLPs): the model predicts a constant"
+    return "the metric is undefined (e.g. a constant prediction under a correlation metric)"
+
+
+def nan_table(store, settings: LotterySettings, scores, prefix: str = ""):
+    """The runs whose score is NaN (left out of the means over seeds), and the control
+    subnetworks drawn empty (the subnetwork job's ``empty`` flag), each with why.
+
+    Returns:
+        A DataFrame: experiment, task, seed, what (``NaN score`` | ``drawn empty``), why.
+    """
+    rows = [{"experiment": r["experiment"], "task": r["task"], "seed": r["seed"], "what": "NaN score", "why": r["why"]}
+            for r in nan_runs(scores.to_dict("records"), "score", ["experiment", "task", "seed"], why=_why_nan)]
+    for task in settings.tasks:
+        tname = task_name(task)
+        names = [(f"{kind} subnetwork", seed, job_name(prefix, "subnetwork", kind, tname, f"seed{seed}"))
+                 for seed in settings.seeds for kind in ("random", "bad")]
+        names += [(f"{kind} subnetwork", None, job_name(prefix, "subnetwork", kind, tname))
+                  for kind in ("super", "super-random", "super-bad")]
+        for label, seed, name in names:
+            r = finished(store, name)
+            if r is not None and r.result.get("empty"):
+                rows.append({"experiment": label, "task": tname, "seed": seed, "what": "drawn empty",
+                             "why": "0 heads and 0 MLPs kept (a warning in the job's log); retrained, it predicts "
+                                    "a constant"})
+    return pd.DataFrame(rows, columns=["experiment", "task", "seed", "what", "why"])
 
 
 def summarize(scores, experiments=None):
@@ -132,9 +165,10 @@ def summarize(scores, experiments=None):
 
             rows.append({"experiment": exp, "pruning": t["pruning"].iloc[0], "task": task, "metric": t["metric"].iloc[0],
                          "mean": st["mean"], "std": st["std"], "n": st["n"], "heads_kept": mean_of("heads_kept"),
-                         "mlps_kept": mean_of("mlps_kept"), "sparsity": mean_of("sparsity")})
+                         "mlps_kept": mean_of("mlps_kept"), "sparsity": mean_of("sparsity"),
+                         "n_total": int(len(t))})
     return pd.DataFrame(rows, columns=["experiment", "pruning", "task", "metric", "mean", "std", "n", "heads_kept",
-                                       "mlps_kept", "sparsity"])
+                                       "mlps_kept", "sparsity", "n_total"])
 
 
 def mean_std(mean, std, digits: int = 3) -> str:
@@ -195,7 +229,8 @@ def paper_table(summary, experiments: dict[str, str], heads: bool = False):
         row = {"task": task, "metric": str(sub["metric"].iloc[0]),
                "seeds": "" if not ns else (str(min(ns)) if min(ns) == max(ns) else f"{min(ns)}-{max(ns)}")}
         for exp, header in experiments.items():
-            row[header] = (mean_std(float(sub.loc[exp, "mean"]), float(sub.loc[exp, "std"]), digits=2)
+            row[header] = (seed_cell(sub.loc[exp, "mean"], sub.loc[exp, "std"], n=sub.loc[exp].get("n"),
+                                     n_total=sub.loc[exp].get("n_total"), digits=2)  # (n=k of m): NaN seeds
                            if exp in sub.index else "")
             if with_paper:
                 value = published(exp, task)
@@ -237,8 +272,33 @@ def overlap_table(ov: dict):
                          for i, a in enumerate(tasks) for j, b in enumerate(tasks)])
 
 
+#: The two views of the pattern tables: (classifier, what a share is counted over, label).
+PATTERN_VIEWS: dict[str, tuple[str, str]] = {
+    "rules": ("heads", "rule classifier on per-head mean maps (headcount)"),
+    "cnn": ("examples x heads", "CNN on per-example maps (Prasanna et al.)"),
+}
+
+
+def _cnn_labels(result: dict) -> np.ndarray | None:
+    """The CNN's labels of a patterns job: ``[examples, layers, heads]`` names (per-example maps),
+    or ``[layers, heads]`` for results written before (the CNN on mean maps); None without a CNN."""
+    if "cnn_example_ids" in result:
+        return np.asarray(result["cnn_classes"])[np.asarray(result["cnn_example_ids"], dtype=np.int64)]
+    if "cnn_labels" in result:
+        return np.asarray(result["cnn_labels"], dtype=str)
+    return None
+
+
 def pattern_tables(store, settings, prefix):
-    """(per-head table, distribution table) from the saved pattern jobs and masks."""
+    """(per-head table, distribution table) from the saved pattern jobs and masks.
+
+    Distribution rows: ``task, seed, classifier, group, pattern, fraction`` and, new with the
+    CNN on per-example maps, ``counted_over`` (``heads`` for the rule classifier, ``examples x
+    heads`` for the CNN, as Prasanna et al. count) and ``view`` (:data:`PATTERN_VIEWS`);
+    aggregated over seeds into ``mean, std, n``. Per-head rows: the rule class (``pattern``) and
+    features; with the CNN, ``pattern_cnn_commonest`` (its commonest class over the examples) and
+    ``cnn_share_<class>`` (the share of examples it gives each class).
+    """
 
     s = settings
     heads_rows, dist_rows = [], []
@@ -251,11 +311,14 @@ def pattern_tables(store, settings, prefix):
             prune = finished(store, job_name(prefix, "prune", tname, f"seed{seed}"))
             if pt is None:
                 continue
+            cnn = _cnn_labels(pt.result)
             for source in ("rules", "cnn"):
-                key = "labels" if source == "rules" else "cnn_labels"
-                if key not in pt.result:
+                labels = np.asarray(pt.result["labels"], dtype=str) if source == "rules" else cnn
+                if labels is None:
                     continue
-                labels = np.asarray(pt.result[key], dtype=str)
+                counted_over, view = PATTERN_VIEWS[source]
+                if source == "cnn" and labels.ndim == 2:  # a result written before: the CNN on mean maps
+                    counted_over, view = "heads", "CNN on per-head mean maps (earlier headcount results)"
                 groups = {"full model": None}
                 if prune is not None:
                     groups["good subnetwork"] = np.asarray(prune.result["mask"]["heads"])
@@ -264,9 +327,10 @@ def pattern_tables(store, settings, prefix):
                 for group, mask in groups.items():
                     if mask is not None and mask.sum() == 0:
                         continue
-                    for cls, frac in pattern_distribution(labels, mask).items():
+                    for cls, frac in pattern_distribution(labels, mask).items():  # a head mask applies to every example
                         dist_rows.append({"task": tname, "seed": seed, "classifier": source, "group": group,
-                                          "pattern": cls, "fraction": frac})
+                                          "pattern": cls, "fraction": frac, "counted_over": counted_over,
+                                          "view": view})
             good = np.asarray(prune.result["mask"]["heads"]) if prune is not None else None
             labels = np.asarray(pt.result["labels"], dtype=str)
             feats = pt.result.get("features", {})
@@ -275,14 +339,19 @@ def pattern_tables(store, settings, prefix):
                     r = {"task": tname, "seed": seed, "layer": layer, "head": head, "pattern": labels[layer, head],
                          "kept_good": int(good[layer, head]) if good is not None else None,
                          "super_survivor": int(sup_heads[layer, head]) if sup_heads is not None else None}
-                    if "cnn_labels" in pt.result:
-                        r["pattern_cnn"] = pt.result["cnn_labels"][layer][head]
+                    if cnn is not None and cnn.ndim == 2:  # an earlier result: the CNN on the mean map
+                        r["pattern_cnn"] = cnn[layer, head]
+                    elif cnn is not None:
+                        shares = pattern_distribution(cnn[:, layer, head])
+                        r["pattern_cnn_commonest"] = max(CLASSES, key=lambda c: shares[c])
+                        r.update({f"cnn_share_{c}": shares[c] for c in CLASSES})
                     for f, v in feats.items():
                         r[f] = v[layer][head]
                     heads_rows.append(r)
-    dist = pd.DataFrame(dist_rows, columns=["task", "seed", "classifier", "group", "pattern", "fraction"])
+    dist = pd.DataFrame(dist_rows, columns=["task", "seed", "classifier", "group", "pattern", "fraction",
+                                            "counted_over", "view"])
     if not dist.empty:
-        dist = (dist.groupby(["task", "classifier", "group", "pattern"], sort=False)["fraction"]
+        dist = (dist.groupby(["task", "classifier", "group", "pattern", "counted_over", "view"], sort=False)["fraction"]
                 .agg(mean="mean", std="std", n="count").reset_index())
         dist["pattern"] = pd.Categorical(dist["pattern"], CLASSES)
     return pd.DataFrame(heads_rows), dist
