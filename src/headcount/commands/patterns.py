@@ -47,9 +47,7 @@ def train(
 ):
     """Train the pattern CNN of Prasanna et al. on labelled attention maps; write model.safetensors, config.json, metrics.json.
 
-    Defaults are the paper's recipe (their net, Adam 1e-3, batch 64, 200 epochs, stratified 20%
-    held out, best held-out checkpoint); options left out take them from the library. On the CPU
-    a seed gives the same CNN every time.
+    Defaults are the paper's recipe (their net, Adam 1e-3, batch 64, 200 epochs, stratified 20% held out, best held-out checkpoint); options left out take them from the library. On the CPU a seed gives the same CNN every time.
     """
     from ..analysis.patterns import ARCHITECTURES, load_labelled_maps, save_pattern_cnn, train_pattern_cnn
     from ..errors import HeadcountError
