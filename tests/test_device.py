@@ -150,9 +150,12 @@ def test_pack_batches_merges_neighbours_within_the_budget():
     bs = [{"input_ids": torch.ones(2, n, dtype=torch.long), "labels": torch.zeros(2, dtype=torch.long)}
           for n in (9, 7, 3)]
     packed = list(pack_batches(bs, tokens_per_batch=4 * 16, pad_to_multiple_of=8))
-    assert [sizes for _, sizes in packed] == [[2, 2], [2]]
-    first = packed[0][0]
-    assert first["input_ids"].shape == (4, 16) and first["attention_mask"][2:, 7:].sum() == 0
+    assert [sizes for _, sizes in packed] == [[2], [2, 2]]  # 9 -> 16 alone; 7 and 3 -> 8 merged
+    assert packed[0][0]["input_ids"].shape == (2, 16)
+    second = packed[1][0]
+    assert second["input_ids"].shape == (4, 8) and second["attention_mask"][2:, 3:].sum() == 0
+    assert [sizes for _, sizes in pack_batches(bs, tokens_per_batch=16, pad_to_multiple_of=8)] == [[2], [2], [2]]
+    assert [b["input_ids"].shape for b, _ in pack_batches(bs, 1, 8)] == [(2, 16), (2, 8), (2, 8)]  # rounding only
     assert [b["input_ids"].shape for b, _ in pack_batches(bs, 0)] == [(2, 9), (2, 7), (2, 3)]  # as given
 
 

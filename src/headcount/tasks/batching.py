@@ -307,15 +307,18 @@ def pack_batches(batches, tokens_per_batch: int, pad_to_multiple_of: int | None 
 
     ``sizes`` lists the examples of each original batch in the merged one, in order, so that
     per-batch quantities (the ``gradient`` score's absolute value of each batch's gradient) can
-    be taken exactly as on the batches as given. Merged batches are padded to their longest
-    sequence rounded up to ``pad_to_multiple_of``; the added positions are masked
-    (``attention_mask`` 0, token ``labels`` -100), so losses and gradients do not change.
-    Batches grouped by length (:func:`make_batches`) stay grouped: only neighbours merge.
+    be taken exactly as on the batches as given. Every batch is padded to its longest sequence
+    rounded up to ``pad_to_multiple_of``, and only neighbours with the same rounded length merge,
+    so merging adds no padding; the added positions are masked (``attention_mask`` 0, token
+    ``labels`` -100), so losses and gradients do not change. Batches grouped by length
+    (:func:`make_batches`) thus give a handful of shapes (one per rounded length, plus the
+    remainders), each filled up to the budget.
 
     Args:
         batches: dicts with ``input_ids [b, seq]`` (and ``attention_mask``, ``labels`` ...).
         tokens_per_batch: at most this many (padded) tokens per merged batch; a batch larger on
-            its own passes alone. 0: every batch as given (no merging, no rounding).
+            its own passes alone (1: rounding only, no merging). 0: every batch as given (no
+            merging, no rounding).
         pad_to_multiple_of: round padded lengths up to this multiple.
 
     >>> import torch
@@ -351,8 +354,9 @@ def pack_batches(batches, tokens_per_batch: int, pad_to_multiple_of: int | None 
     for b in batches:
         n, seq = b["input_ids"].shape
         rows = sum(int(g["input_ids"].shape[0]) for g in group)
-        wider = round_up(max(width, seq), pad_to_multiple_of)
-        if group and (rows + n) * wider > tokens_per_batch:
+        bucket = round_up(seq, pad_to_multiple_of)
+        # only batches of the same rounded length merge: merging never adds padding
+        if group and (bucket != round_up(width, pad_to_multiple_of) or (rows + n) * bucket > tokens_per_batch):
             yield flush()
             group, width = [], 0
         group.append(b)
