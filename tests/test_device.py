@@ -292,3 +292,21 @@ def test_docstring_examples_run(module):
 
     result = doctest.testmod(importlib.import_module(f"headcount.{module}"), optionflags=doctest.ELLIPSIS)
     assert result.failed == 0 and result.attempted > 0
+
+
+def test_study_device_in_config_and_on_the_command_line(tmp_path):
+    import toy_study  # noqa: F401
+
+    from headcount.runner import parse_study_config, run_study
+
+    base = "study: toy_study:toy\nvalues: [1]\nsteps: 1\nfactor: 2.0\n"
+    with pytest.raises(HeadcountError, match=r"line 5: 'device'.*auto, cpu, cuda or cuda:N"):
+        parse_study_config(base + "device: gpu\n")
+    # the device is not part of the config's identity: a run resumes on another machine
+    assert parse_study_config(base + "device: cpu\n").hash == parse_study_config(base).hash
+    cfg = tmp_path / "toy.yaml"
+    cfg.write_text(base + "device: cpu\n")
+    if not torch.cuda.is_available():
+        with pytest.raises(HeadcountError, match="no CUDA GPU"):
+            run_study(cfg, tmp_path / "run", device="cuda", quiet=True)  # refused before anything is written
+        assert not (tmp_path / "run").exists()
