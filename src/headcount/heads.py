@@ -338,7 +338,9 @@ def fit_mlm_head(model_spec: str, texts: Sequence[str], *, steps: int = MLM_HEAD
     if out_emb.weight is not in_emb.weight:
         out_emb.weight = in_emb.weight  # the decoder is the input embedding matrix
     fitted = force or not has_mlm_head(model_spec, model)
-    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    from .device import resolve_device
+
+    device = resolve_device(device)  # the device rule: argument, $HEADCOUNT_DEVICE, else auto
     settings = {"steps": steps, "lr": lr, "head_batch_size": head_batch_size, "batch_size": batch_size,
                 "max_length": max_length, "max_texts": max_texts, "eval_fraction": eval_fraction,
                 "seed": seed, "probability": probability}
