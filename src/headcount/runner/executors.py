@@ -345,6 +345,9 @@ class LocalExecutor(Executor):
     def _run_here(self, jobs, store: RunStore, reporter: Reporter, keep_going: bool, device: str) -> Outcome:
         from ..device import ENV_DEVICE
 
+        where = _device_meta(device)
+        if any(not store.is_done(j.key) for j in jobs):
+            reporter.print(f"[dim]jobs run on {where['device']}, {where.get('precision', '?')}[/dim]")
         out = Outcome()
         bad: set[str] = set()
         for job in jobs:
