@@ -55,7 +55,8 @@ def test_bootstrap_and_permutation_are_seeded_and_reproducible():
     rng = np.random.default_rng(0)
     a = rng.random((40, 3, 4))
     b = a + 0.3 * rng.random((40, 3, 4))
-    kw = dict(n_boot=200, n_permutations=199, paired=True)
+    ids = [f"t/train/{i}" for i in range(40)]
+    kw = dict(n_boot=200, n_permutations=199, paired=True, ids=(ids, ids))
     one = T.coherence(a.sum(0), b.sum(0), (a, b), seed=5, **kw)
     two = T.coherence(a.sum(0), b.sum(0), (a, b), seed=5, **kw)
     other = T.coherence(a.sum(0), b.sum(0), (a, b), seed=6, **kw)
@@ -84,10 +85,119 @@ def test_views_and_removal_masks():
 
 def test_acceptable_deduction_takes_the_largest_acceptable_loss():
     rows = [{"level": 0.2, "mlm_loss_increase": 0.2, "mlm_accuracy_drop": 0.02, "relative_score": 0.97},
-            {"level": 0.4, "mlm_loss_increase": 0.9, "mlm_accuracy_drop": 0.10, "relative_score": 0.85},
+            {"level": 0.4, "mlm_loss_increase": 0.9, "mlm_accuracy_drop": 0.10, "relative_score": 0.93},
             {"level": 0.6, "mlm_loss_increase": 0.7, "mlm_accuracy_drop": 0.08, "relative_score": 0.91}]
-    assert T.acceptable_deduction(rows, threshold=0.9)["level"] == 0.6
-    assert T.acceptable_deduction(rows, threshold=0.99)["level"] is None
+    best = T.acceptable_deduction(rows, threshold=0.9)
+    assert best["level"] == 0.4 and best["mlm_loss_increase"] == 0.9 and best["level_raw"] == 0.6  # largest loss
+    none = T.acceptable_deduction(rows, threshold=0.99)
+    assert none["level"] is None and none["mlm_loss_increase"] is None and none["level_raw"] is None
+
+
+def test_acceptable_deduction_stops_at_the_first_unacceptable_level():
+    rows = [{"level": 0.6, "mlm_loss_increase": 1.5, "mlm_accuracy_drop": 0.2, "relative_score": 0.92},  # any order
+            {"level": 0.2, "mlm_loss_increase": 0.2, "mlm_accuracy_drop": 0.02, "relative_score": 0.97},
+            {"level": 0.4, "mlm_loss_increase": 0.9, "mlm_accuracy_drop": 0.10, "relative_score": 0.85}]
+    best = T.acceptable_deduction(rows, threshold=0.9)  # 0.4 fails: 0.6 passing by luck does not count
+    assert (best["level"], best["mlm_loss_increase"], best["level_raw"]) == (0.2, 0.2, 0.6)
+    rows[1]["relative_score"] = 0.5  # the lowest level fails: nothing is acceptable, whatever comes later
+    assert T.acceptable_deduction(rows, threshold=0.9)["level"] is None
+
+
+def test_removable_fraction_stops_at_the_first_failing_level():
+    from headcount.studies.transfer.tables import prunability_table
+
+    def curve(order, scores):  # two replicates per level: the mean decides
+        return [{"task": "t", "objective": "task", "view": "application", "order": order, "replicate": r,
+                 "fraction": f, "score": v + d} for f, v in zip((0.0, 0.25, 0.5, 0.75), scores) for r, d in
+                enumerate((-0.01, 0.01))]
+
+    curves = pd.DataFrame(curve("gap", [0.8, 0.78, 0.5, 0.75]) + curve("smooth", [0.8, 0.79, 0.77, 0.6])
+                          + curve("first", [0.8, 0.6, 0.79, 0.79]))
+    pr = prunability_table(curves, 0.9).set_index("order")
+    assert pr.loc["gap", "removable_fraction"] == 0.25 and pr.loc["gap", "removable_fraction_raw"] == 0.75
+    assert pr.loc["smooth", "removable_fraction"] == pr.loc["smooth", "removable_fraction_raw"] == 0.5
+    assert pr.loc["first", "removable_fraction"] == 0.0 and pr.loc["first", "removable_fraction_raw"] == 0.75
+
+
+def test_coherence_reports_within_layer_and_global_p_values_and_layer_normalised_grids():
+    rng = np.random.default_rng(1)
+    # layers differ a lot in both grids; within a layer the heads are unrelated
+    means = np.array([[1.0], [10.0], [100.0], [1000.0]])
+    a, b = means * rng.random((4, 6)), means * rng.random((4, 6))
+    c = T.coherence(a, b, n_boot=0, n_permutations=999, seed=0)
+    assert c["spearman"]["grids"] == "raw" and c["spearman@layer-norm"]["grids"] == "layer-normalised"
+    assert c["spearman"]["p_value_global"] < 0.01  # the shared layer means look like agreement ...
+    assert c["spearman"]["p_value"] > 0.05  # ... that the within-layer test (the default) does not see
+    assert c["spearman@layer-norm"]["estimate"] < 0.6 and c["spearman@layer-norm"]["p_value"] > 0.05
+    assert "layer_mass_l1@layer-norm" not in c and c["jaccard@0.1@layer-norm"]["chance"] == pytest.approx(0.1 / 1.9)
+    g = T.coherence(a, b, n_boot=0, n_permutations=999, seed=0, permutation="global")
+    assert g["spearman"]["p_value"] == g["spearman"]["p_value_global"] < 0.01
+    same = T.coherence(a, a * 2 + 1, n_boot=0, n_permutations=999)  # identical orders within every layer
+    assert same["spearman@layer-norm"]["estimate"] == pytest.approx(1.0)
+    assert same["spearman"]["p_value"] == pytest.approx(0.001) and same["spearman@layer-norm"]["p_value"] == pytest.approx(0.001)
+
+
+def test_paired_coherence_matches_examples_by_id_and_refuses_other_examples():
+    rng = np.random.default_rng(0)
+    ca = rng.random((30, 3, 4))
+    cb = ca + 0.3 * rng.random((30, 3, 4))
+    ids = [f"t/train/{i}" for i in range(30)]
+    order = rng.permutation(30)  # b's rows in another order (MLM batches group by other lengths)
+    kw = dict(n_boot=100, n_permutations=0, seed=3, paired=True)
+    by_id = T.coherence(ca.sum(0), cb.sum(0), (ca, cb[order]), ids=(ids, [ids[i] for i in order]), **kw)
+    aligned = T.coherence(ca.sum(0), cb.sum(0), (ca, cb), ids=(ids, ids), **kw)
+    assert by_id == aligned and by_id["spearman"]["pairing"] == "ids"
+    unpaired = T.coherence(ca.sum(0), cb.sum(0), (ca, cb[order]), ids=(ids, None), **kw)  # ids missing on one side
+    assert unpaired["spearman"]["pairing"] == "unpaired" and unpaired != by_id
+    other = [f"u/train/{i}" for i in range(30)]  # other texts never pair
+    with pytest.raises(HeadcountError, match="cannot pair the examples"):
+        T.coherence(ca.sum(0), cb.sum(0), (ca, cb), ids=(ids, other), **kw)
+    with pytest.raises(HeadcountError, match="rows but"):
+        T.coherence(ca.sum(0), cb.sum(0), (ca, cb[:20]), ids=(ids, ids[:25]), **kw)
+
+
+def test_seed_mean_ci_averages_finite_seeds_and_counts_the_others():
+    from headcount.analysis.coherence import seed_mean_ci
+
+    rng = np.random.default_rng(0)
+    est = [0.2, 0.4, 0.6, float("nan")]
+    samples = [e + 0.05 * rng.standard_normal(200) for e in est[:3]] + [None]
+    r = seed_mean_ci(est, samples, "spearman", seed=1)
+    assert r["estimate"] == pytest.approx(0.4) and (r["n"], r["n_finite"]) == (4, 3) and r["interval"] == "t"
+    # the seeds differ much more than the examples: the interval covers the seed spread, not the example noise
+    assert r["low"] < 0.25 and r["high"] > 0.55
+    clipped = seed_mean_ci([0.95, 0.99], [np.full(50, 0.95), np.full(50, 0.99)], "jaccard@0.1")
+    assert clipped["high"] <= 1.0
+    assert seed_mean_ci([0.3], [None], "kendall")["low"] is None
+
+
+def test_nan_cells_say_how_many_seeds_gave_a_number():
+    from headcount.report.format import nan_runs, seed_cell
+
+    assert seed_cell(0.345, float("nan"), n=1, n_total=2, digits=3) == "0.345 (n=1 of 2)"
+    assert seed_cell(0.3, 0.01, 0.2, 0.4, n=2, n_total=2) == "0.30 ± 0.01 [0.20, 0.40]"
+    assert seed_cell(float("nan"), n=0, n_total=2) == "n/a (n=0 of 2)" and seed_cell(None) == ""
+    rows = [{"task": "stsb", "seed": 1, "score": 0.345}, {"task": "stsb", "seed": 2, "score": float("nan")},
+            {"task": "stsb", "seed": 3, "score": None}]
+    assert [r["seed"] for r in nan_runs(rows, "score", ["task", "seed"])] == [2, 3]
+
+
+def test_the_report_lists_the_runs_that_produced_nan():
+    from headcount.studies.transfer.report import main_pruning, nan_table
+
+    settings = T.TransferSettings(tasks=["offline/movies"], seeds=[1, 2])
+    ft = pd.DataFrame({"task": ["movies", "movies"], "seed": [1, 2], "metric": ["pearson"] * 2,
+                       "fine_tuned": [0.345, float("nan")], "head_only": [0.1, 0.2]})
+    coh = pd.DataFrame({"pair": ["seed-vs-seed/movies/1/2"] * 2, "view": ["application"] * 2,
+                        "statistic": ["spearman", "kendall"], "estimate": [float("nan"), float("nan")]})
+    empty = pd.DataFrame()
+    tables = {"finetune": ft, "coherence": coh, "prunability": empty, "acceptable_deduction_summary": empty}
+    nan = nan_table(tables)
+    assert list(nan["table"]) == ["finetune", "coherence"]
+    assert nan["run"].iloc[0] == "movies seed 2" and "constant" in nan["why"].iloc[1]
+    assert nan["value"].iloc[1] == "spearman, kendall"
+    row = main_pruning(tables, settings).iloc[0]
+    assert row["fine-tuned"] == "0.34 (n=1 of 2)" and row["head only (frozen encoder)"].startswith("0.15 ± 0.07")
 
 
 @pytest.mark.parametrize("arch", ["bert", "albert", "distilbert", "deberta-v2"])
@@ -116,13 +226,25 @@ def test_decoding_only_masked_positions_keeps_loss_and_gate_gradients(arch):
 def test_config_validation_names_the_key_and_line(tmp_path):
     with pytest.raises(HeadcountError, match=r"line 3: 'pruning.levels'.*fractions in \(0, 1\)"):
         parse_study_config("study: transfer\ntasks: [offline/movies]\npruning: {levels: [0.5, 1.5]}\n")
+    (tmp_path / "other").mkdir()
+    other = make_task(tmp_path / "other", n_train=8, n_dev=4)  # a valid task YAML named like a folder
+    (tmp_path / "other" / "movies.yaml").write_text(other.read_text())
     with pytest.raises(HeadcountError, match="two tasks have the id 'movies'"):
-        parse_study_config("study: transfer\ntasks: [offline/movies, other/movies]\n")
+        parse_study_config("study: transfer\ntasks: [offline/movies, other/movies.yaml]\n", base_dir=tmp_path)
+    with pytest.raises(HeadcountError, match=r"line 2: 'tasks'.*unknown task 'glue/nope'"):
+        parse_study_config("study: transfer\ntasks: [glue/nope]\n")
+    with pytest.raises(HeadcountError, match="line 2: 'tasks'.*unknown task 'other/movies'"):  # a folder is no task
+        parse_study_config("study: transfer\ntasks: [other/movies]\n", base_dir=tmp_path)
+    (tmp_path / "glue" / "mnli").mkdir(parents=True)  # a folder named like a registered task changes nothing
+    loaded = parse_study_config("study: transfer\ntasks: [glue/mnli]\nmlm: {corpus: glue/mnli}\n", base_dir=tmp_path)
+    assert loaded.config.tasks == ("glue/mnli",) and loaded.config.mlm.corpus == "glue/mnli"
     with pytest.raises(HeadcountError, match="line 3: 'train'.*learning rate"):
         parse_study_config("study: transfer\ntasks: [offline/movies]\ntrain: {lr: -1}\n")
     with pytest.raises(HeadcountError, match="unknown key 'pruning.level'; did you mean 'levels'"):
         parse_study_config("study: transfer\ntasks: [offline/movies]\npruning: {level: [0.5]}\n")
-    (tmp_path / "t.yaml").write_text("name: t\n")
+    (tmp_path / "train.csv").write_text("text,label\na good film,pos\na bad film,neg\n")
+    (tmp_path / "t.yaml").write_text(f"name: t\nfiles: {{train: {tmp_path / 'train.csv'}}}\ntext: text\n"
+                                     "labels: [neg, pos]\n")
     loaded = parse_study_config("study: transfer\ntasks: [t.yaml, {id: b, task: offline/nyt}]\n", base_dir=tmp_path)
     assert loaded.config.tasks[0] == str(tmp_path / "t.yaml") and T.task_id(loaded.config.tasks[1]) == "b"
 
@@ -206,7 +328,23 @@ def test_the_study_runs_end_to_end_with_every_table_and_figure(run):
                                       "mlm-before-vs-after", "task-vs-task", "seed-vs-seed", "mlm-vs-mlm"}
     corr = coh[coh["statistic"].isin(["spearman", "kendall"])]
     assert corr["estimate"].between(-1, 1).all() and corr["p_value"].between(0, 1).all()
+    assert corr["p_value_global"].between(0, 1).all()  # within-layer p (default) and global p, both kept
+    normed = coh[coh["statistic"] == "spearman@layer-norm"]
+    assert len(normed) == len(coh[coh["statistic"] == "spearman"]) and set(normed["grids"]) == {"layer-normalised"}
+    assert normed["p_value"].between(0, 1).all() and normed["p_value_global"].isna().all()
     assert (coh["low"] <= coh["high"] + 1e-12).all() and coh["low"].notna().any()
+    # grids of the same examples are resampled as pairs by example id, the others independently
+    pairing = coh.groupby("comparison")["pairing"].agg(set)
+    assert all(pairing[c] == {"ids"} for c in ("mlm-vs-task", "mlm-vs-task-before", "task-before-vs-after",
+                                                "mlm-before-vs-after", "seed-vs-seed"))
+    assert pairing["task-vs-task"] == pairing["mlm-vs-mlm"] == {"unpaired"}
+    summary = pd.read_csv(out / "results" / "coherence_summary.csv")
+    rho = summary[(summary["comparison"] == "mlm-vs-task") & (summary["statistic"] == "spearman")]
+    assert rho["ci"].str.startswith("hierarchical bootstrap").all() and (rho["n"] == 2).all()
+    assert (rho["low"] <= rho["estimate"]).all() and (rho["estimate"] <= rho["high"]).all()
+    assert rho["p_value_global_max"].between(0, 1).all()
+    pr = pd.read_csv(out / "results" / "prunability.csv")
+    assert (pr["removable_fraction"] <= pr["removable_fraction_raw"]).all()
     curves = pd.read_csv(out / "results" / "curves.csv")
     assert set(curves["order"]) == {"mlm", "task", "random"} and set(curves["objective"]) == {"task", "mlm"}
     assert sorted(curves["fraction"].unique()) == [0.0, 0.25, 0.5, 0.75]
@@ -249,6 +387,7 @@ def test_the_report_starts_with_the_main_tables_and_folds_the_raw_ones(run):
     rho = per_seed[(per_seed["comparison"] == "mlm-vs-task") & (per_seed["task"] == "good") &
                    (per_seed["view"] == "application") & (per_seed["statistic"] == "spearman")]["estimate"]
     assert row["Spearman"].startswith(f"{rho.mean():.2f} ± {rho.std(ddof=1):.2f} [")  # two seeds: mean ± std [CI]
+    assert {"Spearman p within-layer (max)", "Spearman p global (max)", "Spearman, layer-normalised"} <= set(coh)
     seeds = coh[coh["comparison"] == T.COMPARISONS["seed-vs-seed"]]
     assert len(seeds) == 2 and not seeds["Spearman"].str.contains("±").any()  # one pair per task: no spread
     pruning = pd.read_csv(out / "results" / "main_pruning.csv", keep_default_na=False)
@@ -258,11 +397,16 @@ def test_the_report_starts_with_the_main_tables_and_folds_the_raw_ones(run):
 def test_bootstrap_contributions_add_up_to_the_scores(run):
     root, _ = run
     store = RunStore(root / "run")
-    for name in ("mlm-scores/good", "task-scores/has-not/seed2/fine-tuned"):
+    ids = {}
+    for name in ("mlm-scores/good", "task-scores/good/seed1/fine-tuned", "task-scores/has-not/seed2/fine-tuned"):
         job = store.result(name)
-        rows = T._load_per_example(job)  # per-example shares (scoring batches of 16, the last one smaller)
-        assert rows.shape[0] == 60
+        rows, ids[name] = T._load_per_example(job)  # per-example shares (scoring batches of 16, the last one smaller)
+        assert rows.shape[0] == 60 and len(ids[name]) == len(set(ids[name])) == 60
         np.testing.assert_allclose(rows.sum(0), job.load_json("scores.json")["heads"], rtol=1e-4)
+    # MLM and task importance of the same 60 training examples: the same ids, in another row order
+    mlm, task = ids["mlm-scores/good"], ids["task-scores/good/seed1/fine-tuned"]
+    assert set(mlm) == set(task) and all(i.startswith("has-good/train/") for i in mlm)
+    assert not set(mlm) & set(ids["task-scores/has-not/seed2/fine-tuned"])  # other texts never pair
     coh = pd.read_csv(root / "run" / "results" / "coherence.csv")
     boot = coh[coh["boot_estimate"].notna()]
     assert len(boot) and np.allclose(boot["boot_estimate"], boot["estimate"], atol=1e-6)

@@ -131,6 +131,36 @@ def batches_for(task, tokenizer, objective: str, data: DataConfig, split: str | 
                         pad_token_id=tokenizer.pad_token_id or 0)
 
 
+def example_order(task, tokenizer, objective: str, data: DataConfig, split: str | None = None):
+    """Which examples :func:`batches_for`'s batches hold, in the order of their rows.
+
+    Per-example scores come out in this order. ``(source, index)``: ``source`` is
+    ``"<task name>/<split>"``, ``index`` ``[n_examples]`` int64 positions in that split, so one text
+    has the same id whatever the objective or the tokenizer (MLM and task importance of a task's
+    examples pair up by id; different texts never do). Recomputed with the rule of
+    :func:`batches_for` (the seeded subset, then the batches' length grouping; tokens come from
+    the cache).
+    """
+    import numpy as np
+
+    from .tasks import encode, tokenize
+    from .tasks.base import subset_indices
+    from .tasks.batching import batch_order
+
+    split = split or data.split or task.train_split
+    loaded = task.load(split, max_examples=data.max_examples, seed=data.seed)
+    picked = (subset_indices(len(task.load(split)), data.max_examples, data.seed)
+              if data.max_examples is not None else None)
+    picked = np.arange(len(loaded)) if picked is None else np.asarray(picked, dtype=np.int64)
+    if objective == "mlm":
+        lengths = tokenize([(" ".join(t),) for t in loaded.texts], tokenizer, max_length=data.max_length).lengths
+    else:
+        lengths = encode(loaded, tokenizer, max_length=data.max_length).lengths
+    order = batch_order(np.asarray(lengths), data.batch_size, group_by_length=True)
+    rows = np.concatenate(order) if order else np.zeros(0, dtype=np.int64)
+    return f"{task.name}/{split}", picked[rows].astype(np.int64)
+
+
 def metric_for(task, objective: str) -> str:
     return MLM_METRIC if objective == "mlm" else task.metric
 

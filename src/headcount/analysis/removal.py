@@ -18,6 +18,7 @@ from ..errors import HeadcountError
 from ..masks import Mask
 from ..pruning import select_lowest
 from .coherence import view_of
+from .stats import largest_contiguous_passing
 
 __all__ = ["acceptable_deduction", "removal_mask"]
 
@@ -63,6 +64,11 @@ def removal_mask(grid, fraction: float, *, view: str = "application", groups=Non
 def acceptable_deduction(rows: Sequence[Mapping], threshold: float) -> dict:
     """The largest MLM-quality loss at which the fine-tuned pruned model keeps ``threshold`` of the full score.
 
+    A level counts only when it and every lower level are acceptable
+    (:func:`~headcount.analysis.stats.largest_contiguous_passing`): a noisy curve whose 40% level
+    passes after 30% failed does not make 40% acceptable. Among the levels up to that one, the
+    row with the largest loss increase is returned.
+
     Args:
         rows: one per pruning level: ``level``, ``mlm_loss_increase``, ``mlm_accuracy_drop``,
             ``relative_score`` (fine-tuned pruned score / full fine-tuned score).
@@ -70,18 +76,26 @@ def acceptable_deduction(rows: Sequence[Mapping], threshold: float) -> dict:
             ``before_after.threshold``).
 
     Returns:
-        ``{"level", "mlm_loss_increase", "mlm_accuracy_drop", "relative_score"}`` of the
-        acceptable row with the largest loss increase (all None when no level is acceptable).
+        ``{"level", "mlm_loss_increase", "mlm_accuracy_drop", "relative_score"}`` of that row
+        (all None when the lowest level is not acceptable), and ``level_raw``: the largest
+        acceptable level ignoring failures below it (the raw curve's answer).
 
-    >>> acceptable_deduction([{"level": .2, "mlm_loss_increase": .1, "mlm_accuracy_drop": .01, "relative_score": .99},
-    ...                       {"level": .4, "mlm_loss_increase": .5, "mlm_accuracy_drop": .05, "relative_score": .95},
-    ...                       {"level": .6, "mlm_loss_increase": 1.5, "mlm_accuracy_drop": .2, "relative_score": .7}],
-    ...                      threshold=0.9)["level"]
-    0.4
+    >>> rows = [{"level": .2, "mlm_loss_increase": .1, "mlm_accuracy_drop": .01, "relative_score": .99},
+    ...         {"level": .4, "mlm_loss_increase": .5, "mlm_accuracy_drop": .05, "relative_score": .85},
+    ...         {"level": .6, "mlm_loss_increase": 1.5, "mlm_accuracy_drop": .2, "relative_score": .92}]
+    >>> r = acceptable_deduction(rows, threshold=0.9)
+    >>> r["level"], r["level_raw"]
+    (0.2, 0.6)
     """
-    ok = [r for r in rows if r.get("relative_score") is not None and r["relative_score"] >= threshold
-          and r.get("mlm_loss_increase") is not None and math.isfinite(r["mlm_loss_increase"])]
-    if not ok:
-        return {"level": None, "mlm_loss_increase": None, "mlm_accuracy_drop": None, "relative_score": None}
-    best = max(ok, key=lambda r: (r["mlm_loss_increase"], r["level"]))
-    return {k: best.get(k) for k in ("level", "mlm_loss_increase", "mlm_accuracy_drop", "relative_score")}
+    def ok(r) -> bool:
+        return (r.get("relative_score") is not None and r["relative_score"] >= threshold
+                and r.get("mlm_loss_increase") is not None and math.isfinite(r["mlm_loss_increase"]))
+
+    passing = [r for r in rows if ok(r)]
+    raw = max((float(r["level"]) for r in passing), default=None)
+    lim = largest_contiguous_passing([r["level"] for r in rows], [ok(r) for r in rows]) if rows else None
+    keys = ("level", "mlm_loss_increase", "mlm_accuracy_drop", "relative_score")
+    if lim is None:
+        return {**{k: None for k in keys}, "level_raw": raw}
+    best = max((r for r in passing if r["level"] <= lim), key=lambda r: (r["mlm_loss_increase"], r["level"]))
+    return {**{k: best.get(k) for k in keys}, "level_raw": raw}

@@ -72,9 +72,6 @@ def score_job(params, inputs, workdir: Path, progress) -> dict:
 
     params: model, task, objective ("task" | "mlm"), method, normalize, data (DataConfig fields).
     """
-    from safetensors.torch import save_file
-
-    from ..io import atomic_path
     from ..pipeline import batches_for, decoding, load_for, metric_for
     from ..scoring import score
     from ..tasks import get_task
@@ -92,10 +89,49 @@ def score_job(params, inputs, workdir: Path, progress) -> dict:
     s = replace(s, meta={**s.meta, "task": task.name, "objective": params.get("objective", "task"),
                          "head": info["head"], **({"mlm_head": info["mlm_head"]} if "mlm_head" in info else {})})
     s.save(workdir / "scores.json")
-    if s.per_example is not None:
-        with atomic_path(workdir / "per_example.safetensors") as tmp:
-            save_file({"heads": s.per_example.contiguous()}, str(tmp))
+    save_per_example(workdir, s, task, tokenizer, params.get("objective", "task"), data)
     return s.to_dict()
+
+
+def save_per_example(workdir: Path, s, task, tokenizer, objective: str, data) -> None:
+    """Write ``per_example.safetensors`` (when ``s`` kept per-example contributions): ``heads``
+    ``[n_examples, n_layers, n_heads]`` and ``example_ids`` ``[n_examples]`` (each row's position in
+    its split; the metadata ``example_source`` names the task and split), so that two score jobs
+    of the same examples can be paired by id (:func:`load_per_example`)."""
+    import torch
+    from safetensors.torch import save_file
+
+    from ..io import atomic_path
+    from ..pipeline import example_order
+
+    if s.per_example is None:
+        return
+    tensors = {"heads": s.per_example.contiguous()}
+    source, index = example_order(task, tokenizer, objective, data)
+    meta = None
+    if len(index) == s.per_example.shape[0]:  # else (never expected): rows without ids, unpaired later
+        tensors["example_ids"] = torch.from_numpy(index.copy())
+        meta = {"example_source": source}
+    with atomic_path(workdir / "per_example.safetensors") as tmp:
+        save_file(tensors, str(tmp), metadata=meta)
+
+
+def load_per_example(path) -> tuple:
+    """``(rows [n_examples, n_layers, n_heads] float64, ids)`` of a ``per_example.safetensors``;
+    ``ids`` is a list of ``"<task>/<split>/<index>"`` strings, or None for files written before
+    example ids were saved. ``(None, None)`` when there is no file."""
+    from safetensors import safe_open
+
+    path = Path(path)
+    if not path.is_file():
+        return None, None
+    with safe_open(str(path), framework="pt") as f:
+        rows = f.get_tensor("heads").double().numpy()
+        meta = f.metadata() or {}
+        ids = None
+        if "example_ids" in f.keys() and "example_source" in meta:
+            ids = [f"{meta['example_source']}/{int(i)}" for i in f.get_tensor("example_ids").tolist()]
+    return rows, ids
 
 
 def prune_job(params, inputs, workdir: Path, progress) -> dict:

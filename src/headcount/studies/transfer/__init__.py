@@ -56,17 +56,24 @@ Design choices (the paper leaves them open):
   levels, read from the prunability curves (no retraining after pruning). Optional random
   control: ``before_after.random_control``.
 - **Acceptable deduction**: per task, the largest increase of the masked-LM loss of the
-  pruned pre-trained model (and the matching accuracy drop), over the before/after levels, at
-  which the fine-tuned pruned model scores at least ``before_after.threshold`` (0.9) x the full
-  fine-tuned model's score (both means over seeds).
+  pruned pre-trained model (and the matching accuracy drop), over the before/after levels up to
+  the largest level such that it and every lower level are acceptable (fine-tuned pruned model
+  at least ``before_after.threshold`` (0.9) x the full fine-tuned model's score, both means over
+  seeds); ``level_raw`` ignores failures below (the raw curve). ``removable_fraction`` of the
+  prunability curves follows the same rule (``removable_fraction_raw`` beside it).
 - **Uncertainty**: percentile bootstrap over scoring examples (per-example contributions of
-  ``per_example.safetensors``: each row is an example's share of its batch's score; with ``gradient-token`` they
-  sum exactly to the score grid, so the interval is about the reported estimate; with
-  ``gradient`` they sum to a per-example-absolute proxy, whose full-data value is the
-  ``boot_estimate`` column). Both grids are resampled jointly when they come from the same
-  examples in the same order (before vs after, seed vs seed), independently otherwise.
-  Permutation p-values permute head positions (two-sided). Seeded from ``stats.seed`` and the
-  pair's name.
+  ``per_example.safetensors``: each row is an example's share of its batch's score, with the
+  example's id (task, split, index); with ``gradient-token`` they sum exactly to the score grid,
+  so the interval is about the reported estimate; with ``gradient`` they sum to a
+  per-example-absolute proxy, whose full-data value is the ``boot_estimate`` column). Grids of
+  the same examples (MLM vs task on the task's own texts, before vs after, seed vs seed) are
+  resampled as pairs matched by example id; others independently (``pairing`` column). A mean
+  over seeds gets a hierarchical bootstrap interval (seeds resampled, then examples within each;
+  t interval; ``coherence_seeds.csv``); approximate where the pairs share a grid (the MLM grid of
+  every seed, seed-vs-seed pairs). Coherence is also computed on layer-normalised grids (each
+  layer z-scored; statistics ``...@layer-norm``). Permutation p-values: ``p_value`` within layers
+  by default (``stats.permutation``; layer effects shared by both grids do not count),
+  ``p_value_global`` over all heads; two-sided. Seeded from ``stats.seed`` and the pair's name.
 - **Shared layers** (ALBERT): every statistic and curve is reported per application (depth x
   head) and per shared head (importance summed over the depths that run a shared layer); the
   ``layout`` job records the groups (:func:`headcount.gates.shared_groups`).

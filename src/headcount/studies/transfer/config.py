@@ -20,6 +20,7 @@ from ...analysis.stats import DEFAULT_FRACTIONS
 from ...errors import HeadcountError
 from ...pipeline import DataConfig
 from ...runner import ConfigSection, StudyConfig
+from ...runner.config import task_ref
 from ...training import TrainConfig
 
 Method = Literal["gradient", "gradient-token"]
@@ -177,10 +178,15 @@ class StatsSettings(ConfigSection):
         level: confidence level.
         seed: base seed (each pair adds a hash of its name).
         fractions: top-k fractions for the Jaccard overlap.
+        permutation: the test behind the tables' ``p_value``: ``within-layer`` (default: heads
+            permuted only within their layer, so layer effects shared by both grids do not
+            count as agreement) or ``global`` (all heads permuted: the earlier default). The
+            global p-value is always reported too (``p_value_global``).
     """
 
     n_boot: int = Field(1000, ge=0)
     n_permutations: int = Field(9999, ge=0)
+    permutation: Literal["within-layer", "global"] = "within-layer"
     level: float = Field(0.95, gt=0, lt=1)
     seed: int = 0
     fractions: tuple[float, ...] = DEFAULT_FRACTIONS
@@ -234,11 +240,11 @@ class TransferSettings(ConfigSection):
         if not isinstance(v, (list, tuple)) or not v:
             raise ValueError("give at least one task")
         out = []
-        for item in v:
+        for item in v:  # a registered name wins; a path ends in .yaml or starts with ./ ../ /; built and checked
             if isinstance(item, str):
-                out.append(_resolve_path(item, info))
+                out.append(task_ref(item, info))
             elif isinstance(item, Mapping) and isinstance(item.get("task"), str):
-                out.append({**item, "task": _resolve_path(item["task"], info)})
+                out.append({**item, "task": task_ref(item["task"], info)})
             else:
                 out.append(item)
         return out
@@ -263,7 +269,11 @@ class TransferSettings(ConfigSection):
     @field_validator("mlm")
     @classmethod
     def _mlm_paths(cls, v: MlmSettings, info: ValidationInfo):
-        upd = {k: _resolve_path(getattr(v, k), info) for k in ("corpus", "head_corpus") if getattr(v, k)}
+        upd = {}
+        if v.corpus:  # a task: the task rule (a folder named like a registered task changes nothing)
+            upd["corpus"] = task_ref(v.corpus, info)
+        if v.head_corpus:
+            upd["head_corpus"] = _corpus_ref(v.head_corpus, info)
         return v.model_copy(update=upd) if upd else v
 
 
@@ -290,6 +300,22 @@ def _resolve_path(value: str, info: ValidationInfo) -> str:
             return str(candidate.resolve())
     if p.exists() and (p.suffix or value.startswith(".")):
         return str(p.resolve())
+    return value
+
+
+def _corpus_ref(value: str, info: ValidationInfo) -> str:
+    """Texts to fit an MLM head on (:func:`headcount.tasks.mlm_texts`): ``offline/corpus`` and
+    registered task names as they are, a task YAML by the task rule, a ``.txt`` file or a path
+    (``./``, ``../``, ``/``, ``~``) relative to the config's folder, anything else (a ``datasets``
+    id) as it is."""
+    from ...tasks import list_tasks
+
+    if value == "offline/corpus" or value in list_tasks():
+        return value
+    if value.lower().endswith((".yaml", ".yml")):
+        return task_ref(value, info)
+    if value.lower().endswith(".txt") or value.startswith(("./", "../", "/", "~")):
+        return _resolve_path(value, info)
     return value
 
 

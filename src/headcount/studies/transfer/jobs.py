@@ -14,22 +14,21 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from safetensors.torch import load_file, save_file
 
 from ...analysis import layer_mass
-from ...analysis.coherence import coherence, pair_seed, view_of
+from ...analysis.coherence import coherence, pair_seed, seed_mean_ci, view_of
 from ...analysis.removal import removal_mask
 from ...evaluation import evaluate_batches, masked_positions_only
 from ...gates import layout, shared_groups
 from ...heads import evaluate_mlm, fit_task_head, mlm_model
-from ...io import atomic_path, atomic_write_json, atomic_write_text
+from ...io import atomic_write_json, atomic_write_text
 from ...models import load_model
 from ...pipeline import batches_for, load_for
 from ...scoring import score
 from ...surgery import count_parameters
 from ...tasks import encode, get_task, make_batches
 from ...training import prepare_model
-from ..jobs import model_spec, step_messages
+from ..jobs import load_per_example, model_spec, save_per_example, step_messages
 from .config import (CoherenceParams, CurveParams, HeadFitParams, LayoutParams, MaskParams, MlmHeadParams,
                      MlmScoreParams)
 
@@ -45,12 +44,10 @@ def _grid(result) -> np.ndarray:
 
 
 def _load_per_example(result):
-    """``[n_examples, n_layers, n_heads]`` per-example contributions of a score job, or None."""
-    p = result.dir / "per_example.safetensors"
-    if not p.is_file():
-        return None
+    """``(rows, ids)`` of a score job: ``[n_examples, n_layers, n_heads]`` per-example contributions
+    and their example ids (None for results saved without ids); ``(None, None)`` without the file."""
     # each row is one example's share of its batch's score: for gradient-token they sum to the grid
-    return load_file(str(p))["heads"].double().numpy()
+    return load_per_example(result.dir / "per_example.safetensors")
 
 
 def _views(requested, lay: dict) -> list[str]:
@@ -95,9 +92,7 @@ def mlm_score_job(params, inputs, workdir: Path, progress) -> dict:
                          "encoder": encoder, "head": "fitted" if head.get("fitted") else "checkpoint",
                          "mlm_head": {k: head.get(k) for k in ("fitted", "loss", "accuracy", "message")}})
     s.save(workdir / "scores.json")
-    if s.per_example is not None:
-        with atomic_path(workdir / "per_example.safetensors") as tmp:
-            save_file({"heads": s.per_example.contiguous()}, str(tmp))
+    save_per_example(workdir, s, task, tokenizer, "mlm", p.data.config())
     return s.to_dict()
 
 
@@ -225,8 +220,10 @@ def coherence_job(params, inputs, workdir: Path, progress) -> dict:
     """Coherence of every pair of score grids the study compares, in every view.
 
     params: :class:`~.config.CoherenceParams` (``pairs``: ``a``/``b`` are input names of score
-    jobs; ``grids``: what each input is). Writes ``coherence.csv`` and ``layer_mass.csv``;
-    returns their rows.
+    jobs; ``grids``: what each input is). Writes ``coherence.csv`` (one row per pair, view and
+    statistic), ``coherence_seeds.csv`` (the mean over the pairs of each comparison, view and task:
+    hierarchical bootstrap interval over seeds and examples) and ``layer_mass.csv``; returns
+    their rows (``rows``, ``seed_means``, ``layer_mass``).
 
     >>> coherence_job(params, inputs, Path("out"), print)["rows"][0]["statistic"]   # doctest: +SKIP
     'spearman'
@@ -236,22 +233,35 @@ def coherence_job(params, inputs, workdir: Path, progress) -> dict:
     views = _views(p.views, lay)
     st = p.stats
     grids = {alias: _grid(inputs[alias]) for alias in p.grids}
-    per_example = {alias: _load_per_example(inputs[alias]) for alias in p.grids}
+    per_example = {alias: _load_per_example(inputs[alias]) for alias in p.grids}  # (rows, ids)
     rows = []
+    samples: dict[tuple, list] = {}  # (comparison, view, task, task_b, statistic) -> [(estimate, samples)]
     for i, pair in enumerate(p.pairs):
+        (ca, ia), (cb, ib) = per_example[pair.a], per_example[pair.b]
         for view in views:
-            c = coherence(grids[pair.a], grids[pair.b], (per_example[pair.a], per_example[pair.b]),
-                          paired=pair.paired, fractions=st.fractions, n_boot=st.n_boot,
-                          n_permutations=st.n_permutations, level=st.level,
-                          seed=pair_seed(st.seed, f"{pair.name}/{view}"), view=view, groups=lay["groups"])
+            c = coherence(grids[pair.a], grids[pair.b], (ca, cb), paired=pair.paired, ids=(ia, ib),
+                          fractions=st.fractions, n_boot=st.n_boot, n_permutations=st.n_permutations, level=st.level,
+                          seed=pair_seed(st.seed, f"{pair.name}/{view}"), view=view, groups=lay["groups"],
+                          permutation=st.permutation, keep_samples=True)
             for stat, v in c.items():
                 rows.append({"pair": pair.name, "comparison": pair.comparison, "view": view,
                              "task": pair.task, "task_b": pair.task_b, "seed": pair.seed,
                              "seed_b": pair.seed_b, "a": pair.a, "b": pair.b, "statistic": stat,
                              "estimate": v["estimate"], "low": v["low"], "high": v["high"],
                              "boot_estimate": v.get("boot_estimate"), "p_value": v["p_value"],
-                             "chance": v["chance"], "paired": pair.paired})
+                             "chance": v["chance"], "paired": pair.paired, "p_value_global": v["p_value_global"],
+                             "grids": v["grids"], "pairing": v["pairing"]})
+                key = (pair.comparison, view, pair.task, pair.task_b, stat)
+                samples.setdefault(key, []).append((v["estimate"], v.get("samples")))
         progress(i + 1, len(p.pairs), pair.name)
+    # the mean over seeds (pairs) of each comparison: seeds resampled, then examples within each.
+    # Approximate where the pairs share a grid (the MLM grid of every seed, seed-vs-seed pairs).
+    seed_means = []
+    for (comparison, view, task, task_b, stat), got in samples.items():
+        m = seed_mean_ci([e for e, _ in got], [x for _, x in got], stat, level=st.level,
+                         seed=pair_seed(st.seed, f"{comparison}/{view}/{task}/{task_b}/{stat}"))
+        seed_means.append({"comparison": comparison, "view": view, "task": task, "task_b": task_b, "statistic": stat,
+                           **m})
     mass = []
     for alias, meta in p.grids.items():
         for view in views:
@@ -259,5 +269,6 @@ def coherence_job(params, inputs, workdir: Path, progress) -> dict:
             mass += [{"grid": alias, **meta.model_dump(), "view": view, "layer": layer, "mass": float(x)}
                      for layer, x in enumerate(m)]
     atomic_write_text(workdir / "coherence.csv", pd.DataFrame(rows).to_csv(index=False))
+    atomic_write_text(workdir / "coherence_seeds.csv", pd.DataFrame(seed_means).to_csv(index=False))
     atomic_write_text(workdir / "layer_mass.csv", pd.DataFrame(mass).to_csv(index=False))
-    return {"rows": rows, "layer_mass": mass, "views": views}
+    return {"rows": rows, "seed_means": seed_means, "layer_mass": mass, "views": views}

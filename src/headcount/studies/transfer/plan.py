@@ -195,11 +195,12 @@ def transfer_jobs(settings: TransferSettings, prefix: str = "") -> list[Job]:
                 inputs[alias] = job
                 grids[alias] = {"kind": kind, "task": t, "seed": seed}
             base = {"task": t, "seed": seed, "task_b": None, "seed_b": None}
+            own = not s.mlm.corpus  # MLM importance on the task's own scoring examples: paired by example id
             pairs += [
                 {**base, "name": f"mlm-vs-task/{t}/{seed}", "comparison": "mlm-vs-task", "a": f"mlm.{corpus}",
-                 "b": f"ft.{t}.{seed}", "paired": False},
+                 "b": f"ft.{t}.{seed}", "paired": own},
                 {**base, "name": f"mlm-vs-task-before/{t}/{seed}", "comparison": "mlm-vs-task-before",
-                 "a": f"mlm.{corpus}", "b": f"pre.{t}.{seed}", "paired": False},
+                 "a": f"mlm.{corpus}", "b": f"pre.{t}.{seed}", "paired": own},
                 {**base, "name": f"task-before-vs-after/{t}/{seed}", "comparison": "task-before-vs-after",
                  "a": f"pre.{t}.{seed}", "b": f"ft.{t}.{seed}", "paired": True},
                 {**base, "name": f"mlm-before-vs-after/{t}/{seed}", "comparison": "mlm-before-vs-after",

@@ -6,12 +6,11 @@ study (the demo) can include a transfer part; :func:`report` is the study type's
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pandas as pd
 
 from ...report import ReportContent, ReportFigure, ReportTable, Section
+from ...report.format import finite, nan_runs, seed_cell
 from .config import TransferConfig, TransferSettings
 from .figures import figures
 from .plan import COMPARISONS, plan_of
@@ -74,40 +73,41 @@ def transfer_summary(tables: dict, settings: TransferSettings, prefix: str = "")
 # the paper's main tables, with this run's numbers
 # =============================================================================================
 def _finite(x) -> bool:
-    return x is not None and isinstance(x, (int, float, np.floating, np.integer)) and math.isfinite(float(x))
+    return finite(x) and isinstance(x, (int, float, np.floating, np.integer))
 
 
-def cell(mean, std=None, low=None, high=None, digits: int = 2) -> str:
-    """``mean ± std [low, high]`` with the parts that are defined; blank when ``mean`` is not.
+def cell(mean, std=None, low=None, high=None, digits: int = 2, n=None, n_total=None) -> str:
+    """``mean ± std [low, high]`` with the parts that are defined, ``(n=k of m)`` when only k of
+    m seeds gave a number (:func:`headcount.report.format.seed_cell`); blank without a mean.
 
     >>> cell(0.3141, 0.02, 0.2, 0.4), cell(0.5), cell(float("nan")), cell(0.5, float("nan"), None, 0.7)
     ('0.31 ± 0.02 [0.20, 0.40]', '0.50', '', '0.50')
+    >>> cell(**_over_seeds(pd.Series([0.345, float("nan")])), digits=3)
+    '0.345 (n=1 of 2)'
     """
-    if not _finite(mean):
-        return ""
-    out = f"{mean:.{digits}f}"
-    if _finite(std):
-        out += f" ± {std:.{digits}f}"
-    if _finite(low) and _finite(high):
-        out += f" [{low:.{digits}f}, {high:.{digits}f}]"
-    return out
+    return seed_cell(mean, std, low, high, n=n, n_total=n_total, digits=digits)
 
 
-def _over_seeds(values: pd.Series) -> tuple[float, float]:
-    v = pd.to_numeric(values, errors="coerce").dropna()
-    if v.empty:
-        return float("nan"), float("nan")
-    return float(v.mean()), float(v.std(ddof=1)) if len(v) > 1 else float("nan")
+def _over_seeds(values: pd.Series) -> dict:
+    """``mean``, ``std``, ``n`` (finite values) and ``n_total`` over seeds, for ``cell(**...)``; NaN left out, counted."""
+    v = pd.to_numeric(values, errors="coerce")
+    ok = v.dropna()
+    mean = float(ok.mean()) if len(ok) else float("nan")
+    std = float(ok.std(ddof=1)) if len(ok) > 1 else float("nan")
+    return {"mean": mean, "std": std, "n": len(ok), "n_total": len(v)}
 
 
 def main_coherence(tables: dict, settings: TransferSettings) -> pd.DataFrame:
     """Coherence of head importance, one row per comparison and task: mean ± std over seeds
-    [bootstrap interval, each seed's bounds averaged]; the largest permutation p over seeds."""
+    [hierarchical bootstrap interval over seeds and examples]; Spearman on layer-normalised
+    grids; the largest within-layer and global permutation p over seeds."""
     coh = tables["coherence"]
     coh = coh[coh["view"] == "application"]
+    summ = tables["coherence_summary"]
+    summ = summ[summ["view"] == "application"]
     stats = [("spearman", "Spearman"), ("kendall", "Kendall"),
              *[(f"jaccard@{f:g}", f"top-{f:.0%} Jaccard (chance {f / (2 - f):.2f})") for f in settings.stats.fractions],
-             ("layer_mass_l1", "layer-mass L1")]
+             ("layer_mass_l1", "layer-mass L1"), ("spearman@layer-norm", "Spearman, layer-normalised")]
     rows = []
     for comparison, label in COMPARISONS.items():
         d = coh[coh["comparison"] == comparison]
@@ -115,12 +115,21 @@ def main_coherence(tables: dict, settings: TransferSettings) -> pd.DataFrame:
             row = {"comparison": label,
                    "task": task if pd.isna(task_b) or task_b == task else f"{task} / {task_b}",
                    "pairs": int(g["pair"].nunique())}
+            same = summ[(summ["comparison"] == comparison) & (summ["task"] == task)
+                        & ((summ["task_b"] == task_b) | (summ["task_b"].isna() & pd.isna(task_b)))]
             for stat, name in stats:
                 x = g[g["statistic"] == stat]
-                mean, std = _over_seeds(x["estimate"])
-                row[name] = cell(mean, std, _over_seeds(x["low"])[0], _over_seeds(x["high"])[0])
-            p = pd.to_numeric(g[g["statistic"] == "spearman"]["p_value"], errors="coerce").max()
-            row["Spearman p (max)"] = "" if not _finite(p) else f"{p:.3g}"
+                if x.empty:  # results saved before the statistic existed
+                    continue
+                h = same[same["statistic"] == stat]
+                low, high = (h["low"].iloc[0], h["high"].iloc[0]) if len(h) else (None, None)
+                row[name] = cell(**_over_seeds(x["estimate"]), low=low, high=high)
+            for col, header in (("p_value", f"Spearman p {settings.stats.permutation} (max)"),
+                                ("p_value_global", "Spearman p global (max)")):
+                if col == "p_value_global" and settings.stats.permutation == "global":
+                    continue
+                p = pd.to_numeric(g[g["statistic"] == "spearman"][col], errors="coerce").max()
+                row[header] = "" if not _finite(p) else f"{p:.3g}"
             rows.append(row)
     return pd.DataFrame(rows)
 
@@ -133,12 +142,15 @@ def main_pruning(tables: dict, settings: TransferSettings) -> pd.DataFrame:
     rows = []
     for t, g in ft.groupby("task", sort=False):
         row = {"task": t, "metric": g["metric"].iloc[0], "seeds": len(g),
-               "fine-tuned": cell(*_over_seeds(g["fine_tuned"])),
-               "head only (frozen encoder)": cell(*_over_seeds(g["head_only"]))}
+               "fine-tuned": cell(**_over_seeds(g["fine_tuned"])),
+               "head only (frozen encoder)": cell(**_over_seeds(g["head_only"]))}
         d = pr[(pr["task"] == t) & (pr["objective"] == "task") & (pr["view"] == "application")] if len(pr) else pr
         for order in ("task", "mlm", "random"):
-            x = d[d["order"] == order]["removable_fraction"] if len(d) else []
-            row[f"removable at {pct}, by {order}"] = f"{float(x.iloc[0]):.0%}" if len(x) else ""
+            x = d[d["order"] == order] if len(d) else d
+            txt = f"{float(x['removable_fraction'].iloc[0]):.0%}" if len(x) else ""
+            if len(x) and "removable_fraction_raw" in x and x["removable_fraction_raw"].iloc[0] != x["removable_fraction"].iloc[0]:
+                txt += f" (raw curve {float(x['removable_fraction_raw'].iloc[0]):.0%})"  # a level passes after one failed
+            row[f"removable at {pct}, by {order}"] = txt
         a = ad[ad["task"] == t] if len(ad) else ad
         level = a["level"].iloc[0] if len(a) else None
         row["acceptable deduction: heads removed"] = f"{float(level):.0%}" if _finite(level) else ""
@@ -157,7 +169,7 @@ def main_before_after(tables: dict) -> pd.DataFrame:
     for (t, level), g in ba.groupby(["task", "level"], sort=False):
         row = {"task": t, "heads removed": f"{level:.0%}"}
         for _, r in g.iterrows():
-            row[r["setting"]] = cell(r["score"], r.get("score_std"))
+            row[r["setting"]] = cell(r["score"], r.get("score_std"), n=r.get("n"), n_total=r.get("n_total"))
         row["full fine-tuned"] = cell(g["full"].iloc[0])
         rows.append(row)
     return pd.DataFrame(rows)
@@ -167,12 +179,23 @@ def main_section(tables: dict, settings: TransferSettings, art: str = "") -> Sec
     """The first section: the paper's questions answered with this run's numbers."""
     ts = [ReportTable(f"{art}main_coherence", main_coherence(tables, settings),
                       caption="Do MLM and task importance agree? Application view (depth x head); mean ± std over "
-                              "fine-tuning seeds, [percentile bootstrap interval over scoring examples, each "
-                              "seed's bounds averaged]; p: two-sided permutation p-value, the largest over seeds."),
+                              "fine-tuning seeds, [hierarchical bootstrap over seeds and examples, t interval; "
+                              "grids of the same examples resampled as pairs by example id]; (n=k of m): only k of "
+                              "m seeds gave a number (see the runs that produced NaN). Layer-normalised: each "
+                              "layer's scores z-scored first. p: two-sided permutation p-value, the largest over "
+                              "seeds, " + ("heads permuted within their layer (the default test) and over all heads."
+                                           if settings.stats.permutation == "within-layer" else "over all heads.")),
           ReportTable(f"{art}main_pruning", main_pruning(tables, settings),
                       caption="Fine-tuned and head-only scores (mean ± std over seeds); the largest share of heads "
-                              "removable (gates, no retraining) while the mean score stays at the threshold share of "
-                              "the full model's; the acceptable deduction (prune by MLM importance, then fine-tune).")]
+                              "removable (gates, no retraining) such that at it and every lower level the mean score "
+                              "stays at the threshold share of the full model's (raw curve: the largest passing "
+                              "level, when a level passes after a lower one failed); the acceptable deduction (prune "
+                              "by MLM importance, then fine-tune; the same contiguous rule).")]
+    nan = nan_table(tables)
+    if not nan.empty:
+        ts.append(ReportTable(f"{art}nan_runs", nan,
+                              caption="Runs that produced NaN, and why: they are left out of the means over seeds "
+                                      "(cells marked (n=k of m))."))
     ba = main_before_after(tables)
     if not ba.empty:
         ts.append(ReportTable(f"{art}main_before_after", ba,
@@ -183,6 +206,23 @@ def main_section(tables: dict, settings: TransferSettings, art: str = "") -> Sec
                    "The questions of Chiang & Chen (2021), answered with this run's numbers. The paper has no "
                    "public code and headcount records no published values to set beside these; the figures and "
                    "the raw tables (folded, with their CSV files) follow.", tables=ts)
+
+
+def nan_table(tables: dict) -> pd.DataFrame:
+    """The runs that produced NaN, and why: fine-tuned scores, pruned-then-fine-tuned scores, coherence statistics."""
+    rows = [{"table": "finetune", "run": f"{r['task']} seed {r['seed']}", **r}
+            for r in nan_runs(tables["finetune"].to_dict("records"), "fine_tuned", ["task", "seed"],
+                              why=lambda r: "the fine-tuned model's metric is undefined (e.g. a constant "
+                                            "prediction on a correlation metric)")]
+    rows = [{k: r[k] for k in ("table", "run", "value", "why")} for r in rows]
+    coh = tables["coherence"]
+    if not coh.empty:
+        bad = coh[pd.to_numeric(coh["estimate"], errors="coerce").isna()]
+        for (pair, view), g in bad.groupby(["pair", "view"], sort=False):
+            rows.append({"table": "coherence", "run": f"{pair} ({view})", "value": ", ".join(g["statistic"]),
+                         "why": "a score grid is constant (every head scored alike, e.g. all zero): rank "
+                                "statistics are undefined"})
+    return pd.DataFrame(rows, columns=["table", "run", "value", "why"])
 
 
 def pd_isna(x) -> bool:
@@ -219,8 +259,8 @@ def transfer_sections(store, settings: TransferSettings, prefix: str = "", table
     def T(name, caption="", **kw):  # a raw table: folded below the figures
         return ReportTable(f"{art}{name}", tables[name], caption=caption or name, collapsed=True, **kw)
 
-    coh_cols = ["comparison", "view", "task", "task_b", "statistic", "estimate", "estimate_min", "estimate_max",
-                "low", "high", "p_value_max", "chance", "n"]
+    coh_cols = ["comparison", "view", "task", "task_b", "statistic", "grids", "estimate", "estimate_min",
+                "estimate_max", "low", "high", "ci", "p_value_max", "p_value_global_max", "chance", "n", "n_finite"]
     sections = [
         main_section(tables, settings, art),
         Section("Importance of heads: MLM and tasks",
@@ -234,10 +274,15 @@ def transfer_sections(store, settings: TransferSettings, prefix: str = "", table
                                  "task's validation texts.")]),
         Section("Coherence",
                 "Spearman and Kendall rank correlation, Jaccard overlap of the top 10/25/50% heads, and the L1 "
-                "distance of per-layer importance shares. Per seed in coherence.csv (percentile bootstrap "
-                "intervals over scoring examples, two-sided permutation p-values); here averaged over seeds "
-                "(estimate_min/max: range over seeds; low/high: each seed's bounds averaged; p_value_max: the "
-                "largest p-value over seeds; chance: the expected value for unrelated scores).",
+                "distance of per-layer importance shares, on the raw grids and (statistics ending @layer-norm, "
+                "grids: layer-normalised) on grids whose layers are each z-scored. Per seed in coherence.csv "
+                "(percentile bootstrap intervals over scoring examples, paired by example id where both grids "
+                "come from the same examples (pairing); two-sided permutation p-values: p_value heads permuted "
+                "within their layer by default, p_value_global over all heads); here the mean over seeds "
+                "(estimate_min/max: range over seeds; low/high: hierarchical bootstrap over seeds and examples, "
+                "t interval (ci), approximate where the pairs share a grid: the MLM grid of every seed, "
+                "seed-vs-seed pairs; p_value_max, p_value_global_max: the largest over seeds; n_finite of n: "
+                "seeds with a number; chance: the expected value for unrelated scores).",
                 figures=F("correlation-matrix", "layer-mass"),
                 tables=[ReportTable(f"{art}coherence_summary", tables["coherence_summary"][coh_cols],
                                     caption="Coherence, mean over seeds.", max_rows=80, collapsed=True),
@@ -247,8 +292,9 @@ def transfer_sections(store, settings: TransferSettings, prefix: str = "", table
         Section("Prunability",
                 "Heads removed in order of importance (computed once; per-layer L2 normalised) and applied as "
                 "gates to the fine-tuned model (task metric) or the pre-trained model (MLM accuracy), without "
-                "retraining. removable_fraction: the largest level whose mean score stays at or above the "
-                "threshold share of the full model's.",
+                "retraining. removable_fraction: the largest level such that at it and every lower level the "
+                "mean score stays at or above the threshold share of the full model's (removable_fraction_raw: "
+                "the largest passing level, ignoring failures below it).",
                 figures=F("prunability"),
                 tables=[T("prunability", "Removable fraction, score at 50% and area under each curve."),
                         T("curves", "Every point of every curve.", max_rows=20)]),
@@ -263,7 +309,9 @@ def transfer_sections(store, settings: TransferSettings, prefix: str = "", table
         sections.append(Section(
             "Acceptable deduction",
             "For each task, the largest masked-LM loss increase of the pruned pre-trained model at which the "
-            "fine-tuned pruned model keeps the threshold share of the full fine-tuned score.",
+            "fine-tuned pruned model keeps the threshold share of the full fine-tuned score, over the levels up "
+            "to the largest one such that it and every lower level are acceptable (level_raw: ignoring failures "
+            "below).",
             figures=F("acceptable-deduction"),
             tables=[T("acceptable_deduction_summary", "Acceptable deduction per task."),
                     T("acceptable_deduction", "Every level.")]))

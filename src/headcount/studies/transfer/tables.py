@@ -13,6 +13,7 @@ import pandas as pd
 from scipy.stats import rankdata
 
 from ...analysis.removal import acceptable_deduction
+from ...analysis.stats import largest_contiguous_passing
 from .config import TransferSettings
 from .plan import Names, plan_of
 
@@ -35,10 +36,10 @@ def transfer_tables(store, settings: TransferSettings, prefix: str = "") -> dict
     n, p = Names(prefix), plan_of(settings)
     coh = store.result(n.coherence())
     coherence_df = pd.DataFrame(coh.result["rows"])
-    summary = (coherence_df.groupby(["comparison", "view", "task", "task_b", "statistic"], dropna=False, sort=False)
-               .agg(estimate=("estimate", "mean"), estimate_min=("estimate", "min"), estimate_max=("estimate", "max"),
-                    low=("low", "mean"), high=("high", "mean"), p_value_max=("p_value", "max"),
-                    chance=("chance", "first"), n=("estimate", "size")).reset_index())
+    for col in ("p_value_global", "grids", "pairing"):  # results saved before these columns
+        if col not in coherence_df:
+            coherence_df[col] = None
+    summary = coherence_summary(coherence_df, coh.result.get("seed_means"))
 
     scores = []
 
@@ -75,15 +76,7 @@ def transfer_tables(store, settings: TransferSettings, prefix: str = "") -> dict
                          validation_masked_tokens=cur["full"].get("n_masked"))
     curves = pd.DataFrame(curve_rows)
 
-    prun = []
-    for (t, objective, view, order), g in curves.groupby(["task", "objective", "view", "order"], sort=False):
-        full = g[g["fraction"] == 0]["score"].mean()
-        mean = g.groupby("fraction")["score"].mean()
-        ok = [f for f, v in mean.items() if v >= settings.before_after.threshold * full]
-        prun.append({"task": t, "objective": objective, "view": view, "order": order, "full": full,
-                     "removable_fraction": max(ok) if ok else 0.0,
-                     "score_at_50": float(mean.get(0.5, np.nan)), "auc": float(np.trapezoid(mean.values, mean.index))})
-    prunability = pd.DataFrame(prun)
+    prunability = prunability_table(curves, settings.before_after.threshold)
 
     ba_rows, ad_rows, ad_summary = [], [], []
     if p["ba_levels"]:
@@ -102,16 +95,18 @@ def transfer_tables(store, settings: TransferSettings, prefix: str = "") -> dict
                 for order in orders:
                     vals = [store.result(n.pruned_finetune(t, seed, order, level)).result["final"]["score"]
                             for seed in p["ba_seeds"]]
-                    pruned_first[order] = float(np.mean(vals))
+                    ok = [v for v in vals if v is not None and math.isfinite(v)]  # a NaN run is counted, not averaged
+                    pruned_first[order] = float(np.mean(ok)) if ok else float("nan")
                     ba_rows.append({"task": t, "level": level, "setting": f"prune ({order}) then fine-tune",
-                                    "score": pruned_first[order], "score_min": float(np.min(vals)),
-                                    "score_max": float(np.max(vals)), "full": full, "score_std": _std(vals)})
+                                    "score": pruned_first[order], "score_min": float(np.min(ok)) if ok else float("nan"),
+                                    "score_max": float(np.max(ok)) if ok else float("nan"), "full": full,
+                                    "score_std": _std(ok), "n": len(ok), "n_total": len(vals)})
                 for order in ("task", "mlm"):
                     v = task_c[(task_c["order"] == order) & np.isclose(task_c["fraction"], level)]["score"]
                     ba_rows.append({"task": t, "level": level, "setting": f"fine-tune then prune ({order})",
                                     "score": float(v.mean()), "score_min": float(v.min()), "score_max": float(v.max()),
                                     "full": float(task_c[task_c["fraction"] == 0]["score"].mean()),
-                                    "score_std": _std(v)})
+                                    "score_std": _std(v.dropna()), "n": int(v.count()), "n_total": len(v)})
                 m = mlm_c[np.isclose(mlm_c["fraction"], level)].iloc[0]
                 rel = pruned_first["mlm"] / full if full else float("nan")
                 ad_rows.append({"task": t, "level": level, "mlm_loss": float(m["loss"]), "mlm_accuracy": float(m["score"]),
@@ -126,6 +121,76 @@ def transfer_tables(store, settings: TransferSettings, prefix: str = "") -> dict
             "head_scores": pd.DataFrame(scores), "finetune": pd.DataFrame(ft_rows), "curves": curves,
             "prunability": prunability, "before_after": pd.DataFrame(ba_rows),
             "acceptable_deduction": pd.DataFrame(ad_rows), "acceptable_deduction_summary": pd.DataFrame(ad_summary)}
+
+
+def prunability_table(curves: pd.DataFrame, threshold: float) -> pd.DataFrame:
+    """Per curve (task, objective, view, order): how much can be removed, the score at 50%, the area.
+
+    ``removable_fraction``: the largest level such that at it and every lower level the mean
+    score over replicates stays at or above ``threshold`` x the full model's
+    (:func:`~headcount.analysis.stats.largest_contiguous_passing`; 0 when the lowest level fails);
+    ``removable_fraction_raw``: the largest passing level, ignoring failures below it.
+
+    >>> c = pd.DataFrame({"task": "t", "objective": "task", "view": "application", "order": "mlm",
+    ...                   "fraction": [0.0, 0.2, 0.4, 0.6], "score": [1.0, 0.95, 0.5, 0.92]})
+    >>> prunability_table(c, 0.9)[["removable_fraction", "removable_fraction_raw"]].iloc[0].tolist()
+    [0.2, 0.6]
+    """
+    prun = []
+    for (t, objective, view, order), g in curves.groupby(["task", "objective", "view", "order"], sort=False):
+        full = g[g["fraction"] == 0]["score"].mean()
+        mean = g.groupby("fraction")["score"].mean()
+        passes = [bool(v >= threshold * full) for v in mean.values]
+        ok = [float(f) for f, good in zip(mean.index, passes) if good]
+        # the largest level such that it and every lower one pass; the raw curve's maximum beside it
+        removable = largest_contiguous_passing(list(mean.index), passes)
+        prun.append({"task": t, "objective": objective, "view": view, "order": order, "full": full,
+                     "removable_fraction": removable if removable is not None else 0.0,
+                     "removable_fraction_raw": max(ok) if ok else 0.0,
+                     "score_at_50": float(mean.get(0.5, np.nan)), "auc": float(np.trapezoid(mean.values, mean.index))})
+    return pd.DataFrame(prun)
+
+
+KEYS = ["comparison", "view", "task", "task_b", "statistic"]
+
+
+def coherence_summary(rows: pd.DataFrame, seed_means: list | None) -> pd.DataFrame:
+    """Coherence over the pairs (seeds) of each comparison, view and task.
+
+    ``estimate``: the mean over the pairs with a finite estimate (``n_finite`` of ``n``);
+    ``estimate_min``/``_max`` their range; ``low``/``high``: the hierarchical bootstrap interval
+    over seeds and examples of the coherence job (``seed_means``; for results saved before it,
+    each pair's bounds averaged: ``ci`` says which); ``p_value_max`` and ``p_value_global_max``:
+    the largest within-layer (default test) and global permutation p-value over the pairs.
+    """
+    num = rows.assign(estimate=pd.to_numeric(rows["estimate"], errors="coerce"),
+                      p_value=pd.to_numeric(rows["p_value"], errors="coerce"),
+                      p_value_global=pd.to_numeric(rows["p_value_global"], errors="coerce"),
+                      low=pd.to_numeric(rows["low"], errors="coerce"), high=pd.to_numeric(rows["high"], errors="coerce"))
+    summary = (num.groupby(KEYS, dropna=False, sort=False)
+               .agg(estimate=("estimate", "mean"), estimate_min=("estimate", "min"), estimate_max=("estimate", "max"),
+                    low=("low", "mean"), high=("high", "mean"), p_value_max=("p_value", "max"),
+                    p_value_global_max=("p_value_global", "max"), chance=("chance", "first"),
+                    n=("estimate", "size"), n_finite=("estimate", "count"), grids=("grids", "first"))
+               .reset_index())
+    summary["ci"] = "each pair's bounds averaged"
+    if seed_means:
+        h = pd.DataFrame(seed_means)
+        h = h.assign(_key=_keys(h))[["_key", "low", "high", "interval"]]
+        summary = summary.drop(columns=["low", "high"]).assign(_key=_keys(summary)).merge(h, on="_key", how="left")
+        summary = summary.drop(columns=["_key"])
+        summary["ci"] = np.where(summary["interval"].notna(),
+                                 "hierarchical bootstrap (" + summary["interval"].astype(str) + ")", "")
+        summary = summary.drop(columns=["interval"])
+    return summary
+
+
+def _keys(df: pd.DataFrame) -> pd.Series:
+    """One text key per row from the :data:`KEYS` columns (None and NaN alike: no task_b)."""
+    def text(v) -> str:
+        return "" if v is None or (isinstance(v, float) and math.isnan(v)) else str(v)
+
+    return df[KEYS].apply(lambda r: "\x1f".join(text(v) for v in r), axis=1)
 
 
 def _std(values) -> float:
