@@ -113,7 +113,7 @@ def pattern_mix_figure(dist):
             ax.set_xticks(range(len(groups)))
             ax.set_xticklabels(groups, rotation=20, ha="right", fontsize=7)
             ax.set_ylim(0, 1)
-            ax.set_title(f"{task}: {label}", fontsize=7)
+            ax.set_title(f"{task}\n{label}", fontsize=7)
             ax.set_ylabel(f"fraction of {unit}", fontsize=7)
     axes[0, -1].legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     return fig
