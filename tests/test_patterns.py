@@ -418,6 +418,15 @@ def test_labelled_maps_formats(tmp_path):
     save_file({"attn": s.maps}, str(tmp_path / "other.safetensors"))
     with pytest.raises(HeadcountError, match="no tensor named 'maps'"):
         load_labelled_maps(tmp_path / "other.safetensors", tmp_path / "labels.csv")
+    # per-example maps of a padded batch (top-left, with their lengths) are centred on loading
+    lengths = np.array([16, 9, 12, 5, 16, 7, 8, 10, 11, 3])
+    top_left = np.zeros_like(s.maps)
+    for i, n in enumerate(lengths):
+        top_left[i, :n, :n] = s.maps[i, :n, :n]
+    save_file({"maps": top_left, "lengths": lengths}, str(tmp_path / "ragged.safetensors"))
+    centred, _ = load_labelled_maps(tmp_path / "ragged.safetensors", tmp_path / "labels.csv")
+    for i, n in enumerate(lengths):
+        np.testing.assert_array_equal(centred[i], _pad_reference(s.maps[i, :n, :n], 16))
 
 
 # --------------------------------------------------------------------------- CLI
