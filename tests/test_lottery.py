@@ -238,6 +238,27 @@ def test_study_runs_to_a_report_with_the_main_table(run):
     assert (full > 0.6).all()  # the tiny task is learnt (chance 0.5): the subnetworks are not trivial
 
 
+def test_the_report_lists_nan_runs_and_controls_drawn_empty(run, world):
+    from headcount.studies.lottery.tables import nan_table, seed_scores, summarize
+
+    summary, store = run
+    settings = parse_study_config((world["root"] / "study.yaml").read_text(), base_dir=world["root"]).config
+    empty = [e["name"] for e in store.plan["jobs"]
+             if e["name"].startswith("subnetwork/") and store.result(e["name"]).result.get("empty")]
+    for name in empty:  # flagged, and truly empty
+        assert store.result(name).result["heads_kept"] == store.result(name).result["mlps_kept"] == 0
+    scores = seed_scores(store, settings)
+    first = scores.index[(scores["experiment"] == "full") & (scores["task"] == "has-good")][0]
+    scores.loc[first, "score"] = float("nan")  # as if the metric had come out NaN for one seed
+    table = nan_table(store, settings, scores)
+    assert table.iloc[0][["experiment", "task", "what"]].tolist() == ["full", "has-good", "NaN score"]
+    assert "undefined" in table.iloc[0]["why"] and (table["what"] == "drawn empty").sum() == len(empty)
+    paper = paper_table(summarize(scores), {"full": "full"})
+    assert paper.loc[paper["task"] == "has-good", "full"].item().endswith("(n=1 of 2)")
+    html = summary.report.read_text()
+    assert ("lottery_nan_runs" in html) == bool(empty)
+
+
 def test_every_subnetwork_has_the_right_size(run):
     _, store = run
     for task in ("has-good", "has-good-2"):

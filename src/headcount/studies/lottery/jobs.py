@@ -124,8 +124,10 @@ def subnetwork_job(params, inputs, workdir: Path, progress) -> dict:
     out = {"mask": mask.to_dict(), "heads_kept": mask.n_heads_kept, "mlps_kept": mask.n_mlps_kept}
     if mask.n_heads_kept == 0 and mask.n_mlps_kept == 0:  # retrained, it predicts a constant: often a NaN metric
         out["empty"] = True
-        msg = (f"warning: the {p.kind} subnetwork (seed {p.seed}) was drawn empty: 0 heads and 0 MLPs "
-               f"(the good mask keeps {meta.get('good_heads_kept', 0)} heads, {meta.get('good_mlps_kept', 0)} MLPs)")
+        msg = ("warning: the super-survivor subnetwork is empty: no head or MLP is kept by every seed"
+               if p.kind == "super" else
+               f"warning: the {p.kind} subnetwork (seed {p.seed}) was drawn empty: 0 heads and 0 MLPs "
+               f"(the good mask keeps {meta['good_heads_kept']} heads, {meta['good_mlps_kept']} MLPs)")
         warnings.warn(msg[len("warning: "):], RuntimeWarning, stacklevel=2)
         progress(1, 1, msg)
     return out
