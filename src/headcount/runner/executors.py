@@ -286,8 +286,12 @@ def _device_meta(device: str) -> dict:
         return {"device": device}
 
 
-def _local_worker(fn_path: str, key: str, params: dict, inputs: dict, workdir: str, env: dict, queue) -> None:
-    """Body of a pooled job's process: pin the device, run the job, report through ``queue``."""
+def _local_worker(fn_path: str, key: str, params: dict, inputs: dict, workdir: str, env: dict, queue,
+                  device: str = "cpu") -> None:
+    """Body of a pooled job's process: pin the device, run the job, report through ``queue``.
+
+    The job's device metadata is worked out here, after the job: the driver never creates a
+    CUDA context on the pool's GPUs."""
     os.environ.update(env)  # before anything initialises CUDA in this fresh process
     last = [0.0]
 
@@ -300,7 +304,8 @@ def _local_worker(fn_path: str, key: str, params: dict, inputs: dict, workdir: s
     t0 = time.time()
     try:
         result = call_job(fn_path, params, inputs, Path(workdir), progress)
-        queue.put(("done", key, result, t0, time.time()))
+        t1 = time.time()
+        queue.put(("done", key, result, t0, t1, {**_device_meta(env.get("HEADCOUNT_DEVICE", device)), "device": device}))
     except BaseException as e:  # noqa: BLE001 - reported to the driver, which decides
         queue.put(("error", key, _one_line(e), traceback.format_exc()))
 
@@ -401,14 +406,14 @@ class LocalExecutor(Executor):
         running: dict[str, tuple] = {}  # key -> (job, process, device, tmp)
         bad: set[str] = set()
 
-        def finish(key: str, error: str | None, trace: str = "", result=None, t0=0.0, t1=0.0) -> None:
+        def finish(key: str, error: str | None, trace: str = "", result=None, t0=0.0, t1=0.0, where=None) -> None:
             job, proc, device, tmp = running.pop(key)
             proc.join(timeout=10)
             pool.release(device)
             try:
                 if error is None:
                     try:
-                        store.commit(job, tmp, result, {**job_meta(t0, t1, self.name), **_device_meta(device)})
+                        store.commit(job, tmp, result, {**job_meta(t0, t1, self.name), **(where or {"device": device})})
                     except HeadcountError as e:
                         error, trace = str(e), str(e)
                 if error is None:
@@ -443,7 +448,8 @@ class LocalExecutor(Executor):
                     inputs = {alias: store.load(dep.key, dep.name) for alias, dep in job.deps}
                     tmp = store.new_tmp_dir(job.key)
                     proc = ctx.Process(target=_local_worker, daemon=True,
-                                       args=(job.fn, job.key, job.params, inputs, str(tmp), device_env(device), messages))
+                                       args=(job.fn, job.key, job.params, inputs, str(tmp), device_env(device), messages,
+                                             device))
                     proc.start()
                     running[job.key] = (job, proc, device, tmp)
                     reporter.job_started(job, f"start on {device}:")
@@ -465,7 +471,7 @@ class LocalExecutor(Executor):
                 if kind == "progress":
                     reporter.step(running[key][0], *msg[2:])
                 elif kind == "done":
-                    finish(key, None, result=msg[2], t0=msg[3], t1=msg[4])
+                    finish(key, None, result=msg[2], t0=msg[3], t1=msg[4], where=msg[5])
                 else:
                     finish(key, msg[2], msg[3])
         except KeyboardInterrupt:
