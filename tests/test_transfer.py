@@ -15,7 +15,8 @@ from conftest import tiny_batch, tiny_model
 from headcount.errors import HeadcountError
 from headcount.evaluation import IGNORE, masked_positions_only
 from headcount.gates import gated, layout
-from headcount.runner import Plan, RunStore, load_study_config, no_progress, parse_study_config, run_study
+from headcount.api import run_study
+from headcount.runner import Plan, RunStore, load_study_config, no_progress, parse_study_config
 from headcount.studies import transfer as T
 from training_helpers import WORDS, make_checkpoint, make_task, one_thread
 
@@ -148,7 +149,7 @@ def test_paired_coherence_matches_examples_by_id_and_refuses_other_examples():
     aligned = T.coherence(ca.sum(0), cb.sum(0), (ca, cb), ids=(ids, ids), **kw)
     assert by_id == aligned and by_id["spearman"]["pairing"] == "ids"
     unpaired = T.coherence(ca.sum(0), cb.sum(0), (ca, cb[order]), ids=(ids, None), **kw)  # ids missing on one side
-    assert unpaired["spearman"]["pairing"] == "unpaired" and unpaired != by_id
+    assert unpaired["spearman"]["pairing"] == "unpaired (no example ids)" and unpaired != by_id
     other = [f"u/train/{i}" for i in range(30)]  # other texts never pair
     with pytest.raises(HeadcountError, match="cannot pair the examples"):
         T.coherence(ca.sum(0), cb.sum(0), (ca, cb), ids=(ids, other), **kw)

@@ -130,7 +130,8 @@ def coherence(a, b, contributions: tuple | None = None, *, paired: bool = False,
         "pairing"}}``; ``low``/``high`` are None without contributions, p-values None where no
         test applies, ``chance`` the expected value for unrelated grids (0 for correlations,
         f/(2-f) for Jaccard), ``grids`` ``raw`` or ``layer-normalised``, ``pairing`` ``ids``,
-        ``unpaired`` or None (no bootstrap).
+        ``unpaired``, ``unpaired (no example ids)`` (paired asked for; e.g. scores saved before
+        ids were) or None (no bootstrap).
 
     >>> a = np.arange(12.0).reshape(3, 4)                    # 3 layers x 4 heads
     >>> c = coherence(a, a[::-1], n_boot=0, n_permutations=0)  # the layers in reverse order
@@ -183,9 +184,9 @@ def coherence(a, b, contributions: tuple | None = None, *, paired: bool = False,
         if paired and ids is not None and all(i is not None for i in ids):
             r = paired_bootstrap_ci(stat, ca, cb, ids[0], ids[1], n_boot=n_boot, level=level, seed=rng, reduce="sum")
             pairing = "ids"
-        else:
+        else:  # without ids, rows in the same position need not be the same example (batches group by length)
             r = bootstrap_ci(stat, ca, cb, n_boot=n_boot, level=level, seed=rng, reduce="sum")
-            pairing = "unpaired"
+            pairing = "unpaired (no example ids)" if paired else "unpaired"
         for i, n in enumerate(names):
             lo, hi = float(r.low[i]), float(r.high[i])
             out[n]["low"] = None if math.isnan(lo) else lo
