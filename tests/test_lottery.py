@@ -22,7 +22,8 @@ from headcount.analysis.patterns import CLASSES, save_labelled_maps, synthetic_a
 from headcount.errors import HeadcountError
 from headcount.magnitude import MagnitudeConfig
 from headcount.masks import Mask
-from headcount.runner import JobResult, RunStore, get_study_type, no_progress, parse_study_config, run_study
+from headcount.api import run_study
+from headcount.runner import JobResult, RunStore, get_study_type, no_progress, parse_study_config
 from headcount.studies.lottery import (
     EXPERIMENTS,
     SUPER_EXPERIMENTS,

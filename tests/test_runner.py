@@ -16,7 +16,8 @@ import pytest
 import toy_study  # noqa: F401  (registers the toy study type)
 
 from headcount.errors import HeadcountError
-from headcount.runner import Job, JobsFailed, Plan, RunStore, parse_study_config, run_study
+from headcount.api import run_study
+from headcount.runner import Job, JobsFailed, Plan, RunStore, parse_study_config
 from headcount.runner.store import DONE
 
 TESTS = Path(__file__).resolve().parent

@@ -37,7 +37,7 @@ _EXPORTS = {
     # training and magnitude pruning
     "finetune": "training", "evaluate": "training", "TrainConfig": "training",
     # studies
-    "run_study": "runner", "register_study": "runner", "Job": "runner",
+    "run_study": "api", "register_study": "runner", "Job": "runner",
     "build_report": "report",
     "HeadcountError": "errors",
 }

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from . import runner
 from .errors import HeadcountError
+from .report import build_report
 
 
 def describe(model_spec: str) -> dict:
@@ -83,6 +85,23 @@ def _saved_head(model_spec: str) -> str:
     except (OSError, ValueError):
         return "base"
     return "mlm" if any(a.endswith("ForMaskedLM") for a in (cfg.architectures or [])) else "base"
+
+
+def run_study(config, out, *, report: bool = True, **options):
+    """Run (or resume) a study and draw its report: :func:`headcount.runner.run_study` with
+    :func:`headcount.report.build_report` (the runner does not import the report).
+
+    Args:
+        config: a YAML path, a validated config model, or a loaded config.
+        out: the run directory.
+        report: draw ``report.html``, ``results/`` and ``figures/`` once every job has finished.
+        **options: the other arguments of :func:`headcount.runner.run_study` (executor, address,
+            force, keep_going, quiet, console, device).
+
+    Returns:
+        The :class:`~headcount.runner.RunSummary` (``report``: the page's path, or None).
+    """
+    return runner.run_study(config, out, report=build_report if report else None, **options)
 
 
 def _echo_none(*args, **kwargs):

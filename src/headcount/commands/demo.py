@@ -23,7 +23,7 @@ def demo(
 ):
     """Run the demo study on the offline default model and data; print where the report is."""
     from ..errors import HeadcountError
-    from ..runner import run_study
+    from ..api import run_study
     from ..tasks import is_fetched
 
     if not is_fetched():

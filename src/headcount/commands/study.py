@@ -25,7 +25,7 @@ def study(
                                "cuda:N (default: the config's device:, else $HEADCOUNT_DEVICE, else auto)"),
 ):
     """Run a study (resumable): every job of the config, then the report."""
-    from ..runner import run_study
+    from ..api import run_study
 
     summary = run_study(config, out, executor=executor, address=address, force=force,
                         report=not no_report, quiet=quiet, device=device)

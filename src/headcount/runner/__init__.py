@@ -1,7 +1,8 @@
 """Studies as resumable graphs of jobs: keys, a results store, local and Ray executors.
 
 A study type registers a config model, an ``expand_fn`` (config -> jobs) and a ``report_fn``;
-``run_study`` runs the jobs that have not finished into a run directory and draws the report.
+``run_study`` runs the jobs that have not finished into a run directory and calls the report
+function it is given (:func:`headcount.api.run_study` gives it :func:`headcount.report.build_report`).
 See ``headcount.runner.jobs`` for the job function signature.
 """
 

@@ -21,78 +21,16 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, field_validator
+from pydantic import BaseModel, ValidationError
 
 from ..errors import HeadcountError
+from ..tasks import resolve_task_ref
 from .jobs import stable_hash
+from .registry import StudyType, get_study_type
+from .schema import SEED_FIELDS, ConfigSection, StudyConfig
 
-
-#: settings that are seeds, wherever a study type declares them: negative ones are refused here,
-#: once for every study type (a seed of -1 would otherwise reach torch/numpy, which differ on it)
-SEED_FIELDS = frozenset({"seed", "seeds", "data_seed", "seed_offset"})
-
-
-def _check_seeds(value: Any, info: ValidationInfo) -> Any:
-    if info.field_name in SEED_FIELDS:
-        values = value if isinstance(value, (list, tuple, set, frozenset)) else [value]
-        for v in values:
-            if isinstance(v, int) and not isinstance(v, bool) and v < 0:
-                raise ValueError(f"a seed must be >= 0, got {v}")
-    return value
-
-
-class StudyConfig(BaseModel):
-    """Base class of every study type's config model: frozen, unknown keys forbidden.
-
-    Subclass it and add the type's fields (nested models should use ``frozen=True`` and
-    ``extra="forbid"`` too; :class:`ConfigSection` does).
-
-    Attributes:
-        study: the study type (``transfer``, ``lottery``, or ``module:type``).
-        name: a title for the report (defaults to the file name).
-        description: free text shown at the top of the report.
-        device: where the jobs run models: ``auto`` (the GPUs when there are any: one job per
-            GPU at once), ``cpu``, ``cuda`` or ``cuda:N`` (see :mod:`headcount.device`); the
-            ``--device`` of ``headcount study`` overrides it. Not part of the config's identity:
-            a run can be resumed on another machine.
-
-    >>> class Toy(StudyConfig):
-    ...     steps: int = 3
-    >>> Toy(study="toy", steps=4).steps
-    4
-    """
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    study: str
-    name: str = ""
-    description: str = ""
-    device: str = "auto"
-
-    @field_validator("device")
-    @classmethod
-    def _device_spec(cls, value: str) -> str:
-        value = value.strip().lower()
-        if value not in ("auto", "cpu", "cuda") and not (value.startswith("cuda:") and value[5:].isdigit()):
-            raise ValueError("device must be auto, cpu, cuda or cuda:N")
-        return value
-
-    _seeds = field_validator("*")(_check_seeds)
-
-
-class ConfigSection(BaseModel):
-    """Base class for nested parts of a config: frozen, unknown keys forbidden.
-
-    >>> class Seeds(ConfigSection):
-    ...     seeds: tuple[int, ...] = (1, 2)
-    >>> Seeds().seeds
-    (1, 2)
-    """
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    _seeds = field_validator("*")(_check_seeds)
-
+__all__ = ["SEED_FIELDS", "ConfigSection", "LoadedConfig", "StudyConfig", "config_hash", "format_validation_error",
+           "load_study_config", "load_yaml_with_lines", "parse_study_config", "task_ref"]
 
 # -------------------------------------------------------------------------------------------
 # YAML with line numbers
@@ -248,7 +186,7 @@ class LoadedConfig:
         hash: identity of the config (study type + validated settings), stored in the manifest.
     """
 
-    study_type: Any
+    study_type: StudyType
     config: StudyConfig
     text: str
     path: Path | None
@@ -278,8 +216,6 @@ def parse_study_config(text: str, where: str = "<config>", base_dir: str | os.Pa
     ...
     headcount.errors.HeadcountError: <config>, line 1: unknown study type 'nonesuch'...
     """
-    from .registry import get_study_type
-
     data, lines = load_yaml_with_lines(text, where)
     if not isinstance(data, dict):
         raise HeadcountError(f"{where}: a study config is a mapping with a 'study:' key (got {type(data).__name__})")
@@ -342,8 +278,6 @@ def task_ref(value: Any, info: Any) -> Any:
     >>> task_ref("glue/sst2", None)
     'glue/sst2'
     """
-    from ..tasks import resolve_task_ref
-
     if not isinstance(value, str):
         return value
     base = (getattr(info, "context", None) or {}).get("base_dir")

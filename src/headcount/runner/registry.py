@@ -6,8 +6,10 @@ loaded here), and optionally a ``report_fn(store, config) -> ReportContent`` tha
 report from saved results.
 
 Types are found, in order: already registered; ``"package.module:name"`` (the module is imported
-and must register ``name``); the module ``headcount.studies.<name>``; an entry point of the group
-``headcount.studies`` named ``name`` (a module to import or a callable to call).
+and must register ``name``); an entry point of the group ``headcount.studies`` named ``name`` (a
+module to import, which registers the type, or a callable to call). The built-in types
+(``transfer``, ``lottery``, ``demo``) are entry points of headcount itself (``pyproject.toml``):
+the registry knows no study by name, and a plugin package is found the same way.
 """
 
 from __future__ import annotations
@@ -16,10 +18,15 @@ import difflib
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from importlib.metadata import entry_points
+from types import ModuleType
 from typing import Any
 
 from ..errors import HeadcountError
-from .config import StudyConfig
+from .schema import StudyConfig
+
+#: the entry-point group that study types (built-in ones too) are declared in
+ENTRY_POINT_GROUP = "headcount.studies"
 
 _REGISTRY: dict[str, "StudyType"] = {}
 
@@ -112,8 +119,13 @@ def register_report(name: str, report_fn: Callable[[Any, Any], Any]) -> StudyTyp
     return new
 
 
+def _entry_points() -> dict:
+    """``{name: entry point}`` of the group ``headcount.studies`` (installed packages' metadata)."""
+    return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
+
+
 def _discover(name: str) -> None:
-    """Import what may register ``name``: ``module:name``, ``headcount.studies.<name>``, entry points."""
+    """Import what may register ``name``: the module of ``module:name``, or its entry point."""
     if ":" in name:
         module = name.split(":", 1)[0]
         try:
@@ -121,43 +133,26 @@ def _discover(name: str) -> None:
         except ImportError as e:
             raise HeadcountError(f"cannot import study module {module!r}: {e}") from None
         return
-    try:
-        importlib.import_module(f"headcount.studies.{name}")
+    ep = _entry_points().get(name)
+    if ep is None:
         return
-    except ModuleNotFoundError as e:
-        if e.name not in (f"headcount.studies.{name}", "headcount.studies", "headcount"):
-            raise HeadcountError(f"study type {name!r} failed to load: {e}") from None
     try:
-        from importlib.metadata import entry_points
-
-        for ep in entry_points(group="headcount.studies"):
-            if ep.name == name:
-                obj = ep.load()
-                if callable(obj) and not isinstance(obj, type(importlib)):
-                    obj()
-                return
+        obj = ep.load()
+        if callable(obj) and not isinstance(obj, ModuleType):
+            obj()
     except HeadcountError:
         raise
-    except Exception as e:  # pragma: no cover - a broken plugin
-        raise HeadcountError(f"study type {name!r}: its entry point failed to load: {e}") from None
+    except Exception as e:  # a broken plugin (or a built-in type whose module fails to import)
+        raise HeadcountError(f"study type {name!r} failed to load ({ep.value}): {type(e).__name__}: {e}") from None
 
 
 def study_types() -> list[str]:
-    """Names of the registered study types, plus the modules under ``headcount.studies``.
+    """Names of the registered study types and of the installed ones (entry points).
 
-    >>> isinstance(study_types(), list)
+    >>> {"transfer", "lottery", "demo"} <= set(study_types())
     True
     """
-    names = set(_REGISTRY)
-    try:
-        import pkgutil
-
-        import headcount.studies as pkg
-
-        names.update(m.name for m in pkgutil.iter_modules(pkg.__path__) if not m.name.startswith("_"))
-    except ImportError:  # pragma: no cover
-        pass
-    return sorted(names)
+    return sorted(set(_REGISTRY) | set(_entry_points()))
 
 
 def get_study_type(name: str) -> StudyType:

@@ -1,6 +1,9 @@
-"""Run a study: config -> plan of jobs -> run directory (resumable) -> report.
+"""Run a study's jobs: config -> plan of jobs -> run directory (resumable).
 
-``run_study`` is what ``headcount study CONFIG.yaml --out RUN`` calls. Running it again with the
+``run_study`` runs the jobs; the page is drawn by the ``report`` function it is given, called
+once every job has finished (the runner does not know how reports look: ``headcount.report``
+builds on the runner, not the other way round). :func:`headcount.api.run_study` is the two
+together, what ``headcount study CONFIG.yaml --out RUN`` calls. Running it again with the
 same config continues where it stopped: finished jobs (``RUN/jobs/<key>/DONE``) are reused, the
 temporary directories of jobs that were interrupted are removed, and the rest runs.
 
@@ -16,8 +19,10 @@ from __future__ import annotations
 import os
 import platform
 import shutil
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import yaml
@@ -31,6 +36,10 @@ from .registry import get_study_type
 from .store import CONFIG, MANIFEST, PLAN, FORMAT, RunStore, utcnow
 
 
+#: what draws a finished run's report: ``(run_dir, *, loaded, store) -> path of the page``
+ReportFn = Callable[..., "Path | None"]
+
+
 class JobsFailed(HeadcountError):
     """Some jobs raised; their tracebacks are in ``RUN/logs/``. Finished jobs are kept."""
 
@@ -41,8 +50,6 @@ def versions() -> dict[str, str]:
     >>> "python" in versions() and "headcount" in versions()
     True
     """
-    from importlib.metadata import PackageNotFoundError, version
-
     out = {"python": platform.python_version(), "platform": platform.platform(terse=True)}
     for pkg in ("headcount", "torch", "transformers", "numpy", "pandas", "scipy", "matplotlib", "pydantic", "ray"):
         try:
@@ -130,12 +137,12 @@ def run_study(
     address: str | None = None,
     force: bool = False,
     keep_going: bool = True,
-    report: bool = True,
+    report: ReportFn | None = None,
     quiet: bool = False,
     console=None,
     device: str | None = None,
 ) -> RunSummary:
-    """Run (or resume) a study into a run directory and write its report.
+    """Run (or resume) a study's jobs into a run directory, then call ``report`` when they all finished.
 
     Args:
         config: a YAML path, a validated config model, or a :class:`LoadedConfig`.
@@ -146,7 +153,9 @@ def run_study(
         force: take over a run directory made by another config (see the module docstring:
             nothing is deleted; the old config and report move to ``history/``).
         keep_going: after a job fails, still run the jobs that do not depend on it.
-        report: write ``report.html`` and ``results/`` when every job has finished.
+        report: called as ``report(run_dir, loaded=..., store=...)`` when every job has finished
+            (e.g. :func:`headcount.report.build_report`); its return value (the page's path) is
+            the summary's ``report``. None: no report.
         quiet: no progress display.
         console: a rich Console for the progress display (default: stderr).
         device: ``auto`` | ``cpu`` | ``cuda`` | ``cuda:N``; default: the config's ``device:``
@@ -164,6 +173,9 @@ def run_study(
     ...
     headcount.errors.HeadcountError: cannot read /nonexistent.yaml: ...
     """
+    if report and not callable(report):  # report=True of earlier versions: the caller must say how
+        raise HeadcountError("run_study(report=...) takes a function such as headcount.report.build_report "
+                             "(headcount.api.run_study draws the report itself)")
     loaded = _coerce_config(config)
     exe = make_executor(executor, address)
     if device is None and "device" in getattr(loaded.config, "model_fields_set", ()):
@@ -216,9 +228,7 @@ def run_study(
         summary.ran, summary.failed, summary.skipped = outcome.ran, outcome.failed, outcome.skipped
 
         if report and not store.missing():
-            from ..report import build_report
-
-            summary.report = build_report(out, loaded=loaded, store=store)
+            summary.report = report(out, loaded=loaded, store=store)
     if summary.failed:
         first, why = next(iter(summary.failed.items()))
         more = f" (and {len(summary.failed) - 1} more)" if len(summary.failed) > 1 else ""
