@@ -1,5 +1,4 @@
-"""Magnitude pruning (global L1, unstructured) with ``torch.nn.utils.prune``, and iterative
-magnitude pruning (IMP) with rewinding.
+"""Magnitude pruning's weight-mask primitives (global L1, unstructured, ``torch.nn.utils.prune``).
 
 Which weights compete (``variant``), named relative to the bare encoder
 (``adapter.base(model)``), so a mask fits the base model and any task model built on it:
@@ -15,25 +14,19 @@ Which weights go (``control``): ``"good"`` the smallest magnitudes; ``"bad"`` th
 
 A weight mask is ``{name: bool tensor}`` with True = kept (as in ``mask.json``, 1 = kept); it
 is applied with ``torch.nn.utils.prune.custom_from_mask`` (a forward pre-hook computes
-``weight = weight_orig * weight_mask``), so it stays applied while training.
-Files: ``weight_mask.safetensors`` (the bool tensors) and ``trace.csv`` (round, sparsity,
-metric, seconds).
+``weight = weight_orig * weight_mask``), so it stays applied while training; or, for an
+evaluation without training, zeroed in place and restored (:func:`masked_weights`).
+File: ``weight_mask.safetensors`` (the bool tensors, sparsity and provenance in the header).
 
-IMP (:func:`magnitude_prune`): fine-tune the full model; then each round prunes ``rate`` of the
-remaining weights by magnitude of the last fine-tuned weights, rewinds to the pre-trained weights
-(or to the full run's step ``rewind_step``), applies the mask and fine-tunes; it stops when the
-metric drops below ``threshold`` x the full model's metric or after ``rounds`` rounds, and keeps
-the last mask that passed.
+The procedures that decide how far to prune (the paper's search without retraining, IMP) are in
+:mod:`headcount.magnitude_search`; their names stay importable from here.
 """
 
 from __future__ import annotations
 
-import csv
-import io
 import json
-import time
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, replace
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -41,11 +34,10 @@ from torch import nn
 from torch.nn.utils import prune
 
 from .errors import HeadcountError
-from .io import atomic_path, atomic_write_json, atomic_write_text
+from .io import atomic_path
 
 VARIANTS = ("prasanna", "chen")
 CONTROLS = ("good", "random", "bad")
-SCHEDULES = ("remaining", "original")
 
 WeightMask = dict  # {name relative to the base model: bool tensor, True = kept}
 
@@ -238,6 +230,15 @@ def apply_weight_mask(model: nn.Module, mask: WeightMask) -> nn.Module:
 
     >>> apply_weight_mask(model, load_weight_mask("runs/mag/weight_mask.safetensors"))   # doctest: +SKIP
     """
+    targets = _fitting(model, mask)
+    for name, keep in mask.items():
+        module, attr = targets[name]
+        prune.custom_from_mask(module, attr, keep.to(device=_param(module, attr).device, dtype=torch.bool))
+    return model
+
+
+def _fitting(model: nn.Module, mask: WeightMask) -> dict[str, tuple[nn.Module, str]]:
+    """:func:`_all_named` of ``model``, once every name and shape of ``mask`` is checked against it."""
     targets = _all_named(model)
     for name, keep in mask.items():
         if name not in targets:
@@ -248,10 +249,34 @@ def apply_weight_mask(model: nn.Module, mask: WeightMask) -> nn.Module:
             raise HeadcountError(
                 f"the weight mask is for another model shape: {name} is {list(keep.shape)}, the model has {list(p.shape)}"
             )
-    for name, keep in mask.items():
-        module, attr = targets[name]
-        prune.custom_from_mask(module, attr, keep.to(device=_param(module, attr).device, dtype=torch.bool))
-    return model
+    return targets
+
+
+@contextmanager
+def masked_weights(model: nn.Module, mask: WeightMask) -> Iterator[nn.Module]:
+    """Zero the pruned weights of ``mask`` in place for the block, then restore them exactly.
+
+    For evaluating a mask on trained weights without training (no hooks: the forward pass is the
+    plain model's). Only the tensors the mask prunes from are copied (to restore them).
+
+    >>> with masked_weights(model, mask):                   # doctest: +SKIP
+    ...     score = evaluate(model, dev)["score"]
+    """
+    targets = _fitting(model, mask)
+    saved: dict[str, torch.Tensor] = {}
+    try:
+        with torch.no_grad():
+            for name, keep in mask.items():
+                if bool(keep.all()):
+                    continue
+                p = _param(*targets[name])
+                saved[name] = p.detach().clone()
+                p.mul_(keep.to(device=p.device, dtype=p.dtype))
+        yield model
+    finally:
+        with torch.no_grad():
+            for name, w in saved.items():
+                _param(*targets[name]).copy_(w)
 
 
 def remove_weight_mask(model: nn.Module) -> nn.Module:
@@ -355,281 +380,24 @@ def weight_mask_meta(path) -> dict:
         return {k: json.loads(v) for k, v in (f.metadata() or {}).items()}
 
 
-# -- the loop -----------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class MagnitudeConfig:
-    """Iterative magnitude pruning settings (defaults: Prasanna et al. 2020).
-
-    Attributes:
-        rounds: at most this many pruning rounds.
-        threshold: stop when the metric < threshold x the full model's metric.
-        rate: the fraction pruned per round (``schedule="remaining"``: of the remaining weights).
-        control: ``"good"``, ``"random"`` or ``"bad"``: how each round chooses.
-        variant: ``"prasanna"`` or ``"chen"``: which weights compete.
-        schedule: ``"remaining"`` (round k reaches 1 - (1 - rate)^k) or ``"original"`` (k x rate,
-            Chen et al.'s 10%, 20%, ... 90%).
-        sparsity: one shot instead of rounds: prune to exactly this sparsity, retrain once.
-        rewind_step: 0 = rewind to the pre-trained weights; N > 0 = to the full fine-tuning run's
-            weights after N steps (early-checkpoint rewinding).
-
-    >>> MagnitudeConfig(rounds=3).rate
-    0.1
-    """
-
-    rounds: int = 10
-    threshold: float = 0.9
-    rate: float = 0.1
-    control: str = "good"
-    variant: str = "prasanna"
-    schedule: str = "remaining"
-    sparsity: float | None = None
-    rewind_step: int = 0
-
-    def __post_init__(self):
-        if self.rounds < 1:
-            raise HeadcountError(f"rounds must be at least 1, got {self.rounds}")
-        if not 0.0 < float(self.rate) < 1.0:
-            raise HeadcountError(f"rate must be in (0, 1), got {self.rate}")
-        if not self.threshold >= 0:
-            raise HeadcountError(f"threshold must be >= 0, got {self.threshold}")
-        if self.control not in CONTROLS:
-            raise HeadcountError(f"unknown control {self.control!r}; choose one of {', '.join(CONTROLS)}")
-        if self.variant not in VARIANTS:
-            raise HeadcountError(f"unknown variant {self.variant!r}; choose one of {', '.join(VARIANTS)}")
-        if self.schedule not in SCHEDULES:
-            raise HeadcountError(f"unknown schedule {self.schedule!r}; choose one of {', '.join(SCHEDULES)}")
-        if self.sparsity is not None:
-            check_sparsity(self.sparsity)
-        if self.rewind_step < 0:
-            raise HeadcountError(f"rewind step must be >= 0, got {self.rewind_step}")
+# -- compatibility -------------------------------------------------------------------------------------
+#: Names that moved to :mod:`headcount.magnitude_search` (the procedures), still importable from here.
+_MOVED = ("MagnitudeConfig", "magnitude_prune", "iterative_magnitude_prune", "prasanna_magnitude_mask",
+          "prasanna_magnitude_prune", "MaskSearch", "PROCEDURES", "SCHEDULES")
 
 
-def _rewind_callback(step: int, path: Path, tokenizer_spec: str):
-    from transformers import TrainerCallback
+def __getattr__(name: str):
+    """``headcount.magnitude.magnitude_prune`` etc.: looked up in :mod:`headcount.magnitude_search`
+    when first asked for (this module never imports the procedures: they import it)."""
+    if name in _MOVED:
+        import importlib
 
-    from .io import atomic_dir
-    from .models import load_tokenizer
-
-    class Snapshot(TrainerCallback):
-        def on_step_end(self, args, state, control, model=None, **kw):
-            if state.global_step == step and state.is_world_process_zero and not (path / "config.json").is_file():
-                with atomic_dir(path) as tmp:
-                    model.save_pretrained(tmp, safe_serialization=True)
-                    load_tokenizer(tokenizer_spec).save_pretrained(tmp)
-
-    return Snapshot()
+        value = getattr(importlib.import_module(f"{__package__}.magnitude_search"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def _n_pruned(k: int, total: int, previous: int, config: MagnitudeConfig) -> int:
-    if config.schedule == "original":
-        return min(total, int(round(k * config.rate * total)))
-    return previous + int(round(config.rate * (total - previous)))
-
-
-def _trace_csv(rows: list[dict]) -> str:
-    buf = io.StringIO()
-    cols = ["round", "sparsity", "metric", "seconds", "pruned", "total", "passed"]
-    w = csv.DictWriter(buf, fieldnames=cols, lineterminator="\n")
-    w.writeheader()
-    for r in rows:
-        w.writerow({c: r.get(c) for c in cols})
-    return buf.getvalue()
-
-
-def magnitude_prune(model_spec: str, task, *, config: MagnitudeConfig | None = None, train=None, seed: int = 0,
-                    out_dir, match=None, progress: Callable[[str], None] | None = None,
-                    callbacks: Sequence = ()) -> dict:
-    """Iterative (or one-shot) magnitude pruning with retraining from rewound weights.
-
-    Round 0 fine-tunes the full model (``out_dir/full``). Round k computes a mask from the
-    weights fine-tuned in round k-1 (the full model for k = 1), at the round's sparsity and with
-    the round's control rule, rewinds (loads ``model_spec`` again, or the full run's step
-    ``rewind_step`` snapshot), applies the mask and fine-tunes (``out_dir/round_k``). A new
-    classification head is re-initialised identically in every round (same seed).
-
-    One shot (``config.sparsity`` set, or ``match`` = a finished run's folder whose final
-    sparsity — and full fine-tuned weights — are reused): a single round at that sparsity; this is
-    how random and bad controls are matched to a good run.
-
-    Everything is resumable: each round is a :func:`~headcount.training.finetune` folder.
-
-    Args:
-        model_spec: the pre-trained model (the rewind target).
-        task: task name, YAML path or object.
-        config: :class:`MagnitudeConfig`.
-        train: :class:`~headcount.training.TrainConfig` for every fine-tuning.
-        seed: training seed (and the random control's).
-        out_dir: output folder: ``weight_mask.safetensors`` (the last passing mask), ``trace.csv``,
-            ``magnitude.json``, ``full/``, ``round_XX/``.
-        match: a finished ``magnitude`` folder to match (one shot at its final sparsity).
-        progress: one-line progress messages.
-        callbacks: extra ``TrainerCallback`` objects for every fine-tuning.
-
-    Returns:
-        The summary written to ``magnitude.json``.
-
-    >>> r = magnitude_prune("offline", "offline/movies", out_dir="runs/mag")         # doctest: +SKIP
-    >>> r["sparsity"], r["metric"]                                                    # doctest: +SKIP
-    (0.5695, 0.83)
-    """
-    from .models import load_model
-    from .training import TrainConfig, _as_task, finetune
-
-    config = config or MagnitudeConfig()
-    train = train or TrainConfig()
-    out = Path(out_dir)
-    say = progress or (lambda msg: None)
-    task = _as_task(task)
-    t_start = time.perf_counter()
-
-    from .fingerprint import model_fingerprint, path_fingerprint, task_fingerprint
-
-    identity = {"model": str(model_spec), "model_fingerprint": model_fingerprint(model_spec),
-                "task": task.name, "task_fingerprint": task_fingerprint(task),
-                "seed": int(seed), "control": config.control,
-                "variant": config.variant, "rate": config.rate, "schedule": config.schedule,
-                "sparsity": config.sparsity, "rewind_step": config.rewind_step,
-                "match": str(match) if match is not None else None,
-                "match_fingerprint": path_fingerprint(Path(match) / "weight_mask.safetensors") if match else None,
-                "train": json.loads(json.dumps(train.identity()))}
-    for split in (task.train_split, task.validation_split):  # bad data ends here, before any output
-        task.load(split)
-    previous_run = out / "magnitude_run.json"
-    if previous_run.is_file():
-        try:
-            old = json.loads(previous_run.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            raise HeadcountError(f"{previous_run} is unreadable or corrupt; use another --out or delete it") from None
-        if old != identity:
-            diff = sorted(k for k in identity if old.get(k) != identity.get(k))
-            raise HeadcountError(f"{out} holds a different magnitude run (different {', '.join(diff)}); "
-                                 "use another --out or delete it")
-
-    # -- the full model (round 0) -----------------------------------------------------------
-    if match is not None:
-        match = Path(match)
-        summary = _read_summary(match)
-        if summary.get("sparsity") is None:
-            raise HeadcountError(f"{match}/magnitude.json has no final sparsity")
-        full_dir = match / "full"
-        if not (full_dir / "metrics.json").is_file():
-            raise HeadcountError(f"{match} has no finished full fine-tuning ({full_dir})")
-        try:
-            config = replace(config, sparsity=check_sparsity(summary["sparsity"], f"{match}/magnitude.json sparsity"),
-                             variant=summary.get("variant", config.variant))
-            full = json.loads((full_dir / "metrics.json").read_text(encoding="utf-8"))
-            float(full["final"]["score"])
-        except (OSError, ValueError, KeyError, TypeError):
-            raise HeadcountError(f"{match} is not a valid finished magnitude run ({full_dir / 'metrics.json'})") from None
-        if not previous_run.is_file():  # the inputs are checked: the folder is this run's now
-            atomic_write_json(previous_run, identity)
-    else:
-        if not previous_run.is_file():
-            atomic_write_json(previous_run, identity)
-        full_dir = out / "full"
-        cbs = list(callbacks)
-        if config.rewind_step:
-            cbs.append(_rewind_callback(config.rewind_step, full_dir / "rewind", model_spec))
-        say("round 0: fine-tuning the full model")
-        full = finetune(model_spec, task, seed=seed, config=train, out_dir=full_dir, progress=progress, callbacks=cbs)
-    start_spec = str(full_dir / "rewind") if config.rewind_step else model_spec
-    if config.rewind_step and not (Path(start_spec) / "config.json").is_file():
-        raise HeadcountError(f"rewind step {config.rewind_step} is beyond the full run ({full['steps']} steps)")
-    full_score = float(full["final"]["score"])
-    rows = [{"round": 0, "sparsity": 0.0, "metric": full_score, "seconds": full.get("wall_seconds"),
-             "pruned": 0, "total": None, "passed": True}]
-
-    source = full_dir / "model"  # whose magnitudes rank the weights
-    current: WeightMask | None = None
-    best = {"round": 0, "mask": None, "metric": full_score}
-    n_rounds = 1 if config.sparsity is not None else config.rounds
-    previous = 0
-    total = None
-    for k in range(1, n_rounds + 1):
-        round_dir = out / f"round_{k:02d}"
-        mask_file = round_dir / "weight_mask.safetensors"
-        if mask_file.is_file():
-            mask = load_weight_mask(mask_file)
-        else:
-            trained = load_model(str(source), head=task.kind, num_labels=task.num_labels)
-            total = sum(_param(m, a).numel() for m, a in weight_targets(trained, config.variant).values())
-            n = (int(round(config.sparsity * total)) if config.sparsity is not None
-                 else _n_pruned(k, total, previous, config))
-            if n >= total:
-                break
-            mask = magnitude_mask(trained, n / total, variant=config.variant, control=config.control,
-                                  current=current, seed=seed)
-            del trained
-            save_weight_mask(mask, mask_file, meta={"round": k, "variant": config.variant,
-                                                    "control": config.control, "model": str(model_spec)})
-        counts = mask_sparsity(mask)
-        total = counts["total"]
-        say(f"round {k}: sparsity {counts['sparsity']:.4f} ({config.control}), retraining from {start_spec}")
-        m = finetune(start_spec, task, weight_mask=mask, seed=seed, config=train, out_dir=round_dir,
-                     progress=progress, callbacks=callbacks)
-        score = float(m["final"]["score"])
-        passed = score >= config.threshold * full_score
-        rows.append({"round": k, "sparsity": counts["sparsity"], "metric": score,
-                     "seconds": m.get("wall_seconds"),
-                     "pruned": counts["pruned"], "total": total, "passed": passed})
-        say(f"round {k}: {task.metric} {score:.4f} vs {config.threshold} x {full_score:.4f} -> "
-            f"{'pass' if passed else 'stop'}")
-        if config.sparsity is None and not passed:
-            break
-        if passed or config.sparsity is not None:
-            best = {"round": k, "mask": mask, "metric": score}
-        current = mask
-        previous = counts["pruned"]
-        source = round_dir / "model"
-    rows[0]["total"] = total
-
-    final_mask = best["mask"]
-    if final_mask is None:  # nothing passed: the full model (no weight pruned)
-        trained = load_model(str(full_dir / "model"), head=task.kind, num_labels=task.num_labels)
-        final_mask = {n: torch.ones(_param(m, a).shape, dtype=torch.bool)
-                      for n, (m, a) in weight_targets(trained, config.variant).items()}
-    counts = mask_sparsity(final_mask)
-    summary = {
-        "model": str(model_spec),
-        "task": task.name,
-        "metric_name": task.metric,
-        "seed": int(seed),
-        "control": config.control,
-        "variant": config.variant,
-        "config": asdict(config),
-        "full_metric": full_score,
-        "round": best["round"],
-        "metric": best["metric"],
-        "sparsity": counts["sparsity"],
-        "pruned": counts["pruned"],
-        "total": counts["total"],
-        "rewind": "pre-trained" if not config.rewind_step else f"step {config.rewind_step}",
-        "match": str(match) if match is not None else None,
-        "seconds": round(time.perf_counter() - t_start, 3),
-        "trace": rows,
-    }
-    save_weight_mask(final_mask, out / "weight_mask.safetensors",
-                     meta={"round": best["round"], "variant": config.variant, "control": config.control,
-                           "model": str(model_spec), "task": task.name})
-    atomic_write_text(out / "trace.csv", _trace_csv(rows))
-    atomic_write_json(out / "magnitude.json", summary)
-    say(f"kept round {best['round']}: sparsity {counts['sparsity']:.4f}, {task.metric} {best['metric']:.4f} -> {out}")
-    return summary
-
-
-def _read_summary(path: Path) -> dict:
-    f = path / "magnitude.json"
-    if not f.is_file():
-        raise HeadcountError(f"{path} is not a finished magnitude run (no magnitude.json)")
-    try:
-        summary = json.loads(f.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        raise HeadcountError(f"{f} is unreadable or corrupt (not JSON)") from None
-    if not isinstance(summary, dict):
-        raise HeadcountError(f"{f} is not a magnitude summary")
-    return summary
-
-
-__all__ = ["VARIANTS", "CONTROLS", "MagnitudeConfig", "weight_targets", "magnitude_mask", "apply_weight_mask",
+__all__ = ["VARIANTS", "CONTROLS", "weight_targets", "magnitude_mask", "apply_weight_mask", "masked_weights",
            "remove_weight_mask", "weight_mask_of", "mask_sparsity", "model_sparsity", "save_weight_mask",
-           "load_weight_mask", "weight_mask_meta", "check_sparsity", "magnitude_prune"]
+           "load_weight_mask", "weight_mask_meta", "check_sparsity", *_MOVED]

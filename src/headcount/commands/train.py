@@ -12,7 +12,8 @@ from ..device import DEVICE_HELP, PRECISION_HELP
 
 #: what earlier outputs may hold (recognised without a marker)
 FINETUNE_FILES = ("model", "metrics.json", "run.json", "checkpoints", "evaluations.json")
-MAGNITUDE_FILES = ("weight_mask.safetensors", "trace.csv", "magnitude.json", "magnitude_run.json", "full", "round_[0-9]*")
+MAGNITUDE_FILES = ("weight_mask.safetensors", "trace.csv", "magnitude.json", "magnitude_run.json", "full", "retrain",
+                   "round_[0-9]*")
 TASK_HELP = "a registered task (glue/sst2, offline/movies, ...) or a task YAML file"
 
 
@@ -73,14 +74,18 @@ def finetune(
 def magnitude(
     model: str = typer.Option("offline", "--model", "-m", help=MODEL_HELP),
     task: str = typer.Option("offline/movies", "--task", "-t", help=TASK_HELP),
-    rounds: int = typer.Option(10, help="at most this many pruning rounds"),
+    procedure: str = typer.Option(
+        "prasanna", help="prasanna (the paper: prune the fine-tuned weights without retraining, stop on the "
+                         "un-retrained dev metric, retrain the kept mask once) | imp (retrain every round, Chen et al.)"),
+    rounds: int = typer.Option(10, "--rounds", "--max-steps", help="at most this many pruning steps (imp: rounds)"),
     threshold: float = typer.Option(0.9, help="stop when metric < threshold x full metric"),
-    rate: float = typer.Option(0.1, help="fraction of the remaining weights pruned per round"),
-    control: str = typer.Option("good", help="good (smallest first) | random | bad (largest first)"),
+    rate: float = typer.Option(0.1, help="fraction of the remaining weights pruned per step"),
+    control: str = typer.Option("good", help="good (smallest first) | random | bad (largest first); random and bad: "
+                                             "one shot, with --match or --sparsity"),
     variant: str = typer.Option("prasanna", help="prasanna (Q,K,V,O,FFN weights+biases) | chen (weights + pooler)"),
     sparsity: float = typer.Option(None, help="one shot: prune to exactly this sparsity in [0, 1), retrain once"),
     match: Path = typer.Option(None, "--match", help="a finished magnitude run: one shot at its final sparsity"),
-    rewind_step: int = typer.Option(0, "--rewind-step", help="0: rewind to pre-trained; N: to the full run's step N"),
+    rewind_step: int = typer.Option(0, "--rewind-step", help="imp: 0 rewinds to pre-trained; N to the full run's step N"),
     seed: int = typer.Option(0),
     epochs: float = typer.Option(3.0),
     lr: float = typer.Option(2e-5, "--lr"),
@@ -93,24 +98,35 @@ def magnitude(
     device: str = typer.Option(None, "--device", help=DEVICE_HELP),
     precision: str = typer.Option(None, "--precision", help=PRECISION_HELP),
 ):
-    """Magnitude pruning (IMP with rewinding, or one shot) -> weight_mask.safetensors, trace.csv."""
-    from ..magnitude import MagnitudeConfig, check_sparsity, magnitude_prune
-
+    """Magnitude pruning (the paper's search, IMP, or one shot) -> weight_mask.safetensors, trace.csv."""
     from ..errors import HeadcountError
     from ..io import check_out_path, prepare_out
+    from ..magnitude import check_sparsity
+    from ..magnitude_search import MagnitudeConfig, magnitude_prune
 
     check_out_path(out)
     if not 0.0 <= threshold <= 1.0:
         raise HeadcountError(f"--threshold must be in [0, 1] (a fraction of the full model's metric), got {threshold}")
     if sparsity is not None:
         check_sparsity(sparsity)
-    config = MagnitudeConfig(rounds=rounds, threshold=threshold, rate=rate, control=control, variant=variant,
-                             sparsity=sparsity, rewind_step=rewind_step)
+    config = MagnitudeConfig(procedure=procedure, rounds=rounds, threshold=threshold, rate=rate, control=control,
+                             variant=variant, sparsity=sparsity, rewind_step=rewind_step)
     train = _train_config(epochs, lr, batch_size, max_length, max_train_examples, max_eval_examples, save_steps,
                           device, precision)
     with prepare_out(out, "magnitude", own=MAGNITUDE_FILES):  # magnitude_run.json decides resume vs another run
         r = magnitude_prune(model, task, config=config, train=train, seed=seed, out_dir=out, match=match,
                             progress=_echo)
-    typer.echo(f"wrote {out}/weight_mask.safetensors and {out}/trace.csv: round {r['round']}, sparsity "
-               f"{r['sparsity']:.4f} ({r['pruned']:,}/{r['total']:,} weights, {control}), {r['metric_name']} "
-               f"{r['metric']:.4f} (full {r['full_metric']:.4f})")
+    one_shot = sparsity is not None or match is not None
+    step = "round" if one_shot or config.procedure == "imp" else "step"
+    if r.get("skipped"):
+        typer.echo(f"skipped: {match} kept no mask (no pruning step passed): no sparsity to match, nothing trained; "
+                   f"wrote {out}/magnitude.json")
+    elif r.get("no_passing_mask"):
+        typer.echo(f"no mask: no {step} kept {r['metric_name']} >= {threshold} x the full model's "
+                   f"({r['full_metric']:.4f}), so nothing was kept or retrained (NaN, no_passing_mask); "
+                   f"wrote {out}/trace.csv and {out}/magnitude.json")
+    else:
+        how = "one shot" if one_shot else f"{config.procedure} {step} {r['round']}"
+        typer.echo(f"wrote {out}/weight_mask.safetensors and {out}/trace.csv: {how}, sparsity {r['sparsity']:.4f} "
+                   f"({r['pruned']:,}/{r['total']:,} weights, {control}), {r['metric_name']} {r['metric']:.4f} "
+                   f"retrained (full {r['full_metric']:.4f})")

@@ -1,7 +1,7 @@
 """The settings of a lottery study (pydantic models), and the parameters of its jobs.
 
 One declaration per setting: the training settings are :class:`headcount.training.TrainConfig`'s
-fields and the magnitude settings :class:`headcount.magnitude.MagnitudeConfig`'s (their types
+fields and the magnitude settings :class:`headcount.magnitude_search.MagnitudeConfig`'s (their types
 and defaults, read from those classes); the pattern CNN's defaults are those of
 :func:`headcount.analysis.patterns.train_pattern_cnn`. Each job function validates its
 ``params`` into one of the ``*Params`` models below (:func:`job_params`).
@@ -21,7 +21,7 @@ from pydantic import BaseModel, Field, ValidationError, ValidationInfo, create_m
 
 from ...analysis.patterns import ARCHITECTURES, MAP_SIZE, train_pattern_cnn
 from ...errors import HeadcountError
-from ...magnitude import MagnitudeConfig
+from ...magnitude_search import MagnitudeConfig
 from ...runner import ConfigSection, StudyConfig
 from ...runner.config import format_validation_error, task_ref
 from ...tasks import get_task
@@ -41,8 +41,8 @@ TRAIN_FIELDS: tuple[str, ...] = (
     "eval_each_epoch", "save_steps",
 )
 
-#: :class:`headcount.magnitude.MagnitudeConfig` fields a lottery config exposes under ``magnitude``.
-MAGNITUDE_FIELDS: tuple[str, ...] = ("rounds", "rate", "threshold", "variant", "schedule")
+#: :class:`headcount.magnitude_search.MagnitudeConfig` fields a lottery config exposes under ``magnitude``.
+MAGNITUDE_FIELDS: tuple[str, ...] = ("procedure", "rounds", "rate", "threshold", "variant", "schedule")
 
 _CNN_DEFAULTS = {k: p.default for k, p in inspect.signature(train_pattern_cnn).parameters.items()}
 
@@ -136,16 +136,20 @@ class PruningSettings(ConfigSection):
 
 class MagnitudeSettings(create_model("MagnitudeFields", __base__=ConfigSection,
                                      **fields_of(MagnitudeConfig, MAGNITUDE_FIELDS))):
-    """Magnitude pruning (:func:`headcount.magnitude.magnitude_prune`): IMP good, then random
-    and bad masks at exactly the good mask's sparsity; all retrained from the pre-trained weights.
+    """Magnitude pruning (:func:`headcount.magnitude_search.magnitude_prune`): the good mask, then
+    random and bad masks at exactly its sparsity; all retrained from the pre-trained weights.
 
-    The :data:`MAGNITUDE_FIELDS` of :class:`headcount.magnitude.MagnitudeConfig` (its defaults
-    and checks), and ``enabled``.
+    The :data:`MAGNITUDE_FIELDS` of :class:`headcount.magnitude_search.MagnitudeConfig` (its
+    defaults and checks), and ``enabled``. When no step passes the good run has no mask: a NaN
+    row flagged ``no_passing_mask`` in the tables, and its random and bad controls are skipped.
 
     Attributes:
         enabled: run the magnitude part.
-        rounds: at most this many IMP rounds (each one retraining; the paper: 10).
-        rate: fraction of the remaining weights pruned per round (the paper: 0.1).
+        procedure: ``prasanna`` (the default, the paper's: prune the fine-tuned weights without
+            retraining, stop on the un-retrained dev metric, retrain the kept mask once) or
+            ``imp`` (Chen et al.: retrain every round, stop on the retrained metric).
+        rounds: at most this many pruning steps (imp: retrained rounds; the paper: 10).
+        rate: fraction of the remaining weights pruned per step (the paper: 0.1).
         threshold: stop below threshold x the full model's metric.
         variant: ``prasanna`` (Q, K, V, O, intermediate and output weights + biases) or ``chen``.
         schedule: ``remaining`` (1 - (1 - rate)^k) or ``original`` (k x rate).
@@ -159,7 +163,7 @@ class MagnitudeSettings(create_model("MagnitudeFields", __base__=ConfigSection,
         return self
 
     def config(self, control: str = "good") -> MagnitudeConfig:
-        """The :class:`headcount.magnitude.MagnitudeConfig` of these settings for one control."""
+        """The :class:`headcount.magnitude_search.MagnitudeConfig` of these settings for one control."""
         return MagnitudeConfig(**self.model_dump(exclude={"enabled"}), control=control)
 
 
@@ -350,6 +354,13 @@ class RetrainParams(ConfigSection):
     keep_model: bool
 
 
+class MagnitudeJobSettings(MagnitudeSettings):
+    """:class:`MagnitudeSettings` as a magnitude job's params carry them: ``procedure`` absent
+    means ``imp`` (IMP jobs keep the params, hence the keys, they had before procedures existed)."""
+
+    procedure: str = "imp"
+
+
 class MagnitudeParams(ConfigSection):
     """``lottery.magnitude``: the pre-trained ``model``, ``task``, ``seed``, ``train``,
     ``magnitude`` settings, the ``control`` and ``keep_models``."""
@@ -358,7 +369,7 @@ class MagnitudeParams(ConfigSection):
     task: str
     seed: int
     train: TrainSettings
-    magnitude: MagnitudeSettings
+    magnitude: MagnitudeJobSettings
     control: Literal["good", "random", "bad"]
     keep_models: bool
 

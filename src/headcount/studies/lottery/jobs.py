@@ -24,7 +24,7 @@ from ...attention import attention_maps
 from ...device import model_device, resolve_device, to_device
 from ...errors import HeadcountError
 from ...io import atomic_path, atomic_write_json
-from ...magnitude import magnitude_prune
+from ...magnitude_search import magnitude_prune
 from ...masks import Mask
 from ...pipeline import DataConfig, batches_for, load_for
 from ...tasks import get_task
@@ -149,14 +149,18 @@ def retrain_job(params, inputs, workdir: Path, progress) -> dict:
 
 
 def magnitude_job(params, inputs, workdir: Path, progress) -> dict:
-    """Magnitude pruning with retraining from the pre-trained weights (:func:`headcount.magnitude.magnitude_prune`).
+    """Magnitude pruning with retraining from the pre-trained weights
+    (:func:`headcount.magnitude_search.magnitude_prune`, by ``magnitude.procedure``).
 
     params (:class:`~.config.MagnitudeParams`): model (pre-trained), task, seed, train,
     magnitude, control (``good`` | ``random`` | ``bad``), keep_models.
-    inputs: ``full`` (the finished full fine-tuning of this seed, reused as IMP's round 0) for
-    ``good``; ``match`` (the good magnitude job) for ``random`` and ``bad``, which prune once to
-    exactly its sparsity, ranking the same fine-tuned weights.
-    Writes ``weight_mask.safetensors``, ``trace.csv``, ``magnitude.json``, ``full/``, ``round_XX/``.
+    inputs: ``full`` (the finished full fine-tuning of this seed: the weights the paper's search
+    prunes without retraining, or IMP's round 0) for ``good``; ``match`` (the good magnitude job)
+    for ``random`` and ``bad``, which prune once to exactly its sparsity, ranking the same
+    fine-tuned weights. When the good job kept no mask (``no_passing_mask``), a control is
+    skipped: ``skipped: true``, nothing trained.
+    Writes ``weight_mask.safetensors``, ``trace.csv``, ``magnitude.json``, ``full/``, and
+    ``retrain/`` (prasanna) or ``round_XX/`` (imp, controls).
 
     >>> magnitude_job({"model": "offline", "task": "offline/movies", "control": "bad"},
     ...               {"match": good_magnitude}, out, print)["sparsity"]            # doctest: +SKIP
@@ -175,7 +179,7 @@ def magnitude_job(params, inputs, workdir: Path, progress) -> dict:
     summary = magnitude_prune(p.model, p.task, config=p.magnitude.config(p.control), train=p.train.config(),
                               seed=p.seed, out_dir=workdir, match=match, progress=step_messages(progress))
     if not p.keep_models:
-        for d in workdir.glob("round_*"):
+        for d in [*workdir.glob("round_*"), workdir / "retrain"]:
             shutil.rmtree(d / "model", ignore_errors=True)
     return summary
 

@@ -131,7 +131,8 @@ def lottery_jobs(settings: LotterySettings, prefix: str = "") -> list[Job]:
                                 deps={"mask": mask_job}))
             if s.magnitude.enabled:
                 m = s.magnitude
-                mag = m.model_dump(mode="json", exclude={"enabled"})
+                # IMP params leave ``procedure`` out: the keys its jobs had before procedures existed
+                mag = m.model_dump(mode="json", exclude={"enabled", *(("procedure",) if m.procedure == "imp" else ())})
                 base = {"model": s.model, "task": task, "seed": seed, "train": train, "magnitude": mag,
                         "keep_models": s.keep_models}
                 good = Job(job_name(prefix, "magnitude", "good", tname, tag), "lottery.magnitude",

@@ -1,0 +1,595 @@
+"""Magnitude-pruning procedures: which weight mask to keep, and its retraining.
+
+The weight-mask primitives (which weights, masks, controls, files) are :mod:`headcount.magnitude`;
+this module holds the searches that decide how far to prune, and the runs built on them.
+
+Two procedures (``MagnitudeConfig.procedure``):
+
+- ``"prasanna"`` (Prasanna et al. 2020, ``find_global_weight_mask.py``; the default): rank the
+  FINE-TUNED weights (global L1 over :func:`~headcount.magnitude.weight_targets`), prune ``rate``
+  of the remaining ones per step WITHOUT retraining, evaluate the masked fine-tuned model on dev
+  after each step, stop when that un-retrained metric falls below ``threshold`` x the full
+  model's (or after ``rounds`` steps), keep the last passing mask, then retrain ONCE from the
+  pre-trained weights with it (:func:`prasanna_magnitude_mask`, :func:`prasanna_magnitude_prune`).
+- ``"imp"`` (iterative magnitude pruning with rewinding, Chen et al. 2020): every round prunes
+  ``rate`` of the remaining weights by the magnitudes of the last RETRAINED weights, rewinds and
+  retrains; the stop rule reads the retrained metric (:func:`iterative_magnitude_prune`). It
+  usually keeps a sparser mask, and its kept mask passes the retrained threshold by construction.
+
+Controls (``control="random"`` / ``"bad"``) are one shot at the good run's sparsity (``match``):
+a mask ranked on the same fine-tuned weights, retrained the same way, for either procedure.
+
+When no step passes there is no mask: the summary says ``no_passing_mask: true`` with
+``metric``/``sparsity`` null (a NaN row in a study's table), no ``weight_mask.safetensors`` is
+written, and a control matched to it is skipped (``skipped: true``, nothing trained).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .errors import HeadcountError
+from .io import atomic_write_json, atomic_write_text
+from .magnitude import (
+    CONTROLS,
+    VARIANTS,
+    WeightMask,
+    _param,
+    check_sparsity,
+    load_weight_mask,
+    magnitude_mask,
+    mask_sparsity,
+    masked_weights,
+    save_weight_mask,
+    weight_targets,
+)
+
+PROCEDURES = ("prasanna", "imp")
+SCHEDULES = ("remaining", "original")
+
+
+# -- settings ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class MagnitudeConfig:
+    """Magnitude-pruning settings, declared once (the CLI and the lottery study read them).
+
+    Defaults: Prasanna et al. 2020.
+
+    Attributes:
+        procedure: ``"prasanna"`` (prune the fine-tuned weights step by step without retraining,
+            stop on the un-retrained dev metric, retrain the kept mask once) or ``"imp"``
+            (retrain every round, stop on the retrained metric).
+        rounds: at most this many pruning steps (prasanna) or retrained rounds (imp); the
+            paper: 10. The CLI also accepts it as ``--max-steps``.
+        threshold: stop when the metric < threshold x the full model's metric.
+        rate: the fraction pruned per step (``schedule="remaining"``: of the remaining weights).
+        control: ``"good"``, ``"random"`` or ``"bad"``: how a mask chooses (random and bad are
+            one shot at a good run's sparsity, see ``sparsity`` and ``match``).
+        variant: ``"prasanna"`` or ``"chen"``: which weights compete.
+        schedule: ``"remaining"`` (step k reaches 1 - (1 - rate)^k) or ``"original"`` (k x rate,
+            Chen et al.'s 10%, 20%, ... 90%).
+        sparsity: one shot instead of a search: prune to exactly this sparsity, retrain once.
+        rewind_step: imp only: 0 = rewind to the pre-trained weights; N > 0 = to the full
+            fine-tuning run's weights after N steps (early-checkpoint rewinding).
+
+    >>> MagnitudeConfig(rounds=3).rate, MagnitudeConfig().procedure
+    (0.1, 'prasanna')
+    """
+
+    procedure: str = "prasanna"
+    rounds: int = 10
+    threshold: float = 0.9
+    rate: float = 0.1
+    control: str = "good"
+    variant: str = "prasanna"
+    schedule: str = "remaining"
+    sparsity: float | None = None
+    rewind_step: int = 0
+
+    def __post_init__(self):
+        if self.procedure not in PROCEDURES:
+            raise HeadcountError(f"unknown procedure {self.procedure!r}; choose one of {', '.join(PROCEDURES)}")
+        if self.rounds < 1:
+            raise HeadcountError(f"rounds (max steps) must be at least 1, got {self.rounds}")
+        if not 0.0 < float(self.rate) < 1.0:
+            raise HeadcountError(f"rate must be in (0, 1), got {self.rate}")
+        if not self.threshold >= 0:
+            raise HeadcountError(f"threshold must be >= 0, got {self.threshold}")
+        if self.control not in CONTROLS:
+            raise HeadcountError(f"unknown control {self.control!r}; choose one of {', '.join(CONTROLS)}")
+        if self.variant not in VARIANTS:
+            raise HeadcountError(f"unknown variant {self.variant!r}; choose one of {', '.join(VARIANTS)}")
+        if self.schedule not in SCHEDULES:
+            raise HeadcountError(f"unknown schedule {self.schedule!r}; choose one of {', '.join(SCHEDULES)}")
+        if self.sparsity is not None:
+            check_sparsity(self.sparsity)
+        if self.rewind_step < 0:
+            raise HeadcountError(f"rewind step must be >= 0, got {self.rewind_step}")
+
+
+def _n_pruned(k: int, total: int, previous: int, config: MagnitudeConfig) -> int:
+    """Weights pruned after step k (``previous`` after step k - 1), of ``total``."""
+    if config.schedule == "original":
+        return min(total, int(round(k * config.rate * total)))
+    return previous + int(round(config.rate * (total - previous)))
+
+
+# -- the paper's search (no retraining between steps) ----------------------------------------------------
+@dataclass
+class MaskSearch:
+    """What :func:`prasanna_magnitude_mask` found.
+
+    Attributes:
+        mask: the last passing mask (``{name: bool}``, True = kept), or None when no step passed.
+        step: the step it was kept at (0 = none passed).
+        full_metric: the un-pruned fine-tuned model's dev metric (the threshold's reference).
+        metric: the kept mask's un-retrained dev metric (NaN when none passed).
+        trace: one row per step evaluated: step, sparsity, metric (un-retrained), passed, pruned,
+            total, seconds; step 0 is the full model.
+    """
+
+    mask: WeightMask | None
+    step: int
+    full_metric: float
+    metric: float
+    trace: list[dict] = field(default_factory=list)
+
+    @property
+    def no_passing_mask(self) -> bool:
+        return self.mask is None
+
+
+def prasanna_magnitude_mask(model: nn.Module, evaluate: Callable[[nn.Module], float], *,
+                            config: MagnitudeConfig | None = None, full_metric: float | None = None,
+                            progress: Callable[[str], None] | None = None) -> MaskSearch:
+    """Prasanna et al.'s magnitude search on a fine-tuned ``model``, without retraining.
+
+    Step k prunes ``config.rate`` of the remaining :func:`~headcount.magnitude.weight_targets`
+    (global L1 on ``model``'s fine-tuned weights; what step k - 1 pruned stays pruned), zeroes
+    them in place for ``evaluate(model)`` and restores them after; it passes when that metric is
+    >= ``config.threshold`` x ``full_metric``. The first failing step stops the search (so does
+    ``config.rounds``); the last passing mask is kept.
+
+    Args:
+        model: the fine-tuned model (unchanged on return).
+        evaluate: ``model -> dev metric`` (higher is better), called once per step.
+        config: :class:`MagnitudeConfig` (``rate``, ``rounds``, ``threshold``, ``variant``,
+            ``schedule``); the procedure and control fields are not read.
+        full_metric: the reference; default ``evaluate(model)`` before any pruning.
+        progress: one-line progress messages.
+
+    Returns:
+        :class:`MaskSearch`.
+
+    >>> found = prasanna_magnitude_mask(model, lambda m: evaluate(m, dev)["score"])   # doctest: +SKIP
+    >>> found.step, mask_sparsity(found.mask)["sparsity"]                             # doctest: +SKIP
+    (5, 0.40951)
+    """
+    config = config or MagnitudeConfig()
+    say = progress or (lambda msg: None)
+    total = sum(_param(m, a).numel() for m, a in weight_targets(model, config.variant).values())
+    t0 = time.perf_counter()
+    full = float(evaluate(model)) if full_metric is None else float(full_metric)
+    trace = [{"step": 0, "sparsity": 0.0, "metric": full, "passed": True, "pruned": 0, "total": total,
+              "seconds": round(time.perf_counter() - t0, 3)}]
+    found = MaskSearch(mask=None, step=0, full_metric=full, metric=math.nan, trace=trace)
+    current: WeightMask | None = None
+    previous = 0
+    for k in range(1, config.rounds + 1):
+        n = _n_pruned(k, total, previous, config)
+        if n >= total or n <= previous:  # nothing left to prune, or a step too small to prune one
+            break
+        t0 = time.perf_counter()
+        mask = magnitude_mask(model, n / total, variant=config.variant, control="good", current=current)
+        with masked_weights(model, mask):
+            score = float(evaluate(model))
+        passed = bool(score >= config.threshold * full)  # NaN fails
+        trace.append({"step": k, "sparsity": n / total, "metric": score, "passed": passed, "pruned": n,
+                      "total": total, "seconds": round(time.perf_counter() - t0, 3)})
+        say(f"step {k}: sparsity {n / total:.4f}, un-retrained metric {score:.4f} vs {config.threshold} x "
+            f"{full:.4f} -> {'pass' if passed else 'stop'}")
+        if not passed:
+            break
+        found.mask, found.step, found.metric = mask, k, score
+        current, previous = mask, n
+    return found
+
+
+# -- files -------------------------------------------------------------------------------------------------
+def _trace_csv(rows: list[dict], first: str = "round") -> str:
+    buf = io.StringIO()
+    cols = [first, "sparsity", "metric", "seconds", "pruned", "total", "passed"]
+    w = csv.DictWriter(buf, fieldnames=cols, lineterminator="\n")
+    w.writeheader()
+    for r in rows:
+        w.writerow({c: r.get(c) for c in cols})
+    return buf.getvalue()
+
+
+def _read_summary(path: Path) -> dict:
+    f = path / "magnitude.json"
+    if not f.is_file():
+        raise HeadcountError(f"{path} is not a finished magnitude run (no magnitude.json)")
+    try:
+        summary = json.loads(f.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        raise HeadcountError(f"{f} is unreadable or corrupt (not JSON)") from None
+    if not isinstance(summary, dict):
+        raise HeadcountError(f"{f} is not a magnitude summary")
+    return summary
+
+
+def _identity(model_spec, task, seed, config: MagnitudeConfig, train, match) -> dict:
+    """What decides a run's folder (``magnitude_run.json``); ``procedure`` only when it is not
+    ``imp``, so that IMP folders written before it existed still resume."""
+    from .fingerprint import model_fingerprint, path_fingerprint, task_fingerprint
+
+    ident = {"model": str(model_spec), "model_fingerprint": model_fingerprint(model_spec),
+             "task": task.name, "task_fingerprint": task_fingerprint(task),
+             "seed": int(seed), "control": config.control,
+             "variant": config.variant, "rate": config.rate, "schedule": config.schedule,
+             "sparsity": config.sparsity, "rewind_step": config.rewind_step,
+             "match": str(match) if match is not None else None,
+             "match_fingerprint": (path_fingerprint(Path(match) / "weight_mask.safetensors")
+                                   if match and (Path(match) / "weight_mask.safetensors").is_file() else None),
+             "train": json.loads(json.dumps(train.identity()))}
+    if config.procedure != "imp":
+        ident["procedure"] = config.procedure
+    return ident
+
+
+def _claim(out: Path, identity: dict, write: bool = True) -> None:
+    """Refuse a folder holding another run; mark it as this run's (``magnitude_run.json``)."""
+    previous_run = out / "magnitude_run.json"
+    if previous_run.is_file():
+        try:
+            old = json.loads(previous_run.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            raise HeadcountError(f"{previous_run} is unreadable or corrupt; use another --out or delete it") from None
+        if old != identity:
+            diff = sorted(k for k in identity.keys() | old.keys() if old.get(k) != identity.get(k))
+            raise HeadcountError(f"{out} holds a different magnitude run (different {', '.join(diff)}); "
+                                 "use another --out or delete it")
+    elif write:
+        atomic_write_json(previous_run, identity)
+
+
+# -- the runs ----------------------------------------------------------------------------------------------
+def magnitude_prune(model_spec: str, task, *, config: MagnitudeConfig | None = None, train=None, seed: int = 0,
+                    out_dir, match=None, progress: Callable[[str], None] | None = None,
+                    callbacks: Sequence = ()) -> dict:
+    """Magnitude pruning by ``config.procedure``; one shot when ``config.sparsity`` or ``match`` is given.
+
+    ``"prasanna"``: :func:`prasanna_magnitude_prune`; ``"imp"``: :func:`iterative_magnitude_prune`.
+    A one shot (the random and bad controls) ranks the full fine-tuned weights and retrains once
+    from the pre-trained ones, for either procedure (:func:`iterative_magnitude_prune` with one round).
+
+    >>> r = magnitude_prune("offline", "offline/movies", out_dir="runs/mag")          # doctest: +SKIP
+    >>> r["procedure"], r["sparsity"], r["metric"]                                    # doctest: +SKIP
+    ('prasanna', 0.4095, 0.83)
+    """
+    config = config or MagnitudeConfig()
+    if config.sparsity is None and match is None:
+        if config.procedure == "prasanna":
+            if config.control != "good":
+                raise HeadcountError(f"the prasanna search finds the good mask; a {config.control} control is one "
+                                     "shot at a good run's sparsity: give --match (or --sparsity)")
+            if config.rewind_step:
+                raise HeadcountError("rewind step is an imp setting (prasanna retrains from the pre-trained weights)")
+            return prasanna_magnitude_prune(model_spec, task, config=config, train=train, seed=seed, out_dir=out_dir,
+                                            progress=progress, callbacks=callbacks)
+    return iterative_magnitude_prune(model_spec, task, config=config, train=train, seed=seed, out_dir=out_dir,
+                                     match=match, progress=progress, callbacks=callbacks)
+
+
+def _dev_evaluator(task, tokenizer, train):
+    """``model -> dev metric`` on the dev subset fine-tuning reports on (same examples, same length)."""
+    from .tasks import encode
+    from .training import evaluate
+
+    data = task.load(task.validation_split, max_examples=train.max_eval_examples, seed=train.data_seed)
+    encoded = encode(data, tokenizer, max_length=train.max_length)
+    device = "cpu" if train.use_cpu else None
+
+    def run(model):
+        return float(evaluate(model, encoded, tokenizer=tokenizer, metric=task.metric,
+                              batch_size=train.eval_batch_size, device=device)["score"])
+
+    return run
+
+
+def prasanna_magnitude_prune(model_spec: str, task, *, config: MagnitudeConfig | None = None, train=None,
+                             seed: int = 0, out_dir, progress: Callable[[str], None] | None = None,
+                             callbacks: Sequence = ()) -> dict:
+    """The paper's procedure end to end: fine-tune, search without retraining, retrain the kept mask once.
+
+    1. ``out_dir/full``: the full model fine-tuned from ``model_spec`` (a finished folder is reused).
+    2. :func:`prasanna_magnitude_mask` on those fine-tuned weights, evaluated on the dev subset of
+       ``train`` (``max_eval_examples``, ``data_seed``): ``trace.csv`` (step, sparsity, metric =
+       the un-retrained dev metric, passed, ...), ``weight_mask.safetensors`` (the kept mask).
+    3. ``out_dir/retrain``: the kept mask retrained once from ``model_spec`` (the pre-trained
+       weights, a new head with the same seed) -> the reported ``metric``.
+
+    When no step passes: ``no_passing_mask: true``, ``metric``/``sparsity`` null, no mask file,
+    nothing retrained. Resumable (each fine-tuning is a :func:`~headcount.training.finetune` folder).
+
+    Returns:
+        The summary written to ``magnitude.json``: procedure, full_metric (the full fine-tuning),
+        full_unretrained (its search evaluation), step (kept; ``round`` too), unretrained_metric,
+        metric (retrained), sparsity, pruned, total, no_passing_mask, trace, ...
+
+    >>> r = prasanna_magnitude_prune("offline", "offline/movies", out_dir="runs/mag")   # doctest: +SKIP
+    >>> r["step"], r["no_passing_mask"]                                                 # doctest: +SKIP
+    (6, False)
+    """
+    from .models import load_model, load_tokenizer
+    from .training import TrainConfig, _as_task, finetune
+
+    config = replace(config or MagnitudeConfig(), procedure="prasanna")
+    train = train or TrainConfig()
+    out = Path(out_dir)
+    say = progress or (lambda msg: None)
+    task = _as_task(task)
+    t_start = time.perf_counter()
+    identity = _identity(model_spec, task, seed, config, train, None)
+    for split in (task.train_split, task.validation_split):  # bad data ends here, before any output
+        task.load(split)
+    _claim(out, identity)
+
+    full_dir = out / "full"
+    say("step 0: fine-tuning the full model")
+    full = finetune(model_spec, task, seed=seed, config=train, out_dir=full_dir, progress=progress, callbacks=callbacks)
+    model = load_model(str(full_dir / "model"), head=task.kind, num_labels=task.num_labels)
+    found = prasanna_magnitude_mask(model, _dev_evaluator(task, load_tokenizer(str(full_dir / "model")), train),
+                                    config=config, progress=progress)
+    del model
+    mask_file = out / "weight_mask.safetensors"
+    atomic_write_text(out / "trace.csv", _trace_csv(found.trace, "step"))
+    summary = {
+        "model": str(model_spec), "task": task.name, "metric_name": task.metric, "seed": int(seed),
+        "procedure": "prasanna", "control": "good", "variant": config.variant, "config": asdict(config),
+        "full_metric": float(full["final"]["score"]), "full_unretrained": found.full_metric,
+        "step": found.step, "round": found.step, "no_passing_mask": found.no_passing_mask,
+        "unretrained_metric": None if found.no_passing_mask else found.metric,
+        "metric": None, "sparsity": None, "pruned": None, "total": found.trace[0]["total"],
+        "rewind": "pre-trained", "match": None, "trace": found.trace,
+    }
+    if found.no_passing_mask:
+        mask_file.unlink(missing_ok=True)  # an earlier run's mask is not this result
+        say(f"no step kept {task.metric} >= {config.threshold} x {found.full_metric:.4f} without retraining "
+            "(step 1 failed): no mask, nothing retrained")
+    else:
+        save_weight_mask(found.mask, mask_file, meta={"step": found.step, "variant": config.variant, "control": "good",
+                                                      "procedure": "prasanna", "model": str(model_spec),
+                                                      "task": task.name})
+        counts = mask_sparsity(found.mask)
+        say(f"kept step {found.step}: sparsity {counts['sparsity']:.4f}; retraining once from {model_spec}")
+        m = finetune(model_spec, task, weight_mask=found.mask, seed=seed, config=train, out_dir=out / "retrain",
+                     progress=progress, callbacks=callbacks)
+        summary.update(metric=float(m["final"]["score"]), sparsity=counts["sparsity"], pruned=counts["pruned"],
+                       total=counts["total"])
+    summary["seconds"] = round(time.perf_counter() - t_start, 3)
+    atomic_write_json(out / "magnitude.json", summary)
+    if not found.no_passing_mask:
+        say(f"kept step {found.step}: sparsity {summary['sparsity']:.4f}, {task.metric} retrained "
+            f"{summary['metric']:.4f} -> {out}")
+    return summary
+
+
+def _rewind_callback(step: int, path: Path, tokenizer_spec: str):
+    from transformers import TrainerCallback
+
+    from .io import atomic_dir
+    from .models import load_tokenizer
+
+    class Snapshot(TrainerCallback):
+        def on_step_end(self, args, state, control, model=None, **kw):
+            if state.global_step == step and state.is_world_process_zero and not (path / "config.json").is_file():
+                with atomic_dir(path) as tmp:
+                    model.save_pretrained(tmp, safe_serialization=True)
+                    load_tokenizer(tokenizer_spec).save_pretrained(tmp)
+
+    return Snapshot()
+
+
+def _skipped(out: Path, model_spec, task, seed, config: MagnitudeConfig, match: Path, say) -> dict:
+    """A control matched to a run without a passing mask: nothing to match, nothing trained."""
+    summary = {"model": str(model_spec), "task": task.name, "metric_name": task.metric, "seed": int(seed),
+               "procedure": config.procedure, "control": config.control, "variant": config.variant,
+               "config": asdict(config), "full_metric": None, "round": None, "metric": None, "sparsity": None,
+               "pruned": None, "total": None, "no_passing_mask": True, "skipped": True, "match": str(match),
+               "seconds": 0.0, "trace": []}
+    (out / "weight_mask.safetensors").unlink(missing_ok=True)
+    atomic_write_text(out / "trace.csv", _trace_csv([]))
+    atomic_write_json(out / "magnitude.json", summary)
+    say(f"skipped: {match} kept no mask (no pruning step passed), so there is no sparsity to match")
+    return summary
+
+
+def iterative_magnitude_prune(model_spec: str, task, *, config: MagnitudeConfig | None = None, train=None,
+                              seed: int = 0, out_dir, match=None, progress: Callable[[str], None] | None = None,
+                              callbacks: Sequence = ()) -> dict:
+    """Iterative (or one-shot) magnitude pruning with retraining from rewound weights (IMP).
+
+    Round 0 fine-tunes the full model (``out_dir/full``). Round k computes a mask from the
+    weights fine-tuned in round k-1 (the full model for k = 1), at the round's sparsity and with
+    the round's control rule, rewinds (loads ``model_spec`` again, or the full run's step
+    ``rewind_step`` snapshot), applies the mask and fine-tunes (``out_dir/round_k``). A new
+    classification head is re-initialised identically in every round (same seed). It stops when
+    the retrained metric drops below ``threshold`` x the full model's or after ``rounds`` rounds.
+
+    One shot (``config.sparsity`` set, or ``match`` = a finished run's folder whose final
+    sparsity — and full fine-tuned weights — are reused): a single round at that sparsity; this is
+    how random and bad controls are matched to a good run (of either procedure). A ``match``
+    without a passing mask is skipped (``skipped: true``, nothing trained).
+
+    When no round passes: ``no_passing_mask: true``, ``metric``/``sparsity`` null and no
+    ``weight_mask.safetensors`` (earlier versions reported the full model at sparsity 0).
+
+    Everything is resumable: each round is a :func:`~headcount.training.finetune` folder.
+
+    Args:
+        model_spec: the pre-trained model (the rewind target).
+        task: task name, YAML path or object.
+        config: :class:`MagnitudeConfig`.
+        train: :class:`~headcount.training.TrainConfig` for every fine-tuning.
+        seed: training seed (and the random control's).
+        out_dir: output folder: ``weight_mask.safetensors`` (the last passing mask), ``trace.csv``,
+            ``magnitude.json``, ``full/``, ``round_XX/``.
+        match: a finished ``magnitude`` folder to match (one shot at its final sparsity).
+        progress: one-line progress messages.
+        callbacks: extra ``TrainerCallback`` objects for every fine-tuning.
+
+    Returns:
+        The summary written to ``magnitude.json``.
+
+    >>> r = iterative_magnitude_prune("offline", "offline/movies", out_dir="runs/mag")   # doctest: +SKIP
+    >>> r["sparsity"], r["metric"]                                                        # doctest: +SKIP
+    (0.5695, 0.83)
+    """
+    from .models import load_model
+    from .training import TrainConfig, _as_task, finetune
+
+    config = config or MagnitudeConfig(procedure="imp")
+    if config.sparsity is None and match is None:
+        config = replace(config, procedure="imp")
+    train = train or TrainConfig()
+    out = Path(out_dir)
+    say = progress or (lambda msg: None)
+    task = _as_task(task)
+    t_start = time.perf_counter()
+
+    identity = _identity(model_spec, task, seed, config, train, match)
+    for split in (task.train_split, task.validation_split):  # bad data ends here, before any output
+        task.load(split)
+    _claim(out, identity, write=False)
+
+    # -- the full model (round 0) -----------------------------------------------------------
+    if match is not None:
+        match = Path(match)
+        summary = _read_summary(match)
+        if summary.get("no_passing_mask"):
+            _claim(out, identity)
+            return _skipped(out, model_spec, task, seed, config, match, say)
+        if summary.get("sparsity") is None:
+            raise HeadcountError(f"{match}/magnitude.json has no final sparsity")
+        full_dir = match / "full"
+        if not (full_dir / "metrics.json").is_file():
+            raise HeadcountError(f"{match} has no finished full fine-tuning ({full_dir})")
+        try:
+            config = replace(config, sparsity=check_sparsity(summary["sparsity"], f"{match}/magnitude.json sparsity"),
+                             variant=summary.get("variant", config.variant))
+            full = json.loads((full_dir / "metrics.json").read_text(encoding="utf-8"))
+            float(full["final"]["score"])
+        except (OSError, ValueError, KeyError, TypeError):
+            raise HeadcountError(f"{match} is not a valid finished magnitude run ({full_dir / 'metrics.json'})") from None
+        _claim(out, identity)  # the inputs are checked: the folder is this run's now
+    else:
+        _claim(out, identity)
+        full_dir = out / "full"
+        cbs = list(callbacks)
+        if config.rewind_step:
+            cbs.append(_rewind_callback(config.rewind_step, full_dir / "rewind", model_spec))
+        say("round 0: fine-tuning the full model")
+        full = finetune(model_spec, task, seed=seed, config=train, out_dir=full_dir, progress=progress, callbacks=cbs)
+    start_spec = str(full_dir / "rewind") if config.rewind_step else model_spec
+    if config.rewind_step and not (Path(start_spec) / "config.json").is_file():
+        raise HeadcountError(f"rewind step {config.rewind_step} is beyond the full run ({full['steps']} steps)")
+    full_score = float(full["final"]["score"])
+    rows = [{"round": 0, "sparsity": 0.0, "metric": full_score, "seconds": full.get("wall_seconds"),
+             "pruned": 0, "total": None, "passed": True}]
+
+    source = full_dir / "model"  # whose magnitudes rank the weights
+    current: WeightMask | None = None
+    best = {"round": 0, "mask": None, "metric": full_score}
+    n_rounds = 1 if config.sparsity is not None else config.rounds
+    previous = 0
+    total = None
+    for k in range(1, n_rounds + 1):
+        round_dir = out / f"round_{k:02d}"
+        mask_file = round_dir / "weight_mask.safetensors"
+        if mask_file.is_file():
+            mask = load_weight_mask(mask_file)
+        else:
+            trained = load_model(str(source), head=task.kind, num_labels=task.num_labels)
+            total = sum(_param(m, a).numel() for m, a in weight_targets(trained, config.variant).values())
+            n = (int(round(config.sparsity * total)) if config.sparsity is not None
+                 else _n_pruned(k, total, previous, config))
+            if n >= total:
+                break
+            mask = magnitude_mask(trained, n / total, variant=config.variant, control=config.control,
+                                  current=current, seed=seed)
+            del trained
+            save_weight_mask(mask, mask_file, meta={"round": k, "variant": config.variant,
+                                                    "control": config.control, "model": str(model_spec)})
+        counts = mask_sparsity(mask)
+        total = counts["total"]
+        say(f"round {k}: sparsity {counts['sparsity']:.4f} ({config.control}), retraining from {start_spec}")
+        m = finetune(start_spec, task, weight_mask=mask, seed=seed, config=train, out_dir=round_dir,
+                     progress=progress, callbacks=callbacks)
+        score = float(m["final"]["score"])
+        passed = score >= config.threshold * full_score
+        rows.append({"round": k, "sparsity": counts["sparsity"], "metric": score,
+                     "seconds": m.get("wall_seconds"),
+                     "pruned": counts["pruned"], "total": total, "passed": passed})
+        say(f"round {k}: {task.metric} {score:.4f} vs {config.threshold} x {full_score:.4f} -> "
+            f"{'pass' if passed else 'stop'}")
+        if config.sparsity is None and not passed:
+            break
+        if passed or config.sparsity is not None:
+            best = {"round": k, "mask": mask, "metric": score}
+        current = mask
+        previous = counts["pruned"]
+        source = round_dir / "model"
+    rows[0]["total"] = total
+
+    final_mask = best["mask"]
+    counts = mask_sparsity(final_mask) if final_mask is not None else {"sparsity": None, "pruned": None, "total": total}
+    summary = {
+        "model": str(model_spec),
+        "task": task.name,
+        "metric_name": task.metric,
+        "seed": int(seed),
+        "procedure": config.procedure,
+        "control": config.control,
+        "variant": config.variant,
+        "config": asdict(config),
+        "full_metric": full_score,
+        "round": best["round"],
+        "metric": best["metric"] if final_mask is not None else None,
+        "sparsity": counts["sparsity"],
+        "pruned": counts["pruned"],
+        "total": counts["total"],
+        "no_passing_mask": final_mask is None,
+        "rewind": "pre-trained" if not config.rewind_step else f"step {config.rewind_step}",
+        "match": str(match) if match is not None else None,
+        "seconds": round(time.perf_counter() - t_start, 3),
+        "trace": rows,
+    }
+    if final_mask is None:  # nothing passed: no mask (not the full model at sparsity 0)
+        (out / "weight_mask.safetensors").unlink(missing_ok=True)
+    else:
+        save_weight_mask(final_mask, out / "weight_mask.safetensors",
+                         meta={"round": best["round"], "variant": config.variant, "control": config.control,
+                               "model": str(model_spec), "task": task.name})
+    atomic_write_text(out / "trace.csv", _trace_csv(rows))
+    atomic_write_json(out / "magnitude.json", summary)
+    if final_mask is None:
+        say(f"no round kept {task.metric} >= {config.threshold} x {full_score:.4f}: no mask -> {out}")
+    else:
+        say(f"kept round {best['round']}: sparsity {counts['sparsity']:.4f}, {task.metric} {best['metric']:.4f} -> {out}")
+    return summary
+
+
+__all__ = ["PROCEDURES", "SCHEDULES", "MagnitudeConfig", "MaskSearch", "prasanna_magnitude_mask",
+           "prasanna_magnitude_prune", "iterative_magnitude_prune", "magnitude_prune"]
