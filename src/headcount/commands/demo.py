@@ -31,4 +31,8 @@ def demo(
     config = config_dir() / ("demo-full.yaml" if full else "demo.yaml")
     summary = run_study(config, out, executor=executor, quiet=quiet)
     typer.echo(f"jobs: {summary.jobs} ({len(summary.ran)} ran, {summary.reused} reused)")
+    if summary.report is not None:
+        from ..report import print_summary
+
+        print_summary(summary.run_dir)  # the report's main tables (RUN/results/summary.json)
     typer.echo(f"report: {summary.report}")

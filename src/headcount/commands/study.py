@@ -32,13 +32,17 @@ def study(
     typer.echo(f"run directory: {summary.run_dir}")
     typer.echo(f"jobs: {summary.jobs} ({len(summary.ran)} ran, {summary.reused} reused)")
     if summary.report is not None:
+        from ..report import print_summary
+
+        print_summary(summary.run_dir)  # the report's main tables (RUN/results/summary.json)
         typer.echo(f"report: {summary.report}")
 
 
 @app.command()
 def report(run_dir: Path = typer.Argument(..., help="a run directory made by `headcount study`")):
     """Redraw report.html, results/*.csv and figures/ of a run from its saved results."""
-    from ..report import build_report
+    from ..report import build_report, print_summary
 
     path = build_report(run_dir)
+    print_summary(run_dir)
     typer.echo(f"report: {path}")

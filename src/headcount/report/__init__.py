@@ -8,6 +8,7 @@ is redrawn in seconds with ``headcount report RUN_DIR``.
 from .build import build_report, default_report
 from .content import ReportContent, ReportFigure, ReportTable, Section, new_figure
 from .html import figure_png, tidy
+from .terminal import print_summary
 
 __all__ = [
     "ReportContent",
@@ -18,5 +19,6 @@ __all__ = [
     "default_report",
     "figure_png",
     "new_figure",
+    "print_summary",
     "tidy",
 ]

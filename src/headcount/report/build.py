@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from datetime import datetime, timezone
@@ -11,6 +12,7 @@ from ..errors import HeadcountError
 from ..io import atomic_dir, atomic_write_bytes, atomic_write_text
 from .content import ReportContent, ReportTable, Section
 from .html import figure_png, render_html, tidy
+from .terminal import SUMMARY_FILE, summary_record
 
 
 def _scalars(d: dict, prefix: str = "") -> dict:
@@ -36,7 +38,7 @@ def default_report(store, config) -> ReportContent:
     for r in store.results():
         by_kind.setdefault(r.kind, []).append({"job": r.name, **_scalars(r.result)})
     sections = [
-        Section(kind, tables={f"results_{kind}": pd.DataFrame(rows)})
+        Section(kind, tables={f"results_{kind}": pd.DataFrame(rows)}, main=False)  # raw: not for the terminal
         for kind, rows in by_kind.items()
     ]
     return ReportContent(sections=sections)
@@ -58,6 +60,8 @@ def build_report(run_dir: str | os.PathLike, *, loaded=None, store=None) -> Path
 
     The study type's ``report_fn(store, config)`` supplies the sections; the page adds the
     config, the jobs with their timings (also ``results/jobs.csv``) and the software versions.
+    ``RUN/results/summary.json`` keeps the summary and the main tables as shown (cells as text),
+    for the terminal (:func:`~headcount.report.terminal.print_summary`).
     Outputs are replaced atomically; nothing under ``jobs/`` is touched.
 
     Args:
@@ -124,6 +128,7 @@ def build_report(run_dir: str | os.PathLike, *, loaded=None, store=None) -> Path
         for t in [*content.tables(), jobs_table]:
             if t.csv:
                 tidy(t.data).to_csv(tmp / f"{t.name}.csv", index=False)
+        atomic_write_text(tmp / SUMMARY_FILE, json.dumps(summary_record(content), indent=1, ensure_ascii=False))
     if pngs:
         with atomic_dir(run_dir / "figures", replace_any=True) as tmp:
             for name, png in pngs.items():

@@ -109,12 +109,16 @@ class Section:
         text: paragraphs separated by blank lines; ```code``` spans are kept.
         figures: ``{name: Figure | png path | png bytes}`` or a list of :class:`ReportFigure`.
         tables: ``{name: DataFrame}`` or a list of :class:`ReportTable`.
+        main: whether its tables are main tables (the ones ``headcount study`` prints in the
+            terminal too, see :meth:`ReportContent.main_tables`); None: a section of shown
+            tables only (no figures, none collapsed) is one.
     """
 
     title: str
     text: str = ""
     figures: Any = None
     tables: Any = None
+    main: bool | None = None
 
     def __post_init__(self):
         self.figures = _figures(self.figures)
@@ -160,6 +164,25 @@ class ReportContent:
     def tables(self) -> list[ReportTable]:
         """Every table, in order."""
         return [t for s in self.sections for t in s.tables]
+
+    def main_tables(self) -> list[tuple[Section, ReportTable]]:
+        """The main tables with their sections, in order: the shown (not collapsed) tables of the
+        sections marked ``main=True``, and of unmarked sections that hold only shown tables (the
+        studies' first sections: the paper's tables with this run's numbers).
+
+        >>> import pandas as pd
+        >>> df = pd.DataFrame({"x": [1]})
+        >>> c = ReportContent(sections=[Section("Main", tables={"m": df}),
+        ...                             Section("Raw", figures={"f": b"png"}, tables={"r": df})])
+        >>> [t.name for _, t in c.main_tables()]
+        ['m']
+        """
+        out = []
+        for s in self.sections:
+            auto = not s.figures and bool(s.tables) and not any(t.collapsed for t in s.tables)
+            if s.main or (s.main is None and auto):
+                out += [(s, t) for t in s.tables if not t.collapsed]
+        return out
 
 
 def new_figure(nrows: int = 1, ncols: int = 1, size: tuple[float, float] = (6.4, 4.0), **subplot_kw):

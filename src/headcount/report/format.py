@@ -9,9 +9,12 @@ runs behind such gaps, with the reason where one is known, for the report.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable, Mapping, Sequence
 
-__all__ = ["finite", "nan_runs", "seed_cell"]
+_NUMERIC = re.compile(r"^\s*([-+]?(\d|\.\d)|n/a\b)")
+
+__all__ = ["display_cell", "display_frame", "finite", "looks_numeric", "nan_runs", "seed_cell"]
 
 
 def finite(x) -> bool:
@@ -60,6 +63,49 @@ def seed_cell(mean, std=None, low=None, high=None, *, n=None, n_total=None, digi
     if short:
         out += f" (n={int(n)} of {int(n_total)})"
     return out
+
+
+def display_cell(x) -> str:
+    """A table cell as the report shows it (HTML and terminal alike): missing values blank.
+
+    None, NaN and pandas' NA/NaT are blank (never ``None``/``nan``); floats to 4 significant
+    digits; everything else ``str``.
+
+    >>> [display_cell(x) for x in (None, float("nan"), 0.123456, 3, "0.31 ± 0.02", True)]
+    ['', '', '0.1235', '3', '0.31 ± 0.02', 'True']
+    """
+    if x is None or isinstance(x, str):
+        return x or ""
+    try:
+        import pandas as pd
+
+        if pd.api.types.is_scalar(x) and pd.isna(x):
+            return ""
+    except (TypeError, ValueError):
+        pass
+    if isinstance(x, float) or type(x).__name__.startswith("float"):
+        return f"{float(x):.4g}"
+    return str(x)
+
+
+def looks_numeric(text: str) -> bool:
+    """Whether a cell's text is a number (``0.31 ± 0.02 [...]``, ``40%``, ``n/a (n=0 of 2)``): set
+    right-aligned, unlike labels.
+
+    >>> [looks_numeric(t) for t in ("0.31 ± 0.02", "-1e-3", "40%", "n/a (n=0 of 2)", "glue/rte", "")]
+    [True, True, True, True, False, False]
+    """
+    return bool(_NUMERIC.match(text))
+
+
+def display_frame(df):
+    """The DataFrame with every cell as :func:`display_cell` text (same columns and index).
+
+    >>> import pandas as pd
+    >>> display_frame(pd.DataFrame({"a": [1.0, None], "b": ["x", None]})).values.tolist()
+    [['1', 'x'], ['', '']]
+    """
+    return df.astype(object).apply(lambda col: col.map(display_cell))
 
 
 def nan_runs(rows: Iterable[Mapping], value: str, keys: Sequence[str], why=None) -> list[dict]:

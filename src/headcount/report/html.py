@@ -17,17 +17,20 @@ from typing import Any
 
 from ..errors import HeadcountError
 from .content import ReportContent, ReportFigure, ReportTable
+from .format import display_frame, looks_numeric
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 CSS = """
-body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;max-width:1100px;margin:2em auto;
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;max-width:1200px;margin:2em auto;
 padding:0 1em;color:#222;line-height:1.45}
 h1{margin-bottom:.2em} h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:2em}
 .meta{color:#666;font-size:.9em} figure{margin:1.2em 0} figure img{max-width:100%;border:1px solid #eee}
 figcaption{color:#555;font-size:.9em} table.data{border-collapse:collapse;font-size:.85em;margin:.6em 0}
-table.data th,table.data td{border:1px solid #ddd;padding:.25em .5em;text-align:right}
-table.data th{background:#f6f6f6} table.data td:first-child,table.data th:first-child{text-align:left}
+table.data th,table.data td{border:1px solid #ddd;padding:.25em .5em;vertical-align:top}
+table.data th{background:#f6f6f6;font-weight:600}
+table.data th,table.data td{text-align:left} table.data td:not(.num){overflow-wrap:anywhere;min-width:5.5em}
+table.data .num{text-align:right} table.data tbody tr:nth-child(even){background:#fbfbfb}
 pre{background:#f7f7f7;padding:.8em;overflow-x:auto;font-size:.85em} code{background:#f3f3f3;padding:0 .2em}
 nav ul{columns:2} .caption{color:#555;font-size:.9em;margin:.2em 0} .note{color:#666;font-size:.85em}
 div.table{max-width:100%;overflow-x:auto} details.table summary{cursor:pointer;color:#555;font-size:.9em}
@@ -90,15 +93,41 @@ def _text_html(text: str) -> str:
     return "\n".join(parts)
 
 
+_NBSP = "\u00a0"
+
+
+def _unbroken(text: str) -> str:
+    """A numeric cell with its parts kept whole when the table wraps: ``0.31 ± 0.02``, ``[0.20, 0.40]``,
+    ``(n=1 of 2)`` each stay on one line.
+
+    >>> _unbroken("0.31 ± 0.02 [0.20, 0.40] (n=1 of 2)").replace(_NBSP, "_")
+    '0.31_±_0.02 [0.20,_0.40] (n=1_of_2)'
+    """
+    text = text.replace(" ± ", f"{_NBSP}±{_NBSP}")
+    text = re.sub(r"\[([^\]\s]+), ([^\]\s]+)\]", rf"[\1,{_NBSP}\2]", text)
+    return re.sub(r"\(n=(\d+) of (\d+)\)", rf"(n=\1{_NBSP}of{_NBSP}\2)", text)
+
+
+def _cells_html(df) -> str:
+    """An HTML table of text cells: numbers right-aligned and kept whole, labels left-aligned and
+    allowed to break (long names wrap instead of widening the page)."""
+    cols = [str(c) for c in df.columns]
+    rows = df.values.tolist()
+    numeric = [any(r[j] for r in rows) and all(looks_numeric(r[j]) for r in rows if r[j]) for j in range(len(cols))]
+    head = "".join(f'<th class="num">{html.escape(c)}</th>' if numeric[j] else f"<th>{html.escape(c)}</th>"
+                   for j, c in enumerate(cols))
+    body = []
+    for r in rows:
+        tds = "".join(f'<td class="num">{html.escape(_unbroken(v))}</td>' if looks_numeric(v)
+                      else f"<td>{html.escape(v)}</td>" for v in r)
+        body.append(f"<tr>{tds}</tr>")
+    return f'<table class="data"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
+
+
 def _table_html(table: ReportTable) -> str:
     df = tidy(table.data)
     shown = df.head(table.max_rows)
-    shown = shown.apply(lambda c: c.where(c.notna(), "") if c.dtype == object else c)  # None: blank, like NaN
-
-    def fmt(x):
-        return f"{x:.4g}"
-
-    body = shown.to_html(index=False, border=0, classes="data", float_format=fmt, na_rep="", escape=True)
+    body = _cells_html(display_frame(shown))  # cells as text: None/NaN blank, as in the terminal
     note = ""
     if len(df) > len(shown):
         note = f'<p class="note">first {len(shown)} of {len(df)} rows; all in results/{table.name}.csv</p>'
