@@ -162,3 +162,89 @@ def test_bad_method():
 
     with pytest.raises(HeadcountError):
         score(tiny_model("bert"), [], method="nope")
+
+
+def _reference_cumulative(model, batches, head_mask=None, mlp_mask=None):
+    """run_bertology / Prasanna et al.'s loop: one gate tensor (the mask itself) requiring grad,
+    ``loss.backward()`` per batch and never zeroed, ``importance += gate.grad.abs()`` after each."""
+    n_layers, n_heads = layout(model)
+    g = (torch.ones(n_layers, n_heads) if head_mask is None else head_mask.clone()).requires_grad_(True)
+    m = (torch.ones(n_layers) if mlp_mask is None else mlp_mask.clone()).requires_grad_(True)
+    heads, mlps = torch.zeros(n_layers, n_heads), torch.zeros(n_layers)
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    try:
+        for b in batches:
+            with gated(model, heads=g, mlps=m):
+                model(**b).loss.backward()
+            heads += g.grad.abs()
+            mlps += m.grad.abs()
+    finally:
+        for p in model.parameters():
+            p.requires_grad_(True)
+    return heads, mlps
+
+
+def _ragged_batches(model):
+    """Batches of different sizes and lengths, so that a token budget merges some of them."""
+    return [tiny_batch(model, batch=n, seq=s, seed=i, labels=True) for i, (n, s) in enumerate([(3, 9), (5, 7), (2, 11), (4, 8)])]
+
+
+def test_cumulative_equals_reference_loop_without_zero_grad():
+    model = tiny_model("bert")
+    batches = _ragged_batches(model)
+    s = score(model, batches, method="gradient", accumulate="cumulative", tokens_per_batch=0)
+    ref_h, ref_m = _reference_cumulative(model, batches)
+    assert torch.allclose(s.heads, ref_h, atol=1e-5, rtol=1e-4)
+    assert torch.allclose(s.mlps, ref_m, atol=1e-5, rtol=1e-4)
+    assert s.meta["accumulate"] == "cumulative" and s.to_dict()["accumulate"] == "cumulative"
+    # and it is another quantity than the per-batch sum (which stays the independent autograd one)
+    per_batch = score(model, batches, method="gradient", tokens_per_batch=0)
+    assert per_batch.meta["accumulate"] == "per-batch"
+    pb_h, pb_m = _reference_gradient(model, batches)
+    assert torch.allclose(per_batch.heads, pb_h, atol=1e-5, rtol=1e-4)
+    assert not torch.allclose(s.heads, per_batch.heads, rtol=1e-2)
+    # the first batch's term is the same in both orders
+    first = score(model, batches[:1], accumulate="cumulative")
+    assert torch.allclose(first.heads, score(model, batches[:1]).heads, atol=1e-6)
+
+
+@pytest.mark.parametrize("accumulate", ["per-batch", "cumulative"])
+def test_accumulation_is_over_the_batches_as_given_whatever_the_token_budget(accumulate):
+    model = tiny_model("bert")
+    batches = _ragged_batches(model)
+    alone = score(model, batches, accumulate=accumulate, tokens_per_batch=0)
+    for budget in (60, 10_000):  # some batches merged; all in one forward pass
+        merged = score(model, batches, accumulate=accumulate, tokens_per_batch=budget)
+        assert torch.allclose(merged.heads, alone.heads, atol=1e-5, rtol=1e-4), budget
+        assert torch.allclose(merged.mlps, alone.mlps, atol=1e-5, rtol=1e-4), budget
+
+
+def test_at_mask_takes_the_gradient_at_the_masks_gate_values():
+    """A removed head scores 0 while the mask is held fixed, its gradient at gate 0 with ``at_mask``
+    (the references' gate tensor is the mask itself)."""
+    model = tiny_model("bert")
+    batches = _batches(model, n=2)
+    mask = Mask.full(3, 4).without_heads([(0, 1), (2, 3)]).without_mlps([1])
+    held = score(model, batches, mask=mask)
+    assert float(held.heads[0, 1]) == 0 and float(held.mlps[1]) == 0
+    at = score(model, batches, mask=mask, at_mask=True, accumulate="cumulative")
+    ref_h, ref_m = _reference_cumulative(model, batches, mask.heads, mask.mlps)
+    assert torch.allclose(at.heads, ref_h, atol=1e-5, rtol=1e-4)
+    assert torch.allclose(at.mlps, ref_m, atol=1e-5, rtol=1e-4)
+    assert float(at.heads[0, 1]) > 0 and float(at.mlps[1]) > 0
+    kept = mask.heads.bool()
+    assert torch.allclose(score(model, batches, mask=mask, accumulate="cumulative").heads[kept], at.heads[kept],
+                          atol=1e-5, rtol=1e-4)  # kept heads: the same either way
+
+
+def test_accumulate_is_checked():
+    from headcount.errors import HeadcountError
+
+    model = tiny_model("bert")
+    with pytest.raises(HeadcountError, match="accumulat"):
+        score(model, _batches(model, n=1), accumulate="running")
+    with pytest.raises(HeadcountError, match="cumulative"):
+        score(model, _batches(model, n=1), method="gradient-token", accumulate="cumulative")
+    assert score(model, _batches(model, n=1), method="gradient-token").meta["accumulate"] == "per-token"

@@ -110,11 +110,11 @@ def _echo_none(*args, **kwargs):
 
 def score_command(*, model, task, objective="task", split=None, max_examples=1000, batch_size=32,
                   max_length=128, method="gradient", normalize="none", seed=0, out, echo=_echo_none,
-                  device=None, precision=None, tokens_per_batch=None) -> dict:
+                  device=None, precision=None, tokens_per_batch=None, accumulate=None) -> dict:
     """``headcount score``: load, batch, score, write ``scores.json`` and ``heads.png``."""
     from .pipeline import DataConfig, batches_for, check_objective, decoding, load_for, metric_for
     from .plots import head_heatmap
-    from .scoring import METHODS, NORMALIZE, score
+    from .scoring import DEFAULT_ACCUMULATE, METHODS, NORMALIZE, check_accumulate, score
     from .tasks import get_task
 
     check_objective(objective)
@@ -122,6 +122,8 @@ def score_command(*, model, task, objective="task", split=None, max_examples=100
         raise HeadcountError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
     if normalize not in NORMALIZE:
         raise HeadcountError(f"unknown normalisation {normalize!r}; choose one of {', '.join(NORMALIZE)}")
+    accumulate = accumulate or DEFAULT_ACCUMULATE
+    check_accumulate(accumulate, method)
     from .device import check_spec
 
     check_spec(device, precision)  # an unavailable device or precision: refused before loading
@@ -138,7 +140,7 @@ def score_command(*, model, task, objective="task", split=None, max_examples=100
     batches = [] if method == "magnitude" else batches_for(t, tok, objective, data)
     with decoding(m, metric_for(t, objective)):
         s = score(m, batches, method=method, normalize=normalize, device=info["device"], precision=precision,
-                  tokens_per_batch=tokens_per_batch)
+                  tokens_per_batch=tokens_per_batch, accumulate=accumulate)
     echo(f"scored on {_on(s.meta)}")
     meta = {"objective": objective, "task": t.name, "model": model, "split": data.split or t.train_split,
             "head": info["head"]}
@@ -156,18 +158,21 @@ def score_command(*, model, task, objective="task", split=None, max_examples=100
 def prune_command(*, model, task, objective="task", threshold=0.9, step=0.1, step_of="remaining", mlps=False,
                   one_shot=False, method="gradient", normalize="layer+global", importance_split=None,
                   stop_split=None, max_examples=1000, max_eval_examples=1000, batch_size=32, max_length=128,
-                  seed=0, out, echo=_echo_none, device=None, precision=None, tokens_per_batch=None):
+                  seed=0, out, echo=_echo_none, device=None, precision=None, tokens_per_batch=None,
+                  accumulate=None):
     """``headcount prune``: iterative pruning; writes ``mask.json``, ``trace.csv``, ``curve.png``."""
     from .io import atomic_write_text
     from .pipeline import DataConfig, batches_for, check_objective, load_for, metric_for, prune_model
     from .plots import prune_curve
     from .pruning import PruneConfig
-    from .scoring import METHODS
+    from .scoring import DEFAULT_ACCUMULATE, METHODS, check_accumulate
     from .tasks import get_task
 
     check_objective(objective)
     if method not in METHODS or method == "entropy":
         raise HeadcountError(f"method {method!r} cannot drive pruning; use gradient, gradient-token, ablation or magnitude")
+    accumulate = accumulate or DEFAULT_ACCUMULATE
+    check_accumulate(accumulate, method)
     config = PruneConfig(threshold=threshold, step=step, step_of=step_of,
                          schedule="prasanna" if mlps else "heads", one_shot=one_shot)
     imp_data = DataConfig(split=importance_split, max_examples=max_examples, batch_size=batch_size,
@@ -191,7 +196,7 @@ def prune_command(*, model, task, objective="task", threshold=0.9, step=0.1, ste
 
     result = prune_model(m, imp_batches, stop_batches, metric, method=method, normalize=normalize, config=config,
                          progress=progress, device=info["device"], precision=precision,
-                         tokens_per_batch=tokens_per_batch)
+                         tokens_per_batch=tokens_per_batch, accumulate=accumulate)
     echo(f"pruned on {_on(result.meta)}")
     out = Path(out)
     mask = result.mask.with_meta(model=model, task=t.name, objective=objective, metric_name=metric, method=method,

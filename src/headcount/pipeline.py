@@ -167,11 +167,13 @@ def metric_for(task, objective: str) -> str:
 
 def prune_model(model, importance_batches, stop_batches, metric: str, *, method: str = "gradient",
                 normalize: str = "layer+global", config=None, progress=None, device=None, precision=None,
-                tokens_per_batch: int | None = None):
+                tokens_per_batch: int | None = None, accumulate: str | None = None):
     """Iterative pruning of ``model``: importance on one set of batches, the stop rule on another.
 
     ``device`` / ``precision`` / ``tokens_per_batch``: see :mod:`headcount.device` (None: where
     the model is, or ``$HEADCOUNT_DEVICE``). The working copy is made on that device.
+    ``accumulate``: see :func:`~headcount.scoring.score` (None: the library default). Importance is
+    taken at the mask's gate values (``at_mask``), as the references' gate tensors are.
 
     Returns the :class:`~headcount.pruning.PruneResult` of :func:`~headcount.pruning.iterative_prune`,
     its ``meta`` (and mask meta) naming the device and precision.
@@ -179,22 +181,26 @@ def prune_model(model, importance_batches, stop_batches, metric: str, *, method:
     from .device import runtime
     from .evaluation import evaluate_batches
     from .pruning import PruneConfig, iterative_prune
-    from .scoring import score
+    from .scoring import DEFAULT_ACCUMULATE, check_accumulate, score
 
+    accumulate = accumulate or DEFAULT_ACCUMULATE
+    check_accumulate(accumulate, method)
     rt = runtime(model, device, precision, tokens_per_batch)
     where = dict(device=rt.device, precision=rt.precision, tokens_per_batch=rt.tokens_per_batch)
 
     def score_fn(m, mask):
         with decoding(m, metric):
-            return score(m, importance_batches, method=method, normalize=normalize, mask=mask, **where)
+            return score(m, importance_batches, method=method, normalize=normalize, mask=mask, at_mask=True,
+                         accumulate=accumulate, **where)
 
     def eval_fn(m, mask):
         r = evaluate_batches(m, stop_batches, metric, mask=mask, **where)
         return r["score"], r["loss"]
 
     result = iterative_prune(model, score_fn, eval_fn, config or PruneConfig(), progress=progress)
-    result.meta.update(rt.meta())
-    result.mask = result.mask.with_meta(device=str(rt.device), precision=rt.precision)
+    accumulated = {"accumulate": accumulate} if method in ("gradient", "ablation") else {}
+    result.meta.update({**rt.meta(), "method": method, **accumulated})
+    result.mask = result.mask.with_meta(device=str(rt.device), precision=rt.precision, method=method, **accumulated)
     return result
 
 

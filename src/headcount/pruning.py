@@ -4,9 +4,24 @@
 Schedules (both anchors):
 
 - ``heads`` (run_bertology): remove ``step`` of the heads per step, recompute importance, repeat.
-- ``prasanna`` (Prasanna et al. 2020): a joint phase removing ``step`` of the heads plus one MLP
-  per step; when that falls below the threshold, a heads-only phase with half the head step
-  from the last passing mask; then an MLP-only phase, one MLP per step.
+- ``prasanna`` (Prasanna et al. 2020, ``mask_heads_mlps`` in their code): a joint phase removing
+  ``step`` of the heads plus one MLP per step, ending when the metric falls below the threshold
+  or no MLP (or no head) is left; then a heads-only phase with half the head step from the last
+  passing masks; then an MLP-only phase, one MLP per step.
+
+Which importance a step uses follows the reference, which scores a mask in the same pass that
+evaluates it: a step uses the importance of the mask it starts from, except the first step of
+a phase that follows a failed step, which uses the importance computed on the failed step's
+masks (no fresh scoring; the reference's heads-only phase ranks heads by the failed joint step's
+importance, its MLP-only phase MLPs by the failed heads-only step's). Each trace row says
+``importance``: ``scored`` (computed for this step) or ``reused``. Remaining differences from
+the reference: ties are broken by position (its ``sort`` is not stable); the heads-only step is
+``max(1, n // 2)`` where the reference's ``n // 2`` is 0 for n = 1 (its heads-only phase then
+does nothing); when its joint phase ends because no head is left, its MLP-only phase starts
+from the MLP mask one step before the last passing one (a bookkeeping slip), here from the last
+passing one; and a physically shrunk working copy (``shrink``) scores heads already cut out as
+0 where the reference's gate gradient at 0 still counts in the layer-wise L2 norm (use
+``shrink=False`` for the reference's normalisation).
 
 ``step_of="total"`` makes a step a fraction of all heads, as both anchors do
 (int(0.1 x 144) = 14 for BERT-base); ``"remaining"`` a fraction of the heads still kept.
@@ -76,10 +91,10 @@ class PruneResult:
     meta: dict = field(default_factory=dict)
 
     def trace_csv(self) -> str:
-        """The trace as CSV; ``device`` and ``precision`` columns when ``meta`` names them."""
+        """The trace as CSV; ``device``, ``precision`` and ``accumulate`` columns when ``meta`` names them."""
         out = io.StringIO()
-        cols = ["step", "phase", "heads_kept", "mlps_kept", "metric", "loss", "accepted", "seconds"]
-        extra = {k: self.meta[k] for k in ("device", "precision") if k in self.meta}
+        cols = ["step", "phase", "heads_kept", "mlps_kept", "metric", "loss", "accepted", "importance", "seconds"]
+        extra = {k: self.meta[k] for k in ("device", "precision", "accumulate") if k in self.meta}
         w = csv.DictWriter(out, fieldnames=cols + list(extra), extrasaction="ignore", lineterminator="\n")
         w.writeheader()
         for row in self.trace:
@@ -156,31 +171,38 @@ def iterative_prune(
     if progress:
         progress(trace[-1])
     if config.schedule == "prasanna":
+        # (phase, removes heads, half the head step, MLPs removed per step)
         phases = [("joint", True, False, 1), ("heads", True, True, 0), ("mlps", False, False, 1)]
     else:
         phases = [("heads", True, False, 0)]
-    scores = None
+    scores, scored_for, carried = None, None, False  # the latest importance and the mask it was computed on
     step = 0
-    for phase, prune_heads_now, half, mlps_per_step in phases:
+    for i, (phase, prune_heads_now, half, mlps_per_step) in enumerate(phases):
         while config.max_steps is None or step < config.max_steps:
-            if scores is None or not config.one_shot:
-                scores = score_fn(working, mask)
+            importance = "reused"
+            if scores is None or not (config.one_shot or carried or scored_for == mask):
+                scores, scored_for, importance = score_fn(working, mask), mask, "scored"
             heads = mask.heads
             if prune_heads_now:
                 heads = select_lowest(scores.heads, mask.heads, _n_heads(config, mask, n_layers * n_heads, half))
             mlps = select_lowest(scores.mlps, mask.mlps, mlps_per_step) if mlps_per_step else mask.mlps
             candidate = Mask(heads, mlps, dict(mask.meta))
-            if candidate == mask:
-                break  # nothing left to remove in this phase
+            if (prune_heads_now and torch.equal(heads, mask.heads)) or (mlps_per_step and torch.equal(mlps, mask.mlps)):
+                break  # nothing left to remove in this phase (the joint phase needs a head and an MLP)
             step += 1
+            carried = False  # a failed step's importance serves the first step evaluated after it
             metric, loss = eval_fn(working, candidate)
             accepted = metric >= target
             trace.append(dict(step=step, phase=phase, heads_kept=candidate.n_heads_kept,
                               mlps_kept=candidate.n_mlps_kept, metric=metric, loss=loss,
-                              accepted=accepted, seconds=round(time.perf_counter() - t0, 3)))
+                              accepted=accepted, importance=importance, seconds=round(time.perf_counter() - t0, 3)))
             if progress:
                 progress(trace[-1])
             if not accepted:
+                if i + 1 < len(phases) and not config.one_shot:
+                    # the reference scores each candidate while evaluating it: the next phase starts
+                    # from the failed step's importance, not from a fresh scoring of the passing mask
+                    scores, scored_for, carried = score_fn(working, candidate), candidate, True
                 break
             mask = candidate
             if config.shrink:  # what is gone for good is cut out of the working copy

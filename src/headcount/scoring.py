@@ -2,9 +2,16 @@
 
 Methods (all in eval mode, no dropout):
 
-- ``gradient``: ``heads[l, h] = sum_b |dL_b / dg_{l,h}|`` at g = 1, where L_b is the mean loss the
-  model returns for batch b (run_bertology / Prasanna et al., before any division by tokens).
-  MLPs likewise with the MLP gates.
+- ``gradient``: the absolute gate gradient at g = 1, L_b being the mean loss the model returns
+  for batch b, accumulated over the batches in one of two orders (``accumulate``):
+
+  - ``per-batch``: ``sum_b |dL_b / dg_{l,h}|`` (each batch's gradient, then its absolute value);
+  - ``cumulative``: ``sum_b |sum_{b' <= b} dL_b' / dg_{l,h}|``: what run_bertology and Prasanna
+    et al.'s ``compute_heads_mlps_importance`` compute, since they never zero the gate's
+    gradient between batches and add ``|gate.grad|`` (the running gradient) after each one.
+
+  Both before any division by tokens (the references divide by the token count, which no
+  normalisation here needs). MLPs likewise with the MLP gates.
 - ``gradient-token``: Michel et al.'s per-token form, ``sum_{b,t} |dL_b / dg_{b,t,l,h}|``
   = ``sum |<ctx_h, dL/dctx_h>|`` per token.
 - ``ablation``: the exact loss change ``sum_b (L_b(g_{l,h} = 0) - L_b)`` when one head (one MLP)
@@ -38,6 +45,11 @@ from .io import atomic_write_json
 
 METHODS = ("gradient", "gradient-token", "ablation", "entropy", "magnitude")
 NORMALIZE = ("none", "layer", "layer+global")
+#: how the ``gradient`` method sums over batches: ``per-batch`` = sum_b |g_b|; ``cumulative`` =
+#: sum_b |sum_{b' <= b} g_b'| (run_bertology, Prasanna et al.: the gate gradient is never zeroed)
+ACCUMULATE = ("per-batch", "cumulative")
+#: the library's default (the CLI and the study configs read it from here)
+DEFAULT_ACCUMULATE = "per-batch"
 
 
 @dataclass(frozen=True)
@@ -174,15 +186,29 @@ def _runtime(model, rt):
     return rt if rt is not None else runtime(model)
 
 
+def check_accumulate(accumulate: str, method: str = "gradient") -> None:
+    """Refuse an unknown accumulation, and ``cumulative`` for methods it does not define
+    (``gradient-token`` sums per-token absolute values: it has no running batch gradient)."""
+    if accumulate not in ACCUMULATE:
+        raise HeadcountError(f"unknown accumulation {accumulate!r}; choose one of {', '.join(ACCUMULATE)}")
+    if accumulate == "cumulative" and method not in ("gradient", "ablation"):
+        raise HeadcountError(f"accumulate 'cumulative' is defined for the gradient method only, not {method!r}")
+
+
 def gradient_scores(model: nn.Module, batches, *, per_token: bool = False, keep_per_example: bool = False,
-                    progress=None, rt=None) -> Scores:
+                    progress=None, rt=None, accumulate: str = DEFAULT_ACCUMULATE, at=None) -> Scores:
     """Gate-gradient importance (``gradient``, or ``gradient-token`` with ``per_token=True``).
 
     Args:
         model: a model with a registered adapter; any persistent gates (a current mask) stay.
         batches: iterable of dicts of tensors with ``labels`` (the model returns the loss).
         per_token: Michel et al.'s per-token absolute value instead of the batch gradient's.
-        keep_per_example: also return per-example contributions ``[n_examples, L, H]``.
+        keep_per_example: also return per-example contributions ``[n_examples, L, H]`` (each
+            example's absolute share of its own batch's gradient, whatever ``accumulate``).
+        accumulate: ``per-batch`` or ``cumulative`` (see the module docstring); ``gradient``
+            only. Defined over the batches as given, so merging (below) changes neither.
+        at: optional :class:`~headcount.masks.Mask`: the gate values at which the gradient is
+            taken (default: all 1); a head it removes scores its gradient at gate 0.
         rt: a :class:`~headcount.device.Runtime` (device, precision, token budget); default:
             the model's device (or ``$HEADCOUNT_DEVICE``) and its defaults.
 
@@ -190,7 +216,8 @@ def gradient_scores(model: nn.Module, batches, *, per_token: bool = False, keep_
     (:func:`~headcount.tasks.batching.pack_batches`); the scores are still those of the batches
     as given: the merged loss is the mean over all label entries, so each original batch b's
     gradient is ``N_merged / N_b`` times the sum of its examples' gate gradients, and the
-    absolute value is taken per original batch, as without merging. Gate gradients are
+    absolute value is taken per original batch, as without merging (``cumulative``: of the running
+    sum of the original batches' gradients, in their order). Gate gradients are
     accumulated in fp64 on the model's device and copied to the CPU once.
 
     Returns:
@@ -203,11 +230,16 @@ def gradient_scores(model: nn.Module, batches, *, per_token: bool = False, keep_
     from .device import to_device
     from .tasks.batching import batch_groups, pack_batches
 
+    check_accumulate(accumulate, "gradient-token" if per_token else "gradient")
     rt = _runtime(model, rt)
     n_layers, n_heads = layout(model)
     device = rt.device
     heads = torch.zeros(n_layers, n_heads, dtype=torch.float64, device=device)
     mlps = torch.zeros(n_layers, dtype=torch.float64, device=device)
+    # cumulative: the running gradient over the original batches so far ([L, H], [L]), which the
+    # references leave in gate.grad because they never zero it
+    run_h = torch.zeros(n_layers, n_heads, dtype=torch.float64, device=device)
+    run_m = torch.zeros(n_layers, dtype=torch.float64, device=device)
     per_example, n_examples, n_tokens, done = [], 0, 0, 0
     with _scoring_mode(model):
         for batch, sizes in pack_batches(batches, rt.tokens_per_batch, rt.pad_multiple):
@@ -223,8 +255,13 @@ def gradient_scores(model: nn.Module, batches, *, per_token: bool = False, keep_
             # one gate per example (per token for Michel): at g = 1 their gradients sum to the
             # gradient of a single [L, H] gate, and the per-example parts come for free.
             width = s if per_token else 1
-            g = torch.ones(b, width, n_layers, n_heads, device=device, requires_grad=True)
-            m = torch.ones(b, width, n_layers, device=device, requires_grad=True)
+            g = torch.ones(b, width, n_layers, n_heads, device=device)
+            m = torch.ones(b, width, n_layers, device=device)
+            if at is not None:  # [L, H], [L] broadcast over examples (tokens)
+                g = g * at.heads.to(device=device, dtype=g.dtype)
+                m = m * at.mlps.to(device=device, dtype=m.dtype)
+            g.requires_grad_(True)
+            m.requires_grad_(True)
             with gated(model, heads=g, mlps=m), rt.autocast():
                 loss = _forward_loss(model, batch)
             dg, dm = torch.autograd.grad(loss, [g, m])  # [b, width, L, H], [b, width, L], fp32
@@ -239,8 +276,14 @@ def gradient_scores(model: nn.Module, batches, *, per_token: bool = False, keep_
                 em = dm[:, 0].double() * w[:, None]
                 # each original batch's gradient (its examples are contiguous), then its absolute value;
                 # sums of slices rather than index_add_, whose CUDA atomics would change the order
-                heads += torch.stack([part.sum(0) for part in eg.split(sizes)]).abs().sum(0)
-                mlps += torch.stack([part.sum(0) for part in em.split(sizes)]).abs().sum(0)
+                gh = torch.stack([part.sum(0) for part in eg.split(sizes)])  # [n_batches, L, H]
+                gm = torch.stack([part.sum(0) for part in em.split(sizes)])  # [n_batches, L]
+                if accumulate == "cumulative":  # running sums after each original batch, in order
+                    gh = run_h + gh.cumsum(0)
+                    gm = run_m + gm.cumsum(0)
+                    run_h, run_m = gh[-1], gm[-1]
+                heads += gh.abs().sum(0)
+                mlps += gm.abs().sum(0)
                 example = eg.abs()
             if keep_per_example:
                 per_example.append(example.float())  # each example's share of its batch's score
@@ -253,7 +296,7 @@ def gradient_scores(model: nn.Module, batches, *, per_token: bool = False, keep_
         method="gradient-token" if per_token else "gradient",
         n_examples=n_examples, n_tokens=n_tokens,
         per_example=torch.cat(per_example).cpu() if per_example else None,
-        meta=rt.meta(),
+        meta={**rt.meta(), "accumulate": "per-token" if per_token else accumulate},
     )
 
 
@@ -365,7 +408,8 @@ def magnitude_scores(model: nn.Module) -> Scores:
 
 def score(model: nn.Module, batches=(), method: str = "gradient", normalize: str = "none",
           mask=None, keep_per_example: bool = False, progress=None, *, device=None, precision=None,
-          tokens_per_batch: int | None = None) -> Scores:
+          tokens_per_batch: int | None = None, accumulate: str = DEFAULT_ACCUMULATE,
+          at_mask: bool = False) -> Scores:
     """Score heads and MLPs of ``model`` on ``batches`` (the public verb behind ``headcount score``).
 
     Args:
@@ -373,13 +417,21 @@ def score(model: nn.Module, batches=(), method: str = "gradient", normalize: str
         batches: dicts of tensors with ``labels``; ignored by ``magnitude``.
         method: one of :data:`METHODS`.
         normalize: one of :data:`NORMALIZE`.
-        mask: optional :class:`~headcount.masks.Mask` held fixed while scoring (pruning loop).
+        mask: optional :class:`~headcount.masks.Mask` held fixed while scoring (pruning loop):
+            a head it removes scores 0 (gradient methods: its gate is 0 and the scored gate 1).
+        at_mask: gradient methods: take the gradient at the mask's gate values instead, as
+            run_bertology and Prasanna et al. do (their gate tensor is the mask with
+            ``requires_grad``): a removed head (MLP) scores its gradient at gate 0, which their
+            layer-wise normalisation counts; the loss is the same.
         keep_per_example: keep per-example contributions (gradient methods).
         device: ``auto`` | ``cpu`` | ``cuda`` | ``cuda:N``; None: ``$HEADCOUNT_DEVICE``, else the
             model's device (see :mod:`headcount.device`). The model is moved there and stays.
         precision: ``auto`` | ``fp32`` | ``bf16`` (autocast); None: ``$HEADCOUNT_PRECISION``, else auto.
         tokens_per_batch: token budget of one forward pass (batches merged; same scores);
             None: the device's default; 0: the batches as given.
+        accumulate: :data:`ACCUMULATE` (``gradient``; ``ablation``'s gradient comparison): ``per-batch``
+            sums each batch's |gradient|, ``cumulative`` the |running gradient| as run_bertology and
+            Prasanna et al. do. Recorded as ``meta["accumulate"]`` (``per-token`` for ``gradient-token``).
 
     The device, precision and token budget are recorded in ``Scores.meta``.
 
@@ -391,21 +443,25 @@ def score(model: nn.Module, batches=(), method: str = "gradient", normalize: str
         raise HeadcountError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
     if normalize not in NORMALIZE:
         raise HeadcountError(f"unknown normalisation {normalize!r}; choose one of {', '.join(NORMALIZE)}")
+    check_accumulate(accumulate, method)
     rt = runtime(model, device, precision, tokens_per_batch)
+    at = mask if at_mask and method in ("gradient", "gradient-token") else None
     fixed = (set_gates(model, heads=mask.heads.to(rt.device), mlps=mask.mlps.to(rt.device))
-             if mask is not None else None)
+             if mask is not None and at is None else None)
     t0 = time.perf_counter()
     try:
         if method == "gradient":
-            s = gradient_scores(model, batches, keep_per_example=keep_per_example, progress=progress, rt=rt)
+            s = gradient_scores(model, batches, keep_per_example=keep_per_example, progress=progress, rt=rt,
+                                accumulate=accumulate, at=at)
         elif method == "gradient-token":
             s = gradient_scores(model, batches, per_token=True, keep_per_example=keep_per_example,
-                                progress=progress, rt=rt)
+                                progress=progress, rt=rt, at=at)
         elif method == "ablation":
             batches = list(batches)
             s = ablation_scores(model, batches, progress=progress, rt=rt)
-            grad = gradient_scores(model, batches, rt=rt)
-            s = replace(s, meta={**s.meta, "rank_agreement_with_gradient": rank_agreement(s, grad)})
+            grad = gradient_scores(model, batches, rt=rt, accumulate=accumulate)
+            s = replace(s, meta={**s.meta, "rank_agreement_with_gradient": rank_agreement(s, grad),
+                                 "accumulate": accumulate})
         elif method == "entropy":
             s = entropy_scores(model, batches, progress=progress, rt=rt)
         else:

@@ -13,6 +13,8 @@ from ..device import DEVICE_HELP, PRECISION_HELP, TOKENS_HELP
 SCORE_FILES = ("scores.json", "heads.png")
 PRUNE_FILES = ("mask.json", "trace.csv", "curve.png")
 TASK_HELP = "a registered task (glue/sst2, offline/movies, ...; see `headcount tasks`) or a task YAML file"
+ACCUMULATE_HELP = ("gradient: per-batch (sum of each batch's |gradient|) | cumulative (sum of the |running gradient|, "
+                   "as run_bertology and Prasanna et al.); default: the library's (headcount.scoring.DEFAULT_ACCUMULATE)")
 
 
 @app.command()
@@ -26,6 +28,7 @@ def score(
     max_length: int = typer.Option(128),
     method: str = typer.Option("gradient", help="gradient | gradient-token | ablation | entropy | magnitude"),
     normalize: str = typer.Option("none", help="none | layer | layer+global"),
+    accumulate: str = typer.Option(None, "--accumulate", help=ACCUMULATE_HELP),
     seed: int = typer.Option(0),
     out: Path = typer.Option(..., "--out", "-o"),
     force: bool = typer.Option(False, "--force", help="replace an earlier score run with other settings in --out"),
@@ -40,6 +43,8 @@ def score(
 
     settings = dict(model=model, task=task, objective=objective, split=split, max_examples=max_examples,
                     batch_size=batch_size, max_length=max_length, method=method, normalize=normalize, seed=seed)
+    if accumulate is not None:  # only when given: earlier runs keep their identity
+        settings["accumulate"] = accumulate
     with prepare_out(out, "score", identity=run_identity(settings, model, task), own=SCORE_FILES, force=force,
                      echo=typer.echo) as guard:
         summary = score_command(**settings, out=guard.staging(), echo=typer.echo, device=device, precision=precision,
@@ -61,6 +66,7 @@ def prune(
     one_shot: bool = typer.Option(False, "--one-shot", help="score once instead of at every step"),
     method: str = typer.Option("gradient"),
     normalize: str = typer.Option("layer+global"),
+    accumulate: str = typer.Option(None, "--accumulate", help=ACCUMULATE_HELP),
     importance_split: str = typer.Option(None, help="default: train (the anchors: validation)"),
     stop_split: str = typer.Option(None, help="default: the task's validation split"),
     max_examples: int = typer.Option(1000, help="examples for importance"),
@@ -83,6 +89,8 @@ def prune(
                     step_of=step_of, mlps=mlps, one_shot=one_shot, method=method, normalize=normalize,
                     importance_split=importance_split, stop_split=stop_split, max_examples=max_examples,
                     max_eval_examples=max_eval_examples, batch_size=batch_size, max_length=max_length, seed=seed)
+    if accumulate is not None:  # only when given: earlier runs keep their identity
+        settings["accumulate"] = accumulate
     with prepare_out(out, "prune", identity=run_identity(settings, model, task), own=PRUNE_FILES, force=force,
                      echo=typer.echo) as guard:
         result = prune_command(**settings, out=guard.staging(), echo=typer.echo, device=device, precision=precision,

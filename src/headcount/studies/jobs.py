@@ -70,10 +70,11 @@ def score_job(params, inputs, workdir: Path, progress) -> dict:
     """Importance scores of a model for an objective; writes ``scores.json`` (+ per-example
     contributions ``per_example.safetensors`` for bootstrap statistics).
 
-    params: model, task, objective ("task" | "mlm"), method, normalize, data (DataConfig fields).
+    params: model, task, objective ("task" | "mlm"), method, normalize, accumulate (``gradient``:
+    ``per-batch`` | ``cumulative``; default the library's), data (DataConfig fields).
     """
     from ..pipeline import batches_for, decoding, load_for, metric_for
-    from ..scoring import score
+    from ..scoring import DEFAULT_ACCUMULATE, score
     from ..tasks import get_task
 
     task = get_task(params["task"])
@@ -85,6 +86,7 @@ def score_job(params, inputs, workdir: Path, progress) -> dict:
     with decoding(model, metric_for(task, params.get("objective", "task"))):
         s = score(model, batches, method=method, normalize=params.get("normalize", "none"),
                   mask=input_mask(params, inputs), keep_per_example=method.startswith("gradient"),
+                  accumulate=params.get("accumulate") or DEFAULT_ACCUMULATE,
                   progress=lambda i: progress(i, len(batches), "scoring"))
     s = replace(s, meta={**s.meta, "task": task.name, "objective": params.get("objective", "task"),
                          "head": info["head"], **({"mlm_head": info["mlm_head"]} if "mlm_head" in info else {})})
@@ -137,7 +139,7 @@ def load_per_example(path) -> tuple:
 def prune_job(params, inputs, workdir: Path, progress) -> dict:
     """Iterative pruning of a model to a threshold; writes ``mask.json`` and ``trace.csv``.
 
-    params: model, task, objective, method, normalize, prune (PruneConfig fields), data
+    params: model, task, objective, method, normalize, accumulate, prune (PruneConfig fields), data
     (importance examples), eval_data (stop-rule examples), importance_split, stop_split.
     """
     from ..io import atomic_write_text
@@ -157,7 +159,7 @@ def prune_job(params, inputs, workdir: Path, progress) -> dict:
         progress(row["step"], None, f"{row['phase']}: {row['heads_kept']} heads, {metric} {row['metric']:.3f}")
 
     result = prune_model(model, imp, stop, metric, method=params.get("method", "gradient"),
-                         normalize=params.get("normalize", "layer+global"),
+                         normalize=params.get("normalize", "layer+global"), accumulate=params.get("accumulate"),
                          config=PruneConfig(**params.get("prune", {})), progress=report)
     mask = result.mask.with_meta(task=task.name, objective=objective, metric_name=metric, head=info["head"])
     mask.save(workdir / "mask.json")

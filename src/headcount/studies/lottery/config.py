@@ -116,7 +116,10 @@ class PruningSettings(ConfigSection):
             or ``train``.
         max_examples: examples for importance (default: the dev subset ``train.max_eval_examples``).
         batch_size: importance batch size (the paper: 64).
-        method: importance method (``gradient``: sum of |dL/dgate| per batch).
+        method: importance method (``gradient``: |dL/dgate| summed over batches).
+        accumulate: ``cumulative`` (the default, the paper's code: the gate gradient is never
+            zeroed, so it sums |running gradient| after each batch) or ``per-batch`` (sum of each
+            batch's |gradient|).
         normalize: ``layer+global`` (the paper: layer-wise L2 for heads, then global min-max).
         max_steps: optional cap on pruning steps.
     """
@@ -129,8 +132,16 @@ class PruningSettings(ConfigSection):
     max_examples: int | None = Field(None, ge=1)
     batch_size: int = Field(64, ge=1)
     method: Literal["gradient", "gradient-token"] = "gradient"
+    accumulate: Literal["cumulative", "per-batch"] = "cumulative"
     normalize: Literal["none", "layer", "layer+global"] = "layer+global"
     max_steps: int | None = Field(None, ge=1)
+
+    @model_validator(mode="after")
+    def _accumulate_fits_method(self):
+        if self.accumulate == "cumulative" and self.method != "gradient":
+            raise ValueError(f"accumulate 'cumulative' needs method 'gradient' (got {self.method!r}); "
+                             "use accumulate: per-batch")
+        return self
 
 
 
