@@ -36,7 +36,8 @@ def transfer_summary(tables: dict, settings: TransferSettings, prefix: str = "")
             txt += f" (per task {fmt(d['estimate'].min())}..{fmt(d['estimate'].max())})"
         p_max = d["p_value_max"].max()
         if pd_isna(p_max) is False:
-            txt += f", p <= {p_max:.3g}"
+            txt += f", p <= {p_max:.3g}" + (" (heads permuted within layers)"
+                                            if settings.stats.permutation == "within-layer" else "")
         if len(j):
             txt += f", top-25% Jaccard {fmt(j['estimate'].mean())} (chance {fmt(j['chance'].iloc[0])})"
         parts.append(txt + ".")
