@@ -25,10 +25,6 @@ LAZY_EDGES_ALLOWED = {
     # evaluation computes task metrics with tasks.compute_metrics, and tasks re-exports
     # heads, which evaluates with evaluation (the same re-export as above closes it)
     ("headcount.evaluation", "headcount.tasks"),
-    # magnitude's IMP loop trains with training.finetune, which applies magnitude's weight masks
-    # (being moved out of magnitude.py)
-    ("headcount.training", "headcount.magnitude"),
-    ("headcount.magnitude", "headcount.training"),
 }
 
 

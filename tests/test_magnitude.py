@@ -1,9 +1,13 @@
-"""Magnitude pruning (headcount.magnitude): masks, controls, retraining, IMP with rewinding, CLI."""
+"""Magnitude pruning: the weight-mask primitives (headcount.magnitude), the procedures
+(headcount.magnitude_search: the paper's search without retraining, IMP with rewinding), the CLI."""
 
 from __future__ import annotations
 
 import csv
 import json
+import math
+import re
+import shutil
 
 import pytest
 import torch
@@ -11,9 +15,10 @@ import transformers
 
 from headcount.cli import main
 from headcount.errors import HeadcountError
-from headcount.magnitude import (MagnitudeConfig, apply_weight_mask, load_weight_mask, magnitude_mask,
-                                 magnitude_prune, mask_sparsity, model_sparsity, remove_weight_mask,
-                                 save_weight_mask, weight_mask_of, weight_targets)
+from headcount.magnitude import (apply_weight_mask, load_weight_mask, magnitude_mask, mask_sparsity, masked_weights,
+                                 model_sparsity, remove_weight_mask, save_weight_mask, weight_mask_of, weight_targets)
+from headcount.magnitude_search import (MagnitudeConfig, magnitude_prune, prasanna_magnitude_mask,
+                                        prasanna_magnitude_prune)
 from headcount.models import load_model
 from headcount.training import TrainConfig, finetune
 from training_helpers import make_checkpoint, make_task, one_thread, stop_after
@@ -139,8 +144,9 @@ class _Starts(transformers.TrainerCallback):
 def test_imp_rewinds_to_pretrained_and_stops(world, tmp_path):
     starts = _Starts()
     out = tmp_path / "imp"
-    r = magnitude_prune(world["pre"], world["task"], config=MagnitudeConfig(rounds=2, threshold=0.0), train=FAST,
-                        seed=1, out_dir=out, callbacks=[starts])
+    r = magnitude_prune(world["pre"], world["task"], config=MagnitudeConfig(procedure="imp", rounds=2, threshold=0.0),
+                        train=FAST, seed=1, out_dir=out, callbacks=[starts])
+    assert r["procedure"] == "imp"
     pre = load_model(world["pre"], head="base")
     pre_w = {n: getattr(m, a).detach() for n, (m, a) in weight_targets(pre).items()}
     m1, m2 = load_weight_mask(out / "round_01"), load_weight_mask(out / "round_02")
@@ -169,14 +175,149 @@ def test_imp_rewinds_to_pretrained_and_stops(world, tmp_path):
                           out_dir=tmp_path / "bad", match=out)
     assert bad["pruned"] == mask_sparsity(m2)["pruned"] and not (tmp_path / "bad" / "full").exists()
     assert bad["full_metric"] == r["full_metric"]
-    # the stop rule: an impossible threshold stops after round 1 and keeps the full model (rounds are reused)
-    r2 = magnitude_prune(world["pre"], world["task"], config=MagnitudeConfig(rounds=2, threshold=2.0), train=FAST,
-                         seed=1, out_dir=out)
-    assert r2["round"] == 0 and r2["sparsity"] == 0.0 and len(r2["trace"]) == 2 and not r2["trace"][1]["passed"]
+    # the stop rule: an impossible threshold stops after round 1 (rounds are reused); no round passed: no mask,
+    # a NaN result flagged no_passing_mask (not the full model at sparsity 0)
+    r2 = magnitude_prune(world["pre"], world["task"], config=MagnitudeConfig(procedure="imp", rounds=2, threshold=2.0),
+                         train=FAST, seed=1, out_dir=out)
+    assert r2["round"] == 0 and len(r2["trace"]) == 2 and not r2["trace"][1]["passed"]
+    assert r2["no_passing_mask"] is True and r2["metric"] is None and r2["sparsity"] is None
+    assert not (out / "weight_mask.safetensors").exists()
+    # ... and a control matched to it is skipped: nothing trained
+    skipped = magnitude_prune(world["pre"], world["task"], config=MagnitudeConfig(control="random"), train=FAST,
+                              seed=1, out_dir=tmp_path / "random", match=out)
+    assert skipped["skipped"] and skipped["no_passing_mask"] and skipped["metric"] is None
+    assert not list((tmp_path / "random").glob("round_*"))
     # the same folder with another control is another run
     with pytest.raises(HeadcountError, match="different magnitude run"):
-        magnitude_prune(world["pre"], world["task"], config=MagnitudeConfig(rounds=2, control="random"), train=FAST,
-                        seed=1, out_dir=out)
+        magnitude_prune(world["pre"], world["task"], config=MagnitudeConfig(procedure="imp", rounds=2, control="random"),
+                        train=FAST, seed=1, out_dir=out)
+
+
+# -- the paper's procedure: prune the fine-tuned weights without retraining ------------------------------
+#: The weights Prasanna et al. prune, by name (a plain-torch restatement for the reference below).
+_PAPER_SET = re.compile(r"encoder\.layer\.\d+\.(attention\.self\.(query|key|value)|attention\.output\.dense"
+                        r"|intermediate\.dense)\.(weight|bias)$|encoder\.layer\.\d+\.output\.dense\.weight$")
+
+
+def _fine_tuned(world):
+    """The tiny classifier with every weight moved (as fine-tuning would): distinct magnitudes, no ties."""
+    model = _model(world)
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=g))
+    return model
+
+
+def _reference_masks(model, rate, steps):
+    """Global L1 over the paper's parameter set, ``rate`` of the remaining weights per step: the
+    mask after each step (True = kept), by a plain sort of all magnitudes."""
+    params = {n: p.detach() for n, p in model.base_model.named_parameters() if _PAPER_SET.search(n)}
+    flat = torch.cat([p.abs().flatten() for p in params.values()])
+    order = torch.argsort(flat)  # smallest first
+    masks, pruned = [], 0
+    for _ in range(steps):
+        pruned += round(rate * (flat.numel() - pruned))
+        keep = torch.ones(flat.numel(), dtype=torch.bool)
+        keep[order[:pruned]] = False
+        out, i = {}, 0
+        for n, p in params.items():
+            out[n] = keep[i:i + p.numel()].view(p.shape)
+            i += p.numel()
+        masks.append(out)
+    return masks
+
+
+class _Scripted:
+    """An evaluation we control: the full model scores 1.0, step k scores ``scores[k - 1]``; it
+    records what the model looked like at each call (zeros among the paper's weights)."""
+
+    def __init__(self, scores):
+        self.scores, self.calls = list(scores), []
+
+    def __call__(self, model):
+        zeros = {n: (p == 0) for n, p in model.base_model.named_parameters() if _PAPER_SET.search(n)}
+        self.calls.append(zeros)
+        return 1.0 if len(self.calls) == 1 else self.scores[len(self.calls) - 2]
+
+
+def test_prasanna_search_matches_a_plain_torch_reference_and_stops_at_the_failing_step(world):
+    model = _fine_tuned(world)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    ref = _reference_masks(model, 0.1, 6)
+    assert set(ref[0]) == set(weight_targets(model, "prasanna"))  # the same parameter set
+    # steps 1-3 keep >= 0.9 x full, step 4 falls to 0.85: stop there, keep step 3
+    evaluate = _Scripted([0.95, 0.92, 0.9, 0.85, 0.99, 0.99])
+    found = prasanna_magnitude_mask(model, evaluate, config=MagnitudeConfig(rate=0.1, rounds=10, threshold=0.9))
+    assert found.step == 3 and not found.no_passing_mask and found.metric == 0.9 and found.full_metric == 1.0
+    assert all(torch.equal(found.mask[n], ref[2][n]) for n in ref[2])  # the reference's step-3 mask
+    assert [r["step"] for r in found.trace] == [0, 1, 2, 3, 4]  # step 4 evaluated, step 5 never
+    assert [r["passed"] for r in found.trace] == [True, True, True, True, False]
+    assert [r["metric"] for r in found.trace] == [1.0, 0.95, 0.92, 0.9, 0.85]
+    total = sum(m.numel() for m in ref[0].values())
+    assert [r["pruned"] for r in found.trace[1:]] == [total - sum(int(m.sum()) for m in r.values()) for r in ref[:4]]
+    # each evaluation saw the fine-tuned weights with exactly that step's weights zeroed, no retraining between
+    assert not any(bool(z.any()) for z in evaluate.calls[0].values())
+    for k, zeros in enumerate(evaluate.calls[1:], start=1):
+        assert all(torch.equal(zeros[n], ~ref[k - 1][n]) for n in zeros), k
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # restored exactly
+    # max steps: all pass -> the last step is kept
+    capped = prasanna_magnitude_mask(model, _Scripted([1.0] * 10), config=MagnitudeConfig(rounds=2))
+    assert capped.step == 2 and all(torch.equal(capped.mask[n], ref[1][n]) for n in ref[1])
+
+
+def test_prasanna_search_without_a_passing_step_keeps_no_mask(world):
+    model = _fine_tuned(world)
+    found = prasanna_magnitude_mask(model, _Scripted([0.5, 1.0]), config=MagnitudeConfig(threshold=0.9))
+    assert found.no_passing_mask and found.mask is None and found.step == 0 and math.isnan(found.metric)
+    assert [r["passed"] for r in found.trace] == [True, False]
+    nan = prasanna_magnitude_mask(model, _Scripted([float("nan")]), config=MagnitudeConfig())
+    assert nan.no_passing_mask  # a NaN metric does not pass
+
+
+def test_masked_weights_zeroes_and_restores(world):
+    model = _fine_tuned(world)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    mask = magnitude_mask(model, 0.3)
+    with masked_weights(model, mask):
+        assert model_sparsity(model)["pruned"] == mask_sparsity(mask)["pruned"] and not weight_mask_of(model)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_prasanna_end_to_end_retrains_the_kept_mask_once_from_pretrained(world, tmp_path):
+    starts = _Starts()
+    out = tmp_path / "paper"
+    r = magnitude_prune(world["pre"], world["task"], config=MagnitudeConfig(rounds=3, threshold=0.0), train=FAST,
+                        seed=1, out_dir=out, callbacks=[starts])
+    assert r["procedure"] == "prasanna" and r["step"] == r["round"] == 3 and not r["no_passing_mask"]
+    mask = load_weight_mask(out)
+    assert r["pruned"] == mask_sparsity(mask)["pruned"] > 0 and r["sparsity"] == r["trace"][3]["sparsity"]
+    assert len(starts.starts) == 2  # the full fine-tuning and ONE retraining (no retraining between steps)
+    pre = load_model(world["pre"], head="base")
+    for n, (m, a) in weight_targets(pre).items():  # the retraining starts from the pre-trained weights, masked
+        w = getattr(m, a).detach()
+        assert torch.equal(starts.starts[1]["orig"][n], w) and torch.equal(starts.starts[1]["weight"][n], w * mask[n])
+    # the mask is the search on the full fine-tuned weights (no retraining): step 3 of 10% of the remaining
+    ft = load_model(str(out / "full" / "model"), head="classification", num_labels=2)
+    ref = _reference_masks(ft, 0.1, 3)[-1]
+    assert all(torch.equal(mask[n], ref[n]) for n in ref)
+    rows = list(csv.DictReader((out / "trace.csv").open()))
+    assert [int(x["step"]) for x in rows] == [0, 1, 2, 3] and set(rows[0]) >= {"sparsity", "metric", "passed"}
+    assert float(rows[0]["metric"]) == r["full_unretrained"]
+    assert r["metric"] == json.loads((out / "retrain" / "metrics.json").read_text())["final"]["score"]
+    # a bad control at exactly its sparsity: ranked on the same fine-tuned weights, retrained once
+    bad = magnitude_prune(world["pre"], world["task"], config=MagnitudeConfig(control="bad"), train=FAST, seed=1,
+                          out_dir=tmp_path / "bad", match=out)
+    assert bad["pruned"] == r["pruned"] and bad["full_metric"] == r["full_metric"]
+    # no passing step: a NaN result flagged, nothing retrained (the full run is reused)
+    none = tmp_path / "none"
+    none.mkdir()
+    shutil.copytree(out / "full", none / "full")
+    n = prasanna_magnitude_prune(world["pre"], world["task"], config=MagnitudeConfig(threshold=2.0), train=FAST,
+                                 seed=1, out_dir=none)
+    assert n["no_passing_mask"] and n["metric"] is None and n["sparsity"] is None and n["step"] == 0
+    assert not (none / "weight_mask.safetensors").exists() and not (none / "retrain").exists()
+    assert [x["step"] for x in n["trace"]] == [0, 1]
 
 
 # -- command line -------------------------------------------------------------------------------------------
@@ -217,10 +358,33 @@ def test_cli_finetune_and_magnitude(world, tmp_path, capsys):
     assert code == 0 and "weight sparsity 0.2500" in out
 
 
+def test_cli_procedure_options(world, tmp_path, capsys):
+    base = ["--model", world["pre"], "--task", world["task"]]
+    for extra, expected in ((["--procedure", "meh"], "error: unknown procedure 'meh'; choose one of prasanna, imp"),
+                            (["--max-steps", "0"], "error: rounds (max steps) must be at least 1, got 0"),
+                            (["--procedure", "prasanna", "--rate", "1.5"], "error: rate must be in (0, 1), got 1.5"),
+                            (["--control", "bad"], "error: the prasanna search finds the good mask"),
+                            (["--rewind-step", "2"], "error: rewind step is an imp setting")):
+        out = tmp_path / "x"
+        code, _, err = _cli(["magnitude", *base, *extra, "--out", str(out)], capsys)
+        assert code == 2 and err.startswith(expected) and len(err.strip().splitlines()) == 1, (extra, err)
+        assert not out.exists()  # refused before any output
+    small = [*base, "--epochs", "1", "--lr", "0.01", "--batch-size", "16", "--max-train-examples", "64",
+             "--max-eval-examples", "32"]
+    code, out, _ = _cli(["magnitude", *small, "--max-steps", "2", "--threshold", "0", "--out", str(tmp_path / "p")],
+                        capsys)
+    assert code == 0 and "prasanna step 2" in out  # the default procedure; --max-steps = --rounds
+    assert json.loads((tmp_path / "p" / "magnitude.json").read_text())["procedure"] == "prasanna"
+    code, out, _ = _cli(["magnitude", *small, "--procedure", "imp", "--rounds", "1", "--threshold", "0",
+                         "--out", str(tmp_path / "i")], capsys)
+    assert code == 0 and "imp round 1" in out and (tmp_path / "i" / "round_01").is_dir()
+
+
 def test_rewind_to_an_early_checkpoint(world, tmp_path):
     starts = _Starts()
     out = tmp_path / "early"
-    r = magnitude_prune(world["pre"], world["task"], config=MagnitudeConfig(rounds=1, threshold=0.0, rewind_step=3),
+    r = magnitude_prune(world["pre"], world["task"],
+                        config=MagnitudeConfig(procedure="imp", rounds=1, threshold=0.0, rewind_step=3),
                         train=FAST, seed=1, out_dir=out, callbacks=[starts])
     snap = load_model(str(out / "full" / "rewind"), head="classification", num_labels=2)
     snap_w = {n: getattr(m, a).detach() for n, (m, a) in weight_targets(snap).items()}
@@ -233,10 +397,31 @@ def test_rewind_to_an_early_checkpoint(world, tmp_path):
     assert r["rewind"] == "step 3"
 
 
-@pytest.mark.parametrize("module", ["training", "magnitude"])
+@pytest.mark.parametrize("module", ["training", "magnitude", "magnitude_search"])
 def test_docstring_examples(module):
     import doctest
     import importlib
 
     result = doctest.testmod(importlib.import_module(f"headcount.{module}"), optionflags=doctest.ELLIPSIS)
     assert result.failed == 0 and result.attempted > 0
+
+
+def test_moved_names_stay_importable_from_headcount_magnitude():
+    import headcount.magnitude as primitives
+    import headcount.magnitude_search as search
+
+    for name in ("MagnitudeConfig", "magnitude_prune", "iterative_magnitude_prune", "prasanna_magnitude_mask"):
+        assert getattr(primitives, name) is getattr(search, name)
+    assert MagnitudeConfig().procedure == "prasanna" and MagnitudeConfig().rounds == 10
+    with pytest.raises(AttributeError):
+        primitives.no_such_name  # noqa: B018
+
+
+@pytest.mark.parametrize("module", ["headcount.magnitude", "headcount.magnitude_search", "headcount.training"])
+def test_each_module_imports_alone(module):
+    """A fresh interpreter imports each alone (no partially initialised module from a cycle)."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]

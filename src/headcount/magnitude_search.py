@@ -265,6 +265,27 @@ def _claim(out: Path, identity: dict, write: bool = True) -> None:
 
 
 # -- the runs ----------------------------------------------------------------------------------------------
+def check_procedure(config: MagnitudeConfig, match=None) -> None:
+    """Raise a one-line error for settings the chosen procedure cannot run (before any work).
+
+    The paper's search finds the good mask only (random and bad are one shot at its sparsity),
+    and it retrains from the pre-trained weights (``rewind_step`` is IMP's).
+
+    >>> check_procedure(MagnitudeConfig(control="bad"))
+    Traceback (most recent call last):
+    ...
+    headcount.errors.HeadcountError: the prasanna search finds the good mask; a bad control is one shot at a good run's sparsity: give --match (or --sparsity)
+    """
+    if config.procedure != "prasanna" or config.sparsity is not None or match is not None:
+        return
+    if config.control != "good":
+        raise HeadcountError(f"the prasanna search finds the good mask; a {config.control} control is one "
+                             "shot at a good run's sparsity: give --match (or --sparsity)")
+    if config.rewind_step:
+        raise HeadcountError("rewind step is an imp setting (the prasanna procedure retrains from the pre-trained "
+                             "weights): add --procedure imp")
+
+
 def magnitude_prune(model_spec: str, task, *, config: MagnitudeConfig | None = None, train=None, seed: int = 0,
                     out_dir, match=None, progress: Callable[[str], None] | None = None,
                     callbacks: Sequence = ()) -> dict:
@@ -279,13 +300,9 @@ def magnitude_prune(model_spec: str, task, *, config: MagnitudeConfig | None = N
     ('prasanna', 0.4095, 0.83)
     """
     config = config or MagnitudeConfig()
+    check_procedure(config, match)
     if config.sparsity is None and match is None:
         if config.procedure == "prasanna":
-            if config.control != "good":
-                raise HeadcountError(f"the prasanna search finds the good mask; a {config.control} control is one "
-                                     "shot at a good run's sparsity: give --match (or --sparsity)")
-            if config.rewind_step:
-                raise HeadcountError("rewind step is an imp setting (prasanna retrains from the pre-trained weights)")
             return prasanna_magnitude_prune(model_spec, task, config=config, train=train, seed=seed, out_dir=out_dir,
                                             progress=progress, callbacks=callbacks)
     return iterative_magnitude_prune(model_spec, task, config=config, train=train, seed=seed, out_dir=out_dir,
@@ -591,5 +608,5 @@ def iterative_magnitude_prune(model_spec: str, task, *, config: MagnitudeConfig 
     return summary
 
 
-__all__ = ["PROCEDURES", "SCHEDULES", "MagnitudeConfig", "MaskSearch", "prasanna_magnitude_mask",
+__all__ = ["PROCEDURES", "SCHEDULES", "MagnitudeConfig", "MaskSearch", "check_procedure", "prasanna_magnitude_mask",
            "prasanna_magnitude_prune", "iterative_magnitude_prune", "magnitude_prune"]

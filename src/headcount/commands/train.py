@@ -102,7 +102,7 @@ def magnitude(
     from ..errors import HeadcountError
     from ..io import check_out_path, prepare_out
     from ..magnitude import check_sparsity
-    from ..magnitude_search import MagnitudeConfig, magnitude_prune
+    from ..magnitude_search import MagnitudeConfig, check_procedure, magnitude_prune
 
     check_out_path(out)
     if not 0.0 <= threshold <= 1.0:
@@ -111,6 +111,7 @@ def magnitude(
         check_sparsity(sparsity)
     config = MagnitudeConfig(procedure=procedure, rounds=rounds, threshold=threshold, rate=rate, control=control,
                              variant=variant, sparsity=sparsity, rewind_step=rewind_step)
+    check_procedure(config, match)
     train = _train_config(epochs, lr, batch_size, max_length, max_train_examples, max_eval_examples, save_steps,
                           device, precision)
     with prepare_out(out, "magnitude", own=MAGNITUDE_FILES):  # magnitude_run.json decides resume vs another run

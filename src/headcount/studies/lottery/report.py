@@ -43,6 +43,30 @@ MAGNITUDE_COLUMNS = {"full": "full", "magnitude good retrained": "good", "magnit
                      "magnitude bad retrained": "bad"}
 
 
+#: How each magnitude procedure finds the good mask, in a caption's words.
+MAGNITUDE_PROCEDURES = {
+    "prasanna": "the paper's procedure: 10% of the remaining fine-tuned weights per step without retraining, "
+                "the last mask whose un-retrained dev metric is >= threshold x full, retrained once",
+    "imp": "IMP, Chen et al.: retrained every round, stopped on the retrained dev metric",
+}
+
+
+def no_passing_sentence(scores) -> str:
+    """A sentence naming the magnitude runs without a passing mask (NaN rows), or ``""``.
+
+    >>> no_passing_sentence(pd.DataFrame({"task": ["t"], "seed": [1], "flag": ["no_passing_mask"]}))
+    ' No pruning step passed for t seed 1 (no_passing_mask): NaN, left out of the means; its random and bad controls were skipped (not trained).'
+    """
+    if "flag" not in scores:
+        return ""
+    hit = scores[scores["flag"] == "no_passing_mask"]
+    if hit.empty:
+        return ""
+    runs = ", ".join(f"{t} seed {sd}" for t, sd in zip(hit["task"], hit["seed"]))
+    return (f" No pruning step passed for {runs} (no_passing_mask): NaN, left out of the means; "
+            f"{'its' if len(hit) == 1 else 'their'} random and bad controls were skipped (not trained).")
+
+
 def _tag(prefix: str, default: str = "lottery") -> str:
     t = re.sub(r"[^A-Za-z0-9_.-]+", "-", prefix).strip("-_.")
     return t or default
@@ -88,7 +112,8 @@ def lottery_sections(store, settings: LotterySettings, prefix: str = "", tag: st
                          "heads the good subnetwork keeps, mean over seeds.")]
     if s.magnitude.enabled:
         paper.append(ReportTable(f"{tag}_paper_magnitude", paper_table(main, MAGNITUDE_COLUMNS),
-                                 "Magnitude pruning (weights): dev metric, mean ± std over seeds."))
+                                 "Magnitude pruning (weights, " + MAGNITUDE_PROCEDURES[s.magnitude.procedure]
+                                 + "): dev metric, mean ± std over seeds." + no_passing_sentence(scores)))
     flagged = nan_table(store, s, scores, prefix)
     if not flagged.empty:  # a NaN drops out of a mean over seeds: cells say (n=k of m), this says why
         paper.append(ReportTable(f"{tag}_nan_runs", flagged, "Runs that produced NaN (left out of the means over "
@@ -106,7 +131,8 @@ def lottery_sections(store, settings: LotterySettings, prefix: str = "", tag: st
         f"and MLPs, {s.pruning.schedule} schedule, stop below {s.pruning.threshold} x the full model's dev metric) "
         "evaluated on the fine-tuned weights without retraining (good pruned); good, random "
         f"({s.random}) and bad (drawn from the pruned components, topped up with good ones: Prasanna's rule) "
-        "subnetworks retrained from the pre-trained weights; magnitude pruning (IMP) good, random and bad masks at "
+        f"subnetworks retrained from the pre-trained weights; magnitude pruning ({s.magnitude.procedure}: "
+        f"{MAGNITUDE_PROCEDURES[s.magnitude.procedure]}) good, random and bad masks at "
         f"the same sparsity, retrained from the pre-trained weights. Mean ± sample std over {seeds}; "
         f"dev subsets of {s.train.max_eval_examples or 'all'} examples."
     )

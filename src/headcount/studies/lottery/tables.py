@@ -50,8 +50,8 @@ def _score(r) -> float:
         return float(r.result["final"].get("score", math.nan))
     if "score" in r.result:  # an evaluation
         return float(r.result["score"])
-    if "metric" in r.result:  # a magnitude summary
-        return float(r.result["metric"])
+    if "metric" in r.result:  # a magnitude summary (metric null: no passing mask, or a skipped control)
+        return math.nan if r.result["metric"] is None else float(r.result["metric"])
     return math.nan
 
 
@@ -60,7 +60,9 @@ def seed_scores(store, settings: LotterySettings, prefix: str = ""):
 
     Returns:
         A pandas DataFrame with columns experiment, pruning, task, seed, metric, score,
-        heads_kept, mlps_kept, sparsity.
+        heads_kept, mlps_kept, sparsity, finished, flag (``no_passing_mask``: the magnitude
+        search kept no mask, its score is NaN; ``skipped: no_passing_mask``: a control of such
+        a run, not trained; else empty).
 
     >>> seed_scores(RunStore("runs/lottery-offline"), config).groupby("experiment")["score"].mean()  # doctest: +SKIP
     """
@@ -79,7 +81,7 @@ def seed_scores(store, settings: LotterySettings, prefix: str = ""):
             def row(experiment, pruning, r, heads=None, mlps=None, sparsity=None):
                 rows.append({"experiment": experiment, "pruning": pruning, "task": tname, "seed": seed,
                              "metric": metric, "score": _score(r), "heads_kept": heads, "mlps_kept": mlps,
-                             "sparsity": sparsity, "finished": r is not None})
+                             "sparsity": sparsity, "finished": r is not None, "flag": magnitude_flag(r)})
 
             row("full", "none", full)
             row("good pruned", "structured", finished(store, job_name(prefix, "good-pruned", tname, tag)),
@@ -99,10 +101,23 @@ def seed_scores(store, settings: LotterySettings, prefix: str = ""):
                     m = (r.result.get("mask") or {}) if r is not None else {}
                     row(label, "structured", r, m.get("heads_kept"), m.get("mlps_kept"))
     return pd.DataFrame(rows, columns=["experiment", "pruning", "task", "seed", "metric", "score", "heads_kept",
-                                       "mlps_kept", "sparsity", "finished"])
+                                       "mlps_kept", "sparsity", "finished", "flag"])
+
+
+def magnitude_flag(r) -> str:
+    """``no_passing_mask`` for a magnitude run that kept no mask (no pruning step passed the
+    threshold), ``skipped: no_passing_mask`` for a control of such a run, else ``""``."""
+    if r is None or not r.result.get("no_passing_mask"):
+        return ""
+    return "skipped: no_passing_mask" if r.result.get("skipped") else "no_passing_mask"
 
 
 def _why_nan(r) -> str:
+    if r.get("flag") == "no_passing_mask":
+        return ("no_passing_mask: no magnitude pruning step kept the dev metric >= threshold x the full model's, "
+                "so there is no mask (not the full model at sparsity 0)")
+    if r.get("flag") == "skipped: no_passing_mask":
+        return "skipped: its good magnitude run kept no mask (no_passing_mask), so there is no sparsity to match"
     if not r.get("finished", True):
         return "not finished (missing or failed): see the run's log"
     if r.get("heads_kept") == 0 and r.get("mlps_kept") == 0:
