@@ -149,12 +149,16 @@ def main_pruning(tables: dict, settings: TransferSettings) -> pd.DataFrame:
         for order in ("task", "mlm", "random"):
             x = d[d["order"] == order] if len(d) else d
             txt = f"{float(x['removable_fraction'].iloc[0]):.0%}" if len(x) else ""
-            if len(x) and "removable_fraction_raw" in x and x["removable_fraction_raw"].iloc[0] != x["removable_fraction"].iloc[0]:
-                txt += f" (raw curve {float(x['removable_fraction_raw'].iloc[0]):.0%})"  # a level passes after one failed
+            raw = x["removable_fraction_raw"].iloc[0] if len(x) and "removable_fraction_raw" in x else None
+            if _finite(raw) and raw != x["removable_fraction"].iloc[0]:  # a level passes after a lower one failed
+                txt += f" (raw curve {float(raw):.0%})"
             row[f"removable at {pct}, by {order}"] = txt
         a = ad[ad["task"] == t] if len(ad) else ad
         level = a["level"].iloc[0] if len(a) else None
         row["acceptable deduction: heads removed"] = f"{float(level):.0%}" if _finite(level) else ""
+        raw = a["level_raw"].iloc[0] if len(a) and "level_raw" in a else None
+        if _finite(raw) and raw != level:  # acceptable again above a level that was not
+            row["acceptable deduction: heads removed"] += f" (raw curve {float(raw):.0%})"
         loss = a["mlm_loss_increase"].iloc[0] if len(a) else None
         row["acceptable deduction: MLM loss +"] = cell(loss)
         rows.append(row)
