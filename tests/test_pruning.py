@@ -117,3 +117,140 @@ def test_bad_config():
         PruneConfig(step=0)
     with pytest.raises(HeadcountError):
         PruneConfig(schedule="nope")
+
+
+# -- Prasanna et al.'s schedule against a transcription of their loop -----------------------------
+
+
+def _fake_importance(head_mask, mlp_mask):
+    """Importance that depends on the whole mask it is computed under (as real importance does):
+    pseudo-random, seeded by the mask's bits, so a reused importance ranks differently from a fresh one."""
+    bits = "".join(str(int(v)) for v in torch.cat([head_mask.flatten(), mlp_mask]).tolist())
+    g = torch.Generator().manual_seed(int(bits, 2))
+    return torch.rand(head_mask.shape, generator=g), torch.rand(mlp_mask.shape, generator=g)
+
+
+def _weights_metric(head_weights, mlp_weights):
+    """A controllable metric: the summed weights of what is kept."""
+    return lambda hm, mm: float((hm * head_weights).sum() + (mm * mlp_weights).sum())
+
+
+def _reference_prasanna(importance, metric, n_layers, n_heads, amount, threshold):
+    """``mask_heads_mlps`` of Prasanna et al.'s code, transcribed: each mask is scored and evaluated
+    in one pass (``compute``); ``sort`` made stable (ties by position, as here).
+
+    Returns the steps ``(phase, heads removed, mlps removed, importance, passed)`` (importance:
+    ``fresh`` when computed on the masks the step starts from, else ``reused``) and the final masks.
+    """
+    inf = float("inf")
+    steps = []
+
+    def compute(hm, mm):
+        h, m = importance(hm, mm)
+        return h.clone(), m.clone(), metric(hm, mm), (hm.clone(), mm.clone())
+
+    def label(on, hm, mm):
+        return "fresh" if torch.equal(on[0], hm) and torch.equal(on[1], mm) else "reused"
+
+    def select(hi, head_mask, new_head_mask, n):
+        hi[head_mask == 0.0] = inf
+        selected = []
+        for head in hi.view(-1).sort(stable=True)[1].tolist():
+            if len(selected) == n or hi.view(-1)[head] == inf:
+                break
+            new_head_mask.view(-1)[head] = 0.0
+            selected.append(head)
+        return selected
+
+    new_head_mask, new_mlp_mask = torch.ones(n_layers, n_heads), torch.ones(n_layers)
+    hi, mi, original, on = compute(new_head_mask, new_mlp_mask)
+    target = original * threshold
+    num_to_mask = max(1, int(new_head_mask.numel() * amount))
+    best = current = original
+    head_mask, mlp_mask = new_head_mask.clone(), new_mlp_mask.clone()
+    while current >= target:  # joint
+        best = current
+        head_mask = new_head_mask.clone()
+        selected = select(hi, head_mask, new_head_mask, num_to_mask)
+        if not selected:
+            break
+        mlp_mask = new_mlp_mask.clone()
+        mi[mlp_mask == 0.0] = inf
+        mlp = int(mi.sort(stable=True)[1][0])
+        if mi[mlp] == inf:
+            break
+        new_mlp_mask[mlp] = 0.0
+        how = label(on, head_mask, mlp_mask)
+        hi, mi, current, on = compute(new_head_mask, new_mlp_mask)
+        steps.append(("joint", len(selected), 1, how, current >= target))
+    current = best
+    new_head_mask = head_mask
+    while current >= target:  # heads only, half the step
+        head_mask = new_head_mask.clone()
+        best = current
+        selected = select(hi, head_mask, new_head_mask, num_to_mask // 2)
+        if not selected:
+            break
+        how = label(on, head_mask, mlp_mask)
+        hi, mi, current, on = compute(new_head_mask, mlp_mask)
+        steps.append(("heads", len(selected), 0, how, current >= target))
+    current = best
+    new_mlp_mask = mlp_mask
+    while current >= target:  # MLPs only
+        best = current
+        mlp_mask = new_mlp_mask.clone()
+        mi[mlp_mask == 0.0] = inf
+        mlp = int(mi.sort(stable=True)[1][0])
+        if mi[mlp] == inf:
+            break
+        new_mlp_mask[mlp] = 0.0
+        how = label(on, head_mask, mlp_mask)
+        hi, mi, current, on = compute(head_mask, new_mlp_mask)
+        steps.append(("mlps", 0, 1, how, current >= target))
+    return steps, head_mask, mlp_mask
+
+
+@pytest.mark.parametrize("case", ["joint-fails", "mlps-run-out", "all-mlps-go"])
+def test_prasanna_schedule_reproduces_the_reference_step_sequence(case):
+    n_layers, n_heads = (3 if case == "mlps-run-out" else 4), 4  # 3 layers: the MLPs go before the heads
+    model = tiny_model("bert", num_hidden_layers=n_layers)
+    head_w = torch.linspace(0.5, 1.5, n_layers * n_heads).view(n_layers, n_heads)
+    if case == "joint-fails":  # the joint phase fails, heads go on at half the step, then MLPs
+        mlp_w, threshold = torch.tensor([0.3, 4.0, 0.2, 3.0]), 0.6
+    elif case == "mlps-run-out":  # MLPs cost nothing: the joint phase ends when none is left
+        mlp_w, threshold = torch.zeros(n_layers), 0.1
+    else:  # MLPs cheap, heads dear: the MLP-only phase removes every MLP
+        mlp_w, threshold = torch.full((n_layers,), 0.05), 0.85
+    metric = _weights_metric(head_w, mlp_w)
+    ref_steps, ref_heads, ref_mlps = _reference_prasanna(_fake_importance, metric, n_layers, n_heads, 0.25, threshold)
+
+    calls = []
+
+    def score_fn(m, mask):
+        calls.append(mask)
+        h, ml = _fake_importance(mask.heads, mask.mlps)
+        return Scores(h, ml)
+
+    cfg = PruneConfig(threshold=threshold, step=0.25, step_of="total", schedule="prasanna", shrink=False)
+    r = iterative_prune(model, score_fn, lambda m, mask: (metric(mask.heads, mask.mlps), 0.0), cfg)
+    ours, prev = [], r.trace[0]
+    accepted = (prev["heads_kept"], prev["mlps_kept"])
+    for row in r.trace[1:]:
+        ours.append((row["phase"], accepted[0] - row["heads_kept"], accepted[1] - row["mlps_kept"],
+                     row["importance"], row["accepted"]))
+        if row["accepted"]:
+            accepted = (row["heads_kept"], row["mlps_kept"])
+    assert ours == ref_steps
+    assert torch.equal(r.mask.heads, ref_heads) and torch.equal(r.mask.mlps, ref_mlps)
+    phases = [s[0] for s in ref_steps]
+    if case == "joint-fails":  # the case the reuse is about: a failed joint step, then heads, then MLPs
+        assert ("joint", 4, 1, "fresh", False) in ref_steps
+        assert ("heads", 2, 0, "reused", True) in ref_steps and "mlps" in phases
+    elif case == "mlps-run-out":
+        assert phases.count("joint") == n_layers and all(s[4] for s in ref_steps if s[0] == "joint")
+        assert ref_steps[n_layers][:4] == ("heads", 1, 0, "fresh")  # the last passing mask's own importance
+    else:
+        assert int(r.mask.mlps.sum()) == 0 and phases.count("mlps") >= 1
+    # no mask is scored twice; at most one scoring per evaluated mask (as the reference's one pass)
+    keys = {(tuple(m.heads.flatten().tolist()), tuple(m.mlps.tolist())) for m in calls}
+    assert len(keys) == len(calls) <= len(ref_steps) + 1

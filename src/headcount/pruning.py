@@ -14,7 +14,10 @@ evaluates it: a step uses the importance of the mask it starts from, except the 
 a phase that follows a failed step, which uses the importance computed on the failed step's
 masks (no fresh scoring; the reference's heads-only phase ranks heads by the failed joint step's
 importance, its MLP-only phase MLPs by the failed heads-only step's). Each trace row says
-``importance``: ``scored`` (computed for this step) or ``reused``. Remaining differences from
+``importance``: ``fresh`` (computed on the masks the step starts from) or ``reused`` (computed
+on other masks: the failed step's; the unpruned model's with ``one_shot``). Scoring the failed
+step's masks is the one extra scoring pass a phase change costs (the reference scores every
+mask it evaluates). Remaining differences from
 the reference: ties are broken by position (its ``sort`` is not stable); the heads-only step is
 ``max(1, n // 2)`` where the reference's ``n // 2`` is 0 for n = 1 (its heads-only phase then
 does nothing); when its joint phase ends because no head is left, its MLP-only phase starts
@@ -179,9 +182,11 @@ def iterative_prune(
     step = 0
     for i, (phase, prune_heads_now, half, mlps_per_step) in enumerate(phases):
         while config.max_steps is None or step < config.max_steps:
-            importance = "reused"
             if scores is None or not (config.one_shot or carried or scored_for == mask):
-                scores, scored_for, importance = score_fn(working, mask), mask, "scored"
+                scores, scored_for = score_fn(working, mask), mask
+            # fresh: computed on the masks this step starts from; reused: on other masks (a failed
+            # step's, or the unpruned model's with one_shot)
+            importance = "fresh" if scored_for == mask else "reused"
             heads = mask.heads
             if prune_heads_now:
                 heads = select_lowest(scores.heads, mask.heads, _n_heads(config, mask, n_layers * n_heads, half))
