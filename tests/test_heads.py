@@ -121,3 +121,50 @@ def test_fit_mlm_head_replays_without_patching_and_leaves_the_encoder(tmp_path, 
     assert "forward" not in model.base_model.__dict__ and type(model.base_model).__name__ == "BertModel"
     assert all(p.requires_grad for p in model.parameters())  # as loaded
     assert model.get_output_embeddings().weight is model.get_input_embeddings().weight
+
+
+def _untied_mlm_checkpoint(path, tie: bool):
+    """A tiny masked-LM checkpoint whose config unties the decoder (``tie=False``) and whose stored
+    decoder differs from the input embeddings."""
+    import transformers
+
+    make_checkpoint(path, seed=0)  # tokenizer and encoder config
+    config = transformers.BertConfig.from_pretrained(path, tie_word_embeddings=tie)
+    torch.manual_seed(1)
+    model = transformers.BertForMaskedLM(config)
+    if not tie:
+        with torch.no_grad():
+            model.cls.predictions.decoder.weight.normal_(0, 0.5)  # its own decoder
+        assert not torch.equal(model.get_output_embeddings().weight, model.get_input_embeddings().weight)
+    model.save_pretrained(path)
+    return model
+
+
+@pytest.mark.parametrize("force", [False, True])
+def test_fit_mlm_head_keeps_a_checkpoints_untied_decoder(tmp_path, force):
+    saved = _untied_mlm_checkpoint(tmp_path / "untied", tie=False)
+    decoder = saved.cls.predictions.decoder.weight.detach().clone()
+    texts = [s for s, _ in sentences(80, seed=1)]
+    model, report = fit_mlm_head(str(tmp_path / "untied"), texts, steps=5, lr=1e-2, max_texts=80, max_length=24,
+                                 cache_dir=tmp_path / "heads", device="cpu", force=force)
+    out, emb = model.get_output_embeddings().weight, model.get_input_embeddings().weight
+    assert out is not emb and not torch.allclose(out, emb)  # not tied to the embeddings
+    assert report["decoder"] == "checkpoint" and report["fitted"] is force
+    if not force:  # the checkpoint's head, as stored
+        assert torch.equal(out.detach(), decoder)
+    else:  # fitted: the decoder is one of the head's own parameters, trained from the stored one
+        assert not torch.equal(out.detach(), decoder) and torch.allclose(out.detach(), decoder, atol=0.2)
+
+
+def test_fit_mlm_head_ties_when_the_config_ties_or_no_decoder_is_stored(tmp_path):
+    texts = [s for s, _ in sentences(80, seed=1)]
+    fit = dict(steps=3, lr=1e-2, max_texts=80, max_length=24, device="cpu")
+    _untied_mlm_checkpoint(tmp_path / "tied", tie=True)
+    model, report = fit_mlm_head(str(tmp_path / "tied"), texts, cache_dir=tmp_path / "h1", **fit)
+    assert model.get_output_embeddings().weight is model.get_input_embeddings().weight
+    assert report["decoder"] == "tied" and not report["fitted"]
+    # untied in the config, but only an encoder stored: the random decoder is replaced by the embeddings
+    ckpt = make_checkpoint(tmp_path / "encoder", seed=0, tie_word_embeddings=False)
+    model, report = fit_mlm_head(str(ckpt), texts, cache_dir=tmp_path / "h2", **fit)
+    assert model.get_output_embeddings().weight is model.get_input_embeddings().weight
+    assert report["decoder"] == "tied" and report["fitted"]

@@ -6,8 +6,10 @@ Both fits run the frozen encoder once, keep what the head reads, and replay it t
   pooler inside the encoder stays frozen) on the encoder's output at the first position and its
   pooled output, for a number of epochs (AdamW, batches in a seeded order, dropout on in the head).
 - :func:`fit_mlm_head`: for a checkpoint without masked-LM weights (the offline default is a
-  sentence encoder). The decoder is tied to the input embeddings; only the head's own
-  parameters (transform, layer norm, output bias) are trained, on the encoder's hidden states at
+  sentence encoder). The decoder is tied to the input embeddings when the checkpoint's config
+  ties them (``tie_word_embeddings``, the usual case) or when it stores no decoder of its own;
+  a checkpoint's own untied decoder is kept (and, fitted, trained as part of the head). Only the
+  head's own parameters (transform, layer norm, output bias) are trained, on the encoder's hidden states at
   masked positions. Fitting starts from square head linears = identity and the output bias = log
   unigram frequency of the targets (``loss_before`` is that start), then runs AdamW for a few
   hundred steps over batches of masked positions. The fitted parameters are cached on disk
@@ -233,6 +235,23 @@ def has_mlm_head(model_spec: str, model) -> bool:
     return any(k.split(".")[0] in tops for k in keys)
 
 
+def keeps_own_decoder(model_spec: str, model) -> bool:
+    """Whether the masked-LM decoder of ``model`` stays untied from the input embeddings: the
+    checkpoint's config unties them (``tie_word_embeddings: false``) and the checkpoint stores
+    decoder weights (else the loaded decoder is a random matrix, and tying it is the usual head).
+    A hub id not cached locally cannot be listed: its config decides."""
+    if getattr(model.config, "tie_word_embeddings", True):
+        return False
+    out = model.get_output_embeddings()
+    if out is None:
+        return False
+    names = [n for n, p in model.named_parameters(remove_duplicate=False) if p is out.weight]
+    keys = _checkpoint_keys(resolve(model_spec))
+    if keys is None:
+        return True
+    return any(k == n or k.endswith("." + n) for k in keys for n in names)
+
+
 def _model_fingerprint(model_spec: str) -> str:
     path = resolve(model_spec)
     d = Path(path)
@@ -335,7 +354,8 @@ def fit_mlm_head(model_spec: str, texts: Sequence[str], *, steps: int = MLM_HEAD
     out_emb, in_emb = model.get_output_embeddings(), model.get_input_embeddings()
     if out_emb is None or in_emb is None:
         raise HeadcountError(f"model {model_spec!r} has no masked-LM decoder to tie to its input embeddings")
-    if out_emb.weight is not in_emb.weight:
+    own_decoder = keeps_own_decoder(model_spec, model)
+    if not own_decoder and out_emb.weight is not in_emb.weight:
         out_emb.weight = in_emb.weight  # the decoder is the input embedding matrix
     fitted = force or not has_mlm_head(model_spec, model)
     from .device import resolve_device
@@ -360,7 +380,8 @@ def fit_mlm_head(model_spec: str, texts: Sequence[str], *, steps: int = MLM_HEAD
     eval_batches = mlm_batches(eval_texts, tokenizer, max_length=max_length, batch_size=batch_size,
                                seed=seed + 1, probability=probability)
     model.to(device)
-    report = {"model": model_spec, "fitted": fitted, "cached": False, "n_texts_eval": len(eval_texts)}
+    report = {"model": model_spec, "fitted": fitted, "cached": False, "n_texts_eval": len(eval_texts),
+              "decoder": "checkpoint" if own_decoder else "tied"}
     with _trainable(model, list(head.values()) if fitted else []):
         ev_x, ev_y = _features(model, eval_batches, device)
         if fitted:  # the frozen encoder runs once; the head trains on its outputs
@@ -395,7 +416,8 @@ def fit_mlm_head(model_spec: str, texts: Sequence[str], *, steps: int = MLM_HEAD
                 report.update(loss=loss0, accuracy=acc0)
     model.to("cpu").eval()
     if fitted:
-        report["message"] = (f"masked-LM head fitted on the frozen encoder (decoder tied to the input embeddings): "
+        tying = ("the checkpoint's own untied decoder" if own_decoder else "decoder tied to the input embeddings")
+        report["message"] = (f"masked-LM head fitted on the frozen encoder ({tying}): "
                              f"loss {report['loss_before']:.3f} -> {report['loss']:.3f}, accuracy "
                              f"{report['accuracy']:.1%} on {report['n_masked_eval']} held-out masked tokens")
         report["settings"] = settings
