@@ -198,7 +198,8 @@ def mean_std(mean, std, digits: int = 3) -> str:
 
 
 def wide_table(summary):
-    """Experiments x tasks with ``mean ± std`` cells (the paper's layout); blank where a score is missing.
+    """Experiments x tasks with ``mean ± std`` cells (the paper's layout); blank where a score is missing,
+    ``(n=k of m)`` where only k of m seeds gave a number (with the ``n``/``n_total`` of :func:`summarize`).
 
     >>> wide_table(pd.DataFrame({"experiment": ["full"], "task": ["t"], "mean": [0.8], "std": [0.01]}))["t"][0]
     '0.800 ± 0.010'
@@ -210,7 +211,8 @@ def wide_table(summary):
         row = {"experiment": exp}
         for t in tasks:
             r = sub[sub["task"] == t]
-            row[t] = mean_std(float(r["mean"].iloc[0]), float(r["std"].iloc[0])) if len(r) else ""
+            row[t] = seed_cell(r["mean"].iloc[0], r["std"].iloc[0], n=r.iloc[0].get("n"), n_total=r.iloc[0].get("n_total"),
+                               digits=3) if len(r) else ""
         rows.append(row)
     return pd.DataFrame(rows, columns=["experiment", *tasks])
 
