@@ -122,6 +122,9 @@ class PruningSettings(ConfigSection):
             batch's |gradient|).
         normalize: ``layer+global`` (the paper: layer-wise L2 for heads, then global min-max).
         max_steps: optional cap on pruning steps.
+        shrink: physically shrink the working copy between steps (faster; heads already cut out
+            then score 0). ``false`` (the default) keeps them, gated off, so that their gradient
+            at gate 0 counts in the layer-wise L2 norm as in the paper's code.
     """
 
     threshold: float = Field(0.9, gt=0, le=1)
@@ -135,6 +138,7 @@ class PruningSettings(ConfigSection):
     accumulate: Literal["cumulative", "per-batch"] = "cumulative"
     normalize: Literal["none", "layer", "layer+global"] = "layer+global"
     max_steps: int | None = Field(None, ge=1)
+    shrink: bool = False
 
     @model_validator(mode="after")
     def _accumulate_fits_method(self):

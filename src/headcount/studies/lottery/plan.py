@@ -107,7 +107,7 @@ def lottery_jobs(settings: LotterySettings, prefix: str = "") -> list[Job]:
             prune_params = {
                 "task": task, "objective": "task", "method": p.method, "normalize": p.normalize,
                 "accumulate": p.accumulate, "prune": {"threshold": p.threshold, "step": p.step, "step_of": p.step_of, "schedule": p.schedule,
-                          "max_steps": p.max_steps},
+                          "max_steps": p.max_steps, "shrink": p.shrink},
                 "data": imp_data, "eval_data": eval_data,
                 "importance_split": val if p.importance == "validation" else None, "stop_split": val,
             }

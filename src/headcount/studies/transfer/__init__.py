@@ -26,7 +26,7 @@ the masked-LM text source, ``<p>`` a pruning level)::
 Design choices (the paper leaves them open):
 
 - **Importance** is Michel et al.'s (``scoring.method: gradient-token``: sum over tokens of
-  |dL/dg| per token, eval mode; ``gradient``, the per-batch form of run_bertology, is an option),
+  |dL/dg| per token, eval mode; ``gradient``, the sum of each batch's |dL/dg|, is an option),
   un-normalised for every statistic (ranks do not depend on a loss's scale; layer mass needs the
   raw values). Only heads are compared; MLP scores stay in the score files; head scores are in
   ``head_scores.csv``.
