@@ -254,3 +254,32 @@ def test_prasanna_schedule_reproduces_the_reference_step_sequence(case):
     # no mask is scored twice; at most one scoring per evaluated mask (as the reference's one pass)
     keys = {(tuple(m.heads.flatten().tolist()), tuple(m.mlps.tolist())) for m in calls}
     assert len(keys) == len(calls) <= len(ref_steps) + 1
+
+
+def test_prasanna_schedule_with_real_importance_matches_the_reference_loop():
+    """On a tiny model with real importance: the running gate gradient taken at the masks' gate
+    values (a tensor requiring grad, never zeroed), layer-wise L2 then global min-max as their code,
+    against ``score(..., accumulate="cumulative", at_mask=True)`` in the loop (no shrinking)."""
+    from test_scoring import _reference_cumulative
+
+    from headcount.scoring import score
+
+    model = tiny_model("bert")  # 3 layers x 4 heads
+    batches = [tiny_batch(model, batch=3, seq=8, seed=i, labels=True) for i in range(3)]
+
+    def reference_importance(hm, mm):
+        heads, mlps = _reference_cumulative(model, batches, hm, mm)
+        heads = heads / (heads.pow(2).sum(-1).pow(0.5).unsqueeze(-1) + 1e-20)
+        return (heads - heads.min()) / (heads.max() - heads.min()), (mlps - mlps.min()) / (mlps.max() - mlps.min())
+
+    metric = _weights_metric(torch.linspace(0.5, 1.5, 12).view(3, 4), torch.tensor([0.3, 2.0, 0.2]))
+    ref_steps, ref_heads, ref_mlps = _reference_prasanna(reference_importance, metric, 3, 4, 0.25, 0.6)
+    cfg = PruneConfig(threshold=0.6, step=0.25, step_of="total", schedule="prasanna", shrink=False)
+    r = iterative_prune(
+        model,
+        lambda m, k: score(m, batches, normalize="layer+global", mask=k, at_mask=True, accumulate="cumulative"),
+        lambda m, mask: (metric(mask.heads, mask.mlps), 0.0), cfg)
+    assert [(row["phase"], row["importance"], row["accepted"]) for row in r.trace[1:]] == \
+        [(s[0], s[3], s[4]) for s in ref_steps]
+    assert any(s[3] == "reused" for s in ref_steps)  # the reuse is exercised
+    assert torch.equal(r.mask.heads, ref_heads) and torch.equal(r.mask.mlps, ref_mlps)
