@@ -195,8 +195,13 @@ def test_the_report_lists_the_runs_that_produced_nan():
     tables = {"finetune": ft, "coherence": coh, "prunability": empty, "acceptable_deduction_summary": empty}
     nan = nan_table(tables)
     assert list(nan["table"]) == ["finetune", "coherence"]
-    assert nan["run"].iloc[0] == "movies seed 2" and "constant" in nan["why"].iloc[1]
+    assert nan["run"].iloc[0] == "movies seed 2, fine-tuned" and "constant" in nan["why"].iloc[1]
     assert nan["value"].iloc[1] == "spearman, kendall"
+    tables["before_after"] = pd.DataFrame({"task": ["movies"] * 2, "level": [0.5] * 2, "n": [1, 2], "n_total": [2, 2],
+                                           "setting": ["prune (mlm) then fine-tune", "fine-tune then prune (task)"]})
+    again = nan_table(tables)
+    assert list(again["table"]) == ["finetune", "before_after", "coherence"]
+    assert again["run"].iloc[1] == "movies prune (mlm) then fine-tune at 50%" and "1 of 2" in again["value"].iloc[1]
     row = main_pruning(tables, settings).iloc[0]
     assert row["fine-tuned"] == "0.34 (n=1 of 2)" and row["head only (frozen encoder)"].startswith("0.15 ± 0.07")
 

@@ -214,12 +214,21 @@ def main_section(tables: dict, settings: TransferSettings, art: str = "") -> Sec
 
 
 def nan_table(tables: dict) -> pd.DataFrame:
-    """The runs that produced NaN, and why: fine-tuned scores, pruned-then-fine-tuned scores, coherence statistics."""
-    rows = [{"table": "finetune", "run": f"{r['task']} seed {r['seed']}", **r}
-            for r in nan_runs(tables["finetune"].to_dict("records"), "fine_tuned", ["task", "seed"],
-                              why=lambda r: "the fine-tuned model's metric is undefined (e.g. a constant "
-                                            "prediction on a correlation metric)")]
-    rows = [{k: r[k] for k in ("table", "run", "value", "why")} for r in rows]
+    """The runs that produced NaN, and why: fine-tuned and head-only scores, pruned-then-fine-tuned
+    scores (seeds missing from a mean), coherence statistics."""
+    undefined = "the metric is undefined (e.g. a constant prediction under a correlation metric)"
+    rows = []
+    ft = tables["finetune"]
+    for col, what in (("fine_tuned", "fine-tuned"), ("head_only", "head only (frozen encoder)")):
+        if col in ft:
+            rows += [{"table": "finetune", "run": f"{r['task']} seed {r['seed']}, {what}", "value": col,
+                      "why": undefined} for r in nan_runs(ft.to_dict("records"), col, ["task", "seed"])]
+    ba = tables.get("before_after")
+    if ba is not None and not ba.empty and "n_total" in ba:
+        for _, r in ba[ba["n"] < ba["n_total"]].iterrows():
+            rows.append({"table": "before_after", "run": f"{r['task']} {r['setting']} at {r['level']:.0%}",
+                         "value": f"score: {int(r['n_total'] - r['n'])} of {int(r['n_total'])} seeds NaN",
+                         "why": undefined})
     coh = tables["coherence"]
     if not coh.empty:
         bad = coh[pd.to_numeric(coh["estimate"], errors="coerce").isna()]
