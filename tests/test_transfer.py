@@ -418,6 +418,27 @@ def test_bootstrap_contributions_add_up_to_the_scores(run):
     assert len(boot) and np.allclose(boot["boot_estimate"], boot["estimate"], atol=1e-6)
 
 
+def test_example_ids_follow_the_batches_rows(run):
+    from transformers import AutoTokenizer
+
+    from headcount.pipeline import DataConfig, batches_for, example_order
+    from headcount.tasks import get_task, tokenize
+
+    root, _ = run
+    task, tok = get_task(str(root / "good" / "task.yaml")), AutoTokenizer.from_pretrained(str(root / "pre"))
+    data = DataConfig(max_examples=50, batch_size=16, max_length=32, seed=3)
+    full = task.load(task.train_split)
+    source, index = example_order(task, tok, "task", data)
+    assert source == "has-good/train" and len(set(index.tolist())) == 50
+    labels = torch.cat([b["labels"] for b in batches_for(task, tok, "task", data)]).numpy()
+    assert labels.tolist() == full.labels[index].tolist() and len(set(labels.tolist())) == 2  # row i is example index[i]
+    _, mlm_index = example_order(task, tok, "mlm", data)
+    assert sorted(mlm_index.tolist()) == sorted(index.tolist())  # the same examples ...
+    lengths = torch.cat([b["attention_mask"].sum(1) for b in batches_for(task, tok, "mlm", data)]).tolist()
+    texts = [(" ".join(full.texts[i]),) for i in mlm_index]
+    assert lengths == tokenize(texts, tok, max_length=32).lengths.tolist()  # ... in the MLM batches' order
+
+
 def test_statistics_are_reproducible_from_the_saved_scores(run, tmp_path):
     root, _ = run
     store = RunStore(root / "run")
