@@ -532,3 +532,22 @@ def test_mask_json_round_trip(tmp_path):
         Mask(torch.full((3, 4), 0.5), torch.ones(3))
     with pytest.raises(HeadcountError):
         Mask.from_dict({"heads": [[1, 1], [1]]})
+
+
+# --- layout: sizes without hooks ----------------------------------------------------------------------------
+def test_layout_is_frozen_and_installs_no_hooks(arch):
+    import dataclasses
+
+    from headcount.arch import Layout
+
+    model = tiny_model(arch)
+    grid = layout(model)
+    assert "_headcount_hooks" not in model.__dict__  # answered from the config and the module tree
+    assert isinstance(grid, Layout) and tuple(grid) == (grid.n_layers, grid.n_heads) == (grid[0], grid[1])
+    assert grid.n_heads == HEADS and grid.head_dim == HEAD_DIM
+    assert sorted(a for g in grid.groups for a in g) == list(range(grid.n_layers))
+    assert grid.shared == (ARCHS[arch].apps_per_layer > 1) and len(grid.groups) == grid.n_layers // ARCHS[arch].apps_per_layer
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        grid.n_heads = 1
+    prune_heads(model, {0: [0]})  # surgery removes heads but never renumbers the grid
+    assert layout(model) == grid and "_headcount_hooks" not in model.__dict__

@@ -248,7 +248,7 @@ def test_ctrl_c_in_process_keeps_earlier_results(capsys, world, tmp_path, monkey
     before = snapshot(out)
     import headcount.api
 
-    def interrupted(**kw):
+    def interrupted(*args, **kw):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(headcount.api, "score_command", interrupted)

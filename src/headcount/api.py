@@ -1,33 +1,48 @@
-"""Functions behind the CLI that are not a single module's verb."""
+"""Functions behind the CLI that are not a single module's verb.
+
+A command (:mod:`headcount.commands`) builds the settings objects from its options (each option's
+default read from the object that declares it) and calls one function here with them.
+"""
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
 from pathlib import Path
 
 from . import runner
+from .arch import get_adapter
+from .device import check_spec, device_name, resolve_device, resolve_precision
 from .errors import HeadcountError
+from .gates import layout
+from .io import atomic_write_text
+from .masks import Mask
+from .models import load_model, load_tokenizer
+from .pipeline import (DataConfig, PruneSettings, ScoreSettings, batches_for, decoding, has_task_head, load_for,
+                       metric_for, prune_model, saved_config)
+from .plots import head_heatmap, prune_curve
+from .pruning import PruneConfig, PruneResult
 from .report import build_report
+from .scoring import score
+from .surgery import count_parameters, pruning_record, save_pruned, shrink
+from .tasks import get_task
 
 
 def describe(model_spec: str) -> dict:
     """What ``headcount info`` prints: sizes, parameters and what is pruned."""
-    from .arch import get_adapter
-    from .gates import layout, shared_groups
-    from .models import load_model
-    from .surgery import count_parameters, pruning_record
-
     model = load_model(model_spec, head="base")
-    n_layers, n_heads = layout(model)
+    grid = layout(model)
+    n_layers, n_heads = grid
     rec = pruning_record(model) or {}
     removed_heads = sum(len(x) for x in rec.get("removed_heads", []))
-    groups = shared_groups(model)
     return {
         "model": model_spec,
         "type": model.config.model_type,
         "adapter": type(get_adapter(model)).__name__,
         "layers": n_layers,
-        "heads": f"{n_heads} per layer, head size {get_adapter(model).head_dim(model.config)}",
-        "shared layers": "no" if len(groups) == n_layers else f"yes: {len(groups)} physical layer(s) for {n_layers} applications",
+        "heads": f"{n_heads} per layer, head size {grid.head_dim}",
+        "shared layers": (f"yes: {len(grid.groups)} physical layer(s) for {n_layers} applications" if grid.shared
+                          else "no"),
         "parameters": f"{count_parameters(model):,}",
         "heads kept": f"{n_layers * n_heads - removed_heads}/{n_layers * n_heads}",
         "MLPs kept": f"{n_layers - len(rec.get('removed_mlps', []))}/{n_layers}",
@@ -44,8 +59,6 @@ def _on(meta: dict) -> str:
 
 def _where() -> str:
     """The device and precision commands would run on here (the device rule, :mod:`headcount.device`)."""
-    from .device import device_name, resolve_device, resolve_precision
-
     dev = resolve_device(None)
     name = device_name(dev)
     return f"{dev}{f' ({name})' if name != 'cpu' else ''}, {resolve_precision(None, dev)}"
@@ -53,13 +66,7 @@ def _where() -> str:
 
 def shrink_checkpoint(model_spec: str, mask_path, out) -> dict:
     """Load a model, physically remove what the mask removes, save a reloadable checkpoint."""
-    from .masks import Mask
-    from .models import load_model, load_tokenizer
-    from .surgery import count_parameters, save_pruned, shrink
-
     mask = Mask.load(mask_path)
-    from .pipeline import has_task_head
-
     model = load_model(model_spec, head="classification" if has_task_head(model_spec) else _saved_head(model_spec))
     mask.check_model(model)
     before = count_parameters(model)
@@ -69,22 +76,13 @@ def shrink_checkpoint(model_spec: str, mask_path, out) -> dict:
     except HeadcountError:
         tokenizer = None
     save_pruned(model, out, tokenizer=tokenizer, extra={"parameters_before": before, "mask": str(mask_path)})
-    import json
-
     return json.loads((Path(out) / "headcount.json").read_text())
 
 
 def _saved_head(model_spec: str) -> str:
     """The head shrink keeps when it is not a classifier: "mlm" for a masked-LM checkpoint, else "base"."""
-    import transformers
-
-    from .models import resolve
-
-    try:
-        cfg = transformers.AutoConfig.from_pretrained(resolve(model_spec))
-    except (OSError, ValueError):
-        return "base"
-    return "mlm" if any(a.endswith("ForMaskedLM") for a in (cfg.architectures or [])) else "base"
+    cfg = saved_config(model_spec)
+    return "mlm" if cfg is not None and any(a.endswith("ForMaskedLM") for a in (cfg.architectures or [])) else "base"
 
 
 def run_study(config, out, *, report: bool = True, **options):
@@ -108,28 +106,17 @@ def _echo_none(*args, **kwargs):
     pass
 
 
-def score_command(*, model, task, objective="task", split=None, max_examples=1000, batch_size=32,
-                  max_length=128, method="gradient", normalize="none", seed=0, out, echo=_echo_none,
-                  device=None, precision=None, tokens_per_batch=None, accumulate=None) -> dict:
-    """``headcount score``: load, batch, score, write ``scores.json`` and ``heads.png``."""
-    from .pipeline import DataConfig, batches_for, check_objective, decoding, load_for, metric_for
-    from .plots import head_heatmap
-    from .scoring import DEFAULT_ACCUMULATE, METHODS, NORMALIZE, check_accumulate, score
-    from .tasks import get_task
+def score_command(model: str, task: str, settings: ScoreSettings, data: DataConfig, out, *, echo=_echo_none,
+                  device=None, precision=None, tokens_per_batch=None) -> dict:
+    """``headcount score``: load, batch, score, write ``scores.json`` and ``heads.png``.
 
-    check_objective(objective)
-    if method not in METHODS:
-        raise HeadcountError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
-    if normalize not in NORMALIZE:
-        raise HeadcountError(f"unknown normalisation {normalize!r}; choose one of {', '.join(NORMALIZE)}")
-    accumulate = accumulate or DEFAULT_ACCUMULATE
-    check_accumulate(accumulate, method)
-    from .device import check_spec
-
+    ``settings`` and ``data`` are validated when built (a bad method is refused before any load);
+    ``device`` / ``precision`` / ``tokens_per_batch``: where it runs (:mod:`headcount.device`).
+    """
     check_spec(device, precision)  # an unavailable device or precision: refused before loading
-    data = DataConfig(split=split, max_examples=max_examples, batch_size=batch_size, max_length=max_length, seed=seed)
+    objective, method = settings.objective, settings.method
     t = get_task(task)
-    m, tok, info = load_for(model, t, objective, seed=seed, device=device)
+    m, tok, info = load_for(model, t, objective, seed=data.seed, device=device)
     if info["head"] == "new" and method not in ("magnitude", "entropy"):
         echo(f"note: {model} has no trained head for {t.name}; scoring with a new, untrained task head "
              "(fine-tune first for task importance)")
@@ -139,15 +126,13 @@ def score_command(*, model, task, objective="task", split=None, max_examples=100
              f"(MLM loss {r.get('loss', float('nan')):.3f}, accuracy {r.get('accuracy', float('nan')):.3f})")
     batches = [] if method == "magnitude" else batches_for(t, tok, objective, data)
     with decoding(m, metric_for(t, objective)):
-        s = score(m, batches, method=method, normalize=normalize, device=info["device"], precision=precision,
-                  tokens_per_batch=tokens_per_batch, accumulate=accumulate)
+        s = score(m, batches, method=method, normalize=settings.normalize, device=info["device"],
+                  precision=precision, tokens_per_batch=tokens_per_batch, accumulate=settings.accumulate)
     echo(f"scored on {_on(s.meta)}")
     meta = {"objective": objective, "task": t.name, "model": model, "split": data.split or t.train_split,
             "head": info["head"]}
     if "mlm_head" in info:
         meta["mlm_head"] = info["mlm_head"]
-    from dataclasses import replace
-
     s = replace(s, meta={**s.meta, **meta})
     out = Path(out)
     s.save(out / "scores.json")
@@ -155,55 +140,39 @@ def score_command(*, model, task, objective="task", split=None, max_examples=100
     return {**s.to_dict(), "seconds": s.meta.get("seconds", 0.0)}
 
 
-def prune_command(*, model, task, objective="task", threshold=0.9, step=0.1, step_of="remaining", mlps=False,
-                  one_shot=False, method="gradient", normalize="layer+global", importance_split=None,
-                  stop_split=None, max_examples=1000, max_eval_examples=1000, batch_size=32, max_length=128,
-                  seed=0, out, echo=_echo_none, device=None, precision=None, tokens_per_batch=None,
-                  accumulate=None):
-    """``headcount prune``: iterative pruning; writes ``mask.json``, ``trace.csv``, ``curve.png``."""
-    from .io import atomic_write_text
-    from .pipeline import DataConfig, batches_for, check_objective, load_for, metric_for, prune_model
-    from .plots import prune_curve
-    from .pruning import PruneConfig
-    from .scoring import DEFAULT_ACCUMULATE, METHODS, check_accumulate
-    from .tasks import get_task
+def prune_command(model: str, task: str, settings: PruneSettings, loop: PruneConfig, importance: DataConfig,
+                  stop: DataConfig, out, *, echo=_echo_none, device=None, precision=None,
+                  tokens_per_batch=None) -> PruneResult:
+    """``headcount prune``: iterative pruning; writes ``mask.json``, ``trace.csv``, ``curve.png``.
 
-    check_objective(objective)
-    if method not in METHODS or method == "entropy":
-        raise HeadcountError(f"method {method!r} cannot drive pruning; use gradient, gradient-token, ablation or magnitude")
-    accumulate = accumulate or DEFAULT_ACCUMULATE
-    check_accumulate(accumulate, method)
-    config = PruneConfig(threshold=threshold, step=step, step_of=step_of,
-                         schedule="prasanna" if mlps else "heads", one_shot=one_shot)
-    imp_data = DataConfig(split=importance_split, max_examples=max_examples, batch_size=batch_size,
-                          max_length=max_length, seed=seed)
-    stop_data = DataConfig(max_examples=max_eval_examples, batch_size=batch_size, max_length=max_length, seed=seed)
-    from .device import check_spec
-
+    ``importance`` / ``stop``: the examples importance and the stop rule are computed on (their
+    splits: ``settings.importance_split`` / ``settings.stop_split``, else train / validation).
+    """
     check_spec(device, precision)  # an unavailable device or precision: refused before loading
+    objective, method = settings.objective, settings.method
     t = get_task(task)
-    m, tok, info = load_for(model, t, objective, seed=seed, device=device)
+    m, tok, info = load_for(model, t, objective, seed=importance.seed, device=device)
     if info["head"] == "new":
         echo(f"note: {model} has no trained head for {t.name}: the metric is that of an untrained head "
              "(fine-tune first: `headcount finetune`)")
-    imp_batches = [] if method == "magnitude" else batches_for(t, tok, objective, imp_data)
-    stop_batches = batches_for(t, tok, objective, stop_data, split=stop_split or t.validation_split)
+    imp_batches = ([] if method == "magnitude"
+                   else batches_for(t, tok, objective, importance, split=settings.importance_split))
+    stop_batches = batches_for(t, tok, objective, stop, split=settings.stop_split or t.validation_split)
     metric = metric_for(t, objective)
 
     def progress(row):
         echo(f"step {row['step']:>3} {row['phase']:<6} heads {row['heads_kept']:>4} mlps {row['mlps_kept']:>3} "
              f"{metric} {row['metric']:.4f} {'ok' if row['accepted'] else 'below threshold'}")
 
-    result = prune_model(m, imp_batches, stop_batches, metric, method=method, normalize=normalize, config=config,
-                         progress=progress, device=info["device"], precision=precision,
-                         tokens_per_batch=tokens_per_batch, accumulate=accumulate)
+    result = prune_model(m, imp_batches, stop_batches, metric, settings=settings, config=loop, progress=progress,
+                         device=info["device"], precision=precision, tokens_per_batch=tokens_per_batch)
     echo(f"pruned on {_on(result.meta)}")
     out = Path(out)
     mask = result.mask.with_meta(model=model, task=t.name, objective=objective, metric_name=metric, method=method,
-                                 normalize=normalize)
+                                 normalize=settings.normalize)
     mask.save(out / "mask.json")
     atomic_write_text(out / "trace.csv", result.trace_csv())
-    prune_curve(result.trace, threshold * result.full_metric, out / "curve.png",
+    prune_curve(result.trace, loop.threshold * result.full_metric, out / "curve.png",
                 title=f"{t.name} ({objective}): {metric} vs heads kept")
     result.mask = mask
     return result

@@ -8,10 +8,10 @@ import numpy as np
 import torch
 
 from .gates import clear_gates, set_gates
+from .tasks.mlm import IGNORE  # label of positions the masked-LM loss ignores (declared there, once)
 
 #: the metric name for the masked-LM objective: accuracy over masked tokens
 MLM_METRIC = "mlm_accuracy"
-IGNORE = -100  # label of positions the masked-LM loss ignores
 
 
 @contextmanager

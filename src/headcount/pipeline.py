@@ -3,48 +3,37 @@
 ``objective="task"``: the task's own loss and metric (classification or regression head).
 ``objective="mlm"``: masked LM on the task's texts (or any MLM corpus); a checkpoint without an
 MLM head gets one fitted on the frozen encoder, and the returned info says so.
+
+The settings these verbs take are declared in :mod:`headcount.settings` (re-exported here).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from contextlib import nullcontext
 
+import numpy as np
+import transformers
+
+from .device import resolve_device, runtime
 from .errors import HeadcountError
-from .evaluation import MLM_METRIC
+from .evaluation import MLM_METRIC, evaluate_batches, masked_positions_only
+from .heads import MLM_HEAD_MAX_TEXTS, fit_mlm_head
+from .models import load_model, load_tokenizer, resolve
+from .pruning import PruneConfig, iterative_prune
+from .scoring import score
+from .settings import (MAX_LENGTH_RANGE, OBJECTIVES, PRUNE_METHODS, DataConfig, PruneSettings, ScoreSettings,
+                       check_objective, default_of, settings_from)
+from .tasks import encode, make_batches, mlm_batches, tokenize
+from .tasks.base import subset_indices
+from .tasks.batching import batch_order
 
-OBJECTIVES = ("task", "mlm")
-
-
-@dataclass(frozen=True)
-class DataConfig:
-    """Which examples and how they are batched."""
-
-    split: str | None = None  # None: the task's train split
-    max_examples: int | None = 1000
-    batch_size: int = 32
-    max_length: int = 128
-    seed: int = 0
-
-    def __post_init__(self):
-        if self.max_examples is not None and self.max_examples < 1:
-            raise HeadcountError(f"--max-examples must be at least 1, got {self.max_examples}")
-        if self.batch_size < 1:
-            raise HeadcountError(f"--batch-size must be at least 1, got {self.batch_size}")
-        if not 8 <= self.max_length <= 8192:
-            raise HeadcountError(f"--max-length must be in 8..8192, got {self.max_length}")
+__all__ = ["MAX_LENGTH_RANGE", "OBJECTIVES", "PRUNE_METHODS", "DataConfig", "PruneSettings", "ScoreSettings",
+           "batches_for", "check_objective", "decoding", "default_of", "example_order", "has_task_head", "load_for",
+           "metric_for", "prune_model", "saved_config", "settings_from", "task_head"]
 
 
-def check_objective(objective: str) -> str:
-    if objective not in OBJECTIVES:
-        raise HeadcountError(f"unknown objective {objective!r}; choose one of {', '.join(OBJECTIVES)}")
-    return objective
-
-
-def _saved_config(model_spec: str):
-    import transformers
-
-    from .models import resolve
-
+def saved_config(model_spec: str):
+    """The checkpoint's transformers config, or None when it cannot be read (loading reports why)."""
     try:
         return transformers.AutoConfig.from_pretrained(resolve(model_spec))
     except (OSError, ValueError):
@@ -53,7 +42,7 @@ def _saved_config(model_spec: str):
 
 def has_task_head(model_spec: str) -> bool:
     """Whether the checkpoint was saved with a sequence-classification head."""
-    cfg = _saved_config(model_spec)
+    cfg = saved_config(model_spec)
     return cfg is not None and any(a.endswith("ForSequenceClassification") for a in (cfg.architectures or []))
 
 
@@ -67,7 +56,7 @@ def task_head(model_spec: str, task) -> dict:
     """
     if not has_task_head(model_spec):
         return {"head": "new", "head_note": f"new {task.num_labels}-output {task.kind} head on the pre-trained encoder"}
-    cfg = _saved_config(model_spec)
+    cfg = saved_config(model_spec)
     n = int(cfg.num_labels)
     regression = getattr(cfg, "problem_type", None) == "regression"
     if n != task.num_labels or (task.kind == "regression") != (regression or n == 1):
@@ -91,9 +80,6 @@ def load_for(model_spec: str, task, objective: str = "task", mlm_texts=None, see
     head that was not in the checkpoint: untrained) or ``"fitted"`` (an MLM head fitted on the
     frozen encoder).
     """
-    from .device import resolve_device
-    from .models import load_model, load_tokenizer
-
     check_objective(objective)
     where = resolve_device(device)  # an unavailable device is refused before anything loads
     tokenizer = load_tokenizer(model_spec)
@@ -101,9 +87,7 @@ def load_for(model_spec: str, task, objective: str = "task", mlm_texts=None, see
         head = task_head(model_spec, task)["head"]  # refuses a fine-tuned head that does not fit
         model = load_model(model_spec, head=task.kind, num_labels=task.num_labels).to(where)
         return model, tokenizer, {"head": head, "device": str(where)}
-    from .tasks import fit_mlm_head
-
-    texts = mlm_texts if mlm_texts is not None else _texts(task, task.train_split, 2000, seed)
+    texts = mlm_texts if mlm_texts is not None else _texts(task, task.train_split, MLM_HEAD_MAX_TEXTS, seed)
     model, report = fit_mlm_head(model_spec, texts, device=where)
     model.to(where)
     return model, tokenizer, {"head": "fitted" if report.get("fitted") else "checkpoint", "mlm_head": report,
@@ -117,8 +101,6 @@ def _texts(task, split, max_examples, seed) -> list[str]:
 
 def batches_for(task, tokenizer, objective: str, data: DataConfig, split: str | None = None) -> list[dict]:
     """Batches (dynamic padding, grouped by length) for ``objective`` on a split of ``task``."""
-    from .tasks import encode, make_batches, mlm_batches
-
     split = split or data.split or task.train_split
     if split not in task.splits():
         raise HeadcountError(f"task {task.name} has no split {split!r}; it has {', '.join(task.splits())}")
@@ -141,12 +123,6 @@ def example_order(task, tokenizer, objective: str, data: DataConfig, split: str 
     :func:`batches_for` (the seeded subset, then the batches' length grouping; tokens come from
     the cache).
     """
-    import numpy as np
-
-    from .tasks import encode, tokenize
-    from .tasks.base import subset_indices
-    from .tasks.batching import batch_order
-
     split = split or data.split or task.train_split
     loaded = task.load(split, max_examples=data.max_examples, seed=data.seed)
     picked = (subset_indices(len(task.load(split)), data.max_examples, data.seed)
@@ -165,26 +141,22 @@ def metric_for(task, objective: str) -> str:
     return MLM_METRIC if objective == "mlm" else task.metric
 
 
-def prune_model(model, importance_batches, stop_batches, metric: str, *, method: str = "gradient",
-                normalize: str = "layer+global", config=None, progress=None, device=None, precision=None,
-                tokens_per_batch: int | None = None, accumulate: str | None = None):
+def prune_model(model, importance_batches, stop_batches, metric: str, *, settings: PruneSettings | None = None,
+                config: PruneConfig | None = None, progress=None, device=None, precision=None,
+                tokens_per_batch: int | None = None):
     """Iterative pruning of ``model``: importance on one set of batches, the stop rule on another.
 
+    ``settings``: the method, normalisation and accumulation of importance (:class:`PruneSettings`;
+    its splits are the caller's business: they chose the batches). ``config``: the loop.
     ``device`` / ``precision`` / ``tokens_per_batch``: see :mod:`headcount.device` (None: where
-    the model is, or ``$HEADCOUNT_DEVICE``). The working copy is made on that device.
-    ``accumulate``: see :func:`~headcount.scoring.score` (None: the library default). Importance is
-    taken at the mask's gate values (``at_mask``), as the references' gate tensors are.
+    the model is, or ``$HEADCOUNT_DEVICE``). The working copy is made on that device. Importance
+    is taken at the mask's gate values (``at_mask``), as the references' gate tensors are.
 
     Returns the :class:`~headcount.pruning.PruneResult` of :func:`~headcount.pruning.iterative_prune`,
     its ``meta`` (and mask meta) naming the device and precision.
     """
-    from .device import runtime
-    from .evaluation import evaluate_batches
-    from .pruning import PruneConfig, iterative_prune
-    from .scoring import DEFAULT_ACCUMULATE, check_accumulate, score
-
-    accumulate = accumulate or DEFAULT_ACCUMULATE
-    check_accumulate(accumulate, method)
+    settings = settings or PruneSettings()
+    method, normalize, accumulate = settings.method, settings.normalize, settings.accumulate
     rt = runtime(model, device, precision, tokens_per_batch)
     where = dict(device=rt.device, precision=rt.precision, tokens_per_batch=rt.tokens_per_batch)
 
@@ -207,8 +179,4 @@ def prune_model(model, importance_batches, stop_batches, metric: str, *, method:
 def decoding(model, metric: str):
     """For the masked-LM objective, decode only masked positions (same loss and gradients,
     much less work); otherwise a no-op context."""
-    from contextlib import nullcontext
-
-    from .evaluation import masked_positions_only
-
     return masked_positions_only(model) if metric == MLM_METRIC else nullcontext(model)

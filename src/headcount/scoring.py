@@ -42,6 +42,7 @@ from torch import nn
 from .errors import HeadcountError
 from .gates import gated, hooks, kept_heads, layout, set_gates, clear_gates
 from .io import atomic_write_json
+from .tasks.mlm import IGNORE
 
 METHODS = ("gradient", "gradient-token", "ablation", "entropy", "magnitude")
 NORMALIZE = ("none", "layer", "layer+global")
@@ -50,6 +51,20 @@ NORMALIZE = ("none", "layer", "layer+global")
 ACCUMULATE = ("per-batch", "cumulative")
 #: the library's default (the CLI and the study configs read it from here)
 DEFAULT_ACCUMULATE = "per-batch"
+
+
+def check_method(method: str) -> str:
+    """``method`` if it is one of :data:`METHODS`, else a one-line error (the one check of it)."""
+    if method not in METHODS:
+        raise HeadcountError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+    return method
+
+
+def check_normalize(mode: str) -> str:
+    """``mode`` if it is one of :data:`NORMALIZE`, else a one-line error (the one check of it)."""
+    if mode not in NORMALIZE:
+        raise HeadcountError(f"unknown normalisation {mode!r}; choose one of {', '.join(NORMALIZE)}")
+    return mode
 
 
 @dataclass(frozen=True)
@@ -121,8 +136,7 @@ def normalize_scores(heads: torch.Tensor, mlps: torch.Tensor, mode: str) -> tupl
     >>> h.tolist()
     [[0.6000000238418579, 0.800000011920929]]
     """
-    if mode not in NORMALIZE:
-        raise HeadcountError(f"unknown normalisation {mode!r}; choose one of {', '.join(NORMALIZE)}")
+    check_normalize(mode)
     heads, mlps = heads.clone().float(), mlps.clone().float()
     if mode == "none":
         return heads, mlps
@@ -177,7 +191,7 @@ def _label_count(batch: dict) -> int:
     y = batch.get("labels")
     if y is None:
         return 0
-    return int(y.numel()) if y.is_floating_point() else int((y != -100).sum())
+    return int(y.numel()) if y.is_floating_point() else int((y != IGNORE).sum())
 
 
 def _runtime(model, rt):
@@ -439,10 +453,8 @@ def score(model: nn.Module, batches=(), method: str = "gradient", normalize: str
     """
     from .device import runtime
 
-    if method not in METHODS:
-        raise HeadcountError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
-    if normalize not in NORMALIZE:
-        raise HeadcountError(f"unknown normalisation {normalize!r}; choose one of {', '.join(NORMALIZE)}")
+    check_method(method)
+    check_normalize(normalize)
     check_accumulate(accumulate, method)
     rt = runtime(model, device, precision, tokens_per_batch)
     at = mask if at_mask and method in ("gradient", "gradient-token") else None

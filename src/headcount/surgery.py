@@ -17,11 +17,13 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import torch
+import transformers
+from safetensors.torch import load_file
 from torch import nn
 
 from .arch import get_adapter
 from .errors import HeadcountError
-from .gates import hooks, kept_heads, layout, set_gates, shared_groups
+from .gates import kept_heads, layout, set_gates, shared_groups
 from .io import atomic_dir, atomic_write_json
 from .masks import Mask
 
@@ -68,9 +70,9 @@ def prune_heads(model: nn.Module, heads: Mapping[int, Iterable[int]]) -> nn.Modu
     >>> prune_heads(model, {0: [1, 2], 5: range(12)})   # doctest: +SKIP
     """
     adapter = get_adapter(model)
-    h = hooks(model)
-    n_layers, n_heads = layout(model)
-    d = h.head_dim
+    blocks = adapter.blocks(model)
+    grid = adapter.layout(model)
+    n_heads, d = grid.n_heads, grid.head_dim
     for first, apps in _physical(model).items():
         remove = set()
         for app in apps:
@@ -79,7 +81,7 @@ def prune_heads(model: nn.Module, heads: Mapping[int, Iterable[int]]) -> nn.Modu
             continue
         if any(not 0 <= x < n_heads for x in remove):
             raise HeadcountError(f"head index out of range 0..{n_heads - 1} in layer {first}")
-        block = h.blocks[first]
+        block = blocks[first]
         kept = kept_heads(block.out_projection, n_heads)
         positions = [i for i, head in enumerate(kept) if head not in remove]
         if len(positions) == len(kept):
@@ -101,14 +103,14 @@ def prune_neurons(model: nn.Module, neurons: Mapping[int, Iterable[int]]) -> nn.
     """Remove feed-forward neurons physically: ``{application: [original neuron ids]}``."""
     adapter = get_adapter(model)
     size = adapter.intermediate_size(model.config)
-    h = hooks(model)
+    blocks = adapter.blocks(model)
     for first, apps in _physical(model).items():
         remove = set()
         for app in apps:
             remove |= {int(x) for x in neurons.get(app, ())}
         if not remove:
             continue
-        block = h.blocks[first]
+        block = blocks[first]
         kept = kept_neurons(block.ffn_in, size)
         positions = [i for i, n in enumerate(kept) if n not in remove]
         if len(positions) == len(kept):
@@ -127,9 +129,9 @@ def prune_mlps(model: nn.Module, layers: Iterable[int]) -> nn.Module:
     size = adapter.intermediate_size(model.config)
     layers = sorted({int(x) for x in layers})
     prune_neurons(model, {app: range(size) for app in layers})
-    h = hooks(model)
+    blocks = adapter.blocks(model)
     for app in layers:
-        out = h.blocks[app].ffn_out
+        out = blocks[app].ffn_out
         if out.bias is not None:
             out.bias = None
     _record(model)
@@ -143,7 +145,7 @@ def _record(model: nn.Module) -> dict:
     size = adapter.intermediate_size(model.config)
     old = getattr(model.config, RECORD, None) or {}
     rec = {"removed_heads": [], "removed_neurons": [], "removed_mlps": [], "gates": old.get("gates")}
-    for app, block in enumerate(hooks(model).blocks):
+    for app, block in enumerate(adapter.blocks(model)):
         kept = set(kept_heads(block.out_projection, n_heads))
         rec["removed_heads"].append([x for x in range(n_heads) if x not in kept])
         kept_n = kept_neurons(block.ffn_in, size)
@@ -248,8 +250,6 @@ def save_pruned(model: nn.Module, out_dir, tokenizer=None, extra: dict | None = 
 
 
 def _load_state(path: Path) -> dict:
-    from safetensors.torch import load_file
-
     index = path / "model.safetensors.index.json"
     if index.is_file():
         files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
@@ -307,8 +307,6 @@ def load_pruned(path, model_class=None, **config_kwargs) -> nn.Module:
 
     >>> model = load_pruned("pruned/")     # doctest: +SKIP
     """
-    import transformers
-
     path = Path(path)
     if not (path / "config.json").is_file():
         raise HeadcountError(f"not a checkpoint directory (no config.json): {path}")

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..errors import HeadcountError
-from .stats import (DEFAULT_FRACTIONS, bootstrap_ci, compare_scores, hierarchical_ci_from_replicates,
+from .stats import (DEFAULT_FRACTIONS, LEVEL, N_BOOT, N_PERMUTATIONS, bootstrap_ci, compare_scores, hierarchical_ci_from_replicates,
                     normalize_layers, paired_bootstrap_ci, permutation_test)
 
 __all__ = ["LAYER_NORM", "VIEWS", "coherence", "pair_seed", "seed_mean_ci", "shared_view", "statistic_range",
@@ -87,8 +87,8 @@ def statistic_range(name: str) -> tuple[float, float]:
 
 
 def coherence(a, b, contributions: tuple | None = None, *, paired: bool = False, ids: tuple | None = None,
-              fractions: Sequence[float] = DEFAULT_FRACTIONS, n_boot: int = 1000, n_permutations: int = 9999,
-              level: float = 0.95, seed: int = 0, view: str = "application", groups=None,
+              fractions: Sequence[float] = DEFAULT_FRACTIONS, n_boot: int = N_BOOT, n_permutations: int = N_PERMUTATIONS,
+              level: float = LEVEL, seed: int = 0, view: str = "application", groups=None,
               permutation: str = "within-layer", keep_samples: bool = False) -> dict:
     """Coherence of two head-importance grids, with bootstrap intervals and permutation p-values.
 
@@ -200,7 +200,7 @@ def coherence(a, b, contributions: tuple | None = None, *, paired: bool = False,
     return out
 
 
-def seed_mean_ci(estimates: Sequence[float], samples: Sequence, statistic: str, *, level: float = 0.95,
+def seed_mean_ci(estimates: Sequence[float], samples: Sequence, statistic: str, *, level: float = LEVEL,
                  n_boot: int = 2000, seed: int = 0) -> dict:
     """A mean over seeds (pairs) of one statistic, with its hierarchical bootstrap interval.
 

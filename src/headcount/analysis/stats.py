@@ -43,6 +43,9 @@ __all__ = [
     "HierarchicalBootstrapResult",
     "PermutationResult",
     "DEFAULT_FRACTIONS",
+    "LEVEL",
+    "N_BOOT",
+    "N_PERMUTATIONS",
     "bad_control",
     "bootstrap_ci",
     "cochrans_q",
@@ -73,6 +76,12 @@ __all__ = [
 
 #: Fractions of components compared by :func:`top_k_overlap` by default (top 10%, 25%, 50%).
 DEFAULT_FRACTIONS: tuple[float, ...] = (0.1, 0.25, 0.5)
+#: defaults of the resampling statistics, declared once (the functions here, the coherence
+#: analysis and the study configs read them): bootstrap resamples, permutations (9999 + the
+#: observed one: p-values in steps of 1e-4), two-sided confidence level
+N_BOOT = 1000
+N_PERMUTATIONS = 9999
+LEVEL = 0.95
 
 Seed = int | np.random.Generator | np.random.SeedSequence
 
@@ -436,8 +445,8 @@ class BootstrapResult:
 def bootstrap_ci(
     statistic: Callable[..., float | np.ndarray],
     *contributions,
-    n_boot: int = 1000,
-    level: float = 0.95,
+    n_boot: int = N_BOOT,
+    level: float = LEVEL,
     seed: Seed = 0,
     reduce: Literal["sum", "mean"] = "sum",
     paired: bool = False,
@@ -534,8 +543,8 @@ def paired_bootstrap_ci(
     ids_a: Sequence,
     ids_b: Sequence,
     *,
-    n_boot: int = 1000,
-    level: float = 0.95,
+    n_boot: int = N_BOOT,
+    level: float = LEVEL,
     seed: Seed = 0,
     reduce: Literal["sum", "mean"] = "sum",
 ) -> BootstrapResult:
@@ -626,8 +635,8 @@ def _example_weights(rng: np.random.Generator, n: int, n_boot: int) -> np.ndarra
 def hierarchical_bootstrap_ci(
     statistic: Callable[..., float | np.ndarray] | None,
     *per_seed: Sequence,
-    n_boot: int = 1000,
-    level: float = 0.95,
+    n_boot: int = N_BOOT,
+    level: float = LEVEL,
     seed: Seed = 0,
     reduce: Literal["sum", "mean"] = "mean",
     paired: bool = False,
@@ -726,7 +735,7 @@ def hierarchical_ci_from_replicates(
     replicates: Sequence,
     *,
     n_boot: int = 2000,
-    level: float = 0.95,
+    level: float = LEVEL,
     seed: Seed = 0,
     interval: Literal["t", "percentile"] = "t",
     clip: tuple[float, float] | None = None,
@@ -866,7 +875,7 @@ def permutation_test(
     a,
     b,
     statistic: Literal["spearman", "kendall"] | Callable[[np.ndarray, np.ndarray], float] = "spearman",
-    n_permutations: int = 9999,
+    n_permutations: int = N_PERMUTATIONS,
     seed: Seed = 0,
     alternative: Literal["two-sided", "greater", "less"] = "two-sided",
     strata=None,

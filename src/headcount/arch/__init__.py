@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..errors import HeadcountError
 from .albert import AlbertAdapter
-from .base import Adapter, Block
+from .base import Adapter, Block, Layout
 from .bert import BertAdapter
 from .deberta_v2 import DebertaV2Adapter
 from .distilbert import DistilBertAdapter
@@ -46,4 +46,4 @@ def get_adapter(model_or_config) -> Adapter:
     return _REGISTRY[model_type]
 
 
-__all__ = ["Adapter", "Block", "get_adapter", "register_adapter", "supported_model_types"]
+__all__ = ["Adapter", "Block", "Layout", "get_adapter", "register_adapter", "supported_model_types"]

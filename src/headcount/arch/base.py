@@ -39,6 +39,47 @@ class Block:
     ffn_out: nn.Linear
 
 
+@dataclass(frozen=True)
+class Layout:
+    """How many layers and heads: the grid that gates, scores and masks are indexed by.
+
+    Read from the config and the module tree (no hooks are installed). It unpacks as
+    ``(n_layers, n_heads)``, the shape of a head gate grid.
+
+    Attributes:
+        n_layers: applications of a transformer layer, in execution order (ALBERT: its one
+            shared layer counts once per depth).
+        n_heads: heads per application in the architecture (surgery removes some, never
+            renumbers: removed heads keep their index in the grid).
+        head_dim: size of one head's context vector.
+        groups: applications grouped by the physical layer they run, ``((0,), (1,), ...)``;
+            ALBERT: one group of every application.
+
+    >>> n_layers, n_heads = Layout(6, 12, 32, tuple((i,) for i in range(6)))
+    >>> (n_layers, n_heads)
+    (6, 12)
+    """
+
+    n_layers: int
+    n_heads: int
+    head_dim: int
+    groups: tuple[tuple[int, ...], ...]
+
+    def __iter__(self):
+        return iter((self.n_layers, self.n_heads))
+
+    def __getitem__(self, i: int) -> int:
+        return (self.n_layers, self.n_heads)[i]
+
+    def __len__(self) -> int:
+        return 2
+
+    @property
+    def shared(self) -> bool:
+        """Some physical layer runs at more than one depth (ALBERT)."""
+        return len(self.groups) != self.n_layers
+
+
 class Adapter:
     """Base class: subclasses name the model types they serve and where the modules are."""
 
@@ -67,6 +108,15 @@ class Adapter:
     def blocks(self, model: nn.Module) -> list[Block]:
         """One :class:`Block` per application, in execution order."""
         raise NotImplementedError
+
+    def layout(self, model: nn.Module) -> Layout:
+        """The model's :class:`Layout` (from its config and module tree; nothing is installed)."""
+        groups: dict[int, list[int]] = {}
+        blocks = self.blocks(model)
+        for app, block in enumerate(blocks):
+            groups.setdefault(id(block.layer), []).append(app)
+        return Layout(len(blocks), self.num_heads(model.config), self.head_dim(model.config),
+                      tuple(tuple(g) for g in groups.values()))
 
     # --- what surgery needs to change besides weights ---------------------------------
     def set_num_heads(self, attention: nn.Module, n_heads: int, head_dim: int) -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import typer
 
+from ..settings import default_of
+
 app = typer.Typer(
     name="headcount",
     help="Which attention heads and MLPs of BERT-family encoders matter: score, prune, retrain, study.",
@@ -11,3 +13,13 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+
+def setting(cls, field: str, *names: str, **kwargs):
+    """A typer option whose default is the one ``cls`` (a settings dataclass or pydantic model)
+    declares for ``field``: the command line never restates a library default. The option
+    remembers where its default comes from (``tests/test_settings.py`` checks every option).
+    """
+    option = typer.Option(default_of(cls, field), *names, **kwargs)
+    option.headcount_setting = (cls, field)
+    return option

@@ -6,9 +6,15 @@ from pathlib import Path
 
 import typer
 
-from . import app
+from ..device import DEVICE_HELP, PRECISION_HELP, trainer_settings
+from ..errors import HeadcountError
+from ..io import check_out_path, prepare_out
+from ..magnitude import check_sparsity
+from ..magnitude_search import MagnitudeConfig, check_procedure, magnitude_prune
+from ..training import TrainConfig
+from ..training import finetune as finetune_model
+from . import app, setting
 from .core import MODEL_HELP
-from ..device import DEVICE_HELP, PRECISION_HELP
 
 #: what earlier outputs may hold (recognised without a marker)
 FINETUNE_FILES = ("model", "metrics.json", "run.json", "checkpoints", "evaluations.json")
@@ -19,9 +25,6 @@ TASK_HELP = "a registered task (glue/sst2, offline/movies, ...) or a task YAML f
 
 def _train_config(epochs, lr, batch_size, max_length, max_train_examples, max_eval_examples, save_steps,
                   device=None, precision=None):
-    from ..device import trainer_settings
-    from ..training import TrainConfig
-
     where = trainer_settings(device, precision)  # use_cpu, bf16; cuda:N -> the only visible GPU
     return TrainConfig(lr=lr, batch_size=batch_size, epochs=epochs, max_length=max_length,
                        max_train_examples=max_train_examples, max_eval_examples=max_eval_examples,
@@ -37,29 +40,28 @@ def finetune(
     model: str = typer.Option("offline", "--model", "-m", help=MODEL_HELP),
     task: str = typer.Option("offline/movies", "--task", "-t", help=TASK_HELP),
     mask: Path = typer.Option(None, "--mask", help="mask.json (1 = kept): retrain the subnetwork from these weights"),
-    mask_mode: str = typer.Option("prune", "--mask-mode", help="prune (remove physically) | gate (gates fixed at 0)"),
+    mask_mode: str = setting(finetune_model, "mask_mode", "--mask-mode",
+                             help="prune (remove physically) | gate (gates fixed at 0)"),
     weight_mask: Path = typer.Option(None, "--weight-mask", help="weight_mask.safetensors from `headcount magnitude`"),
-    seed: int = typer.Option(0, help="training seed (head initialisation, data order, dropout)"),
-    epochs: float = typer.Option(3.0),
-    lr: float = typer.Option(2e-5, "--lr"),
-    batch_size: int = typer.Option(32, "--batch-size"),
-    max_length: int = typer.Option(128, "--max-length"),
-    max_train_examples: int = typer.Option(None, "--max-train-examples"),
-    max_eval_examples: int = typer.Option(None, "--max-eval-examples"),
-    save_steps: int = typer.Option(500, "--save-steps", help="checkpoint interval (what an interrupted run resumes from)"),
+    seed: int = setting(finetune_model, "seed", help="training seed (head initialisation, data order, dropout)"),
+    epochs: float = setting(TrainConfig, "epochs"),
+    lr: float = setting(TrainConfig, "lr", "--lr"),
+    batch_size: int = setting(TrainConfig, "batch_size", "--batch-size"),
+    max_length: int = setting(TrainConfig, "max_length", "--max-length"),
+    max_train_examples: int = setting(TrainConfig, "max_train_examples", "--max-train-examples"),
+    max_eval_examples: int = setting(TrainConfig, "max_eval_examples", "--max-eval-examples"),
+    save_steps: int = setting(TrainConfig, "save_steps", "--save-steps",
+                              help="checkpoint interval (what an interrupted run resumes from)"),
     out: Path = typer.Option(..., "--out", "-o", help="output folder: model/, metrics.json"),
     device: str = typer.Option(None, "--device", help=DEVICE_HELP),
     precision: str = typer.Option(None, "--precision", help=PRECISION_HELP),
 ):
     """Fine-tune (or retrain a masked subnetwork) -> model/, metrics.json. Run again to resume."""
-    from ..io import check_out_path, prepare_out
-    from ..training import finetune as run
-
     check_out_path(out)
     config = _train_config(epochs, lr, batch_size, max_length, max_train_examples, max_eval_examples, save_steps,
                            device, precision)
     with prepare_out(out, "finetune", own=FINETUNE_FILES):  # run.json decides resume vs another run
-        m = run(model, task, mask=mask, mask_mode=mask_mode, weight_mask=weight_mask, seed=seed, config=config,
+        m = finetune_model(model, task, mask=mask, mask_mode=mask_mode, weight_mask=weight_mask, seed=seed, config=config,
                 out_dir=out, progress=_echo)
     kept = ""
     if m.get("mask"):
@@ -74,36 +76,34 @@ def finetune(
 def magnitude(
     model: str = typer.Option("offline", "--model", "-m", help=MODEL_HELP),
     task: str = typer.Option("offline/movies", "--task", "-t", help=TASK_HELP),
-    procedure: str = typer.Option(
-        "prasanna", help="prasanna (the paper: prune the fine-tuned weights without retraining, stop on the "
+    procedure: str = setting(
+        MagnitudeConfig, "procedure", help="prasanna (the paper: prune the fine-tuned weights without retraining, stop on the "
                          "un-retrained dev metric, retrain the kept mask once) | imp (retrain every round, Chen et al.)"),
-    rounds: int = typer.Option(10, "--rounds", "--max-steps", help="at most this many pruning steps (imp: rounds)"),
-    threshold: float = typer.Option(0.9, help="stop when metric < threshold x full metric"),
-    rate: float = typer.Option(0.1, help="fraction of the remaining weights pruned per step"),
-    control: str = typer.Option("good", help="good (smallest first) | random | bad (largest first); random and bad: "
+    rounds: int = setting(MagnitudeConfig, "rounds", "--rounds", "--max-steps",
+                          help="at most this many pruning steps (imp: rounds)"),
+    threshold: float = setting(MagnitudeConfig, "threshold", help="stop when metric < threshold x full metric"),
+    rate: float = setting(MagnitudeConfig, "rate", help="fraction of the remaining weights pruned per step"),
+    control: str = setting(MagnitudeConfig, "control", help="good (smallest first) | random | bad (largest first); random and bad: "
                                              "one shot, with --match or --sparsity"),
-    variant: str = typer.Option("prasanna", help="prasanna (Q,K,V,O,FFN weights+biases) | chen (weights + pooler)"),
-    sparsity: float = typer.Option(None, help="one shot: prune to exactly this sparsity in [0, 1), retrain once"),
+    variant: str = setting(MagnitudeConfig, "variant",
+                           help="prasanna (Q,K,V,O,FFN weights+biases) | chen (weights + pooler)"),
+    sparsity: float = setting(MagnitudeConfig, "sparsity",
+                              help="one shot: prune to exactly this sparsity in [0, 1), retrain once"),
     match: Path = typer.Option(None, "--match", help="a finished magnitude run: one shot at its final sparsity"),
-    rewind_step: int = typer.Option(0, "--rewind-step", help="imp: 0 rewinds to pre-trained; N to the full run's step N"),
-    seed: int = typer.Option(0),
-    epochs: float = typer.Option(3.0),
-    lr: float = typer.Option(2e-5, "--lr"),
-    batch_size: int = typer.Option(32, "--batch-size"),
-    max_length: int = typer.Option(128, "--max-length"),
-    max_train_examples: int = typer.Option(None, "--max-train-examples"),
-    max_eval_examples: int = typer.Option(None, "--max-eval-examples"),
-    save_steps: int = typer.Option(500, "--save-steps"),
+    rewind_step: int = setting(MagnitudeConfig, "rewind_step", "--rewind-step", help="imp: 0 rewinds to pre-trained; N to the full run's step N"),
+    seed: int = setting(magnitude_prune, "seed"),
+    epochs: float = setting(TrainConfig, "epochs"),
+    lr: float = setting(TrainConfig, "lr", "--lr"),
+    batch_size: int = setting(TrainConfig, "batch_size", "--batch-size"),
+    max_length: int = setting(TrainConfig, "max_length", "--max-length"),
+    max_train_examples: int = setting(TrainConfig, "max_train_examples", "--max-train-examples"),
+    max_eval_examples: int = setting(TrainConfig, "max_eval_examples", "--max-eval-examples"),
+    save_steps: int = setting(TrainConfig, "save_steps", "--save-steps"),
     out: Path = typer.Option(..., "--out", "-o", help="output folder: weight_mask.safetensors, trace.csv"),
     device: str = typer.Option(None, "--device", help=DEVICE_HELP),
     precision: str = typer.Option(None, "--precision", help=PRECISION_HELP),
 ):
     """Magnitude pruning (the paper's search, IMP, or one shot) -> weight_mask.safetensors, trace.csv."""
-    from ..errors import HeadcountError
-    from ..io import check_out_path, prepare_out
-    from ..magnitude import check_sparsity
-    from ..magnitude_search import MagnitudeConfig, check_procedure, magnitude_prune
-
     check_out_path(out)
     if not 0.0 <= threshold <= 1.0:
         raise HeadcountError(f"--threshold must be in [0, 1] (a fraction of the full model's metric), got {threshold}")

@@ -12,14 +12,28 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from ..evaluation import evaluate_batches
+from ..io import atomic_path, atomic_write_text
 from ..masks import Mask
+from ..models import OFFLINE
+from ..pipeline import (DataConfig, PruneSettings, ScoreSettings, batches_for, decoding, example_order, load_for,
+                        metric_for, prune_model, settings_from)
+from ..pruning import PruneConfig
+from ..scoring import score
+from ..settings import check_objective, default_of
+from ..tasks import get_task
+from ..training import TrainConfig, finetune
 
 
 def model_spec(params: dict, inputs: dict) -> str:
     """The model a job works on: the upstream ``model`` job's checkpoint, else ``params["model"]``."""
     if "model" in inputs:
         return str(inputs["model"].path("model"))
-    return params.get("model", "offline")
+    return params.get("model", OFFLINE)
 
 
 def input_mask(params: dict, inputs: dict) -> Mask | None:
@@ -47,51 +61,46 @@ def finetune_job(params, inputs, workdir: Path, progress) -> dict:
 
     params: model, task, seed, train (TrainConfig fields), mask_mode ("prune" | "gate"),
     optional weight_mask from an upstream ``weight_mask`` job (its weight_mask.safetensors).
-    Writes ``model/`` and ``metrics.json``.
+    Unset ones take :func:`headcount.training.finetune`'s defaults. Writes ``model/`` and ``metrics.json``.
     """
-    from ..training import TrainConfig, finetune
-
     weight_mask = inputs["weight_mask"].path("weight_mask.safetensors") if "weight_mask" in inputs else None
+    given = {k: params[k] for k in ("mask_mode", "seed") if params.get(k) is not None}
     metrics = finetune(
-        model_spec(params, inputs), params["task"], mask=input_mask(params, inputs),
-        mask_mode=params.get("mask_mode", "prune"), weight_mask=weight_mask, seed=int(params.get("seed", 0)),
-        config=TrainConfig(**params.get("train", {})), out_dir=workdir, progress=step_messages(progress),
+        model_spec(params, inputs), params["task"], mask=input_mask(params, inputs), weight_mask=weight_mask,
+        config=TrainConfig(**params.get("train", {})), out_dir=workdir, progress=step_messages(progress), **given,
     )
     return metrics
 
 
-def _data(params: dict):
-    from ..pipeline import DataConfig
+def _data(params: dict, key: str = "data") -> DataConfig:
+    return DataConfig(**params.get(key, {}))
 
-    return DataConfig(**params.get("data", {}))
+
+def _objective(params: dict) -> str:
+    """The job's objective: ``params["objective"]``, else the default of :class:`ScoreSettings`."""
+    return check_objective(params.get("objective") or default_of(ScoreSettings, "objective"))
 
 
 def score_job(params, inputs, workdir: Path, progress) -> dict:
     """Importance scores of a model for an objective; writes ``scores.json`` (+ per-example
     contributions ``per_example.safetensors`` for bootstrap statistics).
 
-    params: model, task, objective ("task" | "mlm"), method, normalize, accumulate (``gradient``:
-    ``per-batch`` | ``cumulative``; default the library's), data (DataConfig fields).
+    params: model, task, and the fields of :class:`~headcount.settings.ScoreSettings` (objective,
+    method, normalize, accumulate; unset ones take its defaults), data (DataConfig fields).
     """
-    from ..pipeline import batches_for, decoding, load_for, metric_for
-    from ..scoring import DEFAULT_ACCUMULATE, score
-    from ..tasks import get_task
-
+    how = settings_from(ScoreSettings, params)
     task = get_task(params["task"])
     data = _data(params)
-    model, tokenizer, info = load_for(model_spec(params, inputs), task, params.get("objective", "task"),
-                                      seed=data.seed)
-    method = params.get("method", "gradient")
-    batches = [] if method == "magnitude" else batches_for(task, tokenizer, params.get("objective", "task"), data)
-    with decoding(model, metric_for(task, params.get("objective", "task"))):
-        s = score(model, batches, method=method, normalize=params.get("normalize", "none"),
-                  mask=input_mask(params, inputs), keep_per_example=method.startswith("gradient"),
-                  accumulate=params.get("accumulate") or DEFAULT_ACCUMULATE,
-                  progress=lambda i: progress(i, len(batches), "scoring"))
-    s = replace(s, meta={**s.meta, "task": task.name, "objective": params.get("objective", "task"),
+    model, tokenizer, info = load_for(model_spec(params, inputs), task, how.objective, seed=data.seed)
+    batches = [] if how.method == "magnitude" else batches_for(task, tokenizer, how.objective, data)
+    with decoding(model, metric_for(task, how.objective)):
+        s = score(model, batches, method=how.method, normalize=how.normalize,
+                  mask=input_mask(params, inputs), keep_per_example=how.method.startswith("gradient"),
+                  accumulate=how.accumulate, progress=lambda i: progress(i, len(batches), "scoring"))
+    s = replace(s, meta={**s.meta, "task": task.name, "objective": how.objective,
                          "head": info["head"], **({"mlm_head": info["mlm_head"]} if "mlm_head" in info else {})})
     s.save(workdir / "scores.json")
-    save_per_example(workdir, s, task, tokenizer, params.get("objective", "task"), data)
+    save_per_example(workdir, s, task, tokenizer, how.objective, data)
     return s.to_dict()
 
 
@@ -100,12 +109,6 @@ def save_per_example(workdir: Path, s, task, tokenizer, objective: str, data) ->
     ``[n_examples, n_layers, n_heads]`` and ``example_ids`` ``[n_examples]`` (each row's position in
     its split; the metadata ``example_source`` names the task and split), so that two score jobs
     of the same examples can be paired by id (:func:`load_per_example`)."""
-    import torch
-    from safetensors.torch import save_file
-
-    from ..io import atomic_path
-    from ..pipeline import example_order
-
     if s.per_example is None:
         return
     tensors = {"heads": s.per_example.contiguous()}
@@ -122,8 +125,6 @@ def load_per_example(path) -> tuple:
     """``(rows [n_examples, n_layers, n_heads] float64, ids)`` of a ``per_example.safetensors``;
     ``ids`` is a list of ``"<task>/<split>/<index>"`` strings, or None for files written before
     example ids were saved. ``(None, None)`` when there is no file."""
-    from safetensors import safe_open
-
     path = Path(path)
     if not path.is_file():
         return None, None
@@ -139,28 +140,26 @@ def load_per_example(path) -> tuple:
 def prune_job(params, inputs, workdir: Path, progress) -> dict:
     """Iterative pruning of a model to a threshold; writes ``mask.json`` and ``trace.csv``.
 
-    params: model, task, objective, method, normalize, accumulate, prune (PruneConfig fields), data
-    (importance examples), eval_data (stop-rule examples), importance_split, stop_split.
+    params: model, task, the fields of :class:`~headcount.settings.PruneSettings` (objective,
+    method, normalize, accumulate, importance_split, stop_split; unset ones take its defaults),
+    prune (PruneConfig fields), data (importance examples), eval_data (stop-rule examples; default:
+    the same as data).
     """
-    from ..io import atomic_write_text
-    from ..pipeline import DataConfig, batches_for, load_for, metric_for, prune_model
-    from ..pruning import PruneConfig
-    from ..tasks import get_task
-
+    how = settings_from(PruneSettings, params)
+    objective = how.objective
     task = get_task(params["task"])
-    objective = params.get("objective", "task")
     data = _data(params)
-    eval_data = DataConfig(**params.get("eval_data", params.get("data", {})))
+    eval_data = _data(params, "eval_data" if "eval_data" in params else "data")
     model, tokenizer, info = load_for(model_spec(params, inputs), task, objective, seed=data.seed)
-    imp = batches_for(task, tokenizer, objective, data, split=params.get("importance_split") or task.train_split)
-    stop = batches_for(task, tokenizer, objective, eval_data, split=params.get("stop_split") or task.validation_split)
+    imp = batches_for(task, tokenizer, objective, data, split=how.importance_split or task.train_split)
+    stop = batches_for(task, tokenizer, objective, eval_data, split=how.stop_split or task.validation_split)
     metric = metric_for(task, objective)
+
     def report(row):
         progress(row["step"], None, f"{row['phase']}: {row['heads_kept']} heads, {metric} {row['metric']:.3f}")
 
-    result = prune_model(model, imp, stop, metric, method=params.get("method", "gradient"),
-                         normalize=params.get("normalize", "layer+global"), accumulate=params.get("accumulate"),
-                         config=PruneConfig(**params.get("prune", {})), progress=report)
+    result = prune_model(model, imp, stop, metric, settings=how, config=PruneConfig(**params.get("prune", {})),
+                         progress=report)
     mask = result.mask.with_meta(task=task.name, objective=objective, metric_name=metric, head=info["head"])
     mask.save(workdir / "mask.json")
     atomic_write_text(workdir / "trace.csv", result.trace_csv())
@@ -172,12 +171,8 @@ def evaluate_job(params, inputs, workdir: Path, progress) -> dict:
 
     params: model, task, objective, split, data (DataConfig fields).
     """
-    from ..evaluation import evaluate_batches
-    from ..pipeline import batches_for, load_for, metric_for
-    from ..tasks import get_task
-
     task = get_task(params["task"])
-    objective = params.get("objective", "task")
+    objective = _objective(params)
     data = _data(params)
     model, tokenizer, info = load_for(model_spec(params, inputs), task, objective, seed=data.seed)
     batches = batches_for(task, tokenizer, objective, data, split=params.get("split") or task.validation_split)

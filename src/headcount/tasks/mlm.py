@@ -22,7 +22,11 @@ from .base import subset_indices
 from .batching import batch_order, pad_batch, tokenize
 from .tables import read_text
 
+#: the label of positions the loss ignores (torch's ``cross_entropy`` ``ignore_index``): every
+#: position but the masked ones in masked-LM batches
 IGNORE = -100
+#: the share of a sequence's ordinary tokens that are masked (BERT's pre-training)
+MASK_PROBABILITY = 0.15
 
 
 # --------------------------------------------------------------------------- corpus
@@ -92,7 +96,7 @@ def _ordinary_ids(tokenizer) -> np.ndarray:
     return np.asarray([i for i in range(len(tokenizer)) if i not in special], dtype=np.int64)
 
 
-def mask_tokens(input_ids, attention_mask, tokenizer, generator, probability: float = 0.15,
+def mask_tokens(input_ids, attention_mask, tokenizer, generator, probability: float = MASK_PROBABILITY,
                 ordinary=None) -> tuple:
     """Mask one padded batch in place of a copy: ``(masked input_ids, labels)``.
 
@@ -126,7 +130,7 @@ def mask_tokens(input_ids, attention_mask, tokenizer, generator, probability: fl
 
 
 def mlm_batches(texts: Sequence[str], tokenizer, *, max_length: int = 128, batch_size: int = 32,
-                seed: int = 0, probability: float = 0.15, cache_dir=None) -> list[dict]:
+                seed: int = 0, probability: float = MASK_PROBABILITY, cache_dir=None) -> list[dict]:
     """Padded, masked batches for the masked-LM loss.
 
     Args:

@@ -16,8 +16,9 @@ from typing import Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from ...analysis.stats import DEFAULT_FRACTIONS
+from ...analysis.stats import DEFAULT_FRACTIONS, LEVEL, N_BOOT, N_PERMUTATIONS
 from ...errors import HeadcountError
+from ...heads import MLM_HEAD_MAX_TEXTS, MLM_HEAD_STEPS
 from ...pipeline import DataConfig
 from ...runner import ConfigSection, StudyConfig
 from ...runner.config import task_ref
@@ -102,8 +103,8 @@ class MlmSettings(ConfigSection):
 
     corpus: str | None = None
     head_corpus: str | None = None
-    head_steps: int = Field(300, ge=1)
-    head_max_texts: int = Field(2000, ge=2)
+    head_steps: int = Field(MLM_HEAD_STEPS, ge=1)
+    head_max_texts: int = Field(MLM_HEAD_MAX_TEXTS, ge=2)
     after_head: AfterHead = "pretrained"
     eval: DataSettings = DataSettings(max_examples=256)
 
@@ -184,10 +185,10 @@ class StatsSettings(ConfigSection):
             global p-value is always reported too (``p_value_global``).
     """
 
-    n_boot: int = Field(1000, ge=0)
-    n_permutations: int = Field(9999, ge=0)
+    n_boot: int = Field(N_BOOT, ge=0)
+    n_permutations: int = Field(N_PERMUTATIONS, ge=0)
     permutation: Literal["within-layer", "global"] = "within-layer"
-    level: float = Field(0.95, gt=0, lt=1)
+    level: float = Field(LEVEL, gt=0, lt=1)
     seed: int = 0
     fractions: tuple[float, ...] = DEFAULT_FRACTIONS
 
