@@ -20,7 +20,7 @@ import pytest
 from headcount.analysis import draw_controls, random_control, super_survivors
 from headcount.analysis.patterns import CLASSES, save_labelled_maps, synthetic_attention_maps
 from headcount.errors import HeadcountError
-from headcount.magnitude import MagnitudeConfig
+from headcount.magnitude_search import MagnitudeConfig
 from headcount.masks import Mask
 from headcount.api import run_study
 from headcount.runner import JobResult, RunStore, get_study_type, no_progress, parse_study_config
@@ -105,6 +105,14 @@ def test_jobs_compose_under_a_prefix_with_the_same_keys(world):
     good_pruned = names["good-pruned/has-good/seed1"]
     assert good_pruned.inputs["model"].key == full.key  # no retraining: the fine-tuned weights
     assert good_pruned.inputs["mask"].name == "prune/has-good/seed1"
+    # magnitude: the paper's procedure by default; IMP's params (and keys) have no procedure
+    good = names["magnitude/good/has-good/seed1"]
+    assert good.params["magnitude"]["procedure"] == "prasanna" and good.inputs["full"].key == full.key
+    assert names["magnitude/bad/has-good/seed1"].inputs["match"].key == good.key
+    imp = {j.name: j for j in lottery_jobs(_settings(world, magnitude={"procedure": "imp"}))}
+    assert "procedure" not in imp["magnitude/good/has-good/seed1"].params["magnitude"]
+    assert imp["magnitude/good/has-good/seed1"].key != good.key
+    assert imp["finetune/has-good/seed1"].key == full.key
     off = lottery_jobs(_settings(world, magnitude={"enabled": False}, patterns={"enabled": False},
                                  super_survivors={"enabled": False}, tasks=world["tasks"][:1]))
     assert not any(j.kind in ("lottery.magnitude", "lottery.patterns", "lottery.stability", "lottery.overlap")
@@ -195,7 +203,7 @@ tasks: [task/task.yaml, task2/task.yaml]
 seeds: [1, 2]
 train: {lr: 0.01, batch_size: 16, epochs: 3, max_length: 32, save_steps: 1000}
 pruning: {step: 0.25}
-magnitude: {rounds: 1, rate: 0.3}
+magnitude: {rounds: 2, rate: 0.3, threshold: 0.5}
 patterns: {max_examples: 16, size: 16, cnn: {maps: labelled/maps.safetensors, labels: labelled/labels.csv, epochs: 2}}
 """)
     summary = run_study(root / "study.yaml", root / "run", quiet=True)
@@ -337,12 +345,73 @@ def test_job_params_are_validated_into_their_models(tmp_path):
 
 
 def test_train_and_magnitude_settings_are_the_library_configs_fields():
+    from headcount.studies.lottery.config import MagnitudeParams
+
     train, mag = TrainSettings(), MagnitudeSettings()
     assert all(getattr(train, k) == getattr(TrainConfig(), k) for k in TrainSettings.model_fields)
     assert train.config() == TrainConfig(**train.model_dump())
     assert mag.config("bad") == MagnitudeConfig(**mag.model_dump(exclude={"enabled"}), control="bad")
+    assert mag.procedure == MagnitudeConfig().procedure == "prasanna"  # the study's default: the paper's
     with pytest.raises(ValueError, match="rate"):
         MagnitudeSettings(rate=1.5)  # MagnitudeConfig's own check
+    with pytest.raises(ValueError, match="procedure"):
+        MagnitudeSettings(procedure="lth")
+    # a job's params without a procedure are IMP's (planned before procedures existed: same keys)
+    params = {"model": "m", "task": "t", "seed": 1, "train": {}, "magnitude": {"rounds": 3}, "control": "good",
+              "keep_models": False}
+    assert MagnitudeParams.model_validate(params).magnitude.config().procedure == "imp"
+
+
+def test_no_passing_magnitude_mask_is_a_flagged_nan_row_and_its_controls_are_skipped(world, tmp_path):
+    from headcount.studies.lottery import magnitude_job
+    from headcount.studies.lottery.report import no_passing_sentence
+    from headcount.studies.lottery.tables import nan_table, seed_scores
+    from headcount.training import finetune
+
+    train = {"lr": 0.01, "batch_size": 16, "epochs": 1, "max_length": 32, "max_train_examples": 64,
+             "max_eval_examples": 32, "save_steps": 1000}
+    full_dir = tmp_path / "full"
+    metrics = finetune(world["pre"], world["tasks"][0], seed=1, config=TrainSettings(**train).config(),
+                       out_dir=full_dir)
+    full = JobResult("full", "finetune", "finetune/has-good/seed1", {}, metrics, full_dir)
+    base = {"model": world["pre"], "task": world["tasks"][0], "seed": 1, "train": train,
+            "magnitude": {"procedure": "prasanna", "threshold": 2.0}, "keep_models": False}
+    results = {"finetune/has-good/seed1": full}
+    good_dir = tmp_path / "good"
+    good_dir.mkdir()
+    good = magnitude_job({**base, "control": "good"}, {"full": full}, good_dir, no_progress)
+    assert good["no_passing_mask"] and good["metric"] is None and good["sparsity"] is None
+    assert not (good_dir / "retrain").exists() and not (good_dir / "weight_mask.safetensors").exists()
+    results["magnitude/good/has-good/seed1"] = JobResult("magnitude/good/has-good/seed1", "lottery.magnitude", "g", {},
+                                                         good, good_dir)
+    for kind in ("random", "bad"):
+        d = tmp_path / kind
+        d.mkdir()
+        r = magnitude_job({**base, "control": kind}, {"match": results["magnitude/good/has-good/seed1"]}, d,
+                          no_progress)
+        assert r["skipped"] and r["no_passing_mask"] and r["metric"] is None
+        assert not list(d.glob("round_*")) and not (d / "full").exists()  # nothing trained
+        results[f"magnitude/{kind}/has-good/seed1"] = JobResult(kind, "lottery.magnitude", kind, {}, r, d)
+
+    class Store:  # the finished jobs, as a run's store shows them
+        def has(self, name):
+            return name in results
+
+        def result(self, name):
+            return results[name]
+
+    settings = _settings(world, tasks=world["tasks"][:1], seeds=[1], magnitude={"threshold": 2.0})
+    scores = seed_scores(Store(), settings)
+    mag = scores[scores["pruning"] == "magnitude"].set_index("experiment")
+    assert mag["score"].isna().all() and mag.loc["magnitude good retrained", "flag"] == "no_passing_mask"
+    assert (mag.loc[["magnitude random retrained", "magnitude bad retrained"], "flag"]
+            == "skipped: no_passing_mask").all()
+    assert scores.loc[scores["experiment"] == "full", "flag"].item() == ""
+    table = nan_table(Store(), settings, scores).set_index("experiment")
+    assert "no_passing_mask" in table.loc["magnitude good retrained", "why"]
+    assert "skipped" in table.loc["magnitude bad retrained", "why"]
+    assert "No pruning step passed for has-good seed 1 (no_passing_mask)" in no_passing_sentence(scores)
+    assert no_passing_sentence(scores[scores["flag"] == ""]) == ""
 
 
 def test_paper_table_sets_the_runs_numbers_beside_the_published_ones():
