@@ -248,3 +248,41 @@ def test_accumulate_is_checked():
     with pytest.raises(HeadcountError, match="cumulative"):
         score(model, _batches(model, n=1), method="gradient-token", accumulate="cumulative")
     assert score(model, _batches(model, n=1), method="gradient-token").meta["accumulate"] == "per-token"
+
+
+def test_cli_accumulate_is_recorded_and_checked(tmp_path, capsys):
+    """``--accumulate`` on score and prune: recorded in scores.json, mask.json and trace.csv; a
+    cumulative per-token score is refused with one error line (exit 2)."""
+    import csv
+    import json
+
+    from training_helpers import make_checkpoint, make_task
+
+    from headcount.cli import main
+
+    ckpt = make_checkpoint(tmp_path / "clf", head="classification")
+    task = make_task(tmp_path / "task", n_train=48, n_dev=32)
+
+    def run(args):
+        try:
+            code = main(args) or 0
+        except SystemExit as e:
+            code = e.code
+        return code, capsys.readouterr()
+
+    common = ["--model", str(ckpt), "--task", str(task), "--max-examples", "32", "--batch-size", "8"]
+    code, out = run(["score", *common, "--accumulate", "cumulative", "--out", str(tmp_path / "s")])
+    assert code == 0, out.err
+    assert json.loads((tmp_path / "s" / "scores.json").read_text())["accumulate"] == "cumulative"
+    code, out = run(["score", *common, "--out", str(tmp_path / "d")])
+    assert code == 0 and json.loads((tmp_path / "d" / "scores.json").read_text())["accumulate"] == "per-batch"
+    code, out = run(["prune", *common, "--max-eval-examples", "32", "--mlps", "--step-of", "total",
+                     "--accumulate", "cumulative", "--out", str(tmp_path / "p")])
+    assert code == 0, out.err
+    assert json.loads((tmp_path / "p" / "mask.json").read_text())["accumulate"] == "cumulative"
+    rows = list(csv.DictReader((tmp_path / "p" / "trace.csv").open()))
+    assert {r["accumulate"] for r in rows} == {"cumulative"} and rows[1]["importance"] == "fresh"
+    code, out = run(["score", *common, "--method", "gradient-token", "--accumulate", "cumulative",
+                     "--out", str(tmp_path / "bad")])
+    assert code == 2 and out.err.strip().startswith("error:") and len(out.err.strip().splitlines()) == 1
+    assert "cumulative" in out.err and not (tmp_path / "bad" / "scores.json").exists()
