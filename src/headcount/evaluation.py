@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from .gates import clear_gates, set_gates
-from .tasks.mlm import IGNORE  # label of positions the masked-LM loss ignores (declared there, once)
+from .tasks.base import IGNORE  # the label of positions a loss ignores (declared there, once)
 
 #: the metric name for the masked-LM objective: accuracy over masked tokens
 MLM_METRIC = "mlm_accuracy"

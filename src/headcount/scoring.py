@@ -42,7 +42,7 @@ from torch import nn
 from .errors import HeadcountError
 from .gates import gated, hooks, kept_heads, layout, set_gates, clear_gates
 from .io import atomic_write_json
-from .tasks.mlm import IGNORE
+from .tasks.base import IGNORE
 
 METHODS = ("gradient", "gradient-token", "ablation", "entropy", "magnitude")
 NORMALIZE = ("none", "layer", "layer+global")

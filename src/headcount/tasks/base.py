@@ -26,6 +26,9 @@ METRICS = CLASSIFICATION_METRICS + REGRESSION_METRICS
 
 #: the label of an unlabelled example (GLUE test splits)
 NO_LABEL = -1
+#: the label of positions a loss ignores (torch's ``cross_entropy`` ``ignore_index``): padding in
+#: batches, every position but the masked ones in masked-LM batches
+IGNORE = -100
 
 
 # --------------------------------------------------------------------------- sources

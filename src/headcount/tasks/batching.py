@@ -18,7 +18,7 @@ import numpy as np
 
 from ..errors import HeadcountError
 from ..io import atomic_write_bytes
-from .base import TaskData
+from .base import IGNORE, TaskData
 from .paths import cache_root
 
 _CHUNK = 4096  # texts per tokenizer call
@@ -277,7 +277,7 @@ def make_batches(encoded, batch_size: int, *, shuffle: bool = False, seed: int =
 
 # -- packing prepared batches for a device: rounded lengths, a token budget ------------------------------
 #: fill value of each per-token key when a batch is padded further (others: 0)
-_FILL = {"labels": -100, "attention_mask": 0}
+_FILL = {"labels": IGNORE, "attention_mask": 0}
 
 
 def _widen(batch: dict, width: int) -> dict:

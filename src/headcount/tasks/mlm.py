@@ -18,13 +18,10 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import HeadcountError
-from .base import subset_indices
+from .base import IGNORE, subset_indices
 from .batching import batch_order, pad_batch, tokenize
 from .tables import read_text
 
-#: the label of positions the loss ignores (torch's ``cross_entropy`` ``ignore_index``): every
-#: position but the masked ones in masked-LM batches
-IGNORE = -100
 #: the share of a sequence's ordinary tokens that are masked (BERT's pre-training)
 MASK_PROBABILITY = 0.15
 

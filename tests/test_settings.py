@@ -1,0 +1,182 @@
+"""Every setting has one declaration (issue 12): the command line reads its defaults from the
+library, job parameters validate into the library's settings, and the defaults that used to be
+restated (MLM head steps and texts, the ignored label, the masking probability, the resampling
+statistics) appear once in the source.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import doctest
+import io
+import re
+import tokenize
+from pathlib import Path
+
+import pytest
+import typer
+
+import headcount.settings
+from headcount.cli import app
+from headcount.errors import HeadcountError
+from headcount.magnitude_search import MagnitudeConfig
+from headcount.pruning import PruneConfig
+from headcount.settings import DataConfig, PruneSettings, ScoreSettings, default_of, settings_from
+from headcount.training import TrainConfig
+
+SRC = Path(__file__).resolve().parent.parent / "src" / "headcount"
+
+#: the library's settings classes a command-line option may stand for
+SOURCES = (TrainConfig, MagnitudeConfig, PruneConfig, DataConfig, ScoreSettings, PruneSettings)
+
+#: options named like a library setting whose default is the command's own, with the reason
+OWN_DEFAULTS = {
+    # `headcount patterns ...`: the pattern CNN's module imports scipy (2.7 s): its options leave
+    # the library's defaults to it (None) except the seed; synthetic maps: a larger CLI sample
+    ("patterns train", "seed"), ("patterns synthetic", "seed"), ("patterns synthetic", "size"),
+}
+
+
+def _commands(group: typer.Typer, prefix: str = ""):
+    """``(name, callback)`` of every command, sub-typers included."""
+    for cmd in group.registered_commands:
+        yield (prefix + (cmd.name or cmd.callback.__name__)).strip(), cmd.callback
+    for sub in group.registered_groups:
+        yield from _commands(sub.typer_instance, prefix + sub.name + " ")
+
+
+def _options(callback):
+    import inspect
+
+    for name, param in inspect.signature(callback).parameters.items():
+        if isinstance(param.default, (typer.models.OptionInfo, typer.models.ArgumentInfo)):
+            yield name, param.default
+
+
+def _fields(cls) -> set[str]:
+    return {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else set(cls.model_fields)
+
+
+COMMANDS = sorted(_commands(app), key=lambda c: c[0])
+
+
+def test_the_cli_has_the_commands_this_test_walks():
+    names = {n for n, _ in COMMANDS}
+    assert {"score", "prune", "finetune", "magnitude", "patterns train"} <= names
+
+
+@pytest.mark.parametrize("command, callback", COMMANDS, ids=[c[0] for c in COMMANDS])
+def test_cli_defaults_are_read_from_the_library(command, callback):
+    """An option that stands for a library setting takes its default from there (and says so);
+    an option named like one without saying where its default comes from is a restated default."""
+    declared = {f for cls in SOURCES for f in _fields(cls)}
+    for name, option in _options(callback):
+        source = getattr(option, "headcount_setting", None)
+        if source is not None:
+            cls, field = source
+            assert option.default == default_of(cls, field), (command, name)
+            assert type(option.default) is type(default_of(cls, field))
+        elif name in declared and option.default is not None and (command, name) not in OWN_DEFAULTS:
+            pytest.fail(f"`headcount {command} --{name.replace('_', '-')}` restates a library default "
+                        f"({option.default!r}): use commands.setting(...)")
+
+
+def test_an_option_takes_whatever_its_class_declares():
+    """The option's default *is* the class's: another class, another default; no copy is kept."""
+    from headcount.commands import setting
+
+    @dataclasses.dataclass(frozen=True)
+    class Toy:
+        threshold: float = 0.5
+
+    option = setting(Toy, "threshold", "--threshold")
+    assert option.default == 0.5 and option.headcount_setting == (Toy, "threshold")
+    assert setting(PruneConfig, "threshold").default == PruneConfig().threshold
+
+
+def test_default_of_reads_dataclasses_pydantic_models_and_functions():
+    from pydantic import BaseModel
+
+    from headcount.training import finetune
+
+    class Model(BaseModel):
+        n: int = 3
+
+    assert default_of(DataConfig, "max_examples") == DataConfig().max_examples
+    assert default_of(Model, "n") == 3
+    assert default_of(finetune, "mask_mode") == "prune"
+    with pytest.raises(KeyError):
+        default_of(DataConfig, "nonesuch")
+
+
+def test_job_params_validate_into_the_settings():
+    assert settings_from(ScoreSettings, {"task": "t", "method": "ablation"}) == ScoreSettings(method="ablation")
+    assert settings_from(PruneSettings, {"normalize": None}).normalize == PruneSettings().normalize
+    with pytest.raises(HeadcountError, match="cannot drive pruning"):
+        settings_from(PruneSettings, {"method": "entropy"})
+    with pytest.raises(HeadcountError, match="unknown normalisation"):
+        ScoreSettings(normalize="sideways")
+    with pytest.raises(HeadcountError, match="unknown objective"):
+        ScoreSettings(objective="vibes")
+    with pytest.raises(HeadcountError, match="cumulative"):
+        ScoreSettings(method="gradient-token", accumulate="cumulative")
+
+
+def test_settings_docstring_examples_run():
+    result = doctest.testmod(headcount.settings, optionflags=doctest.ELLIPSIS)
+    assert result.attempted > 0 and result.failed == 0
+
+
+# --- literals that used to be restated: one line of source each ----------------------------------------
+#: (literal, a regex one of the line's names matches, the one file that declares it)
+ONCE = [
+    ("300", r"steps", "heads.py"),  # MLM head fitting steps
+    ("2000", r"texts", "heads.py"),  # MLM head fitting texts
+    ("-100", None, "tasks/base.py"),  # the ignored label
+    ("0.15", r"prob", "tasks/mlm.py"),  # masking probability
+    ("9999", r"permutation", "analysis/stats.py"),
+    ("0.95", r"level", "analysis/stats.py"),
+    ("1000", r"boot", "analysis/stats.py"),
+    ("2e-5", r"lr", "training.py"),
+]
+
+
+def literal_lines(literal: str, name_pattern: str | None) -> list[tuple[str, int]]:
+    """``(file, line)`` of code lines holding the number ``literal`` (strings and comments left
+    out) next to a name matching ``name_pattern`` (case-insensitive)."""
+    negative, value = literal.startswith("-"), literal.lstrip("-")
+    found = []
+    for path in sorted(SRC.rglob("*.py")):
+        tokens = list(tokenize.generate_tokens(io.StringIO(path.read_text(encoding="utf-8")).readline))
+        by_line: dict[int, list[int]] = {}
+        for i, t in enumerate(tokens):
+            if t.type in (tokenize.NAME, tokenize.NUMBER, tokenize.OP):
+                by_line.setdefault(t.start[0], []).append(i)
+        for line, idx in by_line.items():
+            names = [tokens[i].string for i in idx if tokens[i].type == tokenize.NAME]
+            for i in idx:
+                t = tokens[i]
+                signed = tokens[i - 1].string == "-"
+                if t.type == tokenize.NUMBER and t.string == value and signed == negative and (
+                        name_pattern is None or any(re.search(name_pattern, n, re.I) for n in names)):
+                    found.append((str(path.relative_to(SRC)), line))
+    return sorted(set(found))
+
+
+def test_literal_finder_sees_code_but_not_strings_or_comments():
+    assert ("heads.py", _line_of("heads.py", "MLM_HEAD_STEPS = ")) in literal_lines("300", r"steps")
+    assert all(f != "tasks/mlm.py" or "0.15 * n" not in _text(f, line) for f, line in literal_lines("0.15", None))
+
+
+def _text(rel: str, line: int) -> str:
+    return (SRC / rel).read_text(encoding="utf-8").splitlines()[line - 1]
+
+
+def _line_of(rel: str, needle: str) -> int:
+    return next(i for i, text in enumerate((SRC / rel).read_text(encoding="utf-8").splitlines(), 1) if needle in text)
+
+
+@pytest.mark.parametrize("literal, names, home", ONCE, ids=[f"{lit}-{n}" for lit, n, _ in ONCE])
+def test_each_default_has_one_source(literal, names, home):
+    found = literal_lines(literal, names)
+    assert [f for f, _ in found] == [home], f"{literal} ({names}) declared in {found}; once, in {home}"
