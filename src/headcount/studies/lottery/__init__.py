@@ -13,9 +13,12 @@ Per task and seed the study
    draw, ``random: bernoulli``) and a *bad* one (drawn from the pruned components, topped up
    with random good ones when the good set is larger: Prasanna's rule) and retrains good,
    random and bad from the **pre-trained** weights, physically pruned (``lottery.retrain``);
-5. magnitude pruning (``lottery.magnitude``): iterative magnitude pruning (IMP, global L1 over
-   the Prasanna weights) gives the good weight mask; random and bad masks at exactly the same
-   sparsity; each retrained from the pre-trained weights;
+5. magnitude pruning (``lottery.magnitude``, global L1 over the Prasanna weights): the good
+   weight mask by the paper's procedure (``magnitude.procedure: prasanna``, the default: 10% of
+   the remaining fine-tuned weights a step without retraining, the last mask whose un-retrained
+   dev metric is >= 0.9 x full) or by IMP (``imp``: retrained every round); random and bad masks
+   at exactly the same sparsity; each retrained once from the pre-trained weights. No passing
+   step: a NaN row flagged ``no_passing_mask``, its controls skipped;
 6. classifies every head of the fine-tuned model into the five Kovaleva et al. (2019) pattern
    classes with the rule-based classifier on mean attention maps (``lottery.patterns``), and
    with a CNN trained on user-labelled maps when the config names them (``lottery.pattern-cnn``).
@@ -28,7 +31,8 @@ overlap of good subnetworks (``lottery.overlap``).
 The modules: :mod:`.config` (settings, job parameters), :mod:`.plan` (settings -> jobs),
 :mod:`.jobs` (the job functions), :mod:`.tables`, :mod:`.figures` and :mod:`.report` (the report
 from saved results). The maths lives elsewhere: :mod:`headcount.pruning` (the loop),
-:mod:`headcount.magnitude` (IMP and its controls), :mod:`headcount.training` (retraining),
+:mod:`headcount.magnitude_search` (the magnitude procedures) on :mod:`headcount.magnitude`
+(weight masks and their controls), :mod:`headcount.training` (retraining),
 :mod:`headcount.analysis` (controls, stability, overlap, super-survivors, pattern classes).
 
 Composable: :func:`lottery_jobs` returns the jobs of a :class:`LotterySettings` under a name
