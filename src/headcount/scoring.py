@@ -76,8 +76,10 @@ class Scores:
         mlps: ``[n_layers]``.
         per_example: optional ``[n_examples, n_layers, n_heads]`` head contributions (gradient
             methods): each example's |dL_b/dg_example|, its share of its batch's score. For
-            ``gradient-token`` the rows sum exactly to ``heads``; for ``gradient`` (the absolute
-            value of a batch sum) to an upper bound. Used for bootstrap statistics.
+            ``gradient-token`` the rows sum exactly to ``heads``; for ``gradient`` per-batch (the
+            absolute value of a batch sum) to an upper bound; for ``cumulative`` they are still
+            each example's share of its own batch's gradient (a running sum has no per-example
+            decomposition). Used for bootstrap statistics.
     """
 
     heads: torch.Tensor
