@@ -311,16 +311,19 @@ def magnitude_prune(model_spec: str, task, *, config: MagnitudeConfig | None = N
 
 def _dev_evaluator(task, tokenizer, train):
     """``model -> dev metric`` on the dev subset fine-tuning reports on (same examples, same length)."""
+    from .device import resolve_device
     from .tasks import encode
-    from .training import evaluate
+    from .training import _use_cpu, evaluate, use_bf16
 
     data = task.load(task.validation_split, max_examples=train.max_eval_examples, seed=train.data_seed)
     encoded = encode(data, tokenizer, max_length=train.max_length)
-    device = "cpu" if train.use_cpu else None
+    # where and how fine-tuning evaluates: its device ($HEADCOUNT_DEVICE, else a GPU when there is one)
+    device = "cpu" if _use_cpu(train) else resolve_device(None)
+    precision = "bf16" if use_bf16(train) else "fp32"
 
     def run(model):
         return float(evaluate(model, encoded, tokenizer=tokenizer, metric=task.metric,
-                              batch_size=train.eval_batch_size, device=device)["score"])
+                              batch_size=train.eval_batch_size, device=device, precision=precision)["score"])
 
     return run
 
