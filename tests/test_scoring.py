@@ -187,8 +187,10 @@ def _reference_cumulative(model, batches, head_mask=None, mlp_mask=None):
 
 
 def _ragged_batches(model):
-    """Batches of different sizes and lengths, so that a token budget merges some of them."""
-    return [tiny_batch(model, batch=n, seq=s, seed=i, labels=True) for i, (n, s) in enumerate([(3, 9), (5, 7), (2, 11), (4, 8)])]
+    """Batches of different sizes and lengths; neighbours of the same rounded length (9-12 -> 16,
+    6-7 -> 8 on the CPU) are merged under a token budget."""
+    shapes = [(3, 9), (5, 10), (2, 12), (4, 7), (3, 6)]
+    return [tiny_batch(model, batch=n, seq=s, seed=i, labels=True) for i, (n, s) in enumerate(shapes)]
 
 
 def test_cumulative_equals_reference_loop_without_zero_grad():
@@ -214,8 +216,13 @@ def test_cumulative_equals_reference_loop_without_zero_grad():
 def test_accumulation_is_over_the_batches_as_given_whatever_the_token_budget(accumulate):
     model = tiny_model("bert")
     batches = _ragged_batches(model)
+    from headcount.device import runtime
+    from headcount.tasks.batching import pack_batches
+
     alone = score(model, batches, accumulate=accumulate, tokens_per_batch=0)
-    for budget in (60, 10_000):  # some batches merged; all in one forward pass
+    pad = runtime(model).pad_multiple
+    for budget, groups in ((128, [[3, 5], [2], [4, 3]]), (10_000, [[3, 5, 2], [4, 3]])):
+        assert [sizes for _, sizes in pack_batches(batches, budget, pad)] == groups  # merging happens
         merged = score(model, batches, accumulate=accumulate, tokens_per_batch=budget)
         assert torch.allclose(merged.heads, alone.heads, atol=1e-5, rtol=1e-4), budget
         assert torch.allclose(merged.mlps, alone.mlps, atol=1e-5, rtol=1e-4), budget
