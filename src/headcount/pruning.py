@@ -149,7 +149,8 @@ def iterative_prune(
 
     Args:
         model: the model (not modified: a working copy is shrunk when ``config.shrink``).
-        score_fn: ``(model, mask) -> Scores`` (importance with ``mask`` held fixed).
+        score_fn: ``(model, mask) -> Scores``: importance under ``mask`` (``prune_model`` takes
+            the gate gradient at the mask's values, as the references do).
         eval_fn: ``(model, mask) -> (metric, loss)``; higher metric is better.
         config: :class:`PruneConfig`.
         start: initial mask (default: everything kept).
