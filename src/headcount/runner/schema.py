@@ -8,6 +8,9 @@ config -> registry -> schema, no cycle.
 
 from __future__ import annotations
 
+import dataclasses
+import typing
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
@@ -78,3 +81,27 @@ class ConfigSection(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     _nonnegative_seeds = field_validator("*")(_check_seeds)
+
+
+def fields_of(source: type, names: Sequence[str], *, optional: bool = False) -> dict[str, tuple[Any, Any]]:
+    """``{name: (type, default)}`` of some fields of a dataclass or pydantic model.
+
+    For :func:`pydantic.create_model`: a config section that exposes a library config's fields
+    takes their types and defaults from that config instead of restating them. ``optional``:
+    each field may be left unset (``type | None``, default None), to mean "the library's default".
+
+    >>> from dataclasses import dataclass
+    >>> @dataclass
+    ... class Lib:
+    ...     lr: float = 2e-5
+    >>> fields_of(Lib, ["lr"]), fields_of(Lib, ["lr"], optional=True)
+    ({'lr': (<class 'float'>, 2e-05)}, {'lr': (typing.Optional[float], None)})
+    """
+    hints = typing.get_type_hints(source)
+    if dataclasses.is_dataclass(source):
+        defaults = {f.name: f.default for f in dataclasses.fields(source)}
+    else:
+        defaults = {n: f.default for n, f in source.model_fields.items()}
+    if optional:
+        return {n: (typing.Optional[hints[n]], None) for n in names}
+    return {n: (hints[n], defaults[n]) for n in names}

@@ -9,11 +9,8 @@ and defaults, read from those classes); the pattern CNN's defaults are those of
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 import os
-import typing
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -24,6 +21,7 @@ from ...errors import HeadcountError
 from ...magnitude_search import MagnitudeConfig
 from ...runner import ConfigSection, StudyConfig
 from ...runner.config import format_validation_error, task_ref
+from ...runner.schema import fields_of
 from ...tasks import get_task
 from ...training import TrainConfig
 
@@ -54,23 +52,6 @@ def _resolve_path(value: str, info: ValidationInfo) -> str:
         return value
     candidate = Path(base) / value
     return str(candidate.resolve()) if candidate.exists() else value
-
-
-def fields_of(source: type, names: Sequence[str]) -> dict[str, tuple[Any, Any]]:
-    """``{name: (type, default)}`` of some fields of a dataclass or pydantic model.
-
-    For :func:`pydantic.create_model`: a settings section that exposes a library config's
-    fields takes their types and defaults from that config instead of restating them.
-
-    >>> fields_of(TrainConfig, ["lr"])
-    {'lr': (<class 'float'>, 2e-05)}
-    """
-    hints = typing.get_type_hints(source)
-    if dataclasses.is_dataclass(source):
-        defaults = {f.name: f.default for f in dataclasses.fields(source)}
-    else:
-        defaults = {n: f.default for n, f in source.model_fields.items()}
-    return {n: (hints[n], defaults[n]) for n in names}
 
 
 def _check(build, values: dict) -> None:

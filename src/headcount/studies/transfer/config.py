@@ -14,7 +14,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, ValidationInfo, field_validator, model_validator
+from pydantic import Field, ValidationInfo, create_model, field_validator, model_validator
 
 from ...analysis.stats import DEFAULT_FRACTIONS, LEVEL, N_BOOT, N_PERMUTATIONS
 from ...errors import HeadcountError
@@ -22,6 +22,7 @@ from ...heads import MLM_HEAD_MAX_TEXTS, MLM_HEAD_STEPS
 from ...pipeline import DataConfig
 from ...runner import ConfigSection, StudyConfig
 from ...runner.config import task_ref
+from ...runner.schema import fields_of
 from ...training import TrainConfig
 
 Method = Literal["gradient", "gradient-token"]
@@ -35,26 +36,18 @@ _DATA_DEFAULTS = {f.name: f.default for f in fields(DataConfig)}
 # =============================================================================================
 # settings (the YAML)
 # =============================================================================================
-class TrainSettings(ConfigSection):
-    """Fine-tuning settings: any field of :class:`headcount.training.TrainConfig`; unset = its default."""
+#: :class:`headcount.training.TrainConfig` fields a transfer config may set under ``train``
+TRAIN_FIELDS: tuple[str, ...] = (
+    "lr", "batch_size", "epochs", "max_length", "weight_decay", "warmup", "max_grad_norm", "eval_each_epoch", "bf16",
+    "group_by_length", "max_train_examples", "max_eval_examples", "eval_batch_size", "max_steps",
+    "gradient_accumulation_steps", "data_seed", "save_steps",
+)
 
-    lr: float | None = None
-    batch_size: int | None = None
-    epochs: float | None = None
-    max_length: int | None = None
-    weight_decay: float | None = None
-    warmup: float | None = None
-    max_grad_norm: float | None = None
-    eval_each_epoch: bool | None = None
-    bf16: bool | None = None
-    group_by_length: bool | None = None
-    max_train_examples: int | None = None
-    max_eval_examples: int | None = None
-    eval_batch_size: int | None = None
-    max_steps: int | None = None
-    gradient_accumulation_steps: int | None = None
-    data_seed: int | None = None
-    save_steps: int | None = None
+
+class TrainSettings(create_model("TransferTrainFields", __base__=ConfigSection,
+                                 **fields_of(TrainConfig, TRAIN_FIELDS, optional=True))):
+    """Fine-tuning settings: the :data:`TRAIN_FIELDS` of :class:`headcount.training.TrainConfig`
+    (their types read from it); unset = its default."""
 
     def values(self) -> dict:
         """The fields that are set (what overrides the defaults)."""
