@@ -181,6 +181,10 @@ class Job:
         deps: upstream jobs, as a list (the function sees them under their names) or a dict
             ``{input_name: job}``.
         resources: ``{"cpus": 1, "gpus": 0}`` (or :class:`Resources`), for the Ray executor.
+        uses_model: the job runs a model (forward/backward passes: fine-tuning, scoring,
+            pruning, evaluation), so it wants a GPU where there is one: the Ray executor gives
+            such a job ``gpus_per_job`` GPUs when the cluster has GPUs and ``resources`` asks for
+            none. Like ``resources``, not part of the key.
 
     Raises:
         HeadcountError: bad name/kind/fn, non-JSON-able params, duplicate input names.
@@ -191,7 +195,7 @@ class Job:
     True
     """
 
-    __slots__ = ("name", "kind", "fn", "_params_json", "deps", "resources", "key")
+    __slots__ = ("name", "kind", "fn", "_params_json", "deps", "resources", "uses_model", "key")
 
     def __init__(
         self,
@@ -201,6 +205,7 @@ class Job:
         params: Mapping[str, Any] | None = None,
         deps: Sequence["Job"] | Mapping[str, "Job"] | None = None,
         resources: Resources | Mapping[str, float] | None = None,
+        uses_model: bool = False,
     ):
         if not isinstance(name, str) or not name.strip():
             raise HeadcountError(f"job name must be a non-empty string (got {name!r})")
@@ -232,6 +237,7 @@ class Job:
         object.__setattr__(self, "_params_json", params_json)
         object.__setattr__(self, "deps", pairs)
         object.__setattr__(self, "resources", Resources.coerce(resources))
+        object.__setattr__(self, "uses_model", bool(uses_model))
         identity = {
             "kind": kind,
             "params": json.loads(params_json),
@@ -391,6 +397,7 @@ class Plan:
                     "params": j.params,
                     "inputs": {alias: d.key for alias, d in j.deps},
                     "resources": j.resources.to_dict(),
+                    "uses_model": j.uses_model,
                 }
                 for j in self.jobs
             ],

@@ -118,6 +118,9 @@ class Task:
         sizes: documented split sizes (``None`` when unknown); shown by ``headcount tasks``.
         label_ids: whether the label column may hold class ids (0..n-1) instead of names.
         description: one line for ``headcount tasks``.
+        extra_eval_splits: ``{label: split}``: further dev sets the studies evaluate every final
+            model on, besides ``validation_split``, and report as the task ``<name>-<label>``
+            (``glue/mnli``: ``{"mm": "validation_mismatched"}``, reported as ``glue/mnli-mm``).
     """
 
     name: str
@@ -133,6 +136,7 @@ class Task:
     label_ids: bool = False
     description: str = ""
     extra: Mapping = field(default_factory=dict)
+    extra_eval_splits: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self):
         if self.kind not in KINDS:

@@ -10,8 +10,10 @@ or a class name; ``-1`` = unlabelled on test splits) or as in the original GLUE 
 by the environment variable ``HEADCOUNT_GLUE_DIR`` (``$HEADCOUNT_GLUE_DIR/sst2/`` or ``.../SST-2/``).
 A task trains on ``train`` and evaluates on ``validation`` (MNLI: ``validation_matched``;
 ``glue/mnli-mm``: ``validation_mismatched``), never on another split in their place: a folder
-without the evaluation split is refused. Whichever the source, the same :meth:`Task.load`
-checks the rows.
+without the evaluation split is refused. ``glue/mnli`` also declares the mismatched dev set as an
+extra evaluation split (:attr:`Task.extra_eval_splits` ``{"mm": "validation_mismatched"}``, when
+its source has that split): the studies evaluate each final model on both and report both.
+Whichever the source, the same :meth:`Task.load` checks the rows.
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ class GlueSpec:
     validation: str = "validation"
     sizes: tuple[int, ...] = ()
     description: str = ""
+    #: further dev sets every final model of a study is evaluated on: ``((label, split), ...)``
+    extra_eval: tuple[tuple[str, str], ...] = ()
 
 
 #: official sizes of ``nyu-mll/glue`` (same order as ``splits``)
@@ -56,7 +60,8 @@ GLUE: dict[str, GlueSpec] = {
     "mnli": GlueSpec("mnli", ("premise", "hypothesis"), ("entailment", "neutral", "contradiction"), "accuracy",
                      splits=("train", "validation_matched", "validation_mismatched", "test_matched", "test_mismatched"),
                      validation="validation_matched", sizes=(392702, 9815, 9832, 9796, 9847),
-                     description="entailment, 3 classes (matched dev set)"),
+                     description="entailment, 3 classes (matched dev set)",
+                     extra_eval=(("mm", "validation_mismatched"),)),
     "qnli": GlueSpec("qnli", ("question", "sentence"), ("entailment", "not_entailment"), "accuracy",
                      sizes=(104743, 5463, 5463), description="question-answer entailment"),
     "rte": GlueSpec("rte", ("sentence1", "sentence2"), ("entailment", "not_entailment"), "accuracy",
@@ -161,6 +166,10 @@ def glue_task(name: str, data_dir=None, data_files: Mapping[str, str | os.PathLi
     else:
         source = HubSource(HUB_ID, config, spec.splits)
         sizes = dict(zip(spec.splits, spec.sizes))
+    # extra dev sets of the task itself (not of a variant such as glue/mnli-mm), where the source has them
+    available = set(source.splits())
+    extra = {label: split for label, split in spec.extra_eval
+             if key == f"glue/{config}" and split != validation and split in available}
     return Task(
         name=task_name or key,
         kind="classification" if spec.labels else "regression",
@@ -174,4 +183,5 @@ def glue_task(name: str, data_dir=None, data_files: Mapping[str, str | os.PathLi
         sizes=sizes,
         label_ids=True,
         description=spec.description,
+        extra_eval_splits=extra,
     )

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from ...runner import Job
 from ...tasks import get_task
+from ..extra_eval import extra_eval_jobs, extra_splits
 from .config import LotteryConfig, LotterySettings
 
 #: Module of the lottery job functions and of the shared ones (fine-tune, prune, evaluate).
@@ -66,6 +67,11 @@ def lottery_jobs(settings: LotterySettings, prefix: str = "") -> list[Job]:
     ``{prefix}subnetwork/{super|super-random|super-bad}/{task}``,
     ``{prefix}retrain/{super|super-random|super-bad}/{task}/seed{s}``,
     ``{prefix}stability/{task}``, ``{prefix}overlap``, ``{prefix}pattern-cnn``.
+    A task with extra dev sets (:attr:`~headcount.tasks.Task.extra_eval_splits`: MNLI's
+    mismatched one) adds ``<name>/eval-<label>`` evaluations of the full fine-tuning, the good
+    pruned model and every retrained subnetwork (:mod:`headcount.studies.extra_eval`); its
+    retrained checkpoints are kept (they are evaluated again), so its retrain jobs' keys differ.
+    Jobs that run a model are marked ``uses_model`` (a GPU under Ray).
     The full fine-tuning, pruning and evaluation are the shared jobs of
     :mod:`headcount.studies.jobs` (same parameters, same keys: another study's identical
     fine-tuning is computed once).
@@ -91,15 +97,18 @@ def lottery_jobs(settings: LotterySettings, prefix: str = "") -> list[Job]:
     if s.patterns.enabled and s.patterns.cnn is not None:
         c = s.patterns.cnn
         cnn = Job(job_name(prefix, "pattern-cnn"), "lottery.pattern-cnn", f"{JOBS_HERE}:pattern_cnn_job",
-                  {**c.model_dump(mode="json"), "digests": [_file_digest(c.maps), _file_digest(c.labels)]})
+                  {**c.model_dump(mode="json"), "digests": [_file_digest(c.maps), _file_digest(c.labels)]},
+                  uses_model=True)
         jobs.append(cnn)
     for ti, task in enumerate(s.tasks):
         tname = task_name(task)
         val = _validation_split(task)
+        extra = extra_splits(task)  # {label: split}: further dev sets every final model is evaluated on
+        keep = s.keep_models or bool(extra)  # a retrained model evaluated again is kept for it
         for si, seed in enumerate(s.seeds):
             tag = f"seed{seed}"
             full = Job(job_name(prefix, "finetune", tname, tag), "finetune", f"{JOBS}:finetune_job",
-                       {"model": s.model, "task": task, "seed": seed, "train": train})
+                       {"model": s.model, "task": task, "seed": seed, "train": train}, uses_model=True)
             p = s.pruning
             imp_data = {**eval_data, "batch_size": p.batch_size}
             if p.max_examples is not None:
@@ -112,12 +121,14 @@ def lottery_jobs(settings: LotterySettings, prefix: str = "") -> list[Job]:
                 "importance_split": val if p.importance == "validation" else None, "stop_split": val,
             }
             prune = Job(job_name(prefix, "prune", tname, tag), "prune", f"{JOBS}:prune_job", prune_params,
-                        deps={"model": full})
+                        deps={"model": full}, uses_model=True)
             prunes[ti, si] = prune
             good_pruned = Job(job_name(prefix, "good-pruned", tname, tag), "evaluate", f"{JOBS}:evaluate_job",
                               {"task": task, "objective": "task", "split": val, "data": eval_data},
-                              deps={"model": full, "mask": prune})
+                              deps={"model": full, "mask": prune}, uses_model=True)
             jobs += [full, prune, good_pruned]
+            jobs += extra_eval_jobs(task, eval_data, full, splits=extra)
+            jobs += extra_eval_jobs(task, eval_data, full, mask=prune, name=good_pruned.name, splits=extra)
             subnets = {"good": prune}
             for kind in ("random", "bad"):
                 subnets[kind] = Job(job_name(prefix, "subnetwork", kind, tname, tag), "lottery.subnetwork",
@@ -125,10 +136,11 @@ def lottery_jobs(settings: LotterySettings, prefix: str = "") -> list[Job]:
                                     {"kind": kind, "seed": seed, **({"mode": s.random} if kind == "random" else {})},
                                     deps={"good": prune})
             for kind, mask_job in subnets.items():
-                jobs.append(Job(job_name(prefix, "retrain", kind, tname, tag), "lottery.retrain", f"{JOBS_HERE}:retrain_job",
-                                {"model": s.model, "task": task, "seed": seed, "train": train, "mask_mode": "prune",
-                                 "keep_model": s.keep_models},
-                                deps={"mask": mask_job}))
+                retrain = Job(job_name(prefix, "retrain", kind, tname, tag), "lottery.retrain", f"{JOBS_HERE}:retrain_job",
+                              {"model": s.model, "task": task, "seed": seed, "train": train, "mask_mode": "prune",
+                               "keep_model": keep},
+                              deps={"mask": mask_job}, uses_model=True)
+                jobs += [retrain, *extra_eval_jobs(task, eval_data, retrain, splits=extra)]
             if s.magnitude.enabled:
                 m = s.magnitude
                 # IMP params leave ``procedure`` out: the keys its jobs had before procedures existed
@@ -136,11 +148,13 @@ def lottery_jobs(settings: LotterySettings, prefix: str = "") -> list[Job]:
                 base = {"model": s.model, "task": task, "seed": seed, "train": train, "magnitude": mag,
                         "keep_models": s.keep_models}
                 good = Job(job_name(prefix, "magnitude", "good", tname, tag), "lottery.magnitude",
-                           f"{JOBS_HERE}:magnitude_job", {**base, "control": "good"}, deps={"full": full})
+                           f"{JOBS_HERE}:magnitude_job", {**base, "control": "good"}, deps={"full": full},
+                           uses_model=True)
                 jobs.append(good)
                 for kind in ("random", "bad"):
                     jobs.append(Job(job_name(prefix, "magnitude", kind, tname, tag), "lottery.magnitude",
-                                    f"{JOBS_HERE}:magnitude_job", {**base, "control": kind}, deps={"match": good}))
+                                    f"{JOBS_HERE}:magnitude_job", {**base, "control": kind}, deps={"match": good},
+                                    uses_model=True))
             if s.patterns.enabled:
                 pt = s.patterns
                 jobs.append(Job(job_name(prefix, "patterns", tname, tag), "lottery.patterns", f"{JOBS_HERE}:patterns_job",
@@ -148,7 +162,7 @@ def lottery_jobs(settings: LotterySettings, prefix: str = "") -> list[Job]:
                                  "data": {"max_examples": pt.max_examples, "batch_size": pt.batch_size,
                                           "max_length": pt.max_length or s.train.max_length,
                                           "seed": s.train.data_seed}},
-                                deps={"model": full, **({"cnn": cnn} if cnn is not None else {})}))
+                                deps={"model": full, **({"cnn": cnn} if cnn is not None else {})}, uses_model=True))
         if s.super_survivors.enabled:
             goods = {f"s{si}": prunes[ti, si] for si in range(len(s.seeds))}
             jobs.append(Job(job_name(prefix, "stability", tname), "lottery.stability", f"{JOBS_HERE}:stability_job", {},
@@ -166,11 +180,12 @@ def lottery_jobs(settings: LotterySettings, prefix: str = "") -> list[Job]:
             if s.super_survivors.retrain:
                 for seed in s.super_survivors.seeds or s.seeds:
                     for kind, mask_job in masks.items():
-                        jobs.append(Job(job_name(prefix, "retrain", kind, tname, f"seed{seed}"), "lottery.retrain",
-                                        f"{JOBS_HERE}:retrain_job",
-                                        {"model": s.model, "task": task, "seed": seed, "train": train,
-                                         "mask_mode": "prune", "keep_model": s.keep_models},
-                                        deps={"mask": mask_job}))
+                        retrain = Job(job_name(prefix, "retrain", kind, tname, f"seed{seed}"), "lottery.retrain",
+                                      f"{JOBS_HERE}:retrain_job",
+                                      {"model": s.model, "task": task, "seed": seed, "train": train,
+                                       "mask_mode": "prune", "keep_model": keep},
+                                      deps={"mask": mask_job}, uses_model=True)
+                        jobs += [retrain, *extra_eval_jobs(task, eval_data, retrain, splits=extra)]
     if len(s.tasks) > 1:
         deps = {f"t{ti}-s{si}": j for (ti, si), j in prunes.items()}
         jobs.append(Job(job_name(prefix, "overlap"), "lottery.overlap", f"{JOBS_HERE}:overlap_job",

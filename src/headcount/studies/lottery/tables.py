@@ -15,6 +15,7 @@ from ...analysis import seed_summary
 from ...analysis.patterns import CLASSES, pattern_distribution
 from ...errors import HeadcountError
 from ...report.format import nan_runs, seed_cell
+from ..extra_eval import extra_job_name, extra_splits, reported_name
 from .config import LotterySettings
 from .plan import job_name, task_name
 from .published import PAPER_HEADS_KEPT, paper_task, published
@@ -62,15 +63,20 @@ def seed_scores(store, settings: LotterySettings, prefix: str = ""):
         A pandas DataFrame with columns experiment, pruning, task, seed, metric, score,
         heads_kept, mlps_kept, sparsity, finished, flag (``no_passing_mask``: the magnitude
         search kept no mask, its score is NaN; ``skipped: no_passing_mask``: a control of such
-        a run, not trained; else empty).
+        a run, not trained; else empty). A task with extra dev sets (MNLI mismatched) has its
+        scores there as rows of the task ``<name>-<label>`` (``glue/mnli-mm``), right after its own:
+        the full, good pruned and retrained models evaluated on that split (the magnitude runs
+        are not).
 
     >>> seed_scores(RunStore("runs/lottery-offline"), config).groupby("experiment")["score"].mean()  # doctest: +SKIP
     """
 
     s = settings
     rows = []
+    names = [task_name(t) for t in s.tasks]
     for task in s.tasks:
         tname = task_name(task)
+        extra = extra_splits(task)
         for seed in s.seeds:
             tag = f"seed{seed}"
             full = finished(store, job_name(prefix, "finetune", tname, tag))
@@ -78,18 +84,23 @@ def seed_scores(store, settings: LotterySettings, prefix: str = ""):
             metric = full.result.get("metric") if full is not None else None
             good_mask = prune.result["mask"] if prune is not None else {}
 
-            def row(experiment, pruning, r, heads=None, mlps=None, sparsity=None):
+            extra_rows: list[tuple] = []  # (experiment, pruning, job name, heads, mlps) evaluated on the extra splits
+
+            def row(experiment, pruning, r, heads=None, mlps=None, sparsity=None, name=None):
                 rows.append({"experiment": experiment, "pruning": pruning, "task": tname, "seed": seed,
                              "metric": metric, "score": _score(r), "heads_kept": heads, "mlps_kept": mlps,
                              "sparsity": sparsity, "finished": r is not None, "flag": magnitude_flag(r)})
+                if name is not None and extra:
+                    extra_rows.append((experiment, pruning, name, heads, mlps))
 
-            row("full", "none", full)
+            row("full", "none", full, name=job_name(prefix, "finetune", tname, tag))
             row("good pruned", "structured", finished(store, job_name(prefix, "good-pruned", tname, tag)),
-                good_mask.get("n_heads_kept"), good_mask.get("n_mlps_kept"))
+                good_mask.get("n_heads_kept"), good_mask.get("n_mlps_kept"), name=job_name(prefix, "good-pruned", tname, tag))
             for kind in ("good", "random", "bad"):
                 r = finished(store, job_name(prefix, "retrain", kind, tname, tag))
                 m = (r.result.get("mask") or {}) if r is not None else {}
-                row(f"{kind} retrained", "structured", r, m.get("heads_kept"), m.get("mlps_kept"))
+                row(f"{kind} retrained", "structured", r, m.get("heads_kept"), m.get("mlps_kept"),
+                    name=job_name(prefix, "retrain", kind, tname, tag))
             if s.magnitude.enabled:
                 for kind in ("good", "random", "bad"):
                     r = finished(store, job_name(prefix, "magnitude", kind, tname, tag))
@@ -99,7 +110,15 @@ def seed_scores(store, settings: LotterySettings, prefix: str = ""):
                 for kind, label in zip(("super", "super-random", "super-bad"), SUPER_EXPERIMENTS):
                     r = finished(store, job_name(prefix, "retrain", kind, tname, tag))
                     m = (r.result.get("mask") or {}) if r is not None else {}
-                    row(label, "structured", r, m.get("heads_kept"), m.get("mlps_kept"))
+                    row(label, "structured", r, m.get("heads_kept"), m.get("mlps_kept"),
+                        name=job_name(prefix, "retrain", kind, tname, tag))
+            for label in extra:  # the same models on the extra dev sets (MNLI mismatched), beside the task
+                shown = reported_name(tname, label, names)
+                for experiment, pruning, name, heads, mlps in extra_rows:
+                    r = finished(store, extra_job_name(name, label))
+                    rows.append({"experiment": experiment, "pruning": pruning, "task": shown, "seed": seed,
+                                 "metric": metric, "score": _score(r), "heads_kept": heads, "mlps_kept": mlps,
+                                 "sparsity": None, "finished": r is not None, "flag": ""})
     return pd.DataFrame(rows, columns=["experiment", "pruning", "task", "seed", "metric", "score", "heads_kept",
                                        "mlps_kept", "sparsity", "finished", "flag"])
 

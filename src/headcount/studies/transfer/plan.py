@@ -9,6 +9,7 @@ JSON is part of the job's key, so these dicts are kept as they are: changing one
 from __future__ import annotations
 
 from ...runner import Job
+from ..extra_eval import extra_eval_jobs, extra_splits
 from .config import TransferConfig, TransferSettings, task_id, task_name
 
 JOBS = "headcount.studies.transfer.jobs"
@@ -36,6 +37,13 @@ class Names:
     >>> Names("demo/").finetune("movies", 1)
     'demo/finetune/movies/seed1'
     """
+
+    @staticmethod
+    def extra(name: str, label: str) -> str:
+        """The evaluation of job ``name``'s model on the extra dev set ``label`` (MNLI mismatched)."""
+        from ..extra_eval import extra_job_name
+
+        return extra_job_name(name, label)
 
     def __init__(self, prefix: str = ""):
         self.prefix = prefix
@@ -153,7 +161,8 @@ def transfer_jobs(settings: TransferSettings, prefix: str = "") -> list[Job]:
 
     layout = Job(n.layout(), "transfer-layout", f"{JOBS}:layout_job", {"model": s.model})
     mlm_pre = {c: Job(n.mlm_pre(c), "transfer-mlm-score", f"{JOBS}:mlm_score_job",
-                      {"model": s.model, "task": name, "data": data, "method": method, "mlm_head": mlm_head})
+                      {"model": s.model, "task": name, "data": data, "method": method, "mlm_head": mlm_head},
+                      uses_model=True)
                for c, name in p["corpora"].items()}
     jobs: list[Job] = [layout, *mlm_pre.values()]
     grids: dict[str, dict] = {}
@@ -168,26 +177,29 @@ def transfer_jobs(settings: TransferSettings, prefix: str = "") -> list[Job]:
     after: dict[tuple, Job] = {}
     for t in p["ids"]:
         name, corpus = p["tasks"][t], p["corpus_of"][t]
+        extra = extra_splits(name)  # {label: split}: further dev sets the final models are evaluated on
         for seed in p["seeds"]:
             ft[t, seed] = Job(n.finetune(t, seed), "finetune", f"{SHARED_JOBS}:finetune_job",
-                              {"model": s.model, "task": name, "seed": seed, "train": train})
+                              {"model": s.model, "task": name, "seed": seed, "train": train}, uses_model=True)
+            jobs += extra_eval_jobs(name, task_eval, ft[t, seed], splits=extra)
             after[t, seed] = Job(n.task_after(t, seed), "score", f"{SHARED_JOBS}:score_job",
                                  {"task": name, "objective": "task", "method": method, "normalize": "none", "data": data},
-                                 deps={"model": ft[t, seed]})
+                                 deps={"model": ft[t, seed]}, uses_model=True)
             head = Job(n.head_fit(t, seed), "transfer-head-fit", f"{JOBS}:head_fit_job",
-                       {"model": s.model, "task": name, "seed": seed, "train": head_train})
+                       {"model": s.model, "task": name, "seed": seed, "train": head_train}, uses_model=True)
             before = Job(n.task_before(t, seed), "score", f"{SHARED_JOBS}:score_job",
                          {"task": name, "objective": "task", "method": method, "normalize": "none", "data": data},
-                         deps={"model": head})
+                         deps={"model": head}, uses_model=True)
             mlm_after = Job(n.mlm_after(t, seed), "transfer-mlm-score", f"{JOBS}:mlm_score_job",
                             {"model": s.model, "task": p["corpora"][corpus], "data": data, "method": method,
-                             "mlm_head": mlm_head}, deps={"encoder": ft[t, seed]})
+                             "mlm_head": mlm_head}, deps={"encoder": ft[t, seed]}, uses_model=True)
             curve = Job(n.curve(t, seed), "transfer-curve", f"{JOBS}:curve_job",
                         {"objective": "task", "task": name, "eval": task_eval, "levels": p["curve_levels"],
                          "normalize": s.pruning.normalize, "views": views,
                          "orders": {"mlm": {"pre-trained": "mlm"}, "task": {str(seed): "task"}},
                          "random_draws": s.pruning.random_draws, "random_seed": seed},
-                        deps={"model": ft[t, seed], "layout": layout, "mlm": mlm_pre[corpus], "task": after[t, seed]})
+                        deps={"model": ft[t, seed], "layout": layout, "mlm": mlm_pre[corpus], "task": after[t, seed]},
+                        uses_model=True)
             jobs += [ft[t, seed], after[t, seed], head, before, mlm_after, curve]
             for alias, job, kind in ((f"ft.{t}.{seed}", after[t, seed], "task-fine-tuned"),
                                      (f"pre.{t}.{seed}", before, "task-pre-trained"),
@@ -214,7 +226,7 @@ def transfer_jobs(settings: TransferSettings, prefix: str = "") -> list[Job]:
                                                     "task": {str(seed): f"task.{seed}" for seed in p["seeds"]}},
                          "random_draws": s.pruning.random_draws, "random_seed": 0},
                         deps={"layout": layout, "mlm": mlm_pre[corpus],
-                              **{f"task.{seed}": after[t, seed] for seed in p["seeds"]}}))
+                              **{f"task.{seed}": after[t, seed] for seed in p["seeds"]}}, uses_model=True))
         # before vs after: prune the pre-trained model, then fine-tune
         for level in p["ba_levels"]:
             orders = {"mlm": Job(n.mask(corpus, "mlm", level), "transfer-mask", f"{JOBS}:mask_job",
@@ -226,9 +238,10 @@ def transfer_jobs(settings: TransferSettings, prefix: str = "") -> list[Job]:
                                         "normalize": s.pruning.normalize, "seed": 0}, deps={"layout": layout})
             for order, mask in orders.items():
                 for seed in p["ba_seeds"]:
-                    jobs.append(Job(n.pruned_finetune(t, seed, order, level), "finetune", f"{SHARED_JOBS}:finetune_job",
-                                    {"model": s.model, "task": name, "seed": seed, "train": train,
-                                     "mask_mode": s.before_after.mask_mode}, deps={"mask": mask}))
+                    pruned = Job(n.pruned_finetune(t, seed, order, level), "finetune", f"{SHARED_JOBS}:finetune_job",
+                                 {"model": s.model, "task": name, "seed": seed, "train": train,
+                                  "mask_mode": s.before_after.mask_mode}, deps={"mask": mask}, uses_model=True)
+                    jobs += [pruned, *extra_eval_jobs(name, task_eval, pruned, splits=extra)]
     pairs += _pairs(p)
     jobs.append(Job(n.coherence(), "transfer-coherence", f"{JOBS}:coherence_job",
                     {"pairs": pairs, "grids": grids, "stats": s.stats.model_dump(mode="json"), "views": views},

@@ -145,6 +145,8 @@ def main_pruning(tables: dict, settings: TransferSettings) -> pd.DataFrame:
         row = {"task": t, "metric": g["metric"].iloc[0], "seeds": len(g),
                "fine-tuned": cell(**_over_seeds(g["fine_tuned"])),
                "head only (frozen encoder)": cell(**_over_seeds(g["head_only"]))}
+        for col in [c for c in ft.columns if c.startswith("fine_tuned_")]:  # extra dev sets: MNLI-mm
+            row[f"fine-tuned ({col[len('fine_tuned_'):]})"] = cell(**_over_seeds(g[col])) if g[col].notna().any() else ""
         d = pr[(pr["task"] == t) & (pr["objective"] == "task") & (pr["view"] == "application")] if len(pr) else pr
         for order in ("task", "mlm", "random"):
             x = d[d["order"] == order] if len(d) else d

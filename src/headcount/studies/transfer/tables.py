@@ -14,6 +14,7 @@ from scipy.stats import rankdata
 
 from ...analysis.removal import acceptable_deduction
 from ...analysis.stats import largest_contiguous_passing
+from ..extra_eval import extra_splits
 from .config import TransferSettings
 from .plan import Names, plan_of
 
@@ -30,6 +31,10 @@ def transfer_tables(store, settings: TransferSettings, prefix: str = "") -> dict
     pre-trained model's MLM quality per text source), ``coherence``, ``coherence_summary``, ``layer_mass``, ``head_scores``, ``finetune``,
     ``curves``, ``prunability``, ``before_after``, ``acceptable_deduction``,
     ``acceptable_deduction_summary`` (the last three empty when ``before_after`` is off).
+    A task with extra dev sets (MNLI mismatched, label ``mm``) adds ``fine_tuned_<label>`` to
+    ``finetune`` (the fine-tuned models on that split) and ``before_after`` rows
+    ``prune (<order>) then fine-tune (<label>)`` (the pruned-then-fine-tuned models on it);
+    blank (NaN) for the other tasks and for jobs not run.
 
     >>> tables = transfer_tables(RunStore("runs/transfer-offline"), config)   # doctest: +SKIP
     """
@@ -56,6 +61,15 @@ def transfer_tables(store, settings: TransferSettings, prefix: str = "") -> dict
         head = job.result.get("mlm_head") or {}
         mlm_rows.append({"corpus": c, "texts": p["corpora"][c], "head": job.result.get("head"),
                          "head_heldout_loss": head.get("loss"), "head_heldout_accuracy": head.get("accuracy")})
+    def extra_score(name: str, label: str) -> float:
+        """The score of job ``name``'s model on the extra dev set ``label`` (NaN when not run)."""
+        job = n.extra(name, label)
+        if not store.has(job):
+            return float("nan")
+        v = store.result(job).result.get("score")
+        return float("nan") if v is None else float(v)
+
+    extras = {t: extra_splits(p["tasks"][t]) for t in p["ids"]}
     ft_rows, curve_rows = [], []
     for t in p["ids"]:
         for seed in p["seeds"]:
@@ -65,7 +79,8 @@ def transfer_tables(store, settings: TransferSettings, prefix: str = "") -> dict
             f, h = store.result(n.finetune(t, seed)).result, store.result(n.head_fit(t, seed)).result
             ft_rows.append({"task": t, "seed": seed, "metric": f["metric"], "fine_tuned": f["final"]["score"],
                             "head_only": h["final"]["score"], "train_seconds": f["train_seconds"],
-                            "head_fit_seconds": h["train_seconds"], "n_train": f["n_train"], "n_eval": f["n_eval"]})
+                            "head_fit_seconds": h["train_seconds"], "n_train": f["n_train"], "n_eval": f["n_eval"],
+                            **{f"fine_tuned_{label}": extra_score(n.finetune(t, seed), label) for label in extras[t]}})
             cur = store.result(n.curve(t, seed)).result
             curve_rows += [{"task": t, "seed": seed, **r} for r in cur["rows"]]
         cur = store.result(n.mlm_curve(t)).result
@@ -101,6 +116,16 @@ def transfer_tables(store, settings: TransferSettings, prefix: str = "") -> dict
                                     "score": pruned_first[order], "score_min": float(np.min(ok)) if ok else float("nan"),
                                     "score_max": float(np.max(ok)) if ok else float("nan"), "full": full,
                                     "score_std": _std(ok), "n": len(ok), "n_total": len(vals)})
+                    for label in extras[t]:  # the same pruned-then-fine-tuned models on the extra dev set
+                        vals = [extra_score(n.pruned_finetune(t, seed, order, level), label) for seed in p["ba_seeds"]]
+                        ok = [v for v in vals if math.isfinite(v)]
+                        full_x = ftd[(ftd["task"] == t) & ftd["seed"].isin(p["ba_seeds"])][f"fine_tuned_{label}"]
+                        ba_rows.append({"task": t, "level": level, "setting": f"prune ({order}) then fine-tune ({label})",
+                                        "score": float(np.mean(ok)) if ok else float("nan"),
+                                        "score_min": float(np.min(ok)) if ok else float("nan"),
+                                        "score_max": float(np.max(ok)) if ok else float("nan"),
+                                        "full": float(full_x.mean()), "score_std": _std(ok), "n": len(ok),
+                                        "n_total": len(vals)})
                 for order in ("task", "mlm"):
                     v = task_c[(task_c["order"] == order) & np.isclose(task_c["fraction"], level)]["score"]
                     ba_rows.append({"task": t, "level": level, "setting": f"fine-tune then prune ({order})",
