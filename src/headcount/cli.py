@@ -19,6 +19,7 @@ from .commands import patterns  # noqa: F401  (patterns train, patterns syntheti
 from .commands import analyse  # noqa: F401  (score, prune)
 from .commands import demo  # noqa: F401  (demo)
 from .errors import HeadcountError
+from .io import ACTIVE_OUTS, io_error_message
 
 try:  # typer >= 0.20 vendors its own click
     from typer._click import exceptions as _click_exc
@@ -27,21 +28,22 @@ except ImportError:  # pragma: no cover
 
 
 def _quiet_libraries() -> None:
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    try:
-        import transformers
+    """transformers and huggingface_hub report errors only, without progress bars (the hub's retry
+    warnings, "Retrying in 1s [Retry 1/5]", would bury the one error line).
 
+    Through their environment variables, read when they are imported: the command line does not
+    import transformers to set them (1.2 s of every start, ``headcount --help`` included). When they
+    are loaded already (the CLI called in-process), directly. A variable the user set wins.
+    """
+    for name, value in (("TOKENIZERS_PARALLELISM", "false"), ("HF_HUB_DISABLE_PROGRESS_BARS", "1"),
+                        ("TRANSFORMERS_VERBOSITY", "error"), ("HF_HUB_VERBOSITY", "error")):
+        os.environ.setdefault(name, value)
+    transformers = sys.modules.get("transformers")
+    if transformers is not None:
         transformers.utils.logging.set_verbosity_error()
         transformers.utils.logging.disable_progress_bar()
-    except ImportError:
-        pass
-    try:  # the hub's retry warnings ("Retrying in 1s [Retry 1/5]") would bury the one error line
-        from huggingface_hub.utils import logging as hub_logging
-
-        hub_logging.set_verbosity_error()
-    except ImportError:
-        pass
+    if "huggingface_hub" in sys.modules:
+        sys.modules["huggingface_hub"].utils.logging.set_verbosity_error()
 
 
 #: options whose value may not be an empty string (typer would read "" as "." or as the default)
@@ -56,8 +58,6 @@ def _check_empty_values(argv: list[str]) -> None:
 
 
 def _interrupted() -> None:
-    from .io import ACTIVE_OUTS
-
     where = f"finished results in {ACTIVE_OUTS[-1]} are kept" if ACTIVE_OUTS else "finished results are kept"
     print(f"error: interrupted: {where}; run the same command again to resume", file=sys.stderr)
     sys.exit(130)
@@ -71,8 +71,6 @@ def main(argv: list[str] | None = None) -> int:
     _quiet_libraries()
     debug = bool(os.environ.get("HEADCOUNT_DEBUG"))
     args = list(sys.argv[1:] if argv is None else argv)
-    from .io import ACTIVE_OUTS
-
     ACTIVE_OUTS.clear()
     try:
         _check_empty_values(args)
@@ -101,8 +99,6 @@ def main(argv: list[str] | None = None) -> int:
             _interrupted()
         sys.exit(e.exit_code)
     except OSError as e:  # a full disk or a read-only folder is the environment, not a bug
-        from .io import io_error_message
-
         msg = io_error_message(e)
         if msg is None or debug:
             raise

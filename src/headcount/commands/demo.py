@@ -6,6 +6,9 @@ from pathlib import Path
 
 import typer
 
+from ..errors import HeadcountError
+from ..report import print_summary
+from ..tasks import is_fetched
 from . import app
 
 
@@ -22,9 +25,7 @@ def demo(
     quiet: bool = typer.Option(False, "--quiet", "-q"),
 ):
     """Run the demo study on the offline default model and data; print where the report is."""
-    from ..errors import HeadcountError
-    from ..api import run_study
-    from ..tasks import is_fetched
+    from ..api import run_study  # transformers, matplotlib: loaded when a command runs, not for --help
 
     if not is_fetched():
         raise HeadcountError("the offline data is not fetched: run `headcount data fetch` (or `make data`) first")
@@ -32,7 +33,5 @@ def demo(
     summary = run_study(config, out, executor=executor, quiet=quiet)
     typer.echo(f"jobs: {summary.jobs} ({len(summary.ran)} ran, {summary.reused} reused)")
     if summary.report is not None:
-        from ..report import print_summary
-
         print_summary(summary.run_dir)  # the report's main tables (RUN/results/summary.json)
     typer.echo(f"report: {summary.report}")

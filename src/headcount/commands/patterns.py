@@ -8,9 +8,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import typer
 
-from ..device import DEVICE_HELP
+from ..device import DEVICE_HELP, check_spec
+from ..errors import HeadcountError
+from ..fingerprint import run_identity
+from ..io import atomic_write_json, check_out_path, prepare_out
 from . import app
 
 patterns_app = typer.Typer(
@@ -49,9 +53,8 @@ def train(
 
     Defaults are the paper's recipe (their net, Adam 1e-3, batch 64, 200 epochs, stratified 20% held out, best held-out checkpoint); options left out take them from the library. On the CPU a seed gives the same CNN every time.
     """
+    # scipy and the CNN (2.7 s): loaded when the command runs, not for --help
     from ..analysis.patterns import ARCHITECTURES, load_labelled_maps, save_pattern_cnn, train_pattern_cnn
-    from ..errors import HeadcountError
-    from ..io import atomic_write_json
 
     if epochs is not None and epochs < 1:
         raise HeadcountError(f"--epochs must be >= 1, got {epochs}")
@@ -65,10 +68,6 @@ def train(
         raise HeadcountError(f"--architecture must be one of {', '.join(ARCHITECTURES)}, got {architecture!r}")
     if size is not None and size < 4:
         raise HeadcountError(f"--size must be >= 4, got {size}")
-    from ..device import check_spec
-    from ..fingerprint import run_identity
-    from ..io import check_out_path, prepare_out
-
     dev, _ = check_spec(device)
     check_out_path(out)
     x, y = load_labelled_maps(maps, labels)
@@ -100,12 +99,8 @@ def synthetic(
     force: bool = typer.Option(False, "--force", help="replace an earlier run with other settings in --out"),
 ):
     """Write seeded synthetic labelled maps of the five classes (the format `patterns train` reads)."""
-    import numpy as np
-
+    # scipy (2.7 s): loaded when the command runs, not for --help
     from ..analysis.patterns import CLASSES, classify_patterns, save_labelled_maps, synthetic_attention_maps
-
-    from ..errors import HeadcountError
-    from ..io import prepare_out
 
     if n_per_class < 1 or size < 4:
         raise HeadcountError(f"--n-per-class must be >= 1 and --size >= 4, got {n_per_class} and {size}")

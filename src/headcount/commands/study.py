@@ -6,6 +6,7 @@ from pathlib import Path
 
 import typer
 
+from ..report import build_report, print_summary
 from . import app
 
 
@@ -25,15 +26,13 @@ def study(
                                "cuda:N (default: the config's device:, else $HEADCOUNT_DEVICE, else auto)"),
 ):
     """Run a study (resumable): every job of the config, then the report."""
-    from ..api import run_study
+    from ..api import run_study  # transformers, matplotlib: loaded when a command runs, not for --help
 
     summary = run_study(config, out, executor=executor, address=address, force=force,
                         report=not no_report, quiet=quiet, device=device)
     typer.echo(f"run directory: {summary.run_dir}")
     typer.echo(f"jobs: {summary.jobs} ({len(summary.ran)} ran, {summary.reused} reused)")
     if summary.report is not None:
-        from ..report import print_summary
-
         print_summary(summary.run_dir)  # the report's main tables (RUN/results/summary.json)
         typer.echo(f"report: {summary.report}")
 
@@ -41,8 +40,6 @@ def study(
 @app.command()
 def report(run_dir: Path = typer.Argument(..., help="a run directory made by `headcount study`")):
     """Redraw report.html, results/*.csv and figures/ of a run from its saved results."""
-    from ..report import build_report, print_summary
-
     path = build_report(run_dir)
     print_summary(run_dir)
     typer.echo(f"report: {path}")

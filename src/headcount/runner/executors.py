@@ -17,7 +17,10 @@ Both show rich progress bars (jobs, with ETA; and the steps a long job reports) 
 from __future__ import annotations
 
 import json
+import logging
+import multiprocessing
 import os
+import queue as queue_errors
 import shutil
 import socket
 import sys
@@ -30,6 +33,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+
+from ..device import ENV_DEVICE, cuda_count, pool_devices, resolve_device, resolve_precision
+from ..device import job_environment as device_env
 from ..errors import HeadcountError
 from .jobs import Job, JobResult, resolve_function
 from .store import DONE, RESULT, RunStore, job_meta, pack_dir, unpack_files
@@ -63,8 +80,6 @@ def _one_line(exc: BaseException) -> str:
 
 
 def _esc(text: str) -> str:
-    from rich.markup import escape
-
     return escape(str(text))
 
 
@@ -93,17 +108,6 @@ class Reporter:
     def __enter__(self) -> "Reporter":
         if self.quiet:
             return self
-        from rich.console import Console
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            SpinnerColumn,
-            TextColumn,
-            TimeElapsedColumn,
-            TimeRemainingColumn,
-        )
-
         console = self._console or Console(stderr=True)
         if self.total == 0:
             if self.reused:
@@ -206,8 +210,6 @@ class Executor:
 
     def set_device(self, spec: str | None) -> None:
         """Use the device spec ``spec`` for the jobs (checked now: an unavailable device is refused)."""
-        from ..device import pool_devices
-
         pool_devices(spec)
         self.device = spec
 
@@ -278,8 +280,6 @@ class DevicePool:
 
 def _device_meta(device: str) -> dict:
     """``device`` and ``precision`` of a job pinned to ``device`` (for its ``meta.json``)."""
-    from ..device import resolve_device, resolve_precision
-
     try:
         return {"device": device, "precision": resolve_precision(None, resolve_device(device))}
     except HeadcountError:  # a fake pool (tests)
@@ -333,13 +333,9 @@ class LocalExecutor(Executor):
         self.devices = list(devices) if devices is not None else None
 
     def pool(self) -> DevicePool:
-        from ..device import pool_devices
-
         return DevicePool(self.devices if self.devices is not None else pool_devices(self.device))
 
     def run(self, jobs: Sequence[Job], store: RunStore, reporter: Reporter, keep_going: bool = True) -> Outcome:
-        from ..device import cuda_count
-
         pool = self.pool()
         # several devices, or one GPU of several: jobs in their own processes, each seeing its GPU
         # only (in this process the Trainer would take cuda:0, or wrap the model in DataParallel)
@@ -348,8 +344,6 @@ class LocalExecutor(Executor):
         return self._run_here(jobs, store, reporter, keep_going, pool.devices[0])
 
     def _run_here(self, jobs, store: RunStore, reporter: Reporter, keep_going: bool, device: str) -> Outcome:
-        from ..device import ENV_DEVICE
-
         where = _device_meta(device)
         if any(not store.is_done(j.key) for j in jobs):
             reporter.print(f"[dim]jobs run on {where['device']}, {where.get('precision', '?')}[/dim]")
@@ -394,11 +388,6 @@ class LocalExecutor(Executor):
 
 
     def _run_pooled(self, jobs, store: RunStore, reporter: Reporter, keep_going: bool, pool: DevicePool) -> Outcome:
-        import multiprocessing
-        import queue as queue_errors
-
-        from ..device import job_environment as device_env
-
         ctx = multiprocessing.get_context("spawn")  # fresh processes: CUDA is not initialised there
         messages = ctx.Queue()
         out = Outcome()
@@ -641,8 +630,6 @@ class RayExecutor(Executor):
     # -- connection ----------------------------------------------------------------------------
     def _connect(self, ray) -> bool:
         """Start or join Ray; returns whether this call initialised it (and must shut it down)."""
-        import logging
-
         if ray.is_initialized():
             return False
         if self.address is None:
@@ -671,8 +658,6 @@ class RayExecutor(Executor):
         >>> RayExecutor()._job_env(Job("a", "toy", "m:f", resources={"gpus": 1}))
         {'HEADCOUNT_DEVICE': 'auto'}
         """
-        from ..device import ENV_DEVICE
-
         spec = (self.device or os.environ.get(ENV_DEVICE) or "auto").lower()
         gpu = job.resources.gpus > 0 and spec != "cpu"
         return {ENV_DEVICE: "auto" if gpu else "cpu"}

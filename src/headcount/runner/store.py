@@ -21,6 +21,7 @@ Only the driver process writes here.
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import shutil
@@ -30,6 +31,8 @@ from collections.abc import Mapping
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
+
+import pandas as pd
 
 from ..errors import HeadcountError
 from ..io import ACTIVE_OUTS, atomic_write_json, atomic_write_text, lock_file, unlock_file
@@ -260,8 +263,6 @@ class RunStore:
         for e in self._entries():
             if name == e["key"] or name in e.get("names", [e["name"]]):
                 return e
-        import difflib
-
         names = [n for e in self._entries() for n in e.get("names", [e["name"]])]
         close = difflib.get_close_matches(name, names, n=3)
         hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
@@ -294,8 +295,6 @@ class RunStore:
 
     def timings(self):
         """A pandas DataFrame: one row per job of the plan (name, kind, key, status, seconds, ...)."""
-        import pandas as pd
-
         rows = []
         for e in self._entries():
             row = {"name": e["name"], "kind": e["kind"], "key": e["key"]}

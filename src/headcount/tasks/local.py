@@ -20,10 +20,14 @@ such a split fails when it is loaded, no other split takes its place); ``descrip
 from __future__ import annotations
 
 import os
+from dataclasses import fields
 from pathlib import Path
+
+import yaml
 
 from ..errors import HeadcountError
 from .base import KINDS, METRICS, FilesSource, Task, distinct_label_names, label_name
+from .glue import GLUE, glue_task
 from .tables import SUFFIXES, read_text
 
 KEYS = ("name", "kind", "files", "text", "label", "labels", "metric", "glue", "train_split",
@@ -39,8 +43,6 @@ def load_task_yaml(path: str | os.PathLike) -> Task:
 
     >>> task = load_task_yaml("my-task.yaml")   # doctest: +SKIP
     """
-    import yaml
-
     p = Path(path).expanduser()
     text = read_text(p)
     try:
@@ -85,8 +87,6 @@ def load_task_yaml(path: str | os.PathLike) -> Task:
     description = str(doc.get("description", f"local files ({p.name})"))
 
     if "glue" in doc:
-        from .glue import GLUE, glue_task
-
         config = str(doc["glue"]).removeprefix("glue/")
         if config not in GLUE and config != "mnli-mm":
             raise HeadcountError(f"{where}: glue: {config!r} is not a GLUE task; one of {', '.join(GLUE)}, mnli-mm")
@@ -149,6 +149,4 @@ def _split_key(doc: dict, key: str, splits: list[str], where: str) -> str | None
 
 
 def _fields(task: Task) -> dict:
-    from dataclasses import fields
-
     return {f.name: getattr(task, f.name) for f in fields(task)}

@@ -20,6 +20,8 @@ import numpy as np
 from ..errors import HeadcountError
 from .base import IGNORE, subset_indices
 from .batching import batch_order, pad_batch, tokenize
+from .offline import offline_corpus
+from .registry import get_task, list_tasks
 from .tables import read_text
 
 #: the share of a sequence's ordinary tokens that are masked (BERT's pre-training)
@@ -49,11 +51,7 @@ def mlm_texts(source: str, max_examples: int | None = None, seed: int = 0) -> li
 
 
 def _corpus(source: str) -> list[str]:
-    from .registry import get_task, list_tasks
-
     if source == "offline/corpus":
-        from .offline import offline_corpus
-
         return offline_corpus()
     p = Path(source).expanduser()
     if source in list_tasks() or p.suffix.lower() in (".yaml", ".yml"):

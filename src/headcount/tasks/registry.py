@@ -10,11 +10,15 @@ from __future__ import annotations
 import difflib
 import inspect
 import os
+from functools import partial
 from pathlib import Path
 from typing import Callable
 
 from ..errors import HeadcountError
 from .base import Task
+from .glue import GLUE_TASKS, glue_task
+from .local import load_task_yaml
+from .offline import OFFLINE_TASKS, offline_task
 
 #: registered name -> a function that builds the task (cheap: no data is read)
 _REGISTRY: dict[str, Callable[..., Task]] = {}
@@ -127,8 +131,6 @@ def get_task(name_or_yaml_path, *, data_dir=None, data_files=None) -> Task:
             if not all(k in params for k in kwargs):
                 raise HeadcountError(f"task {name} does not take data_dir / data_files (GLUE tasks do)")
         return factory(**kwargs)
-    from .local import load_task_yaml
-
     return load_task_yaml(name)
 
 
@@ -143,11 +145,6 @@ def _suggestion(name: str) -> str:
 
 
 def _register_builtin() -> None:
-    from functools import partial
-
-    from .glue import GLUE_TASKS, glue_task
-    from .offline import OFFLINE_TASKS, offline_task
-
     for name in GLUE_TASKS:
         register_task(name, partial(glue_task, name))
     for name in OFFLINE_TASKS:

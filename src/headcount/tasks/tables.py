@@ -13,6 +13,9 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
+
 from ..errors import HeadcountError
 
 #: file suffixes a task can read, in the order a folder is searched
@@ -116,9 +119,6 @@ def _read_jsonl(p: Path, text: str) -> Table:
 
 
 def _read_parquet(p: Path) -> Table:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     if not p.is_file():
         raise HeadcountError(f"file not found: {p}" if not p.exists() else f"not a file: {p}")
     try:
