@@ -40,6 +40,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers.modeling_outputs import BaseModelOutput, BaseModelOutputWithPooling
 
+from .device import place
 from .errors import HeadcountError
 from .evaluation import MLM_METRIC, evaluate_batches
 from .io import atomic_path, atomic_write_json
@@ -131,7 +132,7 @@ def _trainable(model: nn.Module, params):
 # a task head on a frozen encoder
 # =============================================================================================
 def fit_task_head(model, batches, *, lr: float, epochs: float, weight_decay: float, seed: int = 0,
-                  progress=None) -> dict:
+                  progress=None, device=None) -> dict:
     """Train only a classifier's task head (the parameters outside ``model.base_model``) on a frozen encoder.
 
     The encoder runs once over ``batches`` (no gradient); its outputs at the first position
@@ -145,6 +146,8 @@ def fit_task_head(model, batches, *, lr: float, epochs: float, weight_decay: flo
             the last epoch's batches.
         seed: order of the batches.
         progress: called with one line per epoch.
+        device: where to train (:func:`headcount.device.place`: the model is moved there; None:
+            ``$HEADCOUNT_DEVICE`` when set, else where the model is).
 
     Returns:
         ``{"steps", "train_loss", "trainable_params"}``; the model is left in eval mode with
@@ -154,7 +157,7 @@ def fit_task_head(model, batches, *, lr: float, epochs: float, weight_decay: flo
     250
     """
     base = model.base_model
-    device = next(model.parameters()).device
+    device = place(model, device)  # the encoder pass and the head's training both run there
     in_base = {id(p) for p in base.parameters()}
     head = [p for p in model.parameters() if id(p) not in in_base]
     if not head:

@@ -194,7 +194,7 @@ class LoadedConfig:
 
 
 #: settings that do not change what a study computes (left out of its hash)
-_NOT_IDENTITY = {"device"}
+_NOT_IDENTITY = {"device", "precision"}
 
 
 def config_hash(config: StudyConfig) -> str:

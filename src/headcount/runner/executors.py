@@ -45,7 +45,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from ..device import ENV_DEVICE, cuda_count, pool_devices, resolve_device, resolve_precision
+from ..device import ENV_DEVICE, ENV_PRECISION, PRECISIONS, cuda_count, pool_devices, resolve_device, resolve_precision
 from ..device import job_environment as device_env
 from ..errors import HeadcountError
 from .jobs import Job, JobResult, resolve_function
@@ -207,11 +207,31 @@ class Executor:
 
     name = "executor"
     device: str | None = None
+    precision: str | None = None
 
     def set_device(self, spec: str | None) -> None:
         """Use the device spec ``spec`` for the jobs (checked now: an unavailable device is refused)."""
         pool_devices(spec)
         self.device = spec
+
+    def set_precision(self, spec: str | None) -> None:
+        """Run the jobs in precision ``spec`` (``auto`` | ``fp32`` | ``bf16``; None: ``$HEADCOUNT_PRECISION``,
+        else auto): each job then runs with ``HEADCOUNT_PRECISION`` set to it.
+
+        >>> e = Executor(); e.set_precision("BF16"); e.precision_env()
+        {'HEADCOUNT_PRECISION': 'bf16'}
+        """
+        if spec is not None:
+            spec = str(spec).strip().lower()
+            if spec not in PRECISIONS:
+                raise HeadcountError(f"unknown precision {spec!r}; choose one of {', '.join(PRECISIONS)}")
+        self.precision = spec
+
+    def precision_env(self) -> dict[str, str]:
+        """``{"HEADCOUNT_PRECISION": spec}`` when a precision was set, else ``{}`` (the environment's own)."""
+        if self.precision is None:
+            return {}
+        return {ENV_PRECISION: self.precision}
 
     def check(self) -> None:
         """Fail early on an unusable executor (nothing to check by default)."""
@@ -278,10 +298,11 @@ class DevicePool:
         self.free.sort(key=self.devices.index)  # lowest index first: deterministic placement
 
 
-def _device_meta(device: str) -> dict:
-    """``device`` and ``precision`` of a job pinned to ``device`` (for its ``meta.json``)."""
+def _device_meta(device: str, precision: str | None = None) -> dict:
+    """``device`` and ``precision`` of a job pinned to ``device`` (for its ``meta.json``);
+    ``precision``: the study's spec (None: ``$HEADCOUNT_PRECISION``, else auto)."""
     try:
-        return {"device": device, "precision": resolve_precision(None, resolve_device(device))}
+        return {"device": device, "precision": resolve_precision(precision, resolve_device(device))}
     except HeadcountError:  # a fake pool (tests)
         return {"device": device}
 
@@ -344,7 +365,7 @@ class LocalExecutor(Executor):
         return self._run_here(jobs, store, reporter, keep_going, pool.devices[0])
 
     def _run_here(self, jobs, store: RunStore, reporter: Reporter, keep_going: bool, device: str) -> Outcome:
-        where = _device_meta(device)
+        where = _device_meta(device, self.precision)
         if any(not store.is_done(j.key) for j in jobs):
             reporter.print(f"[dim]jobs run on {where['device']}, {where.get('precision', '?')}[/dim]")
         out = Outcome()
@@ -366,10 +387,10 @@ class LocalExecutor(Executor):
             reporter.job_started(job)
             t0 = time.time()
             try:
-                with job_environment({ENV_DEVICE: device}):
+                with job_environment({ENV_DEVICE: device, **self.precision_env()}):
                     result = call_job(job.fn, job.params, inputs, tmp, reporter.callback(job))
                 t1 = time.time()
-                store.commit(job, tmp, result, {**job_meta(t0, t1, self.name), **_device_meta(device)})
+                store.commit(job, tmp, result, {**job_meta(t0, t1, self.name), **_device_meta(device, self.precision)})
             except KeyboardInterrupt:
                 out.interrupted = True
                 raise
@@ -437,8 +458,8 @@ class LocalExecutor(Executor):
                     inputs = {alias: store.load(dep.key, dep.name) for alias, dep in job.deps}
                     tmp = store.new_tmp_dir(job.key)
                     proc = ctx.Process(target=_local_worker, daemon=True,
-                                       args=(job.fn, job.key, job.params, inputs, str(tmp), device_env(device), messages,
-                                             device))
+                                       args=(job.fn, job.key, job.params, inputs, str(tmp),
+                                             {**device_env(device), **self.precision_env()}, messages, device))
                     proc.start()
                     running[job.key] = (job, proc, device, tmp)
                     reporter.job_started(job, f"start on {device}:")
@@ -589,6 +610,32 @@ def check_reachable(address: str, timeout: float = 5.0) -> None:
         raise HeadcountError(f"cannot reach the Ray cluster at {address}: {e.strerror or e}") from None
 
 
+#: GPUs a model-running job asks Ray for when the cluster has GPUs (``RayExecutor(gpus_per_job=...)``)
+GPUS_PER_JOB = 1.0
+
+
+def ray_gpus(job: Job, cluster: Mapping[str, float], *, gpus_per_job: float = GPUS_PER_JOB,
+             device: str = "auto") -> float:
+    """The GPUs a job asks Ray for: its ``resources.gpus`` when it names some; else, for a job
+    that runs a model (``job.uses_model``) on a cluster with GPUs (``cluster["GPU"]``, from
+    ``ray.cluster_resources()``) and a study device other than ``cpu``, ``gpus_per_job`` (at most
+    the cluster's GPUs); else none (bookkeeping jobs: masks, statistics, reports).
+
+    >>> from headcount.runner.jobs import Job
+    >>> model, other = Job("m", "toy", "m:f", uses_model=True), Job("o", "toy", "m:f")
+    >>> [ray_gpus(model, {"CPU": 8, "GPU": 2}), ray_gpus(other, {"CPU": 8, "GPU": 2}), ray_gpus(model, {"CPU": 8})]
+    [1.0, 0.0, 0.0]
+    >>> ray_gpus(model, {"GPU": 2}, gpus_per_job=0.5), ray_gpus(model, {"GPU": 2}, device="cpu")
+    (0.5, 0.0)
+    """
+    if job.resources.gpus > 0:
+        return float(job.resources.gpus)
+    have = float(cluster.get("GPU", 0.0) or 0.0)
+    if not job.uses_model or have <= 0 or str(device).lower() == "cpu":
+        return 0.0
+    return float(min(gpus_per_job, have))
+
+
 class RayExecutor(Executor):
     """Run jobs as Ray tasks; the driver (this process) alone writes the store.
 
@@ -600,6 +647,8 @@ class RayExecutor(Executor):
         ship_inputs: ``"auto"`` (ship upstream files through the object store when connected to a
             cluster, so workers without the run directory can read them), ``"always"``, ``"never"``.
         max_retries: Ray retries of a task whose worker died (not of a job that raised).
+        gpus_per_job: GPUs a job that runs a model (``Job.uses_model``) asks for when the cluster
+            has GPUs (:func:`ray_gpus`); fractional values share a GPU between jobs.
 
     >>> RayExecutor(address=None, num_cpus=2).name
     'ray'
@@ -608,9 +657,12 @@ class RayExecutor(Executor):
     name = "ray"
 
     def __init__(self, address: str | None = None, num_cpus: int | None = None, num_gpus: int | None = None,
-                 ship_inputs: str = "auto", max_retries: int = 1):
+                 ship_inputs: str = "auto", max_retries: int = 1, gpus_per_job: float = GPUS_PER_JOB):
         if ship_inputs not in ("auto", "always", "never"):
             raise HeadcountError(f"ship_inputs must be auto, always or never (got {ship_inputs!r})")
+        if isinstance(gpus_per_job, bool) or not isinstance(gpus_per_job, (int, float)) or not 0 < gpus_per_job:
+            raise HeadcountError(f"gpus_per_job must be a number > 0 (got {gpus_per_job!r})")
+        self.gpus_per_job = float(gpus_per_job)
         self.address = address or None
         self.num_cpus = num_cpus
         self.num_gpus = num_gpus
@@ -649,21 +701,26 @@ class RayExecutor(Executor):
             raise HeadcountError(f"cannot connect to the Ray cluster at {self.address}: {_one_line(e)}") from None
         return True
 
-    def _job_env(self, job: Job) -> dict:
-        """A job's ``HEADCOUNT_DEVICE`` under Ray: ``auto`` (its GPUs) when it asked for GPUs
-        (``resources: {gpus: 1}``) and the study's device is not ``cpu``; else ``cpu``, so that
-        no task uses a GPU Ray did not give it.
+    def _device_spec(self) -> str:
+        return (self.device or os.environ.get(ENV_DEVICE) or "auto").lower()
+
+    def _job_env(self, job: Job, gpus: float | None = None) -> dict:
+        """A job's ``HEADCOUNT_DEVICE`` under Ray: ``auto`` (its GPUs) when it was given GPUs
+        (``gpus``, default its ``resources``: see :func:`ray_gpus`) and the study's device is not
+        ``cpu``; else ``cpu``, so that no task uses a GPU Ray did not give it. With the study's
+        ``precision:``, also ``HEADCOUNT_PRECISION``.
 
         >>> from headcount.runner.jobs import Job
         >>> RayExecutor()._job_env(Job("a", "toy", "m:f", resources={"gpus": 1}))
         {'HEADCOUNT_DEVICE': 'auto'}
         """
-        spec = (self.device or os.environ.get(ENV_DEVICE) or "auto").lower()
-        gpu = job.resources.gpus > 0 and spec != "cpu"
-        return {ENV_DEVICE: "auto" if gpu else "cpu"}
+        gpus = job.resources.gpus if gpus is None else gpus
+        gpu = gpus > 0 and self._device_spec() != "cpu"
+        return {ENV_DEVICE: "auto" if gpu else "cpu", **self.precision_env()}
 
     def _options(self, job: Job, cluster: Mapping[str, float]) -> dict:
-        cpus, gpus = job.resources.cpus, job.resources.gpus
+        cpus = job.resources.cpus
+        gpus = ray_gpus(job, cluster, gpus_per_job=self.gpus_per_job, device=self._device_spec())
         have_cpu, have_gpu = cluster.get("CPU", 0.0), cluster.get("GPU", 0.0)
         if self.address is None:  # a local instance cannot grow: fit or refuse now, never hang
             if gpus > have_gpu:
@@ -740,7 +797,8 @@ class RayExecutor(Executor):
                         todo.remove(job)
                         inputs = {alias: spec(alias, d) for alias, d in job.deps}
                         ref = remote.options(**options[job.key]).remote(
-                            job.fn, job.key, job.params, inputs, sys_path, sink, self._job_env(job)
+                            job.fn, job.key, job.params, inputs, sys_path, sink,
+                            self._job_env(job, options[job.key]["num_gpus"])
                         )
                         running[ref] = (job, time.time())
                         reporter.job_started(job, "queue")
@@ -805,4 +863,4 @@ def make_executor(name: str | Executor = "local", address: str | None = None, **
 
 
 __all__ = ["Executor", "LocalExecutor", "RayExecutor", "Reporter", "Outcome", "call_job", "make_executor",
-           "check_reachable"]
+           "check_reachable", "ray_gpus", "GPUS_PER_JOB"]

@@ -15,6 +15,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
 
+from ..device import PRECISIONS
+
 
 #: settings that are seeds, wherever a study type declares them: negative ones are refused here,
 #: once for every study type (a seed of -1 would otherwise reach torch/numpy, which differ on it)
@@ -44,6 +46,9 @@ class StudyConfig(BaseModel):
             GPU at once), ``cpu``, ``cuda`` or ``cuda:N`` (see :mod:`headcount.device`); the
             ``--device`` of ``headcount study`` overrides it. Not part of the config's identity:
             a run can be resumed on another machine.
+        precision: ``auto`` (bf16 autocast on GPUs that support it, else fp32), ``fp32`` or
+            ``bf16``; each job runs with ``HEADCOUNT_PRECISION`` set to it (unset: the
+            environment's, else auto). Not part of the config's identity either, like ``device``.
 
     >>> class Toy(StudyConfig):
     ...     steps: int = 3
@@ -57,6 +62,7 @@ class StudyConfig(BaseModel):
     name: str = ""
     description: str = ""
     device: str = "auto"
+    precision: str = "auto"
 
     @field_validator("device")
     @classmethod
@@ -64,6 +70,14 @@ class StudyConfig(BaseModel):
         value = value.strip().lower()
         if value not in ("auto", "cpu", "cuda") and not (value.startswith("cuda:") and value[5:].isdigit()):
             raise ValueError("device must be auto, cpu, cuda or cuda:N")
+        return value
+
+    @field_validator("precision")
+    @classmethod
+    def _precision_spec(cls, value: str) -> str:
+        value = value.strip().lower()
+        if value not in PRECISIONS:
+            raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}")
         return value
 
     _nonnegative_seeds = field_validator("*")(_check_seeds)

@@ -141,6 +141,7 @@ def run_study(
     quiet: bool = False,
     console=None,
     device: str | None = None,
+    precision: str | None = None,
 ) -> RunSummary:
     """Run (or resume) a study's jobs into a run directory, then call ``report`` when they all finished.
 
@@ -160,6 +161,9 @@ def run_study(
         console: a rich Console for the progress display (default: stderr).
         device: ``auto`` | ``cpu`` | ``cuda`` | ``cuda:N``; default: the config's ``device:``
             (see :mod:`headcount.device`); each job runs with ``HEADCOUNT_DEVICE`` set from it.
+        precision: ``auto`` | ``fp32`` | ``bf16``; default: the config's ``precision:`` when it
+            sets one (else ``$HEADCOUNT_PRECISION``, else auto); each job runs with
+            ``HEADCOUNT_PRECISION`` set to it.
 
     Returns:
         A :class:`RunSummary`.
@@ -181,6 +185,9 @@ def run_study(
     if device is None and "device" in getattr(loaded.config, "model_fields_set", ()):
         device = loaded.config.device  # else $HEADCOUNT_DEVICE, else auto
     exe.set_device(device)  # an unavailable device is refused before the run directory is touched
+    if precision is None and "precision" in getattr(loaded.config, "model_fields_set", ()):
+        precision = loaded.config.precision
+    exe.set_precision(precision)
     jobs = loaded.study_type.expand(loaded.config)
     plan = Plan(list(jobs or []))
     for fn in sorted({j.fn for j in plan}):  # fail before touching the run directory

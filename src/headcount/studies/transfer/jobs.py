@@ -18,6 +18,7 @@ import pandas as pd
 from ...analysis import layer_mass
 from ...analysis.coherence import coherence, pair_seed, seed_mean_ci, view_of
 from ...analysis.removal import removal_mask
+from ...device import resolve_device
 from ...evaluation import evaluate_batches, masked_positions_only
 from ...gates import layout, shared_groups
 from ...heads import evaluate_mlm, fit_task_head, mlm_model
@@ -102,7 +103,7 @@ def head_fit_job(params, inputs, workdir: Path, progress) -> dict:
     params: :class:`~.config.HeadFitParams` (``train``: lr, epochs, weight_decay, batch_size,
     max_length, max_train_examples, max_eval_examples, eval_batch_size, data_seed are read).
     Writes ``model/`` (encoder unchanged) and ``metrics.json`` (``final``: validation metrics, as
-    ``finetune_job``).
+    ``finetune_job``). Trains and evaluates on the job's device (``$HEADCOUNT_DEVICE``, else auto).
 
     >>> head_fit_job({"model": "offline", "task": "offline/movies", "seed": 1, "train": {}}, {}, Path("o"), print)  # doctest: +SKIP
     """
@@ -120,8 +121,9 @@ def head_fit_job(params, inputs, workdir: Path, progress) -> dict:
                             group_by_length=True, pad_token_id=pad)
 
     train = batches(task.train_split, cfg.max_train_examples, cfg.batch_size)
+    # on the job's device (the device rule: $HEADCOUNT_DEVICE, set per job by the executor, else auto)
     fit = fit_task_head(model, train, lr=cfg.lr, epochs=cfg.epochs, weight_decay=cfg.weight_decay, seed=p.seed,
-                        progress=say)
+                        progress=say, device=resolve_device(None))
     final = evaluate_batches(model, batches(task.validation_split, cfg.max_eval_examples, cfg.eval_batch_size), task.metric)
     model.save_pretrained(workdir / "model", safe_serialization=True)
     tokenizer.save_pretrained(workdir / "model")

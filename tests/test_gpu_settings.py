@@ -1,0 +1,152 @@
+"""GPU settings of the studies, checked on the CPU: which jobs ask Ray for a GPU (a pure decision
+from the job and the cluster's resources, no Ray cluster needed), the ``precision:`` of a study
+config reaching every job as ``HEADCOUNT_PRECISION``, and the transfer study's head fit on the
+device rule's device.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from headcount.errors import HeadcountError
+from headcount.runner import Job, Plan, RayExecutor, RunStore, StudyConfig, parse_study_config, register_study
+from headcount.runner.config import config_hash
+from headcount.runner.executors import LocalExecutor, ray_gpus
+from headcount.runner.study import run_study
+from headcount.studies.lottery import LotterySettings, lottery_jobs
+from headcount.studies.transfer import TransferSettings
+from headcount.studies.transfer.plan import transfer_jobs
+from training_helpers import make_checkpoint, make_task, one_thread
+
+_one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
+
+#: job kinds that run a model (a GPU under Ray), and those that do not (masks, statistics, layout)
+MODEL_KINDS = {"finetune", "prune", "evaluate", "score", "lottery.retrain", "lottery.magnitude", "lottery.patterns",
+               "lottery.pattern-cnn", "transfer-mlm-score", "transfer-head-fit", "transfer-curve"}
+OTHER_KINDS = {"lottery.subnetwork", "lottery.stability", "lottery.overlap", "transfer-layout", "transfer-mask",
+               "transfer-coherence"}
+GPU_CLUSTER = {"CPU": 16.0, "GPU": 2.0, "memory": 1e11}
+
+
+# -------------------------------------------------------------------------------------- Ray
+def test_model_jobs_ask_for_a_gpu_when_the_cluster_has_gpus():
+    model, other = Job("m", "toy", "m:f", uses_model=True), Job("o", "toy", "m:f")
+    explicit = Job("e", "toy", "m:f", resources={"gpus": 0.25})
+    assert ray_gpus(model, GPU_CLUSTER) == 1.0 and ray_gpus(other, GPU_CLUSTER) == 0.0
+    assert ray_gpus(model, {"CPU": 16.0}) == 0.0  # no GPU in the cluster: the CPU
+    assert ray_gpus(model, GPU_CLUSTER, gpus_per_job=0.5) == 0.5  # two jobs share a GPU
+    assert ray_gpus(model, {"GPU": 1.0}, gpus_per_job=2) == 1.0  # never more than there are
+    assert ray_gpus(model, GPU_CLUSTER, device="cpu") == 0.0  # the study said cpu
+    assert ray_gpus(explicit, GPU_CLUSTER) == 0.25 and ray_gpus(explicit, {}) == 0.25  # its own request wins
+
+    ray = RayExecutor(gpus_per_job=0.5)
+    assert ray._options(model, GPU_CLUSTER) == {"num_cpus": 1.0, "num_gpus": 0.5, "max_retries": 1}
+    assert ray._options(other, GPU_CLUSTER)["num_gpus"] == 0.0
+    assert ray._options(model, {"CPU": 4.0})["num_gpus"] == 0.0
+    assert ray._job_env(model, 0.5) == {"HEADCOUNT_DEVICE": "auto"} and ray._job_env(other, 0.0) == {"HEADCOUNT_DEVICE": "cpu"}
+    with pytest.raises(HeadcountError, match="needs 0.25 GPU"):  # a local instance cannot grow
+        ray._options(explicit, {"CPU": 4.0})
+    ray.set_device("cpu")
+    assert ray._options(model, GPU_CLUSTER)["num_gpus"] == 0.0 and ray._job_env(model, 0.0)["HEADCOUNT_DEVICE"] == "cpu"
+    ray.set_precision("bf16")
+    assert ray._job_env(model, 0.0) == {"HEADCOUNT_DEVICE": "cpu", "HEADCOUNT_PRECISION": "bf16"}
+    for bad in (0, -1, "1", True):
+        with pytest.raises(HeadcountError, match="gpus_per_job"):
+            RayExecutor(gpus_per_job=bad)
+
+
+def _plan_jobs(tmp_path) -> list[Job]:
+    pre, task = str(make_checkpoint(tmp_path / "pre")), str(make_task(tmp_path / "task", n_train=8, n_dev=8))
+    (tmp_path / "maps.safetensors").write_bytes(b"")
+    (tmp_path / "labels.csv").write_text("")
+    lottery = LotterySettings(model=pre, tasks=[task, "offline/movies"], seeds=[1, 2],
+                              patterns={"cnn": {"maps": str(tmp_path / "maps.safetensors"),
+                                                "labels": str(tmp_path / "labels.csv")}})
+    transfer = TransferSettings(model=pre, tasks=[task, "offline/movies"], seeds=[1, 2],
+                                before_after={"levels": [0.5], "random_control": True})
+    return list(Plan(lottery_jobs(lottery) + transfer_jobs(transfer, prefix="transfer/")))
+
+
+def test_the_studies_mark_every_job_that_runs_a_model(tmp_path):
+    jobs = _plan_jobs(tmp_path)
+    assert {j.kind for j in jobs} == MODEL_KINDS | OTHER_KINDS  # a new kind must be sorted into one of them
+    for job in jobs:
+        assert job.uses_model == (job.kind in MODEL_KINDS), job.name
+    ray = RayExecutor()
+    gpus = {j.name: ray._options(j, GPU_CLUSTER)["num_gpus"] for j in jobs}
+    assert {n for n, g in gpus.items() if g == 1.0} == {j.name for j in jobs if j.kind in MODEL_KINDS}
+    assert all(ray._options(j, {"CPU": 16.0})["num_gpus"] == 0.0 for j in jobs)
+    assert all(Plan([j]).to_json()["jobs"][-1]["uses_model"] == j.uses_model for j in jobs[:5])
+
+
+# -------------------------------------------------------------------------------------- precision
+class ProbeConfig(StudyConfig):
+    jobs: int = 1
+
+
+def seen_env(params, inputs, workdir, progress) -> dict:
+    """What a job sees of the device settings."""
+    return {k: os.environ.get(k) for k in ("HEADCOUNT_DEVICE", "HEADCOUNT_PRECISION")}
+
+
+def _expand(config: ProbeConfig) -> list[Job]:
+    return [Job(f"probe-{i}", "probe", "test_gpu_settings:seen_env", {"i": i}, uses_model=True)
+            for i in range(config.jobs)]
+
+
+register_study("probe", ProbeConfig, _expand, description="reports the environment its jobs see")
+
+
+def test_precision_is_validated_and_not_part_of_the_config_identity():
+    plain = parse_study_config("study: test_gpu_settings:probe\n")
+    bf16 = parse_study_config("study: test_gpu_settings:probe\nprecision: BF16\n")
+    assert plain.config.precision == "auto" and bf16.config.precision == "bf16"
+    assert plain.hash == bf16.hash == config_hash(ProbeConfig(study="test_gpu_settings:probe", precision="fp32"))
+    with pytest.raises(HeadcountError, match=r"line 2.*precision must be one of auto, fp32, bf16"):
+        parse_study_config("study: test_gpu_settings:probe\nprecision: fp16\n")
+
+
+@pytest.mark.parametrize("pooled", [False, True], ids=["in-process", "pooled"])
+def test_precision_reaches_every_job(tmp_path, monkeypatch, pooled):
+    monkeypatch.delenv("HEADCOUNT_PRECISION", raising=False)
+    (tmp_path / "a.yaml").write_text("study: test_gpu_settings:probe\njobs: 2\ndevice: cpu\nprecision: bf16\n")
+    executor = LocalExecutor(devices=["cpu", "cpu"] if pooled else None)
+    run_study(tmp_path / "a.yaml", tmp_path / "run", executor=executor, quiet=True)
+    store = RunStore(tmp_path / "run")
+    for i in range(2):
+        r = store.result(f"probe-{i}")
+        assert r.result == {"HEADCOUNT_DEVICE": "cpu", "HEADCOUNT_PRECISION": "bf16"}
+        assert r.meta.get("precision") == "bf16"
+    assert os.environ.get("HEADCOUNT_PRECISION") is None  # set for the jobs only
+    # unset in the config: the jobs see the environment's own (here none)
+    (tmp_path / "b.yaml").write_text("study: test_gpu_settings:probe\ndevice: cpu\n")
+    run_study(tmp_path / "b.yaml", tmp_path / "run-b", executor=LocalExecutor(), quiet=True)
+    assert RunStore(tmp_path / "run-b").result("probe-0").result["HEADCOUNT_PRECISION"] is None
+
+
+# -------------------------------------------------------------------------------------- head fit
+def test_head_fit_trains_on_the_device_rules_device(tmp_path, monkeypatch):
+    import headcount.heads as heads
+    import headcount.studies.transfer.jobs as transfer_jobs_module
+
+    seen = []
+    real_place = heads.place
+
+    def spy_place(model, device=None):
+        out = real_place(model, device)
+        seen.append((device, out, next(model.parameters()).device))
+        return out
+
+    monkeypatch.setattr(heads, "place", spy_place)
+    monkeypatch.setenv("HEADCOUNT_DEVICE", "cpu")
+    pre, task = str(make_checkpoint(tmp_path / "pre")), str(make_task(tmp_path / "task", n_train=16, n_dev=8))
+    out = transfer_jobs_module.head_fit_job(
+        {"model": pre, "task": task, "seed": 1,
+         "train": {"epochs": 1, "batch_size": 8, "max_length": 32, "eval_batch_size": 8}},
+        {}, tmp_path / "work", lambda *a, **k: None)
+    assert out["frozen_encoder"] and out["steps"] == 2
+    # the job passes the device rule's device ($HEADCOUNT_DEVICE here), and the head is trained there
+    assert seen and seen[0][0] == torch.device("cpu") and seen[0][1] == seen[0][2] == torch.device("cpu")
