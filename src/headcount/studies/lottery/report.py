@@ -122,7 +122,8 @@ def lottery_sections(store, settings: LotterySettings, prefix: str = "", tag: st
         "The paper's main tables",
         f"Prasanna et al. (2020), Table 1 and its magnitude counterpart, with this run's numbers: mean ± sample std "
         f"over {seeds}. Columns \"…, paper\": the published dev means (bert-base-uncased, 5 seeds), blank for tasks "
-        "the paper does not have. Good: the good subnetwork retrained from the pre-trained weights (\"not retrained\": "
+        "the paper does not have (and for glue/mnli-mm: the same MNLI models on the mismatched dev set, which the "
+        "paper does not report). Good: the good subnetwork retrained from the pre-trained weights (\"not retrained\": "
         "evaluated on the fine-tuned weights with its mask); random and bad: size-matched controls, retrained.",
         tables=paper,
     )]
