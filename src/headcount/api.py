@@ -10,7 +10,7 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-from . import runner
+from . import plots, runner
 from .arch import get_adapter
 from .device import check_spec, device_name, resolve_device, resolve_precision
 from .errors import HeadcountError
@@ -20,7 +20,6 @@ from .masks import Mask
 from .models import load_model, load_tokenizer
 from .pipeline import (DataConfig, PruneSettings, ScoreSettings, batches_for, decoding, has_task_head, load_for,
                        metric_for, prune_model, saved_config)
-from .plots import head_heatmap, prune_curve
 from .pruning import PruneConfig, PruneResult
 from .report import build_report
 from .scoring import score
@@ -136,7 +135,7 @@ def score_command(model: str, task: str, settings: ScoreSettings, data: DataConf
     s = replace(s, meta={**s.meta, **meta})
     out = Path(out)
     s.save(out / "scores.json")
-    head_heatmap(s.to_dict(), out / "heads.png", title=f"{method} importance, {objective}: {t.name}")
+    plots.head_heatmap(s.to_dict(), out / "heads.png", title=f"{method} importance, {objective}: {t.name}")
     return {**s.to_dict(), "seconds": s.meta.get("seconds", 0.0)}
 
 
@@ -172,7 +171,7 @@ def prune_command(model: str, task: str, settings: PruneSettings, loop: PruneCon
                                  normalize=settings.normalize)
     mask.save(out / "mask.json")
     atomic_write_text(out / "trace.csv", result.trace_csv())
-    prune_curve(result.trace, loop.threshold * result.full_metric, out / "curve.png",
+    plots.prune_curve(result.trace, loop.threshold * result.full_metric, out / "curve.png",
                 title=f"{t.name} ({objective}): {metric} vs heads kept")
     result.mask = mask
     return result

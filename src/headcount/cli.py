@@ -32,7 +32,7 @@ def _quiet_libraries() -> None:
     warnings, "Retrying in 1s [Retry 1/5]", would bury the one error line).
 
     Through their environment variables, read when they are imported: the command line does not
-    import transformers to set them (1.2 s of every start, ``headcount --help`` included). When they
+    load transformers to set them (1.2 s of every start, ``headcount --help`` included). When they
     are loaded already (the CLI called in-process), directly. A variable the user set wins.
     """
     for name, value in (("TOKENIZERS_PARALLELISM", "false"), ("HF_HUB_DISABLE_PROGRESS_BARS", "1"),

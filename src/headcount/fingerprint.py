@@ -18,6 +18,10 @@ import json
 import os
 from pathlib import Path
 
+from .io import atomic_write_json
+from .tasks import get_task
+from .tasks.paths import cache_root
+
 _MEMORY: dict[str, str] = {}
 _DISK: dict[str, str] | None = None
 _CACHE_FILE = "fingerprints.json"
@@ -25,8 +29,6 @@ _CACHE_FILE = "fingerprints.json"
 
 def _cache_path() -> Path | None:
     try:
-        from .tasks.paths import cache_root
-
         return cache_root() / _CACHE_FILE
     except Exception:  # pragma: no cover - no cache directory: memory only
         return None
@@ -49,8 +51,6 @@ def _save_disk() -> None:
     if path is None:
         return
     try:
-        from .io import atomic_write_json
-
         data = dict(list(_disk().items())[-5000:])  # bounded
         atomic_write_json(path, data)
     except OSError:  # a read-only cache only costs time
@@ -100,7 +100,7 @@ def model_fingerprint(spec) -> str | None:
     """The content digest of a local checkpoint (``offline`` included); None for a hub id."""
     if spec is None:
         return None
-    from .models import OFFLINE, offline_model_dir
+    from .models import OFFLINE, offline_model_dir  # transformers (1.2 s): not at import, the CLI imports this
 
     try:
         path = offline_model_dir() if str(spec) == OFFLINE else Path(str(spec)).expanduser()
@@ -116,8 +116,6 @@ def task_fingerprint(task) -> str | None:
     """
     try:
         if not hasattr(task, "source"):
-            from .tasks import get_task
-
             task = get_task(str(task))
         h = hashlib.sha256(json.dumps(task.describe(), sort_keys=True, default=str).encode())
         h.update(json.dumps([task.label_field, task.train_split, task.validation_split, task.label_ids]).encode())

@@ -23,6 +23,7 @@ deterministic given ``params`` (seed everything from them).
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import importlib
 import json
@@ -31,10 +32,12 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any, Protocol
 
 from ..errors import HeadcountError
+from ..fingerprint import params_fingerprint
 
 _KIND_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _FN_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
@@ -49,8 +52,6 @@ def headcount_version() -> str:
     True
     """
     try:
-        from importlib.metadata import version
-
         return version("headcount")
     except Exception:  # pragma: no cover - running from a source tree without metadata
         return "0+unknown"
@@ -244,8 +245,6 @@ class Job:
             "inputs": sorted([alias, dep.key] for alias, dep in pairs),
             "headcount": headcount_version(),
         }
-        from ..fingerprint import params_fingerprint
-
         data = params_fingerprint(identity["params"])
         if data is not None:  # the contents of the models, tasks and files the params name
             identity["data"] = data
@@ -374,8 +373,6 @@ class Plan:
         try:
             return self.names[name]
         except KeyError:
-            import difflib
-
             close = difflib.get_close_matches(name, list(self.names), n=3)
             hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
             raise HeadcountError(f"no job named {name!r} in this study{hint}") from None
