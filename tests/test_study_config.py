@@ -126,3 +126,27 @@ def test_cli_bad_config_exits_2_with_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: bad.yaml, line 4: 'steps'")
     assert not out.exists()  # nothing written for a bad config
+
+
+def test_a_study_types_own_seeds_validator_runs_beside_the_bases():
+    """The base's seed check (negative seeds) and a study type's own validator named ``_seeds``
+    both run: the base's has another name, so neither shadows the other."""
+    from pydantic import ValidationError, field_validator
+
+    from headcount.runner import StudyConfig
+
+    class Cfg(StudyConfig):
+        seeds: list[int] = [1]
+
+        @field_validator("seeds")
+        @classmethod
+        def _seeds(cls, v):
+            if len(set(v)) != len(v):
+                raise ValueError("repeated seed")
+            return v
+
+    with pytest.raises(ValidationError, match="repeated seed"):
+        Cfg(study="x", seeds=[1, 1])
+    with pytest.raises(ValidationError, match=">= 0"):
+        Cfg(study="x", seeds=[-1])
+    assert Cfg(study="x", seeds=[2, 3]).seeds == [2, 3]

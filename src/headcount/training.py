@@ -37,6 +37,7 @@ import torch
 from .errors import HeadcountError
 from .io import atomic_dir, atomic_write_json
 from .masks import Mask
+from .settings import MAX_LENGTH_RANGE
 
 MASK_MODES = ("prune", "gate")
 
@@ -108,8 +109,9 @@ class TrainConfig:
             bad(f"batch size must be at least 1, got {min(self.batch_size, self.eval_batch_size)}")
         if not self.epochs > 0:
             bad(f"epochs must be > 0, got {self.epochs}")
-        if not 8 <= self.max_length <= 8192:
-            bad(f"max length must be in 8..8192, got {self.max_length}")
+        low, high = MAX_LENGTH_RANGE
+        if not low <= self.max_length <= high:
+            bad(f"max length must be in {low}..{high}, got {self.max_length}")
         if self.weight_decay < 0 or self.warmup < 0 or self.max_grad_norm < 0:
             bad("weight decay, warmup and max grad norm must be >= 0")
         for name in ("max_train_examples", "max_eval_examples", "max_steps"):

@@ -20,6 +20,7 @@ from ...analysis.stats import DEFAULT_FRACTIONS, LEVEL, N_BOOT, N_PERMUTATIONS
 from ...errors import HeadcountError
 from ...heads import MLM_HEAD_MAX_TEXTS, MLM_HEAD_STEPS
 from ...pipeline import DataConfig
+from ...settings import MAX_LENGTH_RANGE
 from ...runner import ConfigSection, StudyConfig
 from ...runner.config import task_ref
 from ...runner.schema import fields_of
@@ -72,7 +73,7 @@ class DataSettings(ConfigSection):
 
     max_examples: int | None = Field(512, ge=1)
     batch_size: int = Field(_DATA_DEFAULTS["batch_size"], ge=1)
-    max_length: int = Field(_DATA_DEFAULTS["max_length"], ge=8, le=8192)
+    max_length: int = Field(_DATA_DEFAULTS["max_length"], ge=MAX_LENGTH_RANGE[0], le=MAX_LENGTH_RANGE[1])
     seed: int = _DATA_DEFAULTS["seed"]
 
     def config(self, split: str | None = None) -> DataConfig:
