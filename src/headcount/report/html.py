@@ -30,9 +30,9 @@ figcaption{color:#555;font-size:.9em} table.data{border-collapse:collapse;font-s
 table.data th,table.data td{border:1px solid #ddd;padding:.25em .5em;vertical-align:top}
 table.data th{background:#f6f6f6;font-weight:600}
 table.data th,table.data td{text-align:left} table.data td:not(.num){overflow-wrap:anywhere;min-width:5.5em}
-table.data .num{text-align:right} table.data tbody tr:nth-child(even){background:#fbfbfb}
+table.data td:first-child:not(.num){min-width:9em} table.data .num{text-align:right} table.data tbody tr:nth-child(even){background:#fbfbfb}
 pre{background:#f7f7f7;padding:.8em;overflow-x:auto;font-size:.85em} code{background:#f3f3f3;padding:0 .2em}
-nav ul{columns:2} .caption{color:#555;font-size:.9em;margin:.2em 0} .note{color:#666;font-size:.85em}
+nav ul{columns:3;font-size:.92em;margin:.6em 0;padding-left:1.2em} .summary p{margin:.35em 0} .caption{color:#555;font-size:.9em;margin:.2em 0} .note{color:#666;font-size:.85em}
 div.table{max-width:100%;overflow-x:auto} details.table summary{cursor:pointer;color:#555;font-size:.9em}
 """
 
@@ -162,7 +162,7 @@ def render_html(content: ReportContent, pngs: dict[str, bytes], *, subtitle: str
         f"<title>{title}</title><style>{CSS}</style></head><body>",
         f"<h1>{title}</h1>",
         f'<p class="meta">{html.escape(subtitle)}</p>',
-        _text_html(content.summary) if content.summary else "",
+        f'<div class="summary">{_text_html(content.summary)}</div>' if content.summary else "",
         f"<nav><ul>{toc}</ul></nav>",
     ]
     for i, s in enumerate(content.sections):

@@ -50,10 +50,22 @@ def summary_record(content) -> dict:
 
 
 def _first_sentence(text: str, limit: int = MAX_WIDTH - 4) -> str:
-    """The caption's first sentence (the page has the rest), at most ``limit`` characters."""
+    """The caption's first sentence (the page has the rest; a ``;`` outside brackets ends it too),
+    at most ``limit`` characters.
+
+    >>> _first_sentence("Magnitude pruning (weights, the paper's procedure: prune; retrain): dev metric; more.")
+    "Magnitude pruning (weights, the paper's procedure: prune; retrain): dev metric."
+    """
     text = " ".join(text.split())
-    m = re.search(r"[.;:?!](\s|$)", text)
-    head = text[: m.end()].strip() if m else text
+    depth, end = 0, len(text)
+    for i, ch in enumerate(text):
+        depth += ch in "(["
+        depth -= ch in ")]" and depth > 0
+        if depth == 0 and ch in ".;?!" and (i + 1 == len(text) or text[i + 1] == " "):
+            end = i + 1
+            break
+    head = text[:end]
+    head = head[:-1] + "." if head.endswith(";") else head
     return head if len(head) <= limit else head[: limit - 1].rstrip() + "…"
 
 
@@ -88,9 +100,9 @@ def column_groups(columns: list[str], rows: list[list[str]], width: int = MAX_WI
     """
     keys = list(range(_label_columns(columns, rows)))
     widths = _widths(columns, rows, cap=width // 2)
-    cost = [w + 3 for w in widths]  # padding 1 + 1 and a separator per column
+    cost = [w + 3 for w in widths]  # a column and its gap (padding 1 + 1, a separator); no outer edges
     groups, current = [], []
-    room = width - sum(cost[k] for k in keys)
+    room = width + 3 - sum(cost[k] for k in keys)
     used = 0
     for j in range(len(keys), len(columns)):
         if current and used + cost[j] > room:
@@ -139,7 +151,7 @@ def print_tables(record: dict, console=None, *, max_rows: int = MAX_ROWS) -> Non
         for g in groups:
             table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, header_style="bold")
             for j in g:
-                table.add_column(Text(columns[j]), min_width=widths[j], overflow="fold",
+                table.add_column(Text(columns[j]), width=widths[j], overflow="fold",  # fixed: the group fits
                                  justify="left" if j < labels else "right")
             for r in shown:
                 table.add_row(*[Text(r[j]) for j in g])
