@@ -60,6 +60,10 @@ _COMMON = dict(
 )
 
 
+# ModernBERT's special-token ids default to its 50k vocabulary: bring them into the tiny one.
+_MODERNBERT = dict(pad_token_id=0, cls_token_id=1, bos_token_id=1, sep_token_id=2, eos_token_id=2)
+
+
 @dataclass(frozen=True)
 class Arch:
     """One row of the architecture table.
@@ -68,10 +72,16 @@ class Arch:
         id: test id (also the key of :data:`ARCHS`).
         config_class: name of the transformers config class.
         kwargs: config arguments on top of the common tiny sizes (they override them).
-        head_projections: how many linears have per-head output rows (q, k, v = 3;
-            DeBERTa-v2 with separate relative-position projections = 5). Used to compute
-            expected parameter counts by hand.
+        head_projections: how many head-grouped parts of per-head output rows a layer has
+            (q, k, v = 3, also when fused into one linear as in ModernBERT; DeBERTa-v2 with
+            separate relative-position projections = 5). Used to compute expected parameter
+            counts by hand.
         apps_per_layer: how many applications share one physical layer (ALBERT > 1).
+        bias: whether the attention and feed-forward linears have biases (ModernBERT: none by default).
+        ffn_in_chunks: parts of the feed-forward input projection per neuron (gated GLU block = 2).
+        float32_inside: the model computes some steps in float32 even when it is float64
+            (ModernBERT's rotary embedding and attention softmax), so finite-difference checks of
+            gradients hold to about 1e-4 relative only.
     """
 
     id: str
@@ -79,6 +89,9 @@ class Arch:
     kwargs: dict = field(default_factory=dict)
     head_projections: int = 3
     apps_per_layer: int = 1
+    bias: bool = True
+    ffn_in_chunks: int = 1
+    float32_inside: bool = False
 
     def config(self, **overrides) -> transformers.PretrainedConfig:
         cls = getattr(transformers, self.config_class)
@@ -112,6 +125,16 @@ ARCH_TABLE: list[Arch] = [
                                                       share_att_key=True, position_biased_input=False,
                                                       max_relative_positions=16, position_buckets=8,
                                                       pooler_hidden_size=HIDDEN, pooler_dropout=0.0)),
+    # Fused Wqkv (3 head-grouped parts), GLU feed-forward (Wi = input and gate halves), no biases
+    # (the released models' defaults); global attention at layers 0 and 2, a sliding window of
+    # +-2 tokens at layer 1 (narrower than the tiny batch, so the local mask matters).
+    Arch("modernbert", "ModernBertConfig", dict(_MODERNBERT, local_attention=4, global_attn_every_n_layers=2),
+         bias=False, ffn_in_chunks=2, float32_inside=True),
+    # The same with biases everywhere and mean pooling (a bias must follow its rows and columns).
+    Arch("modernbert-bias", "ModernBertConfig", dict(_MODERNBERT, local_attention=4, global_attn_every_n_layers=2,
+                                                     attention_bias=True, mlp_bias=True, norm_bias=True,
+                                                     classifier_bias=True, classifier_pooling="mean"),
+         ffn_in_chunks=2, float32_inside=True),
 ]
 
 ARCHS: dict[str, Arch] = {a.id: a for a in ARCH_TABLE}

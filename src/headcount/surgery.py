@@ -21,7 +21,7 @@ import transformers
 from safetensors.torch import load_file
 from torch import nn
 
-from .arch import get_adapter
+from .arch import get_adapter, grouped_rows
 from .errors import HeadcountError
 from .gates import kept_heads, layout, set_gates, shared_groups
 from .io import atomic_dir, atomic_write_json
@@ -86,10 +86,10 @@ def prune_heads(model: nn.Module, heads: Mapping[int, Iterable[int]]) -> nn.Modu
         positions = [i for i, head in enumerate(kept) if head not in remove]
         if len(positions) == len(kept):
             continue
-        idx = torch.tensor([i * d + j for i in positions for j in range(d)], dtype=torch.long)
-        for proj in block.head_projections:
-            _keep_rows(proj, idx)
-        _keep_cols(block.out_projection, idx)
+        # a fused projection holds its heads in several parts ([chunks, kept, d] rows)
+        for proj, chunks in block.head_parts():
+            _keep_rows(proj, grouped_rows(positions, d, len(kept), chunks))
+        _keep_cols(block.out_projection, grouped_rows(positions, d, len(kept)))
         block.out_projection.headcount_kept_heads = [kept[i] for i in positions]
         adapter.set_num_heads(block.attention, len(positions), d)
         if not positions:
@@ -115,9 +115,9 @@ def prune_neurons(model: nn.Module, neurons: Mapping[int, Iterable[int]]) -> nn.
         positions = [i for i, n in enumerate(kept) if n not in remove]
         if len(positions) == len(kept):
             continue
-        idx = torch.tensor(positions, dtype=torch.long)
-        _keep_rows(block.ffn_in, idx)
-        _keep_cols(block.ffn_out, idx)
+        # a gated (GLU) input projection holds each neuron once per part ([chunks, kept] rows)
+        _keep_rows(block.ffn_in, grouped_rows(positions, 1, len(kept), block.ffn_in_chunks))
+        _keep_cols(block.ffn_out, grouped_rows(positions, 1, len(kept)))
         block.ffn_in.headcount_kept_neurons = [kept[i] for i in positions]
     _record(model)
     return model

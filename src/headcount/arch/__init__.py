@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from ..errors import HeadcountError
 from .albert import AlbertAdapter
-from .base import Adapter, Block, Layout
+from .base import Adapter, Block, Layout, grouped_rows
 from .bert import BertAdapter
 from .deberta_v2 import DebertaV2Adapter
 from .distilbert import DistilBertAdapter
+from .modernbert import ModernBertAdapter
 
 _REGISTRY: dict[str, Adapter] = {}
 
@@ -23,7 +24,7 @@ def register_adapter(adapter: Adapter) -> Adapter:
     return adapter
 
 
-for _adapter in (BertAdapter(), AlbertAdapter(), DistilBertAdapter(), DebertaV2Adapter()):
+for _adapter in (BertAdapter(), AlbertAdapter(), DistilBertAdapter(), DebertaV2Adapter(), ModernBertAdapter()):
     register_adapter(_adapter)
 
 
@@ -46,4 +47,4 @@ def get_adapter(model_or_config) -> Adapter:
     return _REGISTRY[model_type]
 
 
-__all__ = ["Adapter", "Block", "Layout", "get_adapter", "register_adapter", "supported_model_types"]
+__all__ = ["Adapter", "Block", "Layout", "get_adapter", "grouped_rows", "register_adapter", "supported_model_types"]

@@ -29,6 +29,14 @@ class Block:
         ffn_in: the feed-forward input projection (rows = neurons).
         ffn_out: the feed-forward output projection (columns = neurons); MLP gates multiply
             its output, bias included.
+        head_chunks: per entry of ``head_projections``, how many head-grouped parts its rows
+            hold, one after the other (default: 1 each). A fused query/key/value projection
+            is 3 parts of ``[n_heads * head_dim]`` rows; removing a head removes its rows in
+            every part.
+        ffn_in_chunks: how many neuron-indexed parts the rows of ``ffn_in`` hold (default 1).
+            A gated feed-forward block (GLU: ``act(x W_in) * (x W_gate)``) fused into one
+            linear is 2 parts of ``[intermediate]`` rows; removing neuron i removes row i of
+            every part.
     """
 
     layer: nn.Module
@@ -37,6 +45,28 @@ class Block:
     out_projection: nn.Linear
     ffn_in: nn.Linear
     ffn_out: nn.Linear
+    head_chunks: tuple[int, ...] = ()
+    ffn_in_chunks: int = 1
+
+    def __post_init__(self):
+        if self.head_chunks and len(self.head_chunks) != len(self.head_projections):
+            raise ValueError("head_chunks needs one entry per head projection")
+
+    def head_parts(self) -> list[tuple[nn.Linear, int]]:
+        """``(projection, parts)`` for every head projection (parts = head-grouped chunks of rows)."""
+        chunks = self.head_chunks or (1,) * len(self.head_projections)
+        return list(zip(self.head_projections, chunks))
+
+
+def grouped_rows(positions: list[int], width: int, n_groups: int, chunks: int = 1) -> torch.Tensor:
+    """Row indices of the groups at ``positions`` in a linear whose rows are laid out as
+    ``[chunks, n_groups, width]`` (a head: width = head_dim; a neuron: width = 1).
+
+    >>> grouped_rows([1], width=2, n_groups=3, chunks=2).tolist()   # rows of group 1 in both chunks
+    [2, 3, 8, 9]
+    """
+    return torch.tensor([c * n_groups * width + p * width + j
+                         for c in range(chunks) for p in positions for j in range(width)], dtype=torch.long)
 
 
 @dataclass(frozen=True)
