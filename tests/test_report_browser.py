@@ -210,4 +210,4 @@ def test_chromium_is_found_where_ci_installs_it():
 if __name__ == "__main__":  # python tests/test_report_browser.py REPORT.html OUT.png
     if len(sys.argv) != 3 or chromium() is None:
         sys.exit("usage: python tests/test_report_browser.py REPORT.html OUT.png (needs chromium)")
-    print(screenshot(Path(sys.argv[1]), Path(sys.argv[2])))
+    print(screenshot(Path(sys.argv[1]), Path(sys.argv[2]), height=1150))  # the summary and the first table
