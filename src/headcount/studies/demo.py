@@ -40,14 +40,17 @@ def report(store, config: DemoConfig):
     """Both parts' summaries and sections, transfer first."""
     from ..report import ReportContent
 
-    summary, sections = [], []
+    summary, parts = [], []
     if config.transfer is not None:
         tables = transfer_tables(store, config.transfer, prefix="transfer/")
         summary.append(transfer_summary(tables, config.transfer))
-        sections += transfer_sections(store, config.transfer, prefix="transfer/", tables=tables)
+        parts.append(transfer_sections(store, config.transfer, prefix="transfer/", tables=tables))
     if config.lottery is not None:
         summary.append(lottery_summary(store, config.lottery, prefix="lottery/"))
-        sections += lottery_sections(store, config.lottery, prefix="lottery/")
+        parts.append(lottery_sections(store, config.lottery, prefix="lottery/"))
+    # Each part opens with its main tables: put every part's first section on top, then the rest,
+    # so that a reader sees both studies' main numbers before any figure.
+    sections = [part[0] for part in parts if part] + [s for part in parts for s in part[1:]]
     return ReportContent(summary="\n\n".join(s for s in summary if s), sections=sections)
 
 
