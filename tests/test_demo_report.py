@@ -3,18 +3,19 @@
 from __future__ import annotations
 
 import headcount.studies.demo as demo
+from headcount.report import Section
 
 
 def test_both_parts_main_sections_come_first(monkeypatch):
     monkeypatch.setattr(demo, "transfer_tables", lambda store, s, prefix: {})
     monkeypatch.setattr(demo, "transfer_summary", lambda tables, s: "t")
     monkeypatch.setattr(demo, "transfer_sections",
-                        lambda store, s, prefix, tables: ["t-main", "t-fig1", "t-fig2"])
+                        lambda store, s, prefix, tables: [Section(t) for t in ("t-main", "t-fig1", "t-fig2")])
     monkeypatch.setattr(demo, "lottery_summary", lambda store, s, prefix: "l")
-    monkeypatch.setattr(demo, "lottery_sections", lambda store, s, prefix: ["l-main", "l-fig"])
+    monkeypatch.setattr(demo, "lottery_sections", lambda store, s, prefix: [Section(t) for t in ("l-main", "l-fig")])
     config = demo.DemoConfig.model_construct(study="demo", transfer=object(), lottery=object())
     content = demo.report(None, config)
-    assert content.sections == ["t-main", "l-main", "t-fig1", "t-fig2", "l-fig"]
+    assert [x.title for x in content.sections] == ["t-main", "l-main", "t-fig1", "t-fig2", "l-fig"]
     assert content.summary == "t\n\nl"
     only_lottery = demo.DemoConfig.model_construct(study="demo", transfer=None, lottery=object())
-    assert demo.report(None, only_lottery).sections == ["l-main", "l-fig"]
+    assert [x.title for x in demo.report(None, only_lottery).sections] == ["l-main", "l-fig"]
