@@ -178,5 +178,5 @@ def load_tokenizer(spec: str = OFFLINE, trust_remote_code: bool = False):
     path = resolve(spec)
     try:
         return transformers.AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
-    except OSError as e:
+    except (OSError, ValueError) as e:  # ValueError: no tokenizer files for a fast-only tokenizer class
         raise HeadcountError(f"cannot load tokenizer for {spec!r}: {str(e).splitlines()[0]}") from None

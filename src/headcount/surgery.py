@@ -87,8 +87,8 @@ def prune_heads(model: nn.Module, heads: Mapping[int, Iterable[int]]) -> nn.Modu
         if len(positions) == len(kept):
             continue
         # a fused projection holds its heads in several parts ([chunks, kept, d] rows)
-        for proj, chunks in block.head_parts():
-            _keep_rows(proj, grouped_rows(positions, d, len(kept), chunks))
+        for proj, rows in block.head_rows(positions, len(kept), d):
+            _keep_rows(proj, rows)
         _keep_cols(block.out_projection, grouped_rows(positions, d, len(kept)))
         block.out_projection.headcount_kept_heads = [kept[i] for i in positions]
         adapter.set_num_heads(block.attention, len(positions), d)
@@ -116,7 +116,7 @@ def prune_neurons(model: nn.Module, neurons: Mapping[int, Iterable[int]]) -> nn.
         if len(positions) == len(kept):
             continue
         # a gated (GLU) input projection holds each neuron once per part ([chunks, kept] rows)
-        _keep_rows(block.ffn_in, grouped_rows(positions, 1, len(kept), block.ffn_in_chunks))
+        _keep_rows(block.ffn_in, block.ffn_in_rows(positions, len(kept)))
         _keep_cols(block.ffn_out, grouped_rows(positions, 1, len(kept)))
         block.ffn_in.headcount_kept_neurons = [kept[i] for i in positions]
     _record(model)

@@ -57,6 +57,16 @@ class Block:
         chunks = self.head_chunks or (1,) * len(self.head_projections)
         return list(zip(self.head_projections, chunks))
 
+    def head_rows(self, positions: list[int], n_kept: int, head_dim: int) -> list[tuple[nn.Linear, torch.Tensor]]:
+        """``(projection, row indices)`` of the heads at ``positions`` (of the ``n_kept`` heads the
+        projections hold now), for every head projection: what surgery keeps, what a per-head
+        weight norm sums over."""
+        return [(proj, grouped_rows(positions, head_dim, n_kept, chunks)) for proj, chunks in self.head_parts()]
+
+    def ffn_in_rows(self, positions: list[int], n_kept: int) -> torch.Tensor:
+        """Rows of ``ffn_in`` of the neurons at ``positions`` (of the ``n_kept`` it holds now)."""
+        return grouped_rows(positions, 1, n_kept, self.ffn_in_chunks)
+
 
 def grouped_rows(positions: list[int], width: int, n_groups: int, chunks: int = 1) -> torch.Tensor:
     """Row indices of the groups at ``positions`` in a linear whose rows are laid out as
