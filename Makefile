@@ -15,7 +15,7 @@ $(VENV)/.installed: pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@$(PY) -c "import torch" 2>/dev/null || $(PIP) install -q "$(TORCH)" 2>&1 | grep -v "is ignored" || true
 	@$(PY) -c "import torch" || (echo "error: could not install torch" >&2; exit 2)
-	$(PIP) install -q -e ".[offline,dev,ray]" 2>&1 | grep -v "is ignored" || true
+	$(PIP) install -q -e ".[offline,dev,ray,export]" 2>&1 | grep -v "is ignored" || true
 	@$(PY) -c "import headcount, transformers" && touch $@
 
 data: env

@@ -18,6 +18,7 @@ from .commands import study  # noqa: F401  (registers study, report)
 from .commands import patterns  # noqa: F401  (patterns train, patterns synthetic)
 from .commands import analyse  # noqa: F401  (score, prune)
 from .commands import demo  # noqa: F401  (demo)
+from .commands import export  # noqa: F401  (export)
 from .errors import HeadcountError
 from .io import ACTIVE_OUTS, io_error_message
 

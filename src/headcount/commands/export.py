@@ -1,0 +1,164 @@
+"""`headcount export`: a (pruned) model as an ONNX file or a plain transformers checkpoint."""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+from contextlib import contextmanager
+from pathlib import Path
+
+import typer
+
+from ..errors import HeadcountError
+from ..export import FORMATS, ExportSettings, check_opset
+from ..fingerprint import run_identity
+from ..io import ACTIVE_OUTS, atomic_write_bytes, prepare_out
+from . import app, setting
+from .core import MODEL_HELP, SHRINK_FILES
+
+FORMAT_HELP = "onnx: one .onnx file (onnxruntime) | hf: a plain transformers checkpoint directory (when one can describe the model)"
+OUT_HELP = "the .onnx file (--format onnx) or the checkpoint directory (--format hf)"
+
+
+# -- one output file: the promises of an --out directory, for a file ---------------------------
+@contextmanager
+def _file_lock(path: Path):
+    """Hold ``.NAME.lock`` beside ``path`` (flock, opened without following links); removed after."""
+    import fcntl
+
+    lock = path.with_name(f".{path.name}.lock")
+    flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(lock, flags, 0o644)
+    except OSError as e:
+        if e.errno == errno.ELOOP or lock.is_symlink() or lock.is_dir():
+            raise HeadcountError(f"{lock} is not a plain lock file (a link or a directory); remove it") from None
+        raise HeadcountError(f"cannot create {lock}: {e.strerror}") from None
+    st = os.fstat(fd)
+    if not os.path.samestat(st, os.lstat(lock)) or st.st_nlink != 1:
+        os.close(fd)
+        raise HeadcountError(f"{lock} is not a plain lock file (it has other links); remove it")
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise HeadcountError(f"{path} is being written by another headcount process ({lock} is held)") from None
+    try:
+        os.write(fd, f"pid {os.getpid()} headcount export\n".encode())
+        yield
+    finally:
+        try:  # removed while held: a process that opened it before waits on a file nobody will hold
+            lock.unlink()  # and is refused (LOCK_NB); one that comes later makes a new one
+        except OSError:
+            pass
+        os.close(fd)
+
+
+def _check_onnx_out(out: Path, identity: dict, force: bool, echo=typer.echo) -> Path:
+    """Refuse an --out that is a directory, or a file headcount did not write, or (without
+    ``--force``) an earlier export of other settings."""
+    from ..export import onnx_marker
+
+    path = Path(out).expanduser()
+    if path.is_dir():
+        raise HeadcountError(f"--out {out} is a directory; --format onnx writes one file (e.g. {Path(out) / 'model.onnx'})")
+    if path.exists() or path.is_symlink():
+        if path.is_symlink() or not path.is_file():
+            raise HeadcountError(f"--out {out} is not a plain file; refusing to replace it")
+        marker = onnx_marker(path)
+        if marker is None:
+            raise HeadcountError(f"--out {out} exists and was not written by `headcount export`; "
+                                 "refusing to overwrite it (choose another file)")
+        if marker.get("identity") != identity:
+            if not force:
+                raise HeadcountError(f"--out {out} holds a different `headcount export` (other model or settings); "
+                                     "use another --out, or --force to replace it")
+            if echo is not None:
+                echo(f"--force: replacing the earlier export in {out}")
+    return path
+
+
+def _export_onnx(model_spec: str, out: Path, opset: int, tolerance: float, force: bool) -> None:
+    import json
+
+    from ..export import export_onnx, load_for_export, output_name, require_onnx
+
+    require_onnx()
+    identity = run_identity({"model": model_spec, "format": "onnx", "opset": opset}, model_spec)
+    path = _check_onnx_out(out, identity, force)
+    created = next((d for d in [path.parent, *path.parent.parents][::-1] if not d.exists()), None)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise HeadcountError(f"cannot create the folder of --out {out}: {e.strerror}") from None
+    ok = False
+    try:
+        with _file_lock(path):
+            ACTIVE_OUTS.append(path)
+            model = load_for_export(model_spec)
+            marker = json.dumps({"command": "export", "identity": identity})
+            data, rows = export_onnx(model, opset=opset, tolerance=tolerance, metadata={"headcount": marker})
+            _check_onnx_out(out, identity, force=True, echo=None)  # nobody put another file there meanwhile
+            atomic_write_bytes(path, data)
+            ok = True
+    finally:
+        if not ok and created is not None:
+            shutil.rmtree(created, ignore_errors=True)
+    from ..export import input_names
+    from ..surgery import pruning_record
+
+    record = pruning_record(model)
+    what = "unpruned" if not record else (
+        f"pruned: {sum(len(r) for r in record['removed_heads'])} heads, "
+        f"{sum(len(r) for r in record['removed_neurons'])} feed-forward neurons, "
+        f"{len(record['removed_mlps'])} MLPs removed")
+    typer.echo(f"wrote {out}: ONNX opset {opset}, {len(data) / 1e6:.1f} MB, {what}; "
+               f"inputs {', '.join(input_names(model))} [batch, sequence] -> {output_name(model)}")
+    diffs = ", ".join(f"{r['max_abs_diff']:.2e} (batch {r['batch']} x {r['sequence']})" for r in rows)
+    typer.echo(f"onnxruntime vs PyTorch: max abs diff {diffs}; tolerance {tolerance:g}")
+
+
+def _export_hf(model_spec: str, out: Path, force: bool) -> None:
+    from ..export import export_hf, load_for_export, native_config
+    from ..models import load_tokenizer
+
+    model = load_for_export(model_spec)
+    native_config(model)  # refuses (saying why) before --out is touched
+    try:
+        tokenizer = load_tokenizer(model_spec)
+    except Exception:  # a checkpoint without a tokenizer: the weights alone
+        tokenizer = None
+    identity = run_identity({"model": model_spec, "format": "hf"}, model_spec)
+    with prepare_out(out, "export", identity=identity, own=SHRINK_FILES, force=force, echo=typer.echo) as guard:
+        staged = guard.staging() / "checkpoint"
+        _, diff = export_hf(model, staged, tokenizer)
+        umask = os.umask(0)
+        os.umask(umask)
+        for f in staged.iterdir():  # safetensors writes 0600; results get the umask's mode like other files
+            os.chmod(f, 0o666 & ~umask)
+        guard.commit(staged)
+    typer.echo(f"wrote {out}: a plain transformers checkpoint ({type(model).__name__}.from_pretrained loads it); "
+               f"max abs diff to the headcount model {diff:.2e}")
+
+
+@app.command()
+def export(
+    model: str = typer.Option("offline", "--model", "-m", help=MODEL_HELP),
+    format: str = setting(ExportSettings, "format", "--format", help=FORMAT_HELP),
+    out: Path = typer.Option(..., "--out", "-o", help=OUT_HELP),
+    opset: int = setting(ExportSettings, "opset", "--opset", help="ONNX opset (17..20)"),
+    tolerance: float = setting(ExportSettings, "tolerance", "--tolerance",
+                               help="max |onnxruntime - PyTorch| accepted (fp32, random inputs of two shapes)"),
+    force: bool = typer.Option(False, "--force", help="replace an earlier export of another model or settings"),
+):
+    """A pruned (or unpruned) model, task head included, that runs without headcount: ONNX or plain transformers."""
+    if format not in FORMATS:
+        raise HeadcountError(f"unknown --format {format!r}; choose one of {', '.join(FORMATS)}")
+    check_opset(opset)
+    if not tolerance > 0:
+        raise HeadcountError(f"--tolerance must be a positive number (got {tolerance})")
+    if format == "onnx":
+        _export_onnx(model, out, opset, tolerance, force)
+    else:
+        _export_hf(model, out, force)
