@@ -126,7 +126,8 @@ def score_command(model: str, task: str, settings: ScoreSettings, data: DataConf
     batches = [] if method == "magnitude" else batches_for(t, tok, objective, data)
     with decoding(m, metric_for(t, objective)):
         s = score(m, batches, method=method, normalize=settings.normalize, device=info["device"],
-                  precision=precision, tokens_per_batch=tokens_per_batch, accumulate=settings.accumulate)
+                  precision=precision, tokens_per_batch=tokens_per_batch, accumulate=settings.accumulate,
+                  contrastive=info.get("contrastive"))
     echo(f"scored on {_on(s.meta)}")
     meta = {"objective": objective, "task": t.name, "model": model, "split": data.split or t.train_split,
             "head": info["head"]}
@@ -164,7 +165,8 @@ def prune_command(model: str, task: str, settings: PruneSettings, loop: PruneCon
              f"{metric} {row['metric']:.4f} {'ok' if row['accepted'] else 'below threshold'}")
 
     result = prune_model(m, imp_batches, stop_batches, metric, settings=settings, config=loop, progress=progress,
-                         device=info["device"], precision=precision, tokens_per_batch=tokens_per_batch)
+                         device=info["device"], precision=precision, tokens_per_batch=tokens_per_batch,
+                         contrastive=info.get("contrastive"))
     echo(f"pruned on {_on(result.meta)}")
     out = Path(out)
     mask = result.mask.with_meta(model=model, task=t.name, objective=objective, metric_name=metric, method=method,

@@ -3,6 +3,8 @@
 ``objective="task"``: the task's own loss and metric (classification or regression head).
 ``objective="mlm"``: masked LM on the task's texts (or any MLM corpus); a checkpoint without an
 MLM head gets one fitted on the frozen encoder, and the returned info says so.
+``objective="embedding"`` / ``"embedding-supervised"``: the contrastive loss of
+:mod:`headcount.embedding` on the encoder's pooled states (no head; the texts, or the pairs).
 
 The settings these verbs take are declared in :mod:`headcount.settings` (re-exported here).
 """
@@ -15,6 +17,9 @@ import numpy as np
 import transformers
 
 from .device import resolve_device, runtime
+from .embedding import (EVAL_METRIC, PAIR_METRIC, RETRIEVAL_METRIC, Contrastive, check_pairs, embedding_batches,
+                        is_embedding, pooling_of)
+from .embedding import contrastive as contrastive_loss
 from .errors import HeadcountError
 from .evaluation import MLM_METRIC, evaluate_batches, masked_positions_only
 from .heads import MLM_HEAD_MAX_TEXTS, fit_mlm_head
@@ -77,12 +82,22 @@ def load_for(model_spec: str, task, objective: str = "task", mlm_texts=None, see
     ``info["device"]`` names it.
 
     ``info["head"]`` says where the output head came from: ``"checkpoint"``, ``"new"`` (a task
-    head that was not in the checkpoint: untrained) or ``"fitted"`` (an MLM head fitted on the
-    frozen encoder).
+    head that was not in the checkpoint: untrained), ``"fitted"`` (an MLM head fitted on the
+    frozen encoder) or ``"pooling"`` (the embedding objectives: the encoder alone;
+    ``info["contrastive"]`` is the :class:`~headcount.embedding.Contrastive` to score with, its
+    pooling read from the checkpoint's sentence-transformers config, its views seeded by ``seed``).
     """
     check_objective(objective)
+    if objective == "embedding-supervised":
+        check_pairs(task)  # refused before anything loads
     where = resolve_device(device)  # an unavailable device is refused before anything loads
     tokenizer = load_tokenizer(model_spec)
+    if is_embedding(objective):
+        spec = Contrastive(supervised=objective == "embedding-supervised", pooling=pooling_of(resolve(model_spec)),
+                           seed=seed)
+        model = load_model(model_spec, head="base").to(where)
+        return model, tokenizer, {"head": "pooling", "pooling": spec.pooling, "contrastive": spec,
+                                  "device": str(where)}
     if objective == "task":
         head = task_head(model_spec, task)["head"]  # refuses a fine-tuned head that does not fit
         model = load_model(model_spec, head=task.kind, num_labels=task.num_labels).to(where)
@@ -104,6 +119,8 @@ def batches_for(task, tokenizer, objective: str, data: DataConfig, split: str | 
     split = split or data.split or task.train_split
     if split not in task.splits():
         raise HeadcountError(f"task {task.name} has no split {split!r}; it has {', '.join(task.splits())}")
+    if is_embedding(objective):
+        return embedding_batches(task, tokenizer, data, split, supervised=objective == "embedding-supervised")
     if objective == "mlm":
         texts = _texts(task, split, data.max_examples, data.seed)
         return mlm_batches(texts, tokenizer, max_length=data.max_length, batch_size=data.batch_size, seed=data.seed)
@@ -128,7 +145,7 @@ def example_order(task, tokenizer, objective: str, data: DataConfig, split: str 
     picked = (subset_indices(len(task.load(split)), data.max_examples, data.seed)
               if data.max_examples is not None else None)
     picked = np.arange(len(loaded)) if picked is None else np.asarray(picked, dtype=np.int64)
-    if objective == "mlm":
+    if objective in ("mlm", "embedding"):  # the texts joined (embedding-supervised: the task's pairs)
         lengths = tokenize([(" ".join(t),) for t in loaded.texts], tokenizer, max_length=data.max_length).lengths
     else:
         lengths = encode(loaded, tokenizer, max_length=data.max_length).lengths
@@ -138,12 +155,15 @@ def example_order(task, tokenizer, objective: str, data: DataConfig, split: str 
 
 
 def metric_for(task, objective: str) -> str:
-    return MLM_METRIC if objective == "mlm" else task.metric
+    """The stop rule's metric: the task's, masked-token accuracy, the embedding's retrieval accuracy
+    of the second view (no labels) or the pairs' cosine Pearson/Spearman (STS-B's)."""
+    return {"mlm": MLM_METRIC, "embedding": RETRIEVAL_METRIC,
+            "embedding-supervised": PAIR_METRIC}.get(objective, task.metric)
 
 
 def prune_model(model, importance_batches, stop_batches, metric: str, *, settings: PruneSettings | None = None,
                 config: PruneConfig | None = None, progress=None, device=None, precision=None,
-                tokens_per_batch: int | None = None):
+                tokens_per_batch: int | None = None, contrastive: Contrastive | None = None):
     """Iterative pruning of ``model``: importance on one set of batches, the stop rule on another.
 
     ``settings``: the method, normalisation and accumulation of importance (:class:`PruneSettings`;
@@ -151,6 +171,9 @@ def prune_model(model, importance_batches, stop_batches, metric: str, *, setting
     ``device`` / ``precision`` / ``tokens_per_batch``: see :mod:`headcount.device` (None: where
     the model is, or ``$HEADCOUNT_DEVICE``). The working copy is made on that device. Importance
     is taken at the mask's gate values (``at_mask``), as the references' gate tensors are.
+    ``contrastive``: the embedding objectives (``info["contrastive"]`` of :func:`load_for`):
+    importance and the stop rule's metric (``metric``: :func:`metric_for`'s) use its loss, on the
+    batches as given.
 
     Returns the :class:`~headcount.pruning.PruneResult` of :func:`~headcount.pruning.iterative_prune`,
     its ``meta`` (and mask meta) naming the device and precision.
@@ -163,10 +186,15 @@ def prune_model(model, importance_batches, stop_batches, metric: str, *, setting
     def score_fn(m, mask):
         with decoding(m, metric):
             return score(m, importance_batches, method=method, normalize=normalize, mask=mask, at_mask=True,
-                         accumulate=accumulate, **where)
+                         accumulate=accumulate, contrastive=contrastive, **where)
 
     def eval_fn(m, mask):
-        r = evaluate_batches(m, stop_batches, metric, mask=mask, **where)
+        if contrastive is not None:  # the views' retrieval accuracy / the pairs' correlation, batches as given
+            with contrastive_loss(m, contrastive):
+                r = evaluate_batches(m, stop_batches, EVAL_METRIC[metric], mask=mask,
+                                     **{**where, "tokens_per_batch": 0})
+        else:
+            r = evaluate_batches(m, stop_batches, metric, mask=mask, **where)
         return r["score"], r["loss"]
 
     result = iterative_prune(model, score_fn, eval_fn, config or PruneConfig(), progress=progress)

@@ -21,6 +21,10 @@ Methods (all in eval mode, no dropout):
 - ``magnitude``: Frobenius norm of each head's query/key/value rows and output columns; of each
   MLP's two projections. Needs no data.
 
+The ``embedding`` objectives (``score(..., contrastive=...)``, :mod:`headcount.embedding`) keep
+eval mode too, except the encoder's ``nn.Dropout`` modules inside the unsupervised loss (its
+two views, seeded per batch); their batches are never merged (in-batch negatives).
+
 Only the gates require grad: weights are frozen while scoring, so no weight gradient is
 computed or stored.
 
@@ -32,7 +36,7 @@ from __future__ import annotations
 
 import json
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -425,7 +429,7 @@ def magnitude_scores(model: nn.Module) -> Scores:
 def score(model: nn.Module, batches=(), method: str = "gradient", normalize: str = "none",
           mask=None, keep_per_example: bool = False, progress=None, *, device=None, precision=None,
           tokens_per_batch: int | None = None, accumulate: str = DEFAULT_ACCUMULATE,
-          at_mask: bool = False) -> Scores:
+          at_mask: bool = False, contrastive=None) -> Scores:
     """Score heads and MLPs of ``model`` on ``batches`` (the public verb behind ``headcount score``).
 
     Args:
@@ -448,6 +452,10 @@ def score(model: nn.Module, batches=(), method: str = "gradient", normalize: str
         accumulate: :data:`ACCUMULATE` (``gradient``; ``ablation``'s gradient comparison): ``per-batch``
             sums each batch's |gradient|, ``cumulative`` the |running gradient| as run_bertology and
             Prasanna et al. do. Recorded as ``meta["accumulate"]`` (``per-token`` for ``gradient-token``).
+        contrastive: a :class:`~headcount.embedding.Contrastive` for the ``embedding`` objectives:
+            the loss is the contrastive one (:func:`headcount.embedding.contrastive`; batches from
+            :func:`~headcount.embedding.embedding_batches`), batches are never merged (in-batch
+            negatives), and its settings are recorded in ``meta``.
 
     The device, precision and token budget are recorded in ``Scores.meta``.
 
@@ -458,32 +466,44 @@ def score(model: nn.Module, batches=(), method: str = "gradient", normalize: str
     check_method(method)
     check_normalize(normalize)
     check_accumulate(accumulate, method)
+    if contrastive is not None:
+        tokens_per_batch = 0  # in-batch negatives: a batch is the unit of the loss, never merged
     rt = runtime(model, device, precision, tokens_per_batch)
     at = mask if at_mask and method in ("gradient", "gradient-token") else None
     fixed = (set_gates(model, heads=mask.heads.to(rt.device), mlps=mask.mlps.to(rt.device))
              if mask is not None and at is None else None)
     t0 = time.perf_counter()
+    objective = nullcontext()
+    if contrastive is not None and method in ("gradient", "gradient-token", "ablation"):
+        from .embedding import contrastive as contrastive_loss
+
+        objective = contrastive_loss(model, contrastive)
+    elif contrastive is not None and method == "entropy":  # attention only: the first texts, no loss
+        batches = [{k: v for k, v in b.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
+                   for b in batches]
     try:
-        if method == "gradient":
-            s = gradient_scores(model, batches, keep_per_example=keep_per_example, progress=progress, rt=rt,
-                                accumulate=accumulate, at=at)
-        elif method == "gradient-token":
-            s = gradient_scores(model, batches, per_token=True, keep_per_example=keep_per_example,
-                                progress=progress, rt=rt, at=at)
-        elif method == "ablation":
-            batches = list(batches)
-            s = ablation_scores(model, batches, progress=progress, rt=rt)
-            grad = gradient_scores(model, batches, rt=rt, accumulate=accumulate)
-            s = replace(s, meta={**s.meta, "rank_agreement_with_gradient": rank_agreement(s, grad),
-                                 "accumulate": accumulate})
-        elif method == "entropy":
-            s = entropy_scores(model, batches, progress=progress, rt=rt)
-        else:
-            s = replace(magnitude_scores(model), meta=rt.meta())
+        with objective:
+            if method == "gradient":
+                s = gradient_scores(model, batches, keep_per_example=keep_per_example, progress=progress, rt=rt,
+                                    accumulate=accumulate, at=at)
+            elif method == "gradient-token":
+                s = gradient_scores(model, batches, per_token=True, keep_per_example=keep_per_example,
+                                    progress=progress, rt=rt, at=at)
+            elif method == "ablation":
+                batches = list(batches)
+                s = ablation_scores(model, batches, progress=progress, rt=rt)
+                grad = gradient_scores(model, batches, rt=rt, accumulate=accumulate)
+                s = replace(s, meta={**s.meta, "rank_agreement_with_gradient": rank_agreement(s, grad),
+                                     "accumulate": accumulate})
+            elif method == "entropy":
+                s = entropy_scores(model, batches, progress=progress, rt=rt)
+            else:
+                s = replace(magnitude_scores(model), meta=rt.meta())
     finally:
         if fixed is not None:
             clear_gates(model, fixed)
-    s = replace(s, meta={**s.meta, "seconds": round(time.perf_counter() - t0, 3)})
+    s = replace(s, meta={**s.meta, **(contrastive.meta() if contrastive is not None else {}),
+                         "seconds": round(time.perf_counter() - t0, 3)})
     return s.normalized(normalize) if normalize != "none" else s
 
 

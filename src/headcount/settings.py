@@ -14,10 +14,12 @@ from __future__ import annotations
 import inspect
 from dataclasses import MISSING, dataclass, fields
 
+from .embedding import EMBEDDING_OBJECTIVES
 from .errors import HeadcountError
 from .scoring import DEFAULT_ACCUMULATE, METHODS, check_accumulate, check_method, check_normalize
 
-OBJECTIVES = ("task", "mlm")
+#: ``embedding`` / ``embedding-supervised``: the contrastive objectives of :mod:`headcount.embedding`
+OBJECTIVES = ("task", "mlm", *EMBEDDING_OBJECTIVES)
 #: the importance methods that can drive pruning (entropy ranks heads but has no gate to remove)
 PRUNE_METHODS = tuple(m for m in METHODS if m != "entropy")
 #: the bounds of a tokenised example's length
@@ -49,7 +51,8 @@ class ScoreSettings:
     """How importance is computed (``headcount score``, the studies' score jobs).
 
     Attributes:
-        objective: ``task`` (the task's loss) or ``mlm`` (masked LM on the task's texts).
+        objective: ``task`` (the task's loss), ``mlm`` (masked LM on the task's texts),
+            ``embedding`` (SimCSE on the task's texts) or ``embedding-supervised`` (pairs as positives).
         method: one of :data:`~headcount.scoring.METHODS`.
         normalize: one of :data:`~headcount.scoring.NORMALIZE` (raw scores by default).
         accumulate: how gradients sum over batches (:data:`~headcount.scoring.ACCUMULATE`).
@@ -78,7 +81,7 @@ class PruneSettings:
     settings (threshold, step, schedule) are :class:`~headcount.pruning.PruneConfig`.
 
     Attributes:
-        objective: ``task`` or ``mlm``.
+        objective: one of :data:`OBJECTIVES`.
         method: importance method, one of :data:`PRUNE_METHODS`.
         normalize: Prasanna et al.'s layer-wise then global normalisation by default.
         accumulate: as :class:`ScoreSettings`.

@@ -29,7 +29,8 @@ ACCUMULATE_HELP = ("gradient: per-batch (sum of each batch's |gradient|) | cumul
 def score(
     model: str = typer.Option("offline", "--model", "-m", help=MODEL_HELP),
     task: str = typer.Option("offline/movies", "--task", "-t", help=TASK_HELP),
-    objective: str = setting(ScoreSettings, "objective", help="task | mlm"),
+    objective: str = setting(ScoreSettings, "objective", help="task | mlm | embedding (SimCSE: dropout views, "
+                                                                  "no labels) | embedding-supervised (text pairs)"),
     split: str = setting(DataConfig, "split", help="split to score on (default: the task's train split)"),
     max_examples: int = setting(DataConfig, "max_examples", help="examples to score on"),
     batch_size: int = setting(DataConfig, "batch_size"),
@@ -66,7 +67,8 @@ def score(
 def prune(
     model: str = typer.Option("offline", "--model", "-m", help=MODEL_HELP),
     task: str = typer.Option("offline/movies", "--task", "-t", help=TASK_HELP),
-    objective: str = setting(PruneSettings, "objective", help="task | mlm (metric: masked-token accuracy)"),
+    objective: str = setting(PruneSettings, "objective", help="task | mlm (metric: masked-token accuracy) | embedding (retrieval accuracy of "
+                                    "the second dropout view) | embedding-supervised (cosine Pearson/Spearman)"),
     threshold: float = setting(PruneConfig, "threshold", help="stop when metric < threshold x unpruned metric"),
     step: float = setting(PruneConfig, "step", help="fraction of heads removed per step"),
     step_of: str = setting(PruneConfig, "step_of", help="remaining | total (the anchors: total)"),
