@@ -1,0 +1,234 @@
+"""The embedding (contrastive) objective: SimCSE loss, pooling, seeded dropout views, scores, CLI."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+
+import pytest
+import torch
+from conftest import tiny_batch, tiny_model
+from training_helpers import make_checkpoint, make_task, one_thread
+
+from headcount.cli import main
+from headcount.embedding import (Contrastive, contrastive, embedding_metrics, pair_loss, pool, pooling_of,
+                                 simcse_loss, two_views, view_metrics)
+from headcount.scoring import score
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread(tmp_path_factory):
+    yield from one_thread(tmp_path_factory)
+
+
+def _reference_loss(za, zb, rows, t=0.05):
+    """Cosine similarity by hand / t, cross-entropy with the own partner as the target, mean over ``rows``."""
+    total = 0.0
+    for i in rows:
+        logits = []
+        for j in range(len(zb)):
+            a, b = za[i].detach().double(), zb[j].detach().double()
+            logits.append(float(a @ b / (a.norm() * b.norm())) / t)
+        total += -(logits[i] - math.log(sum(math.exp(x) for x in logits)))
+    return total / len(rows)
+
+
+def test_simcse_loss_equals_reference():
+    g = torch.Generator().manual_seed(0)
+    z1, z2 = torch.randn(5, 8, generator=g), torch.randn(5, 8, generator=g)
+    assert float(simcse_loss(z1, z2)) == pytest.approx(_reference_loss(z1, z2, range(5)), rel=1e-5)
+    assert float(simcse_loss(z1, z2, temperature=1.0)) == pytest.approx(_reference_loss(z1, z2, range(5), 1.0), rel=1e-5)
+
+
+def test_pair_loss_uses_positive_pairs_only():
+    g = torch.Generator().manual_seed(1)
+    za, zb = torch.randn(4, 6, generator=g), torch.randn(4, 6, generator=g)
+    positive = torch.tensor([True, False, True, False])
+    assert float(pair_loss(za, zb, positive)) == pytest.approx(_reference_loss(za, zb, [0, 2]), rel=1e-5)
+    assert float(pair_loss(za, zb, torch.zeros(4, dtype=torch.bool))) == 0.0
+
+
+def _pooling_dir(path, mode):
+    (path / "1_Pooling").mkdir(parents=True)
+    (path / "modules.json").write_text(json.dumps([
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]))
+    (path / "1_Pooling" / "config.json").write_text(json.dumps({
+        "word_embedding_dimension": 32, "pooling_mode_cls_token": mode == "cls",
+        "pooling_mode_mean_tokens": mode == "mean", "pooling_mode_max_tokens": mode == "max"}))
+    return path
+
+
+@pytest.mark.parametrize("mode", ["mean", "cls", "max"])
+def test_pooling_follows_the_sentence_transformers_config(tmp_path, mode):
+    assert pooling_of(_pooling_dir(tmp_path / mode, mode)) == mode
+    assert pooling_of(tmp_path / "none") == "mean"  # no config: mean
+
+
+def test_pool_modes_exclude_padding():
+    h = torch.tensor([[[1.0, 0.0], [3.0, 4.0], [100.0, 100.0]]])  # [1, 3, 2]; the last token is padding
+    m = torch.tensor([[1, 1, 0]])
+    assert pool(h, m, "mean").tolist() == [[2.0, 2.0]]
+    assert pool(h, m, "cls").tolist() == [[1.0, 0.0]]
+    assert pool(h, m, "max").tolist() == [[3.0, 4.0]]
+
+
+def _dropout_model():
+    return tiny_model("bert", head="base", hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1)
+
+
+def test_two_views_differ_under_dropout_and_repeat_for_a_seed():
+    model = _dropout_model()
+    batch = tiny_batch(model, batch=3)
+    state = torch.get_rng_state()
+    z1, z2 = two_views(model, batch, Contrastive(seed=0))
+    assert not torch.allclose(z1, z2)  # dropout made two views
+    y1, y2 = two_views(model, batch, Contrastive(seed=0))
+    assert torch.equal(z1, y1) and torch.equal(z2, y2)  # the same seed, the same views
+    w1, _ = two_views(model, batch, Contrastive(seed=1))
+    assert not torch.allclose(z1, w1)
+    assert torch.equal(torch.get_rng_state(), state)  # the global random state is untouched
+    assert not model.training and not any(m.training for m in model.modules())  # eval mode restored
+    with torch.no_grad():  # outside the views: eval mode, no dropout
+        a = pool(model(**batch)[0], batch["attention_mask"])
+        b = pool(model(**batch)[0], batch["attention_mask"])
+    assert torch.equal(a, b)
+
+
+def _batches(model, n=3):
+    out = []
+    for i in range(n):
+        b = tiny_batch(model, batch=4, seed=i)
+        b["labels"] = torch.ones(4, dtype=torch.long)
+        out.append(b)
+    return out
+
+
+def test_scores_are_deterministic_for_a_seed():
+    model = _dropout_model()
+    batches = _batches(model)
+    a = score(model, batches, contrastive=Contrastive(seed=0))
+    b = score(model, batches, contrastive=Contrastive(seed=0))
+    c = score(model, batches, contrastive=Contrastive(seed=5))
+    assert torch.equal(a.heads, b.heads) and torch.equal(a.mlps, b.mlps)
+    assert not torch.allclose(a.heads, c.heads)
+    assert a.heads.shape == (3, 4) and bool((a.heads > 0).all())
+    assert a.meta["contrastive"] == "unsupervised" and a.meta["tokens_per_batch"] == 0
+
+
+def test_gradient_token_rows_sum_to_the_scores():
+    model = _dropout_model()
+    s = score(model, _batches(model, 2), method="gradient-token", keep_per_example=True,
+              contrastive=Contrastive(seed=0))
+    assert s.per_example.shape == (8, 3, 4)
+    torch.testing.assert_close(s.per_example.sum(0), s.heads, rtol=1e-4, atol=1e-6)
+
+
+def test_contrastive_forward_is_simcse_on_pooled_views():
+    model = _dropout_model()
+    batch = tiny_batch(model, batch=3)
+    spec = Contrastive(seed=3, pooling="cls")
+    z1, z2 = two_views(model, batch, spec)
+    with contrastive(model, spec), torch.no_grad():
+        out = model(**batch, labels=torch.ones(3, dtype=torch.long))
+    assert float(out.loss) == pytest.approx(_reference_loss(z1, z2, range(3)), rel=1e-4)
+    assert out.logits.shape == (3, 2)
+    assert model.forward.__func__ is type(model).forward  # the patch is gone
+
+
+def test_supervised_uses_the_pairs_as_positives():
+    model = tiny_model("bert", head="classification")  # a head is ignored: the encoder's pooled states
+    a, b = tiny_batch(model, batch=3, seed=1), tiny_batch(model, batch=3, seed=2)
+    positive = torch.tensor([True, True, False])
+    batch = {**a, **{f"{k}_b": v for k, v in b.items()}, "labels": torch.tensor([1, 1, 0]), "positive": positive}
+    with contrastive(model, Contrastive(supervised=True)), torch.no_grad():
+        out = model(**batch)
+    with torch.no_grad():
+        za = pool(model.base_model(**a)[0], a["attention_mask"])
+        zb = pool(model.base_model(**b)[0], b["attention_mask"])
+    assert float(out.loss) == pytest.approx(_reference_loss(za, zb, [0, 1]), rel=1e-4)
+    torch.testing.assert_close(out.logits[:, 0], torch.nn.functional.cosine_similarity(za, zb, dim=-1))
+
+
+def test_label_free_metric_is_perfect_on_identical_views():
+    z = torch.randn(6, 8, generator=torch.Generator().manual_seed(0))
+    m = view_metrics(z, z)
+    assert m["retrieval_accuracy"] == 1.0 and m["alignment"] == pytest.approx(0.0, abs=1e-6)
+    shuffled = view_metrics(z, z[torch.tensor([1, 0, 2, 3, 4, 5])])
+    assert shuffled["retrieval_accuracy"] == pytest.approx(4 / 6) and shuffled["alignment"] > 0
+    model = _dropout_model()
+    e = embedding_metrics(model, _batches(model, 2), Contrastive(seed=0))
+    assert 0 <= e["retrieval_accuracy"] <= 1 and e["alignment"] > 0 and e["uniformity"] < 0
+
+
+# ---------------------------------------------------------------------------------- the CLI
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("embedding")
+    ckpt = make_checkpoint(root / "enc", head="base")
+    _pooling_dir(ckpt, "cls")
+    task = make_task(root / "task", n_train=64, n_dev=32)
+    pairs = root / "pairs"
+    pairs.mkdir()
+    rows = ["a,b,score"] + [f"the movie {w},a film {w},{i % 5}" for i, w in
+                            enumerate(["was good", "is long", "was slow", "is new", "was dark", "is old"] * 4)]
+    for name in ("train.csv", "dev.csv"):
+        (pairs / name).write_text("\n".join(rows) + "\n")
+    (pairs / "task.yaml").write_text("name: tiny-sts\nkind: regression\nfiles: {train: train.csv, validation: dev.csv}\n"
+                                     "text: [a, b]\nlabel: score\nmetric: pearson_spearman\n")
+    return ckpt, task, pairs / "task.yaml"
+
+
+def run(args, capsys):
+    try:
+        code = main(args) or 0
+    except SystemExit as e:
+        code = e.code
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_cli_score_embedding(setup, tmp_path, capsys):
+    ckpt, task, _ = setup
+    args = ["score", "--model", str(ckpt), "--task", str(task), "--objective", "embedding", "--max-examples", "32",
+            "--batch-size", "8", "--out", str(tmp_path)]
+    code, out, err = run(args, capsys)
+    assert code == 0, err
+    s = json.loads((tmp_path / "scores.json").read_text())
+    assert s["objective"] == "embedding" and s["pooling"] == "cls" and s["head"] == "pooling"
+    assert s["n_examples"] == 32 and any(v > 0 for row in s["heads"] for v in row)
+
+
+def test_cli_score_embedding_supervised(setup, tmp_path, capsys):
+    ckpt, _, pairs = setup
+    code, out, err = run(["score", "--model", str(ckpt), "--task", str(pairs), "--objective", "embedding-supervised",
+                          "--batch-size", "8", "--out", str(tmp_path)], capsys)
+    assert code == 0, err
+    s = json.loads((tmp_path / "scores.json").read_text())
+    assert s["contrastive"] == "supervised" and s["n_examples"] == 24
+
+
+def test_cli_prune_embedding(setup, tmp_path, capsys):
+    ckpt, task, _ = setup
+    code, out, err = run(["prune", "--model", str(ckpt), "--task", str(task), "--objective", "embedding",
+                          "--step", "0.5", "--step-of", "total", "--max-examples", "16", "--max-eval-examples", "16",
+                          "--batch-size", "8", "--out", str(tmp_path)], capsys)
+    assert code == 0, err
+    mask = json.loads((tmp_path / "mask.json").read_text())
+    rows = list(csv.DictReader((tmp_path / "trace.csv").open()))
+    assert rows[0]["phase"] == "full" and 0 <= float(rows[0]["metric"]) <= 1
+    assert mask["metric_name"] == "retrieval_accuracy" and "retrieval_accuracy" in out
+
+
+def test_cli_supervised_on_a_single_text_task_is_refused(setup, tmp_path, capsys):
+    ckpt, task, _ = setup
+    base = ["score", "--model", str(ckpt), "--task", str(task), "--max-examples", "8", "--out", str(tmp_path)]
+    code, out, err = run(base + ["--objective", "embedding"], capsys)
+    assert code == 0, err
+    earlier = (tmp_path / "scores.json").read_bytes()
+    code, out, err = run(base + ["--objective", "embedding-supervised", "--force"], capsys)
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:") and "pairs" in lines[0]
+    assert "Traceback" not in err and (tmp_path / "scores.json").read_bytes() == earlier
