@@ -32,10 +32,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
+import numpy as np
 import torch
 
+from . import tasks
+from .device import pad_multiple, resolve_device
 from .errors import HeadcountError
+from .evaluation import evaluate_batches
+from .fingerprint import model_fingerprint, task_fingerprint
+from .gates import set_gates
 from .io import atomic_dir, atomic_write_json
+from .magnitude import apply_weight_mask, load_weight_mask, mask_sparsity, remove_weight_mask
 from .masks import Mask
 from .settings import MAX_LENGTH_RANGE
 
@@ -360,8 +367,6 @@ def _make_clock_callback(history_file: Path, seconds_before: float = 0.0):
 
 # -- helpers -----------------------------------------------------------------------------------------
 def _tasks():
-    from . import tasks
-
     return tasks
 
 
@@ -391,8 +396,6 @@ def _digest(tensors: dict) -> str:
 
 def _use_cpu(config: TrainConfig) -> bool:
     """Train on the CPU: asked for, or the device rule says so (``$HEADCOUNT_DEVICE=cpu``, no GPU)."""
-    from .device import resolve_device
-
     return bool(config.use_cpu or resolve_device(None).type == "cpu")
 
 
@@ -436,7 +439,6 @@ def prepare_model(model_spec: str, task, *, mask=None, mask_mode: str = "prune",
     """
     import transformers
 
-    from .gates import set_gates
     from .models import load_model, load_tokenizer
     from .surgery import count_parameters, shrink
 
@@ -463,8 +465,6 @@ def prepare_model(model_spec: str, task, *, mask=None, mask_mode: str = "prune",
             model.headcount_fixed_gates = mask  # recorded into the checkpoint when it is saved
     info["mask"] = mask_summary(mask, mask_mode if mask is not None else None)
     if weight_mask is not None:
-        from .magnitude import apply_weight_mask, load_weight_mask, mask_sparsity
-
         wm = weight_mask if isinstance(weight_mask, dict) else load_weight_mask(weight_mask)
         apply_weight_mask(model, wm)
         info["weight_mask"] = {**mask_sparsity(wm), "digest": _digest(wm)}
@@ -485,8 +485,6 @@ def _datasets(task, tokenizer, config: TrainConfig):
 
 
 def _metrics_fn(task):
-    import numpy as np
-
     T = _tasks()
 
     def compute(eval_pred):
@@ -553,8 +551,6 @@ def _epochs(history: list[dict]) -> list[dict]:
 
 
 def _identity(model_spec, task, seed, config, mask, mask_mode, weight_mask_digest) -> dict:
-    from .fingerprint import model_fingerprint, task_fingerprint
-
     return {
         "model": str(model_spec),
         # the contents, not only the names: a rewritten checkpoint or edited CSV is another run
@@ -668,8 +664,6 @@ def finetune(model_spec: str, task, *, mask=None, mask_mode: str = "prune", weig
     mask = _as_mask(mask)
 
     if weight_mask is not None and not isinstance(weight_mask, dict):
-        from .magnitude import load_weight_mask
-
         weight_mask = load_weight_mask(weight_mask)
     identity = _identity(model_spec, task, seed, config, mask, mask_mode,
                          None if weight_mask is None else _digest(weight_mask))
@@ -700,8 +694,6 @@ def finetune(model_spec: str, task, *, mask=None, mask_mode: str = "prune", weig
         history.unlink(missing_ok=True)  # a fresh start: earlier evaluations do not count
     clock = _make_clock_callback(history, float(before.get("train_seconds", 0.0)))
     cbs = [clock, _make_progress_callback(progress, task.metric), *callbacks]
-    from .device import pad_multiple
-
     Trainer = _trainer_class()
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     trainer = Trainer(
@@ -769,8 +761,6 @@ def finetune(model_spec: str, task, *, mask=None, mask_mode: str = "prune", weig
     }
     if trainer.is_world_process_zero():
         if info.get("weight_mask") is not None:
-            from .magnitude import remove_weight_mask
-
             remove_weight_mask(model)  # bake the zeros into the weights: a plain checkpoint
         _save_model(model, tokenizer, out / "model",
                     extra={"task": task.name, "seed": int(seed), "final": final})
@@ -810,8 +800,6 @@ def evaluate(model, task_or_data, *, tokenizer=None, split: str | None = None, m
     >>> evaluate(model, "offline/movies", tokenizer=tok)["score"]      # doctest: +SKIP
     0.84
     """
-    from .evaluation import evaluate_batches
-
     T = _tasks()
     if isinstance(task_or_data, list) and task_or_data and isinstance(task_or_data[0], dict) \
             and torch.is_tensor(task_or_data[0].get("input_ids")):
