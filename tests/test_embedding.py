@@ -232,3 +232,75 @@ def test_cli_supervised_on_a_single_text_task_is_refused(setup, tmp_path, capsys
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error:") and "pairs" in lines[0]
     assert "Traceback" not in err and (tmp_path / "scores.json").read_bytes() == earlier
+
+
+# ---------------------------------------------------------------------------------- the transfer study
+def _plan(**kw):
+    from headcount.runner import Plan
+    from headcount.studies import transfer as T
+
+    settings = T.TransferSettings(tasks=["offline/movies", "offline/tweets"], seeds=[1, 2], **kw)
+    return {j.name: j for j in Plan(T.transfer_jobs(settings)).jobs}
+
+
+def test_transfer_plan_adds_embedding_jobs_only_when_asked():
+    plain, explicit, both = _plan(), _plan(objectives=["mlm"]), _plan(objectives=["mlm", "embedding"])
+    assert {n: j.key for n, j in plain.items()} == {n: j.key for n, j in explicit.items()}
+    assert not any("embedding" in n or "embedding" in str(j.params) for n, j in plain.items())
+    # the jobs that do not read an embedding grid keep their keys (the task curves and coherence gain inputs)
+    changed = {n for n in plain if plain[n].key != both[n].key}
+    assert changed == {"coherence", *(f"curve/{t}/seed{s}" for t in ("movies", "tweets") for s in (1, 2))}
+    emb = both["embedding-scores/movies"]
+    assert emb.params["objective"] == "embedding" and emb.params["method"] == both["mlm-scores/movies"].params["method"]
+    assert emb.params["data"] == both["mlm-scores/movies"].params["data"]  # the same texts: pairs by example id
+    pairs = {p["name"]: p for p in both["coherence"].params["pairs"]}
+    assert pairs["embedding-vs-task/movies/1"]["paired"] and pairs["mlm-vs-embedding/tweets"]["paired"]
+    assert both["curve/movies/seed1"].params["orders"]["embedding"] == {"pre-trained": "embedding"}
+
+
+def test_transfer_objectives_must_include_mlm():
+    from pydantic import ValidationError
+
+    from headcount.studies import transfer as T
+
+    with pytest.raises(ValidationError, match="objectives must include mlm"):
+        T.TransferSettings(tasks=["offline/movies"], objectives=["embedding"])
+    with pytest.raises(ValidationError):
+        T.TransferSettings(tasks=["offline/movies"], objectives=["mlm", "sts"])
+
+
+STUDY = """\
+study: transfer
+name: tiny transfer with the embedding objective
+model: {model}
+tasks: [{{id: good, task: good/task.yaml}}]
+seeds: [1]
+objectives: [mlm, embedding]
+train: {{lr: 0.005, batch_size: 16, epochs: 2, max_length: 32, eval_batch_size: 64, save_steps: 1000}}
+head_fit: {{lr: 0.01, epochs: 1}}
+mlm: {{head_steps: 10, head_max_texts: 64, eval: {{max_examples: 32, batch_size: 32, max_length: 32}}}}
+scoring: {{data: {{max_examples: 32, batch_size: 16, max_length: 32}}}}
+pruning: {{levels: [0.5], random_draws: 1}}
+before_after: {{enabled: false}}
+stats: {{n_boot: 20, n_permutations: 19}}
+"""
+
+
+def test_transfer_study_reports_mlm_embedding_and_task_side_by_side(tmp_path):
+    import pandas as pd
+
+    from headcount.api import run_study
+
+    model = make_checkpoint(tmp_path / "pre", seed=0, hidden_dropout_prob=0.1)
+    make_task(tmp_path / "good", n_train=64, n_dev=32)
+    (tmp_path / "study.yaml").write_text(STUDY.format(model=model))
+    summary = run_study(tmp_path / "study.yaml", tmp_path / "run", quiet=True)
+    assert not summary.failed
+    coh = pd.read_csv(tmp_path / "run" / "results" / "coherence.csv")
+    assert {"mlm-vs-task", "embedding-vs-task", "embedding-vs-task-before", "mlm-vs-embedding"} <= set(coh["comparison"])
+    pairing = coh.groupby("comparison")["pairing"].agg(set)
+    assert pairing["embedding-vs-task"] == pairing["mlm-vs-embedding"] == {"ids"}
+    curves = pd.read_csv(tmp_path / "run" / "results" / "curves.csv")
+    assert "embedding" in set(curves[curves["objective"] == "task"]["order"])
+    html = summary.report.read_text()
+    assert "embedding (pre-trained) vs task (fine-tuned)" in html and "MLM vs embedding" in html

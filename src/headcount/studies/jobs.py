@@ -96,7 +96,8 @@ def score_job(params, inputs, workdir: Path, progress) -> dict:
     with decoding(model, metric_for(task, how.objective)):
         s = score(model, batches, method=how.method, normalize=how.normalize,
                   mask=input_mask(params, inputs), keep_per_example=how.method.startswith("gradient"),
-                  accumulate=how.accumulate, progress=lambda i: progress(i, len(batches), "scoring"))
+                  accumulate=how.accumulate, progress=lambda i: progress(i, len(batches), "scoring"),
+                  contrastive=info.get("contrastive"))
     s = replace(s, meta={**s.meta, "task": task.name, "objective": how.objective,
                          "head": info["head"], **({"mlm_head": info["mlm_head"]} if "mlm_head" in info else {})})
     s.save(workdir / "scores.json")

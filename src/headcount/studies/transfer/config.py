@@ -30,6 +30,8 @@ Method = Literal["gradient", "gradient-token"]
 Normalize = Literal["none", "layer"]
 View = Literal["application", "shared"]
 AfterHead = Literal["pretrained", "refit"]
+#: the pre-training objectives whose importance is compared with task importance
+PretrainObjective = Literal["mlm", "embedding"]
 
 _DATA_DEFAULTS = {f.name: f.default for f in fields(DataConfig)}
 
@@ -210,6 +212,10 @@ class TransferSettings(ConfigSection):
         seeds: fine-tuning seeds.
         train: fine-tuning settings.
         head_fit: settings of the task head fitted on the frozen encoder, over ``train``.
+        objectives: the pre-training objectives whose importance (on the pre-trained model) is
+            compared with task importance: ``mlm`` (always) and optionally ``embedding`` (SimCSE's
+            unsupervised contrastive loss on the same texts, :mod:`headcount.embedding`): its
+            score jobs, its comparisons and an ``embedding`` order in the task prunability curves.
         mlm / scoring / pruning / before_after / stats: see their sections.
     """
 
@@ -218,6 +224,7 @@ class TransferSettings(ConfigSection):
     seeds: tuple[int, ...] = (1,)
     train: TrainSettings = TrainSettings()
     head_fit: TrainSettings = TrainSettings(lr=1e-3, epochs=10)
+    objectives: tuple[PretrainObjective, ...] = ("mlm",)
     mlm: MlmSettings = MlmSettings()
     scoring: ScoringSettings = ScoringSettings()
     pruning: PruningSettings = PruningSettings()
@@ -243,6 +250,13 @@ class TransferSettings(ConfigSection):
             else:
                 out.append(item)
         return out
+
+    @field_validator("objectives")
+    @classmethod
+    def _objectives(cls, v):
+        if "mlm" not in v or len(set(v)) != len(v):
+            raise ValueError("objectives must include mlm (the curves and before/after use it), without repeats")
+        return v
 
     @field_validator("seeds")
     @classmethod

@@ -132,14 +132,14 @@ def figures(tables: dict, settings: TransferSettings, p: dict, art: str) -> dict
     views = sorted(curves["view"].unique(), key=lambda v: v != "application")
     fig, axes = new_figure(2, len(ids), size=(3.6 * len(ids), 6.0))
     axes = np.asarray(axes).reshape(2, len(ids))
-    colors = {"mlm": "C0", "task": "C1", "random": "0.45"}
+    colors = {"mlm": "C0", "task": "C1", "embedding": "C2", "random": "0.45"}
     for col, t in enumerate(ids):
         for row, objective in enumerate(("task", "mlm")):
             ax = axes[row, col]
             d = curves[(curves["task"] == t) & (curves["objective"] == objective)]
             for view in views:
                 ls = "-" if view == "application" else "--"
-                for order in ("mlm", "task", "random"):
+                for order in ("mlm", "task", "embedding", "random"):  # embedding: with objectives [mlm, embedding]
                     g = d[(d["view"] == view) & (d["order"] == order)]
                     if g.empty:
                         continue

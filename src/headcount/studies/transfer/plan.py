@@ -24,6 +24,10 @@ COMPARISONS = {
     "task-vs-task": "task vs task (fine-tuned, same seed)",
     "seed-vs-seed": "same task, two fine-tuning seeds",
     "mlm-vs-mlm": "MLM on one task's texts vs another's",
+    # with ``objectives: [mlm, embedding]``: the second pre-training objective beside MLM
+    "embedding-vs-task": "embedding (pre-trained) vs task (fine-tuned)",
+    "embedding-vs-task-before": "embedding (pre-trained) vs task (pre-trained encoder, fitted head)",
+    "mlm-vs-embedding": "MLM vs embedding (pre-trained, same texts)",
 }
 
 
@@ -56,6 +60,9 @@ class Names:
 
     def mlm_pre(self, corpus):
         return self("mlm-scores", corpus)
+
+    def embedding_pre(self, corpus):
+        return self("embedding-scores", corpus)
 
     def finetune(self, t, s):
         return self("finetune", t, f"seed{s}")
@@ -104,7 +111,7 @@ def plan_of(settings: TransferSettings) -> dict:
     curve_levels = sorted(set(settings.pruning.levels) | set(ba_levels))
     head_corpus = settings.mlm.head_corpus or settings.mlm.corpus or tasks[ids[0]]
     return {"tasks": tasks, "ids": ids, "seeds": list(settings.seeds), "corpus_of": corpus_of, "corpora": corpora,
-            "ba_seeds": ba_seeds, "ba_levels": ba_levels, "curve_levels": curve_levels, "head_corpus": head_corpus}
+            "embedding": "embedding" in settings.objectives, "ba_seeds": ba_seeds, "ba_levels": ba_levels, "curve_levels": curve_levels, "head_corpus": head_corpus}
 
 
 def _pairs(p: dict) -> list[dict]:
@@ -167,11 +174,22 @@ def transfer_jobs(settings: TransferSettings, prefix: str = "") -> list[Job]:
     jobs: list[Job] = [layout, *mlm_pre.values()]
     grids: dict[str, dict] = {}
     inputs: dict[str, Job] = {"layout": layout}
-    pairs: list[dict] = []
     for c, job in mlm_pre.items():
         alias = f"mlm.{c}"
         inputs[alias] = job
         grids[alias] = {"kind": "mlm-pre-trained", "task": c, "seed": None}
+    # the embedding objective (SimCSE, unsupervised) on the MLM texts: the same examples and ids
+    emb_pre = {c: Job(n.embedding_pre(c), "score", f"{SHARED_JOBS}:score_job",
+                      {"model": s.model, "task": name, "objective": "embedding", "method": method, "normalize": "none",
+                       "data": data}, uses_model=True)
+               for c, name in p["corpora"].items()} if p["embedding"] else {}
+    jobs += emb_pre.values()
+    pairs: list[dict] = []
+    for c, job in emb_pre.items():
+        inputs[f"emb.{c}"] = job
+        grids[f"emb.{c}"] = {"kind": "embedding-pre-trained", "task": c, "seed": None}
+        pairs.append({"name": f"mlm-vs-embedding/{c}", "comparison": "mlm-vs-embedding", "task": c, "task_b": None,
+                      "seed": None, "seed_b": None, "a": f"mlm.{c}", "b": f"emb.{c}", "paired": True})
 
     ft: dict[tuple, Job] = {}
     after: dict[tuple, Job] = {}
@@ -193,13 +211,16 @@ def transfer_jobs(settings: TransferSettings, prefix: str = "") -> list[Job]:
             mlm_after = Job(n.mlm_after(t, seed), "transfer-mlm-score", f"{JOBS}:mlm_score_job",
                             {"model": s.model, "task": p["corpora"][corpus], "data": data, "method": method,
                              "mlm_head": mlm_head}, deps={"encoder": ft[t, seed]}, uses_model=True)
+            orders = {"mlm": {"pre-trained": "mlm"}, "task": {str(seed): "task"}}
+            deps = {"model": ft[t, seed], "layout": layout, "mlm": mlm_pre[corpus], "task": after[t, seed]}
+            if emb_pre:  # heads ranked by embedding importance too
+                orders["embedding"] = {"pre-trained": "embedding"}
+                deps["embedding"] = emb_pre[corpus]
             curve = Job(n.curve(t, seed), "transfer-curve", f"{JOBS}:curve_job",
                         {"objective": "task", "task": name, "eval": task_eval, "levels": p["curve_levels"],
-                         "normalize": s.pruning.normalize, "views": views,
-                         "orders": {"mlm": {"pre-trained": "mlm"}, "task": {str(seed): "task"}},
+                         "normalize": s.pruning.normalize, "views": views, "orders": orders,
                          "random_draws": s.pruning.random_draws, "random_seed": seed},
-                        deps={"model": ft[t, seed], "layout": layout, "mlm": mlm_pre[corpus], "task": after[t, seed]},
-                        uses_model=True)
+                        deps=deps, uses_model=True)
             jobs += [ft[t, seed], after[t, seed], head, before, mlm_after, curve]
             for alias, job, kind in ((f"ft.{t}.{seed}", after[t, seed], "task-fine-tuned"),
                                      (f"pre.{t}.{seed}", before, "task-pre-trained"),
@@ -218,6 +239,13 @@ def transfer_jobs(settings: TransferSettings, prefix: str = "") -> list[Job]:
                 {**base, "name": f"mlm-before-vs-after/{t}/{seed}", "comparison": "mlm-before-vs-after",
                  "a": f"mlm.{corpus}", "b": f"mlmft.{t}.{seed}", "paired": True},
             ]
+            if emb_pre:  # paired by example id like MLM's (the same texts; rows: see the README)
+                pairs += [
+                    {**base, "name": f"embedding-vs-task/{t}/{seed}", "comparison": "embedding-vs-task",
+                     "a": f"emb.{corpus}", "b": f"ft.{t}.{seed}", "paired": own},
+                    {**base, "name": f"embedding-vs-task-before/{t}/{seed}", "comparison": "embedding-vs-task-before",
+                     "a": f"emb.{corpus}", "b": f"pre.{t}.{seed}", "paired": own},
+                ]
         # MLM prunability of the pre-trained model on this task's MLM texts
         jobs.append(Job(n.mlm_curve(t), "transfer-curve", f"{JOBS}:curve_job",
                         {"objective": "mlm", "task": p["corpora"][corpus], "model": s.model, "mlm_head": mlm_head,

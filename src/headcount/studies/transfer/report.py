@@ -50,6 +50,9 @@ def transfer_summary(tables: dict, settings: TransferSettings, prefix: str = "")
             for _, r in m.iterrows()) + ".")
     line("mlm-vs-task", "MLM vs task (fine-tuned)")
     line("mlm-vs-task-before", "MLM vs task (frozen encoder)")
+    line("embedding-vs-task", "Embedding (SimCSE) vs task (fine-tuned)")
+    line("embedding-vs-task-before", "Embedding (SimCSE) vs task (frozen encoder)")
+    line("mlm-vs-embedding", "MLM vs embedding (pre-trained)")
     line("task-before-vs-after", "Task importance before vs after fine-tuning")
     line("task-vs-task", "Task vs task")
     line("seed-vs-seed", "Seed vs seed (same task)")
@@ -57,7 +60,8 @@ def transfer_summary(tables: dict, settings: TransferSettings, prefix: str = "")
     if not pr.empty:
         d = pr[(pr["objective"] == "task") & (pr["view"] == "application")]
         txt = "; ".join(f"{t}: " + ", ".join(f"{o} {g[g['order'] == o]['removable_fraction'].iloc[0]:.0%}"
-                                              for o in ("task", "mlm", "random") if (g["order"] == o).any())
+                                              for o in ("task", "mlm", "embedding", "random")
+                                              if (g["order"] == o).any())
                         for t, g in d.groupby("task", sort=False))
         parts.append(f"Heads removable with >= {settings.before_after.threshold:.0%} of the fine-tuned score "
                      f"(no retraining), by order: {txt}.")

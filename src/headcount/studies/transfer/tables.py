@@ -61,6 +61,8 @@ def transfer_tables(store, settings: TransferSettings, prefix: str = "") -> dict
         head = job.result.get("mlm_head") or {}
         mlm_rows.append({"corpus": c, "texts": p["corpora"][c], "head": job.result.get("head"),
                          "head_heldout_loss": head.get("loss"), "head_heldout_accuracy": head.get("accuracy")})
+        if p["embedding"]:  # the second pre-training objective's grid on the same texts
+            add_scores(store.result(n.embedding_pre(c)), "embedding-pre-trained", c, None)
     def extra_score(name: str, label: str) -> float:
         """The score of job ``name``'s model on the extra dev set ``label`` (NaN when not run)."""
         job = n.extra(name, label)
