@@ -352,6 +352,33 @@ def test_registry_refuses_a_conflicting_registration():
     assert get_study_type("toy_study:toy") is get_study_type("toy")
 
 
+def test_study_types_come_from_entry_points_built_in_and_plugin(tmp_path, monkeypatch):
+    """Built-in types are entry points of headcount itself; a plugin's entry point (a module that
+    registers its type) is found the same way; a broken one is one error line."""
+    from importlib.metadata import EntryPoint
+
+    from headcount.runner import get_study_type, registry, study_types
+
+    assert {"transfer", "lottery", "demo"} <= set(study_types())  # headcount's own entry points
+    assert get_study_type("lottery").name == "lottery"
+    (tmp_path / "plugin_study.py").write_text(
+        "from headcount.runner import StudyConfig, register_study\n"
+        "class Cfg(StudyConfig):\n    n: int = 1\n"
+        "register_study('plugin-x', Cfg, lambda c: [])\n")
+    (tmp_path / "broken_study.py").write_text("raise RuntimeError('half-installed')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))  # the plugin's registration is undone
+    found = {**registry._entry_points(),
+             "plugin-x": EntryPoint("plugin-x", "plugin_study", registry.ENTRY_POINT_GROUP),
+             "broken": EntryPoint("broken", "broken_study", registry.ENTRY_POINT_GROUP)}
+    monkeypatch.setattr(registry, "_entry_points", lambda: found)
+    assert "plugin-x" in study_types() and "plugin-x" not in registry._REGISTRY
+    assert get_study_type("plugin-x").config_model.__name__ == "Cfg"
+    assert parse_study_config("study: plugin-x\nn: 3\n").config.n == 3
+    with pytest.raises(HeadcountError, match="study type 'broken' failed to load.*half-installed"):
+        get_study_type("broken")
+
+
 @pytest.mark.parametrize("module", ["runner.jobs", "runner.store", "runner.config", "runner.registry",
                                     "runner.executors", "runner.study", "report.content", "report.html",
                                     "report.build"])
