@@ -89,6 +89,15 @@ def test_onnx_matches_pytorch_for_pruned_and_unpruned_models(arch):
         assert np.abs(got - want).max() <= TOL
 
 
+def test_export_leaves_a_model_with_dropout_in_eval_mode():
+    """The traced wrapper is a new module (training mode): the exporter must not switch the
+    model's dropout on (the tiny table's dropout is 0, which would hide it)."""
+    model = eager(tiny_model("bert", hidden_dropout_prob=0.3, attention_probs_dropout_prob=0.3))
+    data, rows = ex.export_onnx(model)
+    assert not any(m.training for m in model.modules())
+    assert max(r["max_abs_diff"] for r in rows) <= TOL
+
+
 def test_a_pruned_model_is_smaller_and_differs_from_the_unpruned_one():
     full, pruned = eager(tiny_model("bert")), pruned_unevenly("bert")
     a, _ = ex.export_onnx(full)

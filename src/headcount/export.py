@@ -183,7 +183,9 @@ def to_onnx(model: nn.Module, opset: int = DEFAULT_OPSET, metadata: dict | None 
     buf = io.BytesIO()
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")  # TracerWarnings about python bools in the HF code: shapes are checked below
-        torch.onnx.export(_Traced(model, names), tuple(example[n] for n in names), buf, dynamo=False,
+        # the wrapper in eval mode: the exporter restores the wrapper's mode afterwards, and a new
+        # module is in training mode, which would switch the model's dropout on for good
+        torch.onnx.export(_Traced(model, names).eval(), tuple(example[n] for n in names), buf, dynamo=False,
                           opset_version=opset, input_names=names, output_names=[out_name], dynamic_axes=axes,
                           do_constant_folding=True)
     proto = onnx.load_from_string(buf.getvalue())
