@@ -17,7 +17,7 @@ import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "headcount"
 ARCH_DIR = SRC / "arch"
-NAMES = {"bert", "roberta", "albert", "distilbert", "electra", "deberta", "xlm"}
+NAMES = {"bert", "roberta", "albert", "distilbert", "electra", "deberta", "xlm", "modernbert"}
 
 _TOKEN = re.compile(r"[A-Za-z][A-Za-z0-9]*")  # words, split at "_", "-", ".", ...
 _CAMEL = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|[0-9]+")  # BertAdapter -> Bert, Adapter
@@ -83,6 +83,7 @@ def test_the_matcher():
     assert arch_names("RoBERTa and DeBERTa-v2, DistilBertModel") == {"roberta", "deberta", "bert"}
     assert arch_names("DistilBERT") == {"distilbert", "bert"}
     assert arch_names("ELECTRA") == {"electra"}
+    assert arch_names('model_type == "modernbert"; ModernBertAdapter') == {"modernbert", "bert"}
     assert arch_names("import headcount; bertology; albertina; robertson; HeadcountError") == set()
 
 
