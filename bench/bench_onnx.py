@@ -51,7 +51,7 @@ def main(argv=None) -> dict | None:
     p.add_argument("--quick", action="store_true", help="small config (4 layers, hidden 256), batch 4 x 64")
     p.add_argument("--batch", type=int, default=None, help="batch size (default 8; quick: 4)")
     p.add_argument("--seq", type=int, default=None, help="tokens per example (default 128; quick: 64)")
-    p.add_argument("--warmup", type=int, default=2, help="warm-up runs per model")
+    p.add_argument("--warmup", type=int, default=1, help="warm-up runs per model")
     p.add_argument("--runs", type=int, default=None, help="timed runs per model (default 5; quick: 10)")
     p.add_argument("--threads", type=int, default=os.cpu_count(), help="onnxruntime intra-op threads (default: all cores)")
     p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N | auto (onnxruntime's CUDA provider when installed)")
