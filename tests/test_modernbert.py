@@ -160,8 +160,6 @@ def test_cli_shrink_info_and_bad_mask(capsys, tmp_path):
 
 
 # --- known gaps in generic code outside this task's files (strict: they fail once fixed) -----------
-@pytest.mark.xfail(strict=True, reason="scoring.magnitude_scores slices rows pos*d:(pos+1)*d of each head "
-                   "projection, i.e. only the query third of a fused Wqkv; fix: Block.head_rows")
 def test_magnitude_scores_sum_a_heads_rows_in_every_part_of_a_fused_projection():
     from headcount.scoring import magnitude_scores
 
@@ -175,8 +173,6 @@ def test_magnitude_scores_sum_a_heads_rows_in_every_part_of_a_fused_projection()
     assert magnitude_scores(model).heads[0].tolist() == pytest.approx(expected, rel=1e-5)
 
 
-@pytest.mark.xfail(strict=True, reason="heads.fit_task_head replays only the first position to the task head; "
-                   "a mean-pooling classifier (ModernBERT classifier_pooling='mean') reads every position")
 def test_task_head_fit_sees_what_a_mean_pooling_head_reads():
     from headcount.heads import fit_task_head
 

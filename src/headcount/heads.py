@@ -40,6 +40,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers.modeling_outputs import BaseModelOutput, BaseModelOutputWithPooling
 
+from .arch import get_adapter
 from .device import place
 from .errors import HeadcountError
 from .evaluation import MLM_METRIC, evaluate_batches
@@ -162,16 +163,22 @@ def fit_task_head(model, batches, *, lr: float, epochs: float, weight_decay: flo
     head = [p for p in model.parameters() if id(p) not in in_base]
     if not head:
         raise HeadcountError("the model has no task head outside its encoder")
+    # BERT-style heads read the first position and the pooled output only: cache [batch, 1, hidden];
+    # a head that pools every position (the adapter says) needs [batch, seq, hidden] and the mask.
+    all_positions = get_adapter(model).task_head_reads_all_positions(model)
     cached = []
     model.eval()
     with torch.no_grad():
         for b in batches:
             inputs = {k: v.to(device) for k, v in b.items() if k != "labels"}
             out = base(**inputs)
-            first = out[0][:, :1].detach().clone()  # [batch, 1, hidden]: what the heads read from the sequence
+            seq = out[0] if all_positions else out[0][:, :1]
             pooled = getattr(out, "pooler_output", None)  # [batch, hidden] or None
-            cached.append((first, None if pooled is None else pooled.detach().clone(), b["labels"].to(device),
-                           b["input_ids"][:, :1].to(device)))
+            replay = {"input_ids": inputs["input_ids"] if all_positions else inputs["input_ids"][:, :1]}
+            if all_positions and "attention_mask" in inputs:
+                replay["attention_mask"] = inputs["attention_mask"]
+            cached.append((seq.detach().clone(), None if pooled is None else pooled.detach().clone(),
+                           b["labels"].to(device), replay))
     rng = np.random.default_rng(seed)
     n_steps = int(math.ceil(epochs * len(cached)))
     losses, step = [], 0
@@ -184,9 +191,9 @@ def fit_task_head(model, batches, *, lr: float, epochs: float, weight_decay: flo
                     for i in rng.permutation(len(cached)):
                         if step >= n_steps:
                             break
-                        first, pooled, labels, ids = cached[i]
-                        stand_in.output = BaseModelOutputWithPooling(last_hidden_state=first, pooler_output=pooled)
-                        loss = model(input_ids=ids, labels=labels).loss
+                        seq, pooled, labels, replay = cached[i]
+                        stand_in.output = BaseModelOutputWithPooling(last_hidden_state=seq, pooler_output=pooled)
+                        loss = model(**replay, labels=labels).loss
                         opt.zero_grad(set_to_none=True)
                         loss.backward()
                         opt.step()

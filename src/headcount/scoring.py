@@ -418,9 +418,11 @@ def magnitude_scores(model: nn.Module) -> Scores:
     for layer, block in enumerate(h.blocks):
         kept = kept_heads(block.out_projection, n_heads)
         for pos, head in enumerate(kept):
-            rows = slice(pos * d, (pos + 1) * d)
-            sq = sum(float(p.weight[rows].float().pow(2).sum()) for p in block.head_projections)
-            sq += float(block.out_projection.weight[:, rows].float().pow(2).sum())
+            # The head's rows in every head-grouped part of each projection (a fused QKV holds
+            # three parts); its columns of the output projection.
+            sq = sum(float(p.weight[r].float().pow(2).sum()) for p, r in block.head_rows([pos], len(kept), d))
+            cols = slice(pos * d, (pos + 1) * d)
+            sq += float(block.out_projection.weight[:, cols].float().pow(2).sum())
             heads[layer, head] = sq ** 0.5
         mlps[layer] = float(block.ffn_in.weight.float().pow(2).sum() + block.ffn_out.weight.float().pow(2).sum()) ** 0.5
     return Scores(heads=heads, mlps=mlps, method="magnitude")

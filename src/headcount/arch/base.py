@@ -167,6 +167,14 @@ class Adapter:
         if hasattr(attention, "all_head_size"):
             attention.all_head_size = n_heads * head_dim
 
+    def task_head_reads_all_positions(self, model: nn.Module) -> bool:
+        """Whether the sequence-classification head reads every position (e.g. mean pooling)
+        rather than only the first one and the pooled output (BERT-style heads: False).
+
+        Tells :func:`headcount.heads.fit_task_head` what to cache of the frozen encoder's output.
+        """
+        return False
+
     def attention_without_heads(self, attention: nn.Module, hidden_states: torch.Tensor, *args, **kwargs):
         """Forward of an attention module with no head left (gate semantics: every g = 0).
 

@@ -42,6 +42,10 @@ class ModernBertAdapter(Adapter):
             for layer in self.encoder(model).layers
         ]
 
+    def task_head_reads_all_positions(self, model):
+        # ModernBertForSequenceClassification pools every position when classifier_pooling == "mean".
+        return getattr(model.config, "classifier_pooling", "cls") == "mean"
+
     def attention_without_heads(self, attention, hidden_states, *args, **kwargs):
         # Wo and its dropout live inside this module: with no head the output is Wo's bias
         # (zeros when the model has none), as gating every head gives.
