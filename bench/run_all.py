@@ -9,6 +9,8 @@ Every bench takes ``--device``; at the end the ratio lines of every bench are pr
 under one line naming the device, torch and transformers versions.
 
 A bench is a script named bench_<what>.py in this folder; adding one needs no change here.
+``bench_onnx.py`` (onnxruntime latency of the pruned BERT-base) needs ``headcount[export]`` (onnx,
+onnxruntime; ``make env`` installs it) and prints one "skipped" line without it.
 Exit status: 0 when every bench ran to completion, 1 otherwise (the others still run).
 """
 
