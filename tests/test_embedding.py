@@ -12,8 +12,8 @@ from conftest import tiny_batch, tiny_model
 from training_helpers import make_checkpoint, make_task, one_thread
 
 from headcount.cli import main
-from headcount.embedding import (Contrastive, contrastive, embedding_metrics, pair_loss, pool, pooling_of,
-                                 simcse_loss, two_views, view_metrics)
+from headcount.embedding import (Contrastive, contrastive, embed, embedding_metrics, pair_loss, pool, pooling_of,
+                                 similarity_agreement, simcse_loss, two_views, view_metrics)
 from headcount.scoring import score
 
 
@@ -162,6 +162,27 @@ def test_label_free_metric_is_perfect_on_identical_views():
     assert 0 <= e["retrieval_accuracy"] <= 1 and e["alignment"] > 0 and e["uniformity"] < 0
 
 
+def test_similarity_agreement_is_perfect_for_the_same_model_and_falls_with_gates_off():
+    from headcount.masks import Mask
+
+    model = _dropout_model()
+    batches = _batches(model, 2)
+    ref = embed(model, batches)
+    assert ref.shape == (8, 32) and torch.allclose(ref.norm(dim=-1), torch.ones(8))
+    same = similarity_agreement(embed(model, batches), ref)
+    assert same["score"] == 1.0 and same["loss"] == pytest.approx(0.0, abs=1e-6)
+    heads = torch.ones(3, 4)
+    heads[:, :3] = 0
+    off = similarity_agreement(embed(model, batches, mask=Mask(heads=heads, mlps=torch.ones(3))), ref)
+    assert off["score"] < 1 and off["loss"] > 0
+    z = torch.nn.functional.normalize(torch.randn(6, 32, generator=torch.Generator().manual_seed(0)), dim=-1)
+    from scipy.stats import spearmanr
+
+    i, j = torch.triu_indices(6, 6, 1)
+    expected = spearmanr((z @ z.T)[i, j].numpy(), (ref[:6] @ ref[:6].T)[i, j].numpy())[0]
+    assert similarity_agreement(z, ref[:6])["score"] == pytest.approx(expected)
+
+
 # ---------------------------------------------------------------------------------- the CLI
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
@@ -217,8 +238,10 @@ def test_cli_prune_embedding(setup, tmp_path, capsys):
     assert code == 0, err
     mask = json.loads((tmp_path / "mask.json").read_text())
     rows = list(csv.DictReader((tmp_path / "trace.csv").open()))
-    assert rows[0]["phase"] == "full" and 0 <= float(rows[0]["metric"]) <= 1
-    assert mask["metric_name"] == "retrieval_accuracy" and "retrieval_accuracy" in out
+    assert rows[0]["phase"] == "full" and float(rows[0]["metric"]) == pytest.approx(1.0)  # the unpruned model itself
+    assert float(rows[0]["loss"]) == pytest.approx(0.0, abs=1e-6)
+    assert any(float(r["metric"]) < 1 for r in rows[1:])  # removing heads changes the similarity structure
+    assert mask["metric_name"] == "similarity_spearman" and "similarity_spearman" in out
 
 
 def test_cli_supervised_on_a_single_text_task_is_refused(setup, tmp_path, capsys):

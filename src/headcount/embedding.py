@@ -25,13 +25,17 @@ with ``(seed, the batch's token ids)`` (:func:`view_seed`): the views of a batch
 whenever it is seen (every batch of a score run, every step of a pruning run, each head of an
 ablation), the global random state is untouched, and scores are deterministic for a seed.
 
-The metric that needs no labels (the pruning loop's stop rule): **retrieval accuracy** of the
-second view, the share of texts whose own second view is the most similar among the batch's
-second views (``retrieval_accuracy``); :func:`view_metrics` also gives Wang & Isola's
-alignment (mean squared distance of normalised views, 0 = identical) and uniformity
-(``log mean exp(-2 |z_i - z_j|^2)`` over distinct texts). The supervised stop rule is the
-STS-B metric: the mean of the Pearson and Spearman correlations of the pair's cosine
-similarity with the label (``cosine_pearson_spearman``; eval mode).
+The metric that needs no labels (the pruning loop's stop rule, ``similarity_spearman``): the
+Spearman correlation of the pruned model's pairwise cosine similarities of the stop-rule texts
+(all pairs, eval mode) with the unpruned model's (:func:`similarity_agreement`): 1 for the
+unpruned model, lower as pruning changes which texts the model finds similar; the trace's
+``loss`` is ``1 - mean cos(z_pruned_i, z_unpruned_i)``. Why not the retrieval accuracy of the
+second dropout view (:func:`view_metrics`: the share of texts whose own second view is the most
+similar of the batch's; with Wang & Isola's alignment and uniformity)? On all-MiniLM-L6-v2 it
+saturates: 1.00 on 128 movie snippets (batches of 32) with 0, 50, 80 or 95% of the heads
+removed, while the similarity Spearman falls 0.91, 0.83, 0.55, 0.37 at 20, 50, 80, 95% removed
+at random. The supervised stop rule is the STS-B metric: the mean of the Pearson and Spearman
+correlations of the pair's cosine similarity with the label (``cosine_pearson_spearman``; eval mode).
 
 Inside :func:`contrastive` a model's ``model(**batch)`` returns this loss and ``logits`` that the
 ordinary evaluation reads: unsupervised ``[b, 2]`` = (the best other text's similarity, the own
@@ -64,9 +68,11 @@ TEMPERATURE = 0.05
 #: regression pairs: positive when the label is at least this share of the split's largest label
 POSITIVE_SHARE = 0.8
 #: the label-free metric (unsupervised) and the STS metric (supervised) of the stop rule
-RETRIEVAL_METRIC = "retrieval_accuracy"
+SIMILARITY_METRIC = "similarity_spearman"
 PAIR_METRIC = "cosine_pearson_spearman"
-#: the ordinary metric each of them is computed with inside :func:`contrastive`
+#: the dropout views' retrieval accuracy (a diagnostic: :func:`view_metrics`)
+RETRIEVAL_METRIC = "retrieval_accuracy"
+#: the ordinary metric each contrastive metric is computed with inside :func:`contrastive`
 EVAL_METRIC = {RETRIEVAL_METRIC: "accuracy", PAIR_METRIC: "pearson_spearman"}
 
 
@@ -191,6 +197,55 @@ def view_metrics(z1: torch.Tensor, z2: torch.Tensor) -> dict:
     else:
         uniformity = float("nan")
     return {RETRIEVAL_METRIC: float(hits.mean()), "alignment": float(alignment), "uniformity": uniformity}
+
+
+@torch.no_grad()
+def embed(model: nn.Module, batches, pooling: str = "mean", mask=None, *, device=None,
+          precision=None) -> torch.Tensor:
+    """Unit-length sentence embeddings ``[n_texts, d]`` (fp32, CPU) of the batches' first texts, in
+    eval mode (no dropout), with an optional :class:`~headcount.masks.Mask` held as gates."""
+    from .device import runtime, to_device
+    from .gates import clear_gates, set_gates
+
+    rt = runtime(model, device, precision, 0)
+    was = model.training
+    model.eval()
+    fixed = (set_gates(model, heads=mask.heads.to(rt.device), mlps=mask.mlps.to(rt.device))
+             if mask is not None else None)
+    out = []
+    try:
+        for b in batches:
+            b = to_device({k: b[k] for k in ("input_ids", "attention_mask", "token_type_ids") if k in b}, rt.device)
+            with rt.autocast():
+                hidden = encoder_of(model)(**b)[0]  # [b, s, d]
+            out.append(F.normalize(pool(hidden.float(), b["attention_mask"], pooling), dim=-1).cpu())
+    finally:
+        if fixed is not None:
+            clear_gates(model, fixed)
+        model.train(was)
+    return torch.cat(out) if out else torch.zeros(0, 0)
+
+
+def similarity_agreement(z: torch.Tensor, reference: torch.Tensor) -> dict:
+    """How far embeddings ``z [n, d]`` keep the similarity structure of ``reference [n, d]`` (unit rows).
+
+    ``score``: Spearman correlation of the ``n (n - 1) / 2`` pairwise cosine similarities (nan
+    below 3 texts); ``fidelity``: mean ``cos(z_i, reference_i)``; ``loss``: ``1 - fidelity``.
+
+    >>> z = torch.nn.functional.normalize(torch.randn(5, 3), dim=-1)
+    >>> similarity_agreement(z, z)["score"]
+    1.0
+    """
+    from scipy.stats import spearmanr
+
+    n = z.shape[0]
+    fidelity = float((z * reference).sum(-1).mean()) if n else float("nan")
+    rho = float("nan")
+    if n >= 3:
+        i, j = torch.triu_indices(n, n, 1)
+        a, b = (z @ z.T)[i, j].double().numpy(), (reference @ reference.T)[i, j].double().numpy()
+        rho = 1.0 if np.array_equal(a, b) else float(spearmanr(a, b)[0])
+    return {"score": rho, SIMILARITY_METRIC: rho, "fidelity": fidelity, "loss": 1.0 - fidelity}
 
 
 # --------------------------------------------------------------------------- the two views

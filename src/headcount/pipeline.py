@@ -17,8 +17,8 @@ import numpy as np
 import transformers
 
 from .device import resolve_device, runtime
-from .embedding import (EVAL_METRIC, PAIR_METRIC, RETRIEVAL_METRIC, Contrastive, check_pairs, embedding_batches,
-                        is_embedding, pooling_of)
+from .embedding import (EVAL_METRIC, PAIR_METRIC, SIMILARITY_METRIC, Contrastive, check_pairs, embed,
+                        embedding_batches, is_embedding, pooling_of, similarity_agreement)
 from .embedding import contrastive as contrastive_loss
 from .errors import HeadcountError
 from .evaluation import MLM_METRIC, evaluate_batches, masked_positions_only
@@ -155,9 +155,9 @@ def example_order(task, tokenizer, objective: str, data: DataConfig, split: str 
 
 
 def metric_for(task, objective: str) -> str:
-    """The stop rule's metric: the task's, masked-token accuracy, the embedding's retrieval accuracy
-    of the second view (no labels) or the pairs' cosine Pearson/Spearman (STS-B's)."""
-    return {"mlm": MLM_METRIC, "embedding": RETRIEVAL_METRIC,
+    """The stop rule's metric: the task's, masked-token accuracy, the embedding's agreement with the
+    unpruned model's similarities (no labels) or the pairs' cosine Pearson/Spearman (STS-B's)."""
+    return {"mlm": MLM_METRIC, "embedding": SIMILARITY_METRIC,
             "embedding-supervised": PAIR_METRIC}.get(objective, task.metric)
 
 
@@ -172,8 +172,11 @@ def prune_model(model, importance_batches, stop_batches, metric: str, *, setting
     the model is, or ``$HEADCOUNT_DEVICE``). The working copy is made on that device. Importance
     is taken at the mask's gate values (``at_mask``), as the references' gate tensors are.
     ``contrastive``: the embedding objectives (``info["contrastive"]`` of :func:`load_for`):
-    importance and the stop rule's metric (``metric``: :func:`metric_for`'s) use its loss, on the
-    batches as given.
+    importance uses its loss, on the batches as given; the stop rule (``metric``:
+    :func:`metric_for`'s) is, unsupervised, the Spearman agreement of the pruned model's pairwise
+    similarities of the stop texts with the unpruned model's
+    (:func:`~headcount.embedding.similarity_agreement`), supervised, the pairs' cosine
+    Pearson/Spearman with their labels.
 
     Returns the :class:`~headcount.pruning.PruneResult` of :func:`~headcount.pruning.iterative_prune`,
     its ``meta`` (and mask meta) naming the device and precision.
@@ -188,8 +191,15 @@ def prune_model(model, importance_batches, stop_batches, metric: str, *, setting
             return score(m, importance_batches, method=method, normalize=normalize, mask=mask, at_mask=True,
                          accumulate=accumulate, contrastive=contrastive, **where)
 
+    reference = None
+    if contrastive is not None and metric == SIMILARITY_METRIC:  # the unpruned model's embeddings
+        reference = embed(model, stop_batches, contrastive.pooling, device=rt.device, precision=rt.precision)
+
     def eval_fn(m, mask):
-        if contrastive is not None:  # the views' retrieval accuracy / the pairs' correlation, batches as given
+        if reference is not None:
+            r = similarity_agreement(embed(m, stop_batches, contrastive.pooling, mask, device=rt.device,
+                                           precision=rt.precision), reference)
+        elif contrastive is not None:  # the pairs' correlation, batches as given
             with contrastive_loss(m, contrastive):
                 r = evaluate_batches(m, stop_batches, EVAL_METRIC[metric], mask=mask,
                                      **{**where, "tokens_per_batch": 0})
