@@ -253,6 +253,30 @@ def test_cli_bad_input(capsys, tmp_path, pruned_dir):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.onnx", "pruned"]
 
 
+def test_cli_onnx_lock(capsys, tmp_path, pruned_dir):
+    """A second export of the same file while one runs is refused; a lock that is a link is not followed."""
+    import fcntl
+    import os
+
+    out = tmp_path / "m.onnx"
+    lock = tmp_path / ".m.onnx.lock"
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        code, _, err = run_cli(capsys, "export", "--model", pruned_dir, "--out", out)
+        assert_one_error_line(code, err, "another headcount process")
+    finally:
+        os.close(fd)
+    assert not out.exists()
+    lock.unlink()
+    target = tmp_path / "target.txt"
+    target.write_text("keep")
+    lock.symlink_to(target)
+    code, _, err = run_cli(capsys, "export", "--model", pruned_dir, "--out", out)
+    assert_one_error_line(code, err, "lock")
+    assert target.read_text() == "keep" and not out.exists()
+
+
 def test_cli_without_the_extra(capsys, tmp_path, pruned_dir, monkeypatch):
     monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import fails as if not installed
     code, _, err = run_cli(capsys, "export", "--model", pruned_dir, "--out", tmp_path / "m.onnx")
