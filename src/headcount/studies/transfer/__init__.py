@@ -18,6 +18,8 @@ the masked-LM text source, ``<p>`` a pruning level)::
                                            CIs over examples and permutation p-values
     curve/<t>/seed<s>, curve/<t>/mlm    4. prunability curves: metric vs fraction of heads removed,
                                            heads chosen by MLM, by task, and at random
+    embedding-scores/<c>                with ``objectives: [mlm, embedding]``: embedding (SimCSE)
+                                           importance of the pre-trained model on the MLM texts
     mask/<c>/mlm-<p>, mask/random-<p>   5. masks of the pre-trained model at each level
     prune-then-finetune/<t>/seed<s>/mlm-<p>   ... fine-tuned after pruning (vs fine-tune-then-prune
                                            from the curves); 6. the acceptable deduction is read
@@ -74,6 +76,13 @@ Design choices (the paper leaves them open):
   layer z-scored; statistics ``...@layer-norm``). Permutation p-values: ``p_value`` within layers
   by default (``stats.permutation``; layer effects shared by both grids do not count),
   ``p_value_global`` over all heads; two-sided. Seeded from ``stats.seed`` and the pair's name.
+- **A second pre-training objective** (``objectives: [mlm, embedding]``; default ``[mlm]``, whose
+  jobs keep their keys): :mod:`headcount.embedding`'s unsupervised SimCSE loss scored like MLM
+  (same texts, method, example ids), compared with task importance and with MLM
+  (``embedding-vs-task``, ``embedding-vs-task-before``, ``mlm-vs-embedding``), and an ``embedding``
+  order in the task prunability curves. Its per-example rows split the gate gradient exactly
+  over texts but each is conditional on its batch's negatives: the bootstrap, which resamples
+  rows as independent, is approximate for these grids.
 - **Shared layers** (ALBERT): every statistic and curve is reported per application (depth x
   head) and per shared head (importance summed over the depths that run a shared layer); the
   ``layout`` job records the groups (:func:`headcount.gates.shared_groups`).
