@@ -133,6 +133,29 @@ def test_a_model_with_every_head_removed_exports_without_the_mask():
     assert max(r["max_abs_diff"] for r in rows) <= TOL
 
 
+def test_gates_left_on_shared_layers_are_in_the_onnx_graph():
+    """ALBERT with groups, a head masked at one depth of a shared layer only: shrink keeps it as a
+    persistent gate, the export traces it in; a plain config cannot describe it."""
+    from headcount.masks import Mask
+    from headcount.surgery import shrink
+
+    model = eager(tiny_model("albert-groups"))
+    n_layers, n_heads = layout(model)
+    heads, mlps = torch.ones(n_layers, n_heads), torch.ones(n_layers)
+    heads[0, 1] = 0
+    mlps[1] = 0
+    shrink(model, Mask(heads=heads, mlps=mlps))
+    assert model.config.headcount_pruning["gates"]
+    data, rows = ex.export_onnx(model)
+    assert max(r["max_abs_diff"] for r in rows) <= TOL
+    ungated = eager(tiny_model("albert-groups"))
+    inputs = ex.random_inputs(model, 2, 8)
+    with torch.no_grad():
+        assert np.abs(ort_run(ort_session(data), inputs) - ungated(**inputs).logits.numpy()).max() > 1e-3
+    with pytest.raises(HeadcountError, match="gates"):
+        ex.native_config(model)
+
+
 def test_tolerance_and_opset_are_checked():
     model = eager(tiny_model("bert"))
     with pytest.raises(HeadcountError, match="differ by"):
