@@ -230,6 +230,62 @@ def test_cli_score_embedding_supervised(setup, tmp_path, capsys):
     assert s["contrastive"] == "supervised" and s["n_examples"] == 24
 
 
+def test_example_ids_follow_the_embedding_batches_rows(setup):
+    from transformers import AutoTokenizer
+
+    from headcount.pipeline import DataConfig, batches_for, example_order
+    from headcount.tasks import get_task, tokenize
+
+    ckpt, task, pairs = setup
+    tok = AutoTokenizer.from_pretrained(str(ckpt))
+    data = DataConfig(max_examples=20, batch_size=8, max_length=32, seed=3)
+    for spec, objective in ((task, "embedding"), (pairs, "embedding-supervised")):
+        t = get_task(str(spec))
+        full = t.load(t.train_split)
+        _, index = example_order(t, tok, objective, data)
+        batches = batches_for(t, tok, objective, data)
+        rows = [r[m.bool()].tolist() for b in batches for r, m in zip(b["input_ids"], b["attention_mask"])]
+        first = [(" ".join(full.texts[i]),) if objective == "embedding" else (full.texts[i][0],) for i in index]
+        enc = tokenize(first, tok, max_length=32)
+        assert rows == [enc.ids[enc.offsets[k]:enc.offsets[k + 1]].tolist() for k in range(len(index))]
+        if objective == "embedding-supervised":  # the second texts and labels of the same examples
+            second = [r[m.bool()].tolist() for b in batches for r, m in zip(b["input_ids_b"], b["attention_mask_b"])]
+            enc_b = tokenize([(full.texts[i][1],) for i in index], tok, max_length=32)
+            assert second == [enc_b.ids[enc_b.offsets[k]:enc_b.offsets[k + 1]].tolist() for k in range(len(index))]
+            labels = torch.cat([b["labels"] for b in batches]).numpy()
+            assert labels.tolist() == pytest.approx(full.labels[index].tolist())
+            positive = torch.cat([b["positive"] for b in batches])
+            assert positive.tolist() == (labels >= 0.8 * full.labels[index].max()).tolist()
+
+
+def test_supervised_gradient_token_and_ablation_run_on_pairs(setup):
+    from transformers import AutoTokenizer
+
+    from headcount.pipeline import DataConfig, batches_for, load_for
+    from headcount.tasks import get_task
+
+    ckpt, _, pairs = setup
+    t = get_task(str(pairs))
+    model, tok, info = load_for(str(ckpt), t, "embedding-supervised", seed=0, device="cpu")
+    assert info["contrastive"].supervised and info["pooling"] == "cls"
+    batches = batches_for(t, tok, "embedding-supervised", DataConfig(max_examples=16, batch_size=8))
+    s = score(model, batches, method="gradient-token", keep_per_example=True, contrastive=info["contrastive"])
+    torch.testing.assert_close(s.per_example.sum(0), s.heads, rtol=1e-4, atol=1e-6)
+    a = score(model, batches, method="ablation", contrastive=info["contrastive"])
+    assert torch.isfinite(a.heads).all() and "rank_agreement_with_gradient" in a.meta
+
+
+def test_cli_prune_embedding_supervised(setup, tmp_path, capsys):
+    ckpt, _, pairs = setup
+    code, out, err = run(["prune", "--model", str(ckpt), "--task", str(pairs), "--objective", "embedding-supervised",
+                          "--step", "0.5", "--step-of", "total", "--threshold", "0.5", "--batch-size", "8",
+                          "--out", str(tmp_path)], capsys)
+    assert code == 0, err
+    mask = json.loads((tmp_path / "mask.json").read_text())
+    rows = list(csv.DictReader((tmp_path / "trace.csv").open()))
+    assert mask["metric_name"] == "cosine_pearson_spearman" and -1 <= float(rows[0]["metric"]) <= 1
+
+
 def test_cli_prune_embedding(setup, tmp_path, capsys):
     ckpt, task, _ = setup
     code, out, err = run(["prune", "--model", str(ckpt), "--task", str(task), "--objective", "embedding",
