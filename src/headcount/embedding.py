@@ -108,25 +108,40 @@ class Contrastive:
 
 
 # --------------------------------------------------------------------------- pooling
+def _read_json(root: str, name: str):
+    """``name`` of a checkpoint folder, or of a hub id's files already in the local hub cache
+    (never downloaded here); None when absent or unreadable."""
+    path = Path(root) / name
+    if not Path(root).is_dir():
+        try:
+            from huggingface_hub import try_to_load_from_cache
+
+            found = try_to_load_from_cache(root, name)
+        except Exception:  # not a repo id, or no hub library: no config
+            found = None
+        path = Path(found) if isinstance(found, str) else None
+    try:
+        return json.loads(path.read_text(encoding="utf-8")) if path is not None else None
+    except (OSError, ValueError):
+        return None
+
+
 def pooling_of(model_dir) -> str:
-    """The pooling of a sentence-transformers checkpoint: the ``Pooling`` module named by
-    ``modules.json`` (else ``1_Pooling/``), its ``pooling_mode_*`` flag; ``mean`` without one.
+    """The pooling of a sentence-transformers checkpoint (a folder, or a hub id whose files are in
+    the local hub cache): the ``Pooling`` module named by ``modules.json`` (else ``1_Pooling/``),
+    its ``pooling_mode_*`` flag; ``mean`` without one.
 
     >>> pooling_of("/nonexistent")
     'mean'
     """
-    root = Path(str(model_dir))
-    folder = root / "1_Pooling"
-    try:
-        modules = json.loads((root / "modules.json").read_text(encoding="utf-8"))
-        for m in modules:
-            if str(m.get("type", "")).endswith("Pooling"):
-                folder = root / m.get("path", "1_Pooling")
-    except (OSError, ValueError, AttributeError, TypeError):
-        pass
-    try:
-        cfg = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    root = str(model_dir)
+    folder = "1_Pooling"
+    modules = _read_json(root, "modules.json")
+    for m in modules if isinstance(modules, list) else []:
+        if isinstance(m, dict) and str(m.get("type", "")).endswith("Pooling"):
+            folder = str(m.get("path", folder))
+    cfg = _read_json(root, f"{folder}/config.json")
+    if not isinstance(cfg, dict):
         return "mean"
     for mode, key in (("cls", "pooling_mode_cls_token"), ("max", "pooling_mode_max_tokens"),
                       ("mean", "pooling_mode_mean_tokens")):
