@@ -123,6 +123,10 @@ def score_command(model: str, task: str, settings: ScoreSettings, data: DataConf
         r = info["mlm_head"]
         echo(f"note: {model} has no masked-LM head; fitted one on the frozen encoder "
              f"(MLM loss {r.get('loss', float('nan')):.3f}, accuracy {r.get('accuracy', float('nan')):.3f})")
+    if "contrastive" in info:
+        echo(f"note: {objective} objective: {info['pooling']} pooling, SimCSE loss"
+             + (" with the pairs as positives" if info["contrastive"].supervised
+                else f", dropout views seeded by --seed {data.seed}"))
     batches = [] if method == "magnitude" else batches_for(t, tok, objective, data)
     with decoding(m, metric_for(t, objective)):
         s = score(m, batches, method=method, normalize=settings.normalize, device=info["device"],
