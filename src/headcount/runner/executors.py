@@ -252,6 +252,20 @@ def _blocked_by(job: Job, bad: set[str]) -> str | None:
     return None
 
 
+def _skip_if_blocked(job: Job, todo: list, bad: set[str], out, reporter, keep_going: bool) -> bool:
+    """Skip ``job`` (take it off ``todo``, mark it bad) when a dependency failed or, without
+    ``keep_going``, when any job failed; True when skipped. Shared by the local and Ray loops."""
+    blocker = _blocked_by(job, bad)
+    if blocker is None and (keep_going or not out.failed):
+        return False
+    todo.remove(job)
+    bad.add(job.key)
+    out.skipped.append(job.name)
+    if blocker is not None:
+        reporter.job_skipped(job, blocker)
+    return True
+
+
 # ---------------------------------------------------------------------------------------------
 # local
 # ---------------------------------------------------------------------------------------------
@@ -441,13 +455,7 @@ class LocalExecutor(Executor):
         try:
             while todo or running:
                 for job in list(todo):
-                    blocker = _blocked_by(job, bad)
-                    if blocker is not None or (out.failed and not keep_going):
-                        todo.remove(job)
-                        bad.add(job.key)
-                        out.skipped.append(job.name)
-                        if blocker is not None:
-                            reporter.job_skipped(job, blocker)
+                    if _skip_if_blocked(job, todo, bad, out, reporter, keep_going):
                         continue
                     if not all(store.is_done(d.key) for _, d in job.deps):
                         continue
@@ -785,13 +793,7 @@ class RayExecutor(Executor):
         try:
             while todo or running:
                 for job in list(todo):
-                    blocker = _blocked_by(job, bad)
-                    if blocker is not None or (out.failed and not keep_going):
-                        todo.remove(job)
-                        bad.add(job.key)
-                        out.skipped.append(job.name)
-                        if blocker is not None:
-                            reporter.job_skipped(job, blocker)
+                    if _skip_if_blocked(job, todo, bad, out, reporter, keep_going):
                         continue
                     if all(store.is_done(d.key) for _, d in job.deps):
                         todo.remove(job)
