@@ -383,3 +383,6 @@ def test_transfer_study_reports_mlm_embedding_and_task_side_by_side(tmp_path):
     assert "embedding" in set(curves[curves["objective"] == "task"]["order"])
     html = summary.report.read_text()
     assert "embedding (pre-trained) vs task (fine-tuned)" in html and "MLM vs embedding" in html
+    assert "and the embedding (SimCSE) objective" in html  # the heatmaps show its grid beside MLM's
+    scores = pd.read_csv(tmp_path / "run" / "results" / "head_scores.csv")
+    assert {"mlm-pre-trained", "embedding-pre-trained", "task-fine-tuned"} <= set(scores["kind"])

@@ -20,14 +20,17 @@ def figures(tables: dict, settings: TransferSettings, p: dict, art: str) -> dict
     scores, summary, curves = tables["head_scores"], tables["coherence_summary"], tables["curves"]
     ids = p["ids"]
 
-    # --- heatmaps: MLM | task before | task after, one row per task (percentile ranks)
-    fig, axes = new_figure(len(ids), 3, size=(10, 2.6 * len(ids)))
+    # --- heatmaps: MLM | (embedding |) task before | task after, one row per task (percentile ranks)
+    emb = bool(p.get("embedding"))
+    fig, axes = new_figure(len(ids), 3 + emb, size=(10 + 3.3 * emb, 2.6 * len(ids)))
     axes = np.atleast_2d(axes)
     for i, t in enumerate(ids):
         c = p["corpus_of"][t]
-        for j, (kind, task, label) in enumerate((("mlm-pre-trained", c, f"MLM ({c} texts), pre-trained"),
-                                                  ("task-pre-trained", t, f"{t}: pre-trained encoder"),
-                                                  ("task-fine-tuned", t, f"{t}: fine-tuned"))):
+        panels = [("mlm-pre-trained", c, f"MLM ({c} texts), pre-trained")]
+        if emb:  # the second pre-training objective beside MLM
+            panels.append(("embedding-pre-trained", c, f"embedding ({c} texts), pre-trained"))
+        panels += [("task-pre-trained", t, f"{t}: pre-trained encoder"), ("task-fine-tuned", t, f"{t}: fine-tuned")]
+        for j, (kind, task, label) in enumerate(panels):
             ax = axes[i, j]
             g = grid_of(scores, kind, task)
             im = ax.imshow(g, aspect="auto", cmap="viridis", vmin=0, vmax=1)
@@ -38,9 +41,10 @@ def figures(tables: dict, settings: TransferSettings, p: dict, art: str) -> dict
             ax.set_yticks(range(g.shape[0]))
             ax.tick_params(labelsize=6)
     fig.colorbar(im, ax=axes, shrink=0.6, label="importance percentile")
-    figs[f"{art}heatmaps"] = (fig, "Head importance as percentile ranks (1 = most important): MLM on the pre-trained "
-                                   "model beside the task, before (frozen encoder + fitted head) and after fine-tuning "
-                                   "(mean over seeds).")
+    figs[f"{art}heatmaps"] = (fig, "Head importance as percentile ranks (1 = most important): MLM "
+                                   + ("and the embedding (SimCSE) objective " if emb else "")
+                                   + "on the pre-trained model beside the task, before (frozen encoder + fitted head) "
+                                   "and after fine-tuning (mean over seeds).")
 
     # --- scatter MLM vs task per head
     fig, axes = new_figure(1, len(ids), size=(3.4 * len(ids), 3.2))
