@@ -335,6 +335,9 @@ def test_transfer_plan_adds_embedding_jobs_only_when_asked():
     pairs = {p["name"]: p for p in both["coherence"].params["pairs"]}
     assert pairs["embedding-vs-task/movies/1"]["paired"] and pairs["mlm-vs-embedding/tweets"]["paired"]
     assert both["curve/movies/seed1"].params["orders"]["embedding"] == {"pre-trained": "embedding"}
+    curve = both["curve/tweets/embedding"]
+    assert curve.params["objective"] == "embedding" and set(curve.params["orders"]) == {"mlm", "embedding", "task"}
+    assert "curve/tweets/embedding" not in plain
 
 
 def test_transfer_objectives_must_include_mlm():
@@ -381,6 +384,9 @@ def test_transfer_study_reports_mlm_embedding_and_task_side_by_side(tmp_path):
     assert pairing["embedding-vs-task"] == pairing["mlm-vs-embedding"] == {"ids"}
     curves = pd.read_csv(tmp_path / "run" / "results" / "curves.csv")
     assert "embedding" in set(curves[curves["objective"] == "task"]["order"])
+    emb = curves[curves["objective"] == "embedding"]
+    assert set(emb["order"]) == {"mlm", "embedding", "task", "random"} and set(emb["metric"]) == {"similarity_spearman"}
+    assert (emb[emb["fraction"] == 0]["score"] == 1.0).all() and (emb[emb["fraction"] > 0]["score"] < 1).all()
     html = summary.report.read_text()
     assert "embedding (pre-trained) vs task (fine-tuned)" in html and "MLM vs embedding" in html
     assert "and the embedding (SimCSE) objective" in html  # the heatmaps show its grid beside MLM's

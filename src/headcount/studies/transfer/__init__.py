@@ -19,7 +19,8 @@ the masked-LM text source, ``<p>`` a pruning level)::
     curve/<t>/seed<s>, curve/<t>/mlm    4. prunability curves: metric vs fraction of heads removed,
                                            heads chosen by MLM, by task, and at random
     embedding-scores/<c>                with ``objectives: [mlm, embedding]``: embedding (SimCSE)
-                                           importance of the pre-trained model on the MLM texts
+                                           importance of the pre-trained model on the MLM texts,
+    curve/<t>/embedding                    and its prunability (similarity structure kept)
     mask/<c>/mlm-<p>, mask/random-<p>   5. masks of the pre-trained model at each level
     prune-then-finetune/<t>/seed<s>/mlm-<p>   ... fine-tuned after pruning (vs fine-tune-then-prune
                                            from the curves); 6. the acceptable deduction is read

@@ -397,12 +397,13 @@ class MaskParams(ConfigSection):
 
 
 class CurveParams(ConfigSection):
-    """A prunability curve: ``task`` (the upstream ``model``) or ``mlm`` (``model`` + ``mlm_head``).
+    """A prunability curve: ``task`` (the upstream ``model``), ``mlm`` (``model`` + ``mlm_head``) or
+    ``embedding`` (``model``: its similarity structure, :func:`headcount.embedding.similarity_agreement`).
 
     ``orders``: ``{order: {replicate: input name}}``, the score grids that rank the heads.
     """
 
-    objective: Literal["task", "mlm"]
+    objective: Literal["task", "mlm", "embedding"]
     task: str
     eval: DataSettings
     levels: tuple[float, ...]
@@ -418,6 +419,8 @@ class CurveParams(ConfigSection):
     def _mlm(self):
         if self.objective == "mlm" and (self.model is None or self.mlm_head is None):
             raise ValueError("an MLM curve needs model and mlm_head")
+        if self.objective == "embedding" and self.model is None:
+            raise ValueError("an embedding curve needs model")
         return self
 
 

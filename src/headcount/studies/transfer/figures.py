@@ -134,11 +134,12 @@ def figures(tables: dict, settings: TransferSettings, p: dict, art: str) -> dict
 
     # --- prunability curves
     views = sorted(curves["view"].unique(), key=lambda v: v != "application")
-    fig, axes = new_figure(2, len(ids), size=(3.6 * len(ids), 6.0))
-    axes = np.asarray(axes).reshape(2, len(ids))
+    objectives = ("task", "mlm", "embedding") if emb else ("task", "mlm")
+    fig, axes = new_figure(len(objectives), len(ids), size=(3.6 * len(ids), 3.0 * len(objectives)))
+    axes = np.asarray(axes).reshape(len(objectives), len(ids))
     colors = {"mlm": "C0", "task": "C1", "embedding": "C2", "random": "0.45"}
     for col, t in enumerate(ids):
-        for row, objective in enumerate(("task", "mlm")):
+        for row, objective in enumerate(objectives):
             ax = axes[row, col]
             d = curves[(curves["task"] == t) & (curves["objective"] == objective)]
             for view in views:
@@ -154,13 +155,17 @@ def figures(tables: dict, settings: TransferSettings, p: dict, art: str) -> dict
             if not d.empty:
                 full = d[d["fraction"] == 0]["score"].mean()
                 ax.axhline(settings.before_after.threshold * full, ls=":", color="C3", lw=0.8)
-            ax.set_title(f"{t}: {'task (fine-tuned)' if objective == 'task' else 'MLM (pre-trained)'}", fontsize=9)
+            title = {"task": "task (fine-tuned)", "mlm": "MLM (pre-trained)", "embedding": "embedding (pre-trained)"}
+            ax.set_title(f"{t}: {title[objective]}", fontsize=9)
             ax.set_xlabel("fraction of heads removed", fontsize=8)
             ax.set_ylabel(d["metric"].iloc[0] if len(d) else "", fontsize=8)
     axes[0, 0].legend(fontsize=6)
     figs[f"{art}prunability"] = (fig, "Metric vs fraction of heads removed (gates, no retraining): heads removed by "
                                       "MLM importance, by the task's own importance, or at random; lines = means, "
-                                      "bands = min-max over seeds and random draws; dotted = 90% of the full model.")
+                                      "bands = min-max over seeds and random draws; dotted = 90% of the full model."
+                                 + (" With the embedding objective: heads removed by its importance too, and a row "
+                                    "for the pre-trained encoder's similarity structure (Spearman of its pairwise "
+                                    "cosine similarities with the unpruned encoder's)." if emb else ""))
 
     # --- before / after and acceptable deduction
     ba, ad = tables["before_after"], tables["acceptable_deduction"]

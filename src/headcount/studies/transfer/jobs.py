@@ -19,6 +19,7 @@ from ...analysis import layer_mass
 from ...analysis.coherence import coherence, pair_seed, seed_mean_ci, view_of
 from ...analysis.removal import removal_mask
 from ...device import resolve_device
+from ...embedding import SIMILARITY_METRIC, embed, similarity_agreement
 from ...evaluation import evaluate_batches, masked_positions_only
 from ...gates import layout, shared_groups
 from ...heads import evaluate_mlm, fit_task_head, mlm_model
@@ -172,6 +173,15 @@ def curve_job(params, inputs, workdir: Path, progress) -> dict:
 
         def evaluate(mask):
             return evaluate_mlm(model, batches, mask)
+    elif p.objective == "embedding":  # no labels: agreement with the unpruned encoder's similarities
+        model, tokenizer, info = load_for(p.model, task, "embedding", seed=data.seed)
+        pooling = info["pooling"]
+        batches = batches_for(task, tokenizer, "embedding", data)
+        reference = embed(model, batches, pooling)
+        metric = SIMILARITY_METRIC
+
+        def evaluate(mask):
+            return similarity_agreement(embed(model, batches, pooling, mask), reference)
     else:
         model, tokenizer, _ = load_for(model_spec(params, inputs), task, "task", seed=data.seed)
         batches = batches_for(task, tokenizer, "task", data)

@@ -85,6 +85,9 @@ class Names:
     def mlm_curve(self, t):
         return self("curve", t, "mlm")
 
+    def embedding_curve(self, t):
+        return self("curve", t, "embedding")
+
     def mask(self, corpus, order, level):
         return self("mask", corpus, f"{order}-{_level(level)}") if order == "mlm" else self("mask", f"random-{_level(level)}")
 
@@ -255,6 +258,16 @@ def transfer_jobs(settings: TransferSettings, prefix: str = "") -> list[Job]:
                          "random_draws": s.pruning.random_draws, "random_seed": 0},
                         deps={"layout": layout, "mlm": mlm_pre[corpus],
                               **{f"task.{seed}": after[t, seed] for seed in p["seeds"]}}, uses_model=True))
+        if emb_pre:  # the pre-trained encoder's similarity structure as heads go, by each order
+            jobs.append(Job(n.embedding_curve(t), "transfer-curve", f"{JOBS}:curve_job",
+                            {"objective": "embedding", "task": p["corpora"][corpus], "model": s.model,
+                             "eval": s.mlm.eval.model_dump(), "levels": p["curve_levels"],
+                             "normalize": s.pruning.normalize, "views": views,
+                             "orders": {"mlm": {"pre-trained": "mlm"}, "embedding": {"pre-trained": "embedding"},
+                                        "task": {str(seed): f"task.{seed}" for seed in p["seeds"]}},
+                             "random_draws": s.pruning.random_draws, "random_seed": 0},
+                            deps={"layout": layout, "mlm": mlm_pre[corpus], "embedding": emb_pre[corpus],
+                                  **{f"task.{seed}": after[t, seed] for seed in p["seeds"]}}, uses_model=True))
         # before vs after: prune the pre-trained model, then fine-tune
         for level in p["ba_levels"]:
             orders = {"mlm": Job(n.mask(corpus, "mlm", level), "transfer-mask", f"{JOBS}:mask_job",

@@ -85,6 +85,8 @@ def transfer_tables(store, settings: TransferSettings, prefix: str = "") -> dict
                             **{f"fine_tuned_{label}": extra_score(n.finetune(t, seed), label) for label in extras[t]}})
             cur = store.result(n.curve(t, seed)).result
             curve_rows += [{"task": t, "seed": seed, **r} for r in cur["rows"]]
+        if p["embedding"]:
+            curve_rows += [{"task": t, "seed": None, **r} for r in store.result(n.embedding_curve(t)).result["rows"]]
         cur = store.result(n.mlm_curve(t)).result
         curve_rows += [{"task": t, "seed": None, **r} for r in cur["rows"]]
         for r in mlm_rows:
