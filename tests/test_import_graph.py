@@ -22,9 +22,6 @@ LAZY_EDGES_ALLOWED = {
     # (module __getattr__), while heads builds on tasks.mlm
     ("headcount.tasks", "headcount.heads"),
     ("headcount.tasks.mlm", "headcount.heads"),
-    # evaluation computes task metrics with tasks.compute_metrics, and tasks re-exports
-    # heads, which evaluates with evaluation (the same re-export as above closes it)
-    ("headcount.evaluation", "headcount.tasks"),
 }
 
 

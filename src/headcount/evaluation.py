@@ -7,8 +7,12 @@ from contextlib import contextmanager
 import numpy as np
 import torch
 
+from .device import runtime, to_device
+from .errors import HeadcountError
 from .gates import clear_gates, set_gates
 from .tasks.base import IGNORE  # the label of positions a loss ignores (declared there, once)
+from .tasks.batching import pack_batches
+from .tasks.metrics import compute_metrics
 
 #: the metric name for the masked-LM objective: accuracy over masked tokens
 MLM_METRIC = "mlm_accuracy"
@@ -26,9 +30,8 @@ def masked_positions_only(model):
     >>> with masked_positions_only(model):          # doctest: +SKIP
     ...     loss = model(**mlm_batch).loss
     """
+    # lazy: transformers costs ~0.7 s to import, and headcount --help loads this module
     from transformers.modeling_outputs import BaseModelOutput
-
-    from .errors import HeadcountError
 
     base = model.base_model
     head_forward = model.forward  # the class's forward, bound
@@ -78,9 +81,6 @@ def evaluate_batches(model, batches, metric: str, mask=None, *, device=None, pre
     >>> evaluate_batches(model, batches, "accuracy")["score"]     # doctest: +SKIP
     0.87
     """
-    from .device import runtime, to_device
-    from .tasks.batching import pack_batches
-
     was_training = model.training
     model.eval()
     rt = runtime(model, device, precision, tokens_per_batch)
@@ -119,8 +119,6 @@ def evaluate_batches(model, batches, metric: str, mask=None, *, device=None, pre
     if metric == MLM_METRIC:
         acc = int(correct) / max(total, 1)
         return {"score": acc, "accuracy": acc, "loss": loss, "n_masked": total, **where}
-    from .tasks import compute_metrics
-
     preds = torch.cat(logits).cpu().numpy()
     labels = [torch.cat(labels).cpu()] if labels else []
     if preds.ndim == 2 and preds.shape[1] == 1:

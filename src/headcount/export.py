@@ -69,7 +69,7 @@ INSTALL_HINT = "headcount export needs onnx and onnxruntime: pip install 'headco
 
 def require_onnx():
     """``(onnx, onnxruntime)``, or the one-line error naming the extra that installs them."""
-    try:
+    try:  # lazy: optional dependencies (the export extra)
         import onnx
         import onnxruntime
     except ImportError:
@@ -81,6 +81,7 @@ def require_onnx():
 def load_for_export(spec: str) -> nn.Module:
     """The model of ``spec`` with the head it was saved with (the class ``config.json`` names),
     eager attention (exportable by every architecture), eval mode. Pruned checkpoints are replayed."""
+    # lazy: transformers, .models and .surgery (which import it) cost ~0.7 s; headcount --help loads this module
     import transformers
 
     from .models import resolve
@@ -281,7 +282,7 @@ def native_config(model: nn.Module):
     Decided by building the plain model (on the meta device: no memory) and comparing every
     tensor name and shape with ``model``'s.
     """
-    from .surgery import RECORD, pruning_record
+    from .surgery import RECORD, pruning_record  # lazy: .surgery imports transformers (~0.7 s)
 
     record = pruning_record(model)
     config = copy.deepcopy(model.config)

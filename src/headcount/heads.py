@@ -41,7 +41,7 @@ from torch import nn
 from transformers.modeling_outputs import BaseModelOutput, BaseModelOutputWithPooling
 
 from .arch import get_adapter
-from .device import place
+from .device import place, resolve_device
 from .errors import HeadcountError
 from .evaluation import MLM_METRIC, evaluate_batches
 from .io import atomic_path, atomic_write_json
@@ -370,8 +370,6 @@ def fit_mlm_head(model_spec: str, texts: Sequence[str], *, steps: int = MLM_HEAD
     if not own_decoder and out_emb.weight is not in_emb.weight:
         out_emb.weight = in_emb.weight  # the decoder is the input embedding matrix
     fitted = force or not has_mlm_head(model_spec, model)
-    from .device import resolve_device
-
     device = resolve_device(device)  # the device rule: argument, $HEADCOUNT_DEVICE, else auto
     settings = {"steps": steps, "lr": lr, "head_batch_size": head_batch_size, "batch_size": batch_size,
                 "max_length": max_length, "max_texts": max_texts, "eval_fraction": eval_fraction,

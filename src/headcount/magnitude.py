@@ -24,15 +24,19 @@ The procedures that decide how far to prune (the paper's search without retraini
 
 from __future__ import annotations
 
+import importlib
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import load_file, save_file
 from torch import nn
 from torch.nn.utils import prune
 
+from .arch import get_adapter
 from .errors import HeadcountError
 from .io import atomic_path
 
@@ -61,8 +65,6 @@ def weight_targets(model: nn.Module, variant: str = "prasanna") -> dict[str, tup
     >>> sorted(weight_targets(model, "chen"))[:1]          # doctest: +SKIP
     ['encoder.layer.0.attention.output.dense.weight']
     """
-    from .arch import get_adapter
-
     if variant not in VARIANTS:
         raise HeadcountError(f"unknown variant {variant!r}; choose one of {', '.join(VARIANTS)}")
     adapter = get_adapter(model)
@@ -333,8 +335,6 @@ def save_weight_mask(mask: WeightMask, path, meta: dict | None = None) -> Path:
 
     >>> save_weight_mask(mask, "weight_mask.safetensors", meta={"control": "good"})   # doctest: +SKIP
     """
-    from safetensors.torch import save_file
-
     path = Path(path)
     tensors = {k: v.detach().bool().contiguous().cpu() for k, v in mask.items()}
     header = {k: json.dumps(v) for k, v in {**mask_sparsity(mask), **(meta or {})}.items()}
@@ -348,9 +348,6 @@ def load_weight_mask(path) -> WeightMask:
 
     >>> mask = load_weight_mask("runs/mag")                  # doctest: +SKIP
     """
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
     path = Path(path)
     if path.is_dir():
         path = path / "weight_mask.safetensors"
@@ -371,8 +368,6 @@ def weight_mask_meta(path) -> dict:
     >>> weight_mask_meta("runs/mag")["control"]              # doctest: +SKIP
     'good'
     """
-    from safetensors import safe_open
-
     path = Path(path)
     if path.is_dir():
         path = path / "weight_mask.safetensors"
@@ -390,8 +385,6 @@ def __getattr__(name: str):
     """``headcount.magnitude.magnitude_prune`` etc.: looked up in :mod:`headcount.magnitude_search`
     when first asked for (this module never imports the procedures: they import it)."""
     if name in _MOVED:
-        import importlib
-
         value = getattr(importlib.import_module(f"{__package__}.magnitude_search"), name)
         globals()[name] = value
         return value

@@ -38,8 +38,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from .device import resolve_device
 from .errors import HeadcountError
-from .io import atomic_write_json, atomic_write_text
+from .fingerprint import model_fingerprint, path_fingerprint, task_fingerprint
+from .io import atomic_dir, atomic_write_json, atomic_write_text
 from .magnitude import (
     CONTROLS,
     VARIANTS,
@@ -53,6 +55,8 @@ from .magnitude import (
     save_weight_mask,
     weight_targets,
 )
+from .tasks import encode
+from .training import TrainConfig, _as_task, _use_cpu, evaluate, finetune, use_bf16
 
 PROCEDURES = ("prasanna", "imp")
 SCHEDULES = ("remaining", "original")
@@ -232,8 +236,6 @@ def _read_summary(path: Path) -> dict:
 def _identity(model_spec, task, seed, config: MagnitudeConfig, train, match) -> dict:
     """What decides a run's folder (``magnitude_run.json``); ``procedure`` only when it is not
     ``imp``, so that IMP folders written before it existed still resume."""
-    from .fingerprint import model_fingerprint, path_fingerprint, task_fingerprint
-
     ident = {"model": str(model_spec), "model_fingerprint": model_fingerprint(model_spec),
              "task": task.name, "task_fingerprint": task_fingerprint(task),
              "seed": int(seed), "control": config.control,
@@ -311,10 +313,6 @@ def magnitude_prune(model_spec: str, task, *, config: MagnitudeConfig | None = N
 
 def _dev_evaluator(task, tokenizer, train):
     """``model -> dev metric`` on the dev subset fine-tuning reports on (same examples, same length)."""
-    from .device import resolve_device
-    from .tasks import encode
-    from .training import _use_cpu, evaluate, use_bf16
-
     data = task.load(task.validation_split, max_examples=train.max_eval_examples, seed=train.data_seed)
     encoded = encode(data, tokenizer, max_length=train.max_length)
     # where and how fine-tuning evaluates: its device ($HEADCOUNT_DEVICE, else a GPU when there is one)
@@ -352,8 +350,8 @@ def prasanna_magnitude_prune(model_spec: str, task, *, config: MagnitudeConfig |
     >>> r["step"], r["no_passing_mask"]                                                 # doctest: +SKIP
     (6, False)
     """
+    # lazy: .models imports transformers (~0.7 s), and headcount --help loads this module
     from .models import load_model, load_tokenizer
-    from .training import TrainConfig, _as_task, finetune
 
     config = replace(config or MagnitudeConfig(), procedure="prasanna")
     train = train or TrainConfig()
@@ -407,9 +405,9 @@ def prasanna_magnitude_prune(model_spec: str, task, *, config: MagnitudeConfig |
 
 
 def _rewind_callback(step: int, path: Path, tokenizer_spec: str):
+    # lazy: transformers and .models (which imports it) cost ~0.7 s; headcount --help loads this module
     from transformers import TrainerCallback
 
-    from .io import atomic_dir
     from .models import load_tokenizer
 
     class Snapshot(TrainerCallback):
@@ -477,8 +475,8 @@ def iterative_magnitude_prune(model_spec: str, task, *, config: MagnitudeConfig 
     >>> r["sparsity"], r["metric"]                                                        # doctest: +SKIP
     (0.5695, 0.83)
     """
+    # lazy: .models imports transformers (~0.7 s), and headcount --help loads this module
     from .models import load_model
-    from .training import TrainConfig, _as_task, finetune
 
     config = config or MagnitudeConfig(procedure="imp")
     if config.sparsity is None and match is None:

@@ -32,6 +32,7 @@ def default_report(store, config) -> ReportContent:
     >>> default_report.__name__
     'default_report'
     """
+    # lazy: pandas costs ~0.2 s to import, and headcount --help loads this module
     import pandas as pd
 
     by_kind: dict[str, list[dict]] = {}
@@ -45,6 +46,7 @@ def default_report(store, config) -> ReportContent:
 
 
 def _versions_table(manifest: dict) -> ReportTable:
+    # lazy: pandas and ..runner.study (which imports pandas) cost ~0.2-0.5 s; headcount --help loads this module
     import pandas as pd
 
     from ..runner.study import versions
@@ -80,6 +82,7 @@ def build_report(run_dir: str | os.PathLike, *, loaded=None, store=None) -> Path
     ...
     headcount.errors.HeadcountError: /nonexistent is not a headcount run directory...
     """
+    # lazy: ..runner imports pandas and rich (~0.5 s), and headcount --help loads this module
     from ..runner.config import parse_study_config
     from ..runner.store import CONFIG, RunStore
 
@@ -98,7 +101,7 @@ def build_report(run_dir: str | os.PathLike, *, loaded=None, store=None) -> Path
             f"finish the run with `headcount study {manifest.get('config_file') or CONFIG} --out {run_dir}`"
         )
     if "matplotlib.pyplot" not in sys.modules:
-        import matplotlib
+        import matplotlib  # lazy: ~0.2 s, and only a report draws; headcount --help loads this module
 
         matplotlib.use("Agg")
     st = loaded.study_type

@@ -65,6 +65,7 @@ class ReportTable:
 
     def __post_init__(self):
         _check_name(self.name, "table")
+        # lazy: pandas costs ~0.2 s to import, and headcount --help loads this module
         import pandas as pd
 
         if not isinstance(self.data, pd.DataFrame):
@@ -195,6 +196,7 @@ def new_figure(nrows: int = 1, ncols: int = 1, size: tuple[float, float] = (6.4,
     >>> _ = ax.plot([0, 1], [1, 0]); type(fig).__name__
     'Figure'
     """
+    # lazy: matplotlib costs ~0.2-0.3 s to import, and headcount --help loads this module
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=size, layout="constrained")

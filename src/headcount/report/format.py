@@ -77,7 +77,7 @@ def display_cell(x) -> str:
     if x is None or isinstance(x, str):
         return x or ""
     try:
-        import pandas as pd
+        import pandas as pd  # lazy: pandas costs ~0.2 s to import, and headcount --help loads this module
 
         if pd.api.types.is_scalar(x) and pd.isna(x):
             return ""

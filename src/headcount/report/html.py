@@ -55,6 +55,7 @@ def figure_png(source: Any, dpi: int = 110) -> bytes:
     elif hasattr(source, "savefig"):
         buf = io.BytesIO()
         if getattr(source, "canvas", None) is None or type(source.canvas).__name__ == "FigureCanvasBase":
+            # lazy: matplotlib costs ~0.2-0.3 s to import, and headcount --help loads this module
             from matplotlib.backends.backend_agg import FigureCanvasAgg
 
             FigureCanvasAgg(source)
@@ -72,6 +73,7 @@ def figure_png(source: Any, dpi: int = 110) -> bytes:
 
 def tidy(df):
     """The DataFrame as written to CSV: a meaningful index becomes columns, columns flattened."""
+    # lazy: pandas costs ~0.2 s to import, and headcount --help loads this module
     import pandas as pd
 
     out = df.copy()

@@ -10,11 +10,17 @@ into column groups that each repeat its label columns (task, metric, ...).
 from __future__ import annotations
 
 import json
-import re
+import shutil
 import sys
 from pathlib import Path
 
+from rich import box
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
 from .format import display_frame, looks_numeric
+from .html import tidy
 
 #: ``RUN/results/<SUMMARY_FILE>``: the summary and the main tables as shown.
 SUMMARY_FILE = "summary.json"
@@ -39,8 +45,6 @@ def summary_record(content) -> dict:
     >>> summary_record(c)["tables"][0]["rows"]
     [['a', '']]
     """
-    from .html import tidy
-
     tables = []
     for section, t in content.main_tables():
         df = display_frame(tidy(t.data))
@@ -116,24 +120,16 @@ def column_groups(columns: list[str], rows: list[list[str]], width: int = MAX_WI
 
 
 def _console(file=None, width: int | None = None):
-    from rich.console import Console
-
     file = file or sys.stdout
     if width is None:
         width = MAX_WIDTH
         if getattr(file, "isatty", lambda: False)():
-            import shutil
-
             width = min(MAX_WIDTH, shutil.get_terminal_size((MAX_WIDTH, 24)).columns)
     return Console(file=file, width=width, highlight=False, soft_wrap=False, emoji=False)
 
 
 def print_tables(record: dict, console=None, *, max_rows: int = MAX_ROWS) -> None:
     """Print the tables of a :func:`summary_record` (each caption's first sentence above it)."""
-    from rich import box
-    from rich.table import Table
-    from rich.text import Text
-
     console = console or _console()
     width = console.width
     section = None

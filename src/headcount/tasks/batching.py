@@ -221,7 +221,7 @@ def round_up(n: int, multiple: int | None) -> int:
 def pad_batch(seqs: list, pad_token_id: int, types: list | None = None, pad_to_multiple_of: int | None = None) -> dict:
     """Right-pad to the longest (rounded up to ``pad_to_multiple_of``): ``input_ids``,
     ``attention_mask`` (and ``token_type_ids``)."""
-    import torch
+    import torch  # lazy: headcount.tasks imports without torch (0.4 s; torch adds ~2 s) for data-only use
 
     width = round_up(max(len(s) for s in seqs), pad_to_multiple_of)
     ids = torch.full((len(seqs), width), int(pad_token_id), dtype=torch.long)  # [batch, seq]
@@ -260,7 +260,7 @@ def make_batches(encoded, batch_size: int, *, shuffle: bool = False, seed: int =
     >>> batches[0]["input_ids"].shape                                                            # doctest: +SKIP
     torch.Size([32, 47])
     """
-    import torch
+    import torch  # lazy: keeps headcount.tasks torch-free on import (see pad_batch)
 
     ids, types, labels, lengths = _columns(encoded)
     batches = []
@@ -286,7 +286,7 @@ def _widen(batch: dict, width: int) -> dict:
     A batch without ``attention_mask`` gets one (ones over its own tokens), so the added
     positions are masked and the model's outputs at real positions do not change.
     """
-    import torch
+    import torch  # lazy: keeps headcount.tasks torch-free on import (see pad_batch)
     import torch.nn.functional as F
 
     seq = batch["input_ids"].shape[1]
@@ -326,7 +326,7 @@ def pack_batches(batches, tokens_per_batch: int, pad_to_multiple_of: int | None 
     >>> [(b["input_ids"].shape, sizes) for b, sizes in pack_batches(bs, 32, 8)]
     [(torch.Size([4, 8]), [2, 2])]
     """
-    import torch
+    import torch  # lazy: keeps headcount.tasks torch-free on import (see pad_batch)
 
     if not tokens_per_batch:
         for b in batches:
@@ -371,6 +371,6 @@ def batch_groups(sizes: list[int], device=None):
     >>> batch_groups([2, 1]).tolist()
     [0, 0, 1]
     """
-    import torch
+    import torch  # lazy: keeps headcount.tasks torch-free on import (see pad_batch)
 
     return torch.repeat_interleave(torch.arange(len(sizes)), torch.as_tensor(sizes)).to(device or "cpu")
