@@ -46,7 +46,15 @@ _CNN_DEFAULTS = {k: p.default for k, p in inspect.signature(train_pattern_cnn).p
 
 
 def _resolve_path(value: str, info: ValidationInfo) -> str:
-    """A relative path that exists next to the config file becomes absolute; names stay names."""
+    """A relative path that exists next to the config file becomes absolute; names stay names.
+
+    Everything else stays as written: absolute paths, ``~``, paths relative to the working
+    directory, files that do not exist yet, the empty string. Narrower than the transfer study's
+    rule (:func:`headcount.studies.transfer.config._resolve_path`, which also expands ``~``, makes
+    existing working-directory paths absolute and points a missing ``.yaml``/``.txt`` at the
+    config's folder). Kept apart on purpose: the resolved value is part of the config hash, so
+    the wider rule would re-plan lottery runs already written with this one.
+    """
     base = (info.context or {}).get("base_dir") if info is not None else None
     if base is None or not value or os.path.isabs(value):
         return value

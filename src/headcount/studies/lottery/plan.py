@@ -22,6 +22,9 @@ JOBS = "headcount.studies.jobs"
 def task_name(task: str) -> str:
     """The registered name of a task (its YAML ``name`` for a file), used in job names.
 
+    Builds the task to read it; not the same as the transfer study's
+    :func:`headcount.studies.transfer.config.task_name`, which returns the reference as written.
+
     >>> task_name("offline/movies")
     'offline/movies'
     """

@@ -296,7 +296,15 @@ class TransferConfig(StudyConfig, TransferSettings):
 
 
 def _resolve_path(value: str, info: ValidationInfo) -> str:
-    """A relative path that exists next to the config file becomes absolute; names stay names."""
+    """A relative path that exists next to the config file becomes absolute; names stay names.
+
+    Wider than the lottery study's rule (:func:`headcount.studies.lottery.config._resolve_path`,
+    which only does the first): ``~`` is expanded; a ``.yaml``/``.yml``/``.txt`` that exists
+    nowhere yet points at the config's folder (so the error names that path); a path that exists
+    relative to the working directory (with a suffix, or starting with ``.``) becomes absolute;
+    a value that is not a string passes through. The two stay apart because the resolved value is
+    part of each study's config hash (one rule for both would re-plan existing runs).
+    """
     if not isinstance(value, str):
         return value
     base = (info.context or {}).get("base_dir") if info is not None else None
@@ -344,7 +352,12 @@ def task_id(spec: str | TaskSpec) -> str:
 
 
 def task_name(spec: str | TaskSpec) -> str:
-    """The task a task entry names (what :func:`headcount.tasks.get_task` reads)."""
+    """The task a task entry names (what :func:`headcount.tasks.get_task` reads).
+
+    The reference as written (a registered name or a task YAML path), not the task's registered
+    name that the lottery study's :func:`headcount.studies.lottery.plan.task_name` returns by
+    building the task; transfer job names use :func:`task_id` instead.
+    """
     return spec.task if isinstance(spec, TaskSpec) else str(spec)
 
 
