@@ -250,6 +250,17 @@ def _identity(model_spec, task, seed, config: MagnitudeConfig, train, match) -> 
     return ident
 
 
+def _open_run(out: Path, model_spec, task, seed, config: MagnitudeConfig, train, match, write: bool = True):
+    """Both procedures' start: the task, the run's identity, its data loaded (bad data ends here,
+    before any output) and ``out`` claimed. Returns ``(task, identity)``."""
+    task = _as_task(task)
+    identity = _identity(model_spec, task, seed, config, train, match)
+    for split in (task.train_split, task.validation_split):
+        task.load(split)
+    _claim(out, identity, write=write)
+    return task, identity
+
+
 def _claim(out: Path, identity: dict, write: bool = True) -> None:
     """Refuse a folder holding another run; mark it as this run's (``magnitude_run.json``)."""
     previous_run = out / "magnitude_run.json"
@@ -357,12 +368,8 @@ def prasanna_magnitude_prune(model_spec: str, task, *, config: MagnitudeConfig |
     train = train or TrainConfig()
     out = Path(out_dir)
     say = progress or (lambda msg: None)
-    task = _as_task(task)
     t_start = time.perf_counter()
-    identity = _identity(model_spec, task, seed, config, train, None)
-    for split in (task.train_split, task.validation_split):  # bad data ends here, before any output
-        task.load(split)
-    _claim(out, identity)
+    task, identity = _open_run(out, model_spec, task, seed, config, train, None)
 
     full_dir = out / "full"
     say("step 0: fine-tuning the full model")
@@ -484,13 +491,8 @@ def iterative_magnitude_prune(model_spec: str, task, *, config: MagnitudeConfig 
     train = train or TrainConfig()
     out = Path(out_dir)
     say = progress or (lambda msg: None)
-    task = _as_task(task)
     t_start = time.perf_counter()
-
-    identity = _identity(model_spec, task, seed, config, train, match)
-    for split in (task.train_split, task.validation_split):  # bad data ends here, before any output
-        task.load(split)
-    _claim(out, identity, write=False)
+    task, identity = _open_run(out, model_spec, task, seed, config, train, match, write=False)
 
     # -- the full model (round 0) -----------------------------------------------------------
     if match is not None:
