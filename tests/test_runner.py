@@ -329,6 +329,39 @@ def test_report_command_redraws_from_saved_results(reference_run, tmp_path, caps
     assert capsys.readouterr().err.startswith("error: ")
 
 
+def test_report_command_waits_for_no_one_and_races_no_study(reference_run, tmp_path, capsys):
+    """`headcount report` takes RUN/.lock: while a study holds it (another process), the report is
+    refused with one error line and the run's files stay as they were; afterwards it redraws."""
+    import shutil
+    import subprocess
+    import sys
+    import textwrap
+
+    from headcount.cli import main
+
+    run = tmp_path / "copy"
+    shutil.copytree(reference_run, run)
+    before = (run / "report.html").read_bytes()
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import sys, time
+        from headcount.runner.store import RunStore
+        with RunStore({str(run)!r}):
+            print("locked", flush=True)
+            sys.stdin.readline()
+    """)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(SystemExit) as e:
+            main(["report", str(run)])
+        assert e.value.code == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and "in use" in err and err.count("\n") == 1
+        assert (run / "report.html").read_bytes() == before
+    finally:
+        holder.communicate("\n", timeout=60)
+    assert main(["report", str(run)]) == 0
+
+
 def test_report_refuses_an_unfinished_run(tmp_path, monkeypatch):
     from headcount.report import build_report
 

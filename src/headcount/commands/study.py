@@ -40,6 +40,13 @@ def study(
 @app.command()
 def report(run_dir: Path = typer.Argument(..., help="a run directory made by `headcount study`")):
     """Redraw report.html, results/*.csv and figures/ of a run from its saved results."""
-    path = build_report(run_dir)
+    if not (run_dir / "manifest.json").is_file():
+        path = build_report(run_dir)  # not a run directory: its one error line, nothing created
+    else:
+        # lazy: ..runner imports pandas and rich (~0.5 s), which --help need not load
+        from ..runner.store import RunStore
+
+        with RunStore(run_dir) as store:  # RUN/.lock: a study running there is refused, not raced
+            path = build_report(run_dir, store=store)
     print_summary(run_dir)
     typer.echo(f"report: {path}")
