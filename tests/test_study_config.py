@@ -150,3 +150,12 @@ def test_a_study_types_own_seeds_validator_runs_beside_the_bases():
     with pytest.raises(ValidationError, match=">= 0"):
         Cfg(study="x", seeds=[-1])
     assert Cfg(study="x", seeds=[2, 3]).seeds == [2, 3]
+
+
+@pytest.mark.parametrize("study", ["transfer", "lottery"])
+def test_an_empty_model_is_refused_not_read_as_the_configs_folder(study, tmp_path):
+    from headcount.runner.config import parse_study_config
+
+    text = f"study: {study}\nmodel: ''\ntasks: [offline/movies]\n"
+    with pytest.raises(HeadcountError, match=r"line 2: 'model'.*must not be empty"):
+        parse_study_config(text, base_dir=tmp_path)

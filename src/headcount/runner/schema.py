@@ -97,6 +97,18 @@ class ConfigSection(BaseModel):
     _nonnegative_seeds = field_validator("*")(_check_seeds)
 
 
+def nonempty_model(value: Any) -> Any:
+    """Refuse an empty ``model:`` in a study config (``Path("")`` is ``.``: it would otherwise
+    resolve to the config's folder); other values pass through unchanged.
+
+    >>> nonempty_model("offline")
+    'offline'
+    """
+    if isinstance(value, str) and not value.strip():
+        raise ValueError("model must not be empty (use 'offline' for the packaged default model)")
+    return value
+
+
 def fields_of(source: type, names: Sequence[str], *, optional: bool = False) -> dict[str, tuple[Any, Any]]:
     """``{name: (type, default)}`` of some fields of a dataclass or pydantic model.
 

@@ -21,7 +21,7 @@ from ...errors import HeadcountError
 from ...magnitude_search import MagnitudeConfig
 from ...runner import ConfigSection, StudyConfig
 from ...runner.config import format_validation_error, task_ref
-from ...runner.schema import fields_of
+from ...runner.schema import fields_of, nonempty_model
 from ...tasks import get_task
 from ...training import TrainConfig
 
@@ -268,7 +268,7 @@ class LotterySettings(ConfigSection):
     @field_validator("model")
     @classmethod
     def _model(cls, v: str, info: ValidationInfo) -> str:
-        return _resolve_path(v, info)
+        return _resolve_path(nonempty_model(v), info)
 
     @field_validator("tasks")
     @classmethod

@@ -23,7 +23,7 @@ from ...pipeline import DataConfig
 from ...settings import MAX_LENGTH_RANGE
 from ...runner import ConfigSection, StudyConfig
 from ...runner.config import task_ref
-from ...runner.schema import fields_of
+from ...runner.schema import fields_of, nonempty_model
 from ...training import TrainConfig
 
 Method = Literal["gradient", "gradient-token"]
@@ -234,7 +234,7 @@ class TransferSettings(ConfigSection):
     @field_validator("model")
     @classmethod
     def _model(cls, v, info: ValidationInfo):
-        return _resolve_path(v, info)
+        return _resolve_path(nonempty_model(v), info)
 
     @field_validator("tasks", mode="before")
     @classmethod
