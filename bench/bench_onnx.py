@@ -34,10 +34,10 @@ import torch
 import transformers
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_pruned_speed import model_flops  # noqa: E402  (the same FLOP count as the PyTorch bench)
+from bench_pruned_speed import half_pruned_pair, model_flops  # noqa: E402  (the same models and FLOP count)
 
 from headcount.gates import layout  # noqa: E402
-from headcount.surgery import count_parameters, prune_heads, prune_mlps  # noqa: E402
+from headcount.surgery import count_parameters  # noqa: E402
 
 
 def eager(model):
@@ -83,16 +83,8 @@ def main(argv=None) -> dict | None:
     transformers.utils.logging.set_verbosity_error()
     torch.set_num_threads(args.threads)
 
-    torch.manual_seed(0)
-    full = eager(transformers.BertModel(cfg))
-    torch.manual_seed(0)
-    pruned = eager(transformers.BertModel(cfg))
+    full, pruned, heads, mlps, g = half_pruned_pair(cfg, eager)
     n_layers, n_heads = layout(pruned)
-    g = torch.Generator().manual_seed(0)
-    heads = {layer: torch.randperm(n_heads, generator=g)[: n_heads // 2].tolist() for layer in range(n_layers)}
-    mlps = sorted(torch.randperm(n_layers, generator=g)[: n_layers // 2].tolist())
-    prune_heads(pruned, heads)
-    prune_mlps(pruned, mlps)
 
     t = time.perf_counter()
     sessions, diffs = {}, {}

@@ -52,6 +52,26 @@ def model_flops(cfg, batch: int, seq: int, heads_per_layer: list[int], mlps: lis
                for h, m in zip(heads_per_layer, mlps))
 
 
+def half_pruned_pair(cfg, prepare=lambda m: m.eval()):
+    """Two identical random ``BertModel``s (seed 0), the second with half the heads of every layer
+    and half the MLPs removed (seeded choice). ``prepare`` readies each model before surgery.
+
+    Returns ``(full, pruned, heads, mlps, generator)``: the generator continues the seeded stream
+    (the batch is drawn from it).
+    """
+    torch.manual_seed(0)
+    full = prepare(transformers.BertModel(cfg))
+    torch.manual_seed(0)
+    pruned = prepare(transformers.BertModel(cfg))
+    n_layers, n_heads = layout(pruned)
+    g = torch.Generator().manual_seed(0)
+    heads = {layer: torch.randperm(n_heads, generator=g)[: n_heads // 2].tolist() for layer in range(n_layers)}
+    mlps = sorted(torch.randperm(n_layers, generator=g)[: n_layers // 2].tolist())
+    prune_heads(pruned, heads)
+    prune_mlps(pruned, mlps)
+    return full, pruned, heads, mlps, g
+
+
 def timed(model, batch: dict, precision: str = "fp32") -> float:
     device = batch["input_ids"].device
     with torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
@@ -100,16 +120,8 @@ def main(argv=None) -> dict:
     torch.set_num_threads(args.threads)
     transformers.utils.logging.set_verbosity_error()
 
-    torch.manual_seed(0)
-    full = transformers.BertModel(cfg).eval().to(device)
-    torch.manual_seed(0)
-    pruned = transformers.BertModel(cfg).eval().to(device)
+    full, pruned, heads, mlps, g = half_pruned_pair(cfg, lambda m: m.eval().to(device))
     n_layers, n_heads = layout(pruned)
-    g = torch.Generator().manual_seed(0)
-    heads = {layer: torch.randperm(n_heads, generator=g)[: n_heads // 2].tolist() for layer in range(n_layers)}
-    mlps = sorted(torch.randperm(n_layers, generator=g)[: n_layers // 2].tolist())
-    prune_heads(pruned, heads)
-    prune_mlps(pruned, mlps)
 
     ids = torch.randint(1000, cfg.vocab_size, (batch_size, seq), generator=g)
     batch = {"input_ids": ids.to(device), "attention_mask": torch.ones_like(ids).to(device)}
