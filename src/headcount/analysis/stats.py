@@ -96,6 +96,14 @@ def _np(x) -> np.ndarray:
     return np.asarray(x, dtype=np.float64)
 
 
+def _check_resampling(level: float, n_boot: int) -> None:
+    """The checks every bootstrap shares: a confidence level in (0, 1), at least one resample."""
+    if not 0 < level < 1:
+        raise HeadcountError(f"level must be in (0, 1), got {level}")
+    if n_boot < 1:
+        raise HeadcountError(f"n_boot must be >= 1, got {n_boot}")
+
+
 def _rng(seed: Seed) -> np.random.Generator:
     if isinstance(seed, np.random.Generator):
         return seed
@@ -483,10 +491,7 @@ def bootstrap_ci(
     """
     if not contributions:
         raise HeadcountError("bootstrap_ci needs at least one contributions array")
-    if not 0 < level < 1:
-        raise HeadcountError(f"level must be in (0, 1), got {level}")
-    if n_boot < 1:
-        raise HeadcountError(f"n_boot must be >= 1, got {n_boot}")
+    _check_resampling(level, n_boot)
     if reduce not in ("sum", "mean"):
         raise HeadcountError(f"reduce must be 'sum' or 'mean', got {reduce!r}")
     arrays = [_np(c) for c in contributions]
@@ -688,10 +693,7 @@ def hierarchical_bootstrap_ci(
         raise HeadcountError("statistic=None works on a single sequence of per-seed contributions")
     if reduce not in ("sum", "mean"):
         raise HeadcountError(f"reduce must be 'sum' or 'mean', got {reduce!r}")
-    if n_boot < 1:
-        raise HeadcountError(f"n_boot must be >= 1, got {n_boot}")
-    if not 0 < level < 1:
-        raise HeadcountError(f"level must be in (0, 1), got {level}")
+    _check_resampling(level, n_boot)
     if interval not in ("t", "percentile"):
         raise HeadcountError(f"unknown interval {interval!r}; use 't' or 'percentile'")
     groups = [list(g) for g in per_seed]
@@ -765,10 +767,7 @@ def hierarchical_ci_from_replicates(
     >>> r.estimate, float(r.low), float(r.high)
     (0.6, 0.5, 0.7)
     """
-    if not 0 < level < 1:
-        raise HeadcountError(f"level must be in (0, 1), got {level}")
-    if n_boot < 1:
-        raise HeadcountError(f"n_boot must be >= 1, got {n_boot}")
+    _check_resampling(level, n_boot)
     if interval not in ("t", "percentile"):
         raise HeadcountError(f"unknown interval {interval!r}; use 't' or 'percentile'")
     est = np.stack([_np(e) for e in estimates]) if len(estimates) else np.empty(0)
