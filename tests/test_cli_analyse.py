@@ -8,7 +8,7 @@ import json
 import pytest
 from training_helpers import make_checkpoint, make_task, one_thread
 
-from headcount.cli import main
+from cli_helpers import run_cli
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -25,12 +25,7 @@ def setup(tmp_path_factory):
 
 
 def run(args, capsys):
-    try:
-        code = main(args) or 0
-    except SystemExit as e:
-        code = e.code
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
+    return run_cli(capsys, *args)
 
 
 def test_score_writes_contract_files(setup, tmp_path, capsys):

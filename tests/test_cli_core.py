@@ -13,24 +13,13 @@ import torch
 import transformers
 from conftest import outputs, save_tiny, tiny_batch, tiny_model
 
-from headcount.cli import main
+from cli_helpers import run_cli
 from headcount.gates import gated
 from headcount.masks import Mask
 from headcount.models import load_model
 from headcount.surgery import count_parameters, load_pruned
 
 HEADCOUNT = Path(sys.executable).parent / "headcount"
-
-
-def run_cli(capsys, *argv) -> tuple[int, str, str]:
-    """``headcount ARGV`` in-process: (exit status, stdout, stderr)."""
-    capsys.readouterr()  # drop what the fixtures printed
-    try:
-        code = main(list(argv))
-    except SystemExit as e:
-        code = e.code
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def assert_one_error_line(code, err):

@@ -11,7 +11,7 @@ import torch
 from conftest import tiny_batch, tiny_model
 from training_helpers import make_checkpoint, make_task, one_thread
 
-from headcount.cli import main
+from cli_helpers import run_cli
 from headcount.embedding import (Contrastive, contrastive, embed, embedding_metrics, pair_loss, pool, pooling_of,
                                  similarity_agreement, simcse_loss, two_views, view_metrics)
 from headcount.scoring import score
@@ -202,12 +202,7 @@ def setup(tmp_path_factory):
 
 
 def run(args, capsys):
-    try:
-        code = main(args) or 0
-    except SystemExit as e:
-        code = e.code
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
+    return run_cli(capsys, *args)
 
 
 def test_cli_score_embedding(setup, tmp_path, capsys):

@@ -18,7 +18,7 @@ import torch
 import transformers
 from conftest import ARCH_IDS, NUM_LABELS, VOCAB, save_tiny, tiny_model
 
-from headcount.cli import main
+from cli_helpers import run_cli
 from headcount.errors import HeadcountError
 from headcount.gates import layout
 from headcount.surgery import load_pruned, prune_heads, prune_mlps, prune_neurons, save_pruned
@@ -29,16 +29,6 @@ ort = pytest.importorskip("onnxruntime")
 from headcount import export as ex  # noqa: E402  (after the skip: needs the export extra)
 
 TOL = 1e-4
-
-
-def run_cli(capsys, *argv):
-    capsys.readouterr()
-    try:
-        code = main([str(a) for a in argv])
-    except SystemExit as e:
-        code = e.code
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def assert_one_error_line(code, err, *needles):

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from headcount.cli import main
+from cli_helpers import run_cli
 from headcount.errors import HeadcountError
 from headcount.io import LOCK_NAME, OUT_MARKER, lock_file, unlock_file
 from training_helpers import make_checkpoint, make_task, one_thread
@@ -75,16 +75,6 @@ def child(args, env=None, **kw) -> subprocess.CompletedProcess:
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", **(env or {})}
     return subprocess.run([sys.executable, "-c", CHILD, *args], env=full_env, capture_output=True, text=True,
                           timeout=300, **kw)
-
-
-def run_cli(capsys, *argv) -> tuple[int, str, str]:
-    capsys.readouterr()
-    try:
-        code = main([str(a) for a in argv])
-    except SystemExit as e:
-        code = e.code
-    out, err = capsys.readouterr()
-    return code or 0, out, err
 
 
 def one_error(code, err, status=2) -> str:
