@@ -20,7 +20,7 @@ from pathlib import Path
 
 from .io import atomic_write_json
 from .tasks import get_task
-from .tasks.paths import cache_root
+from .tasks.paths import cache_root, sha256_file
 
 _MEMORY: dict[str, str] = {}
 _DISK: dict[str, str] | None = None
@@ -73,11 +73,7 @@ def file_digest(path: str | os.PathLike) -> str:
     if key in disk:
         _MEMORY[key] = disk[key]
         return disk[key]
-    h = hashlib.sha256()
-    with open(p, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    digest = h.hexdigest()[:16]
+    digest = sha256_file(p)[:16]
     _MEMORY[key] = disk[key] = digest
     if st.st_size > (1 << 20):  # worth remembering across processes
         _save_disk()
