@@ -8,7 +8,6 @@ A mask comes from an upstream job named ``"mask"`` (its ``mask.json``) or ``para
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -182,7 +181,3 @@ def evaluate_job(params, inputs, workdir: Path, progress) -> dict:
     return {**r, "metric_name": metric_for(task, objective), "head": info["head"],
             "heads_kept": mask.n_heads_kept if mask is not None else None,
             "mlps_kept": mask.n_mlps_kept if mask is not None else None}
-
-
-def read_json(path) -> dict:
-    return json.loads(Path(path).read_text(encoding="utf-8"))
