@@ -35,7 +35,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-import torch
 from torch import nn
 
 from .device import resolve_device
