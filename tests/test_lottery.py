@@ -201,6 +201,7 @@ name: tiny lottery
 model: pre
 tasks: [task/task.yaml, task2/task.yaml]
 seeds: [1, 2]
+random: uniform       # exact sizes, checked below (the default, bernoulli, matches only on average)
 train: {lr: 0.01, batch_size: 16, epochs: 3, max_length: 32, save_steps: 1000}
 pruning: {step: 0.25}
 magnitude: {rounds: 2, rate: 0.3, threshold: 0.5}

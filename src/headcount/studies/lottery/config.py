@@ -240,8 +240,9 @@ class LotterySettings(ConfigSection):
         model: the pre-trained model (hub id, local directory, or ``offline``).
         tasks: task names or task YAML paths (relative paths: next to the config file).
         seeds: training seeds; each gives its own fine-tuning, good subnetwork and controls.
-        random: ``uniform`` (as many heads and MLPs as the good subnetwork, drawn uniformly) or
-            ``bernoulli`` (the paper: each kept with p = the good subnetwork's kept fraction).
+        random: ``bernoulli`` (the default, the paper's draw: each head and MLP kept with p = the
+            good subnetwork's kept fraction, so the size matches only on average) or ``uniform``
+            (exactly as many heads and MLPs as the good subnetwork, drawn uniformly).
         train: :class:`TrainSettings`.
         pruning: :class:`PruningSettings`.
         magnitude: :class:`MagnitudeSettings`.
@@ -251,13 +252,13 @@ class LotterySettings(ConfigSection):
             fine-tuned full models are always kept, later jobs read them).
 
     >>> LotterySettings(tasks=["offline/movies"], seeds=[1, 2]).random
-    'uniform'
+    'bernoulli'
     """
 
     model: str = "offline"
     tasks: list[str] = Field(min_length=1)
     seeds: list[int] = Field(min_length=1)
-    random: RandomDraw = "uniform"
+    random: RandomDraw = "bernoulli"
     train: TrainSettings = TrainSettings()
     pruning: PruningSettings = PruningSettings()
     magnitude: MagnitudeSettings = MagnitudeSettings()
