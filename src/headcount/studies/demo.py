@@ -14,9 +14,18 @@ from .transfer import TransferSettings, transfer_jobs, transfer_sections, transf
 
 PARTS = ("transfer", "lottery")
 
+#: The first line of every demo report and terminal summary: a demo trains a few dozen steps on a
+#: few hundred examples, far from convergence, so its numbers must not be read as results.
+NOTICE = ("**These numbers illustrate the pipeline only.** A demo fine-tunes for a few dozen steps on a "
+          "few hundred examples with one or two seeds, far from convergence: cite nothing from it. For "
+          "results, run `configs/lottery-offline.yaml` and `configs/transfer-offline.yaml` (sized to "
+          "converge) or the GLUE configs.")
+
 
 class DemoConfig(StudyConfig):
     """``study: demo``: an optional ``transfer`` part and an optional ``lottery`` part.
+
+    ``notice`` opens the report (default :data:`NOTICE`).
 
     >>> DemoConfig(study="demo").transfer is None
     True
@@ -24,6 +33,7 @@ class DemoConfig(StudyConfig):
 
     transfer: TransferSettings | None = None
     lottery: LotterySettings | None = None
+    notice: str = NOTICE
 
 
 def expand(config: DemoConfig) -> list[Job]:
@@ -37,10 +47,10 @@ def expand(config: DemoConfig) -> list[Job]:
 
 
 def report(store, config: DemoConfig):
-    """Both parts' summaries and sections, transfer first."""
+    """The notice, then both parts' summaries and sections, transfer first."""
     from ..report import ReportContent
 
-    summary, parts = [], []
+    summary, parts = [config.notice], []
     if config.transfer is not None:
         tables = transfer_tables(store, config.transfer, prefix="transfer/")
         summary.append(transfer_summary(tables, config.transfer))
