@@ -16,7 +16,7 @@ def test_both_parts_main_sections_come_first(monkeypatch):
     config = demo.DemoConfig.model_construct(study="demo", transfer=object(), lottery=object(), notice="n")
     content = demo.report(None, config)
     assert [x.title for x in content.sections] == ["t-main", "l-main", "t-fig1", "t-fig2", "l-fig"]
-    assert content.summary == "n\n\nt\n\nl"
+    assert content.summary == "t\n\nl" and content.notice == "n"
     only_lottery = demo.DemoConfig.model_construct(study="demo", transfer=None, lottery=object(), notice="n")
     assert [x.title for x in demo.report(None, only_lottery).sections] == ["l-main", "l-fig"]
 

@@ -131,3 +131,25 @@ def test_no_summary_file_prints_nothing(tmp_path):
 def test_narrow_tables_are_one_group(columns):
     rows = [["a"] * len(columns)]
     assert column_groups(columns, rows) == [list(range(len(columns)))]
+
+
+def test_a_notice_comes_first_in_the_terminal_and_the_html(tmp_path):
+    """A report's notice (the demo's "illustrate the pipeline only") is printed before the tables."""
+    from rich.console import Console
+
+    from headcount.report import print_summary
+    from headcount.report.html import render_html
+
+    c = content()
+    c.notice = "**These numbers illustrate the pipeline only.** Cite nothing."
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / SUMMARY_FILE).write_text(json.dumps(summary_record(c)))
+    buf = io.StringIO()
+    assert print_summary(tmp_path, Console(file=buf, width=100, highlight=False)) is True
+    out = buf.getvalue()
+    assert "These numbers illustrate the pipeline only. Cite nothing." in out and "**" not in out
+    assert out.index("illustrate the pipeline only") < out.index("Main results")
+    small = ReportContent("T", "summary", [Section("Main", tables={"m": pd.DataFrame({"x": [1]})})], notice=c.notice)
+    page = render_html(small, {}, subtitle="s", config_text="", jobs_table=ReportTable("jobs", pd.DataFrame({"job": ["a"]})),
+                       versions_table=ReportTable("versions", pd.DataFrame({"package": ["p"]})))
+    assert '<div class="notice">' in page and page.index("illustrate the pipeline") < page.index('<div class="summary">')

@@ -134,6 +134,8 @@ class ReportContent:
         title: the report's title (default: the config's ``name`` or the study type).
         summary: text under the title (the headline numbers).
         sections: the sections, in order.
+        notice: one caution shown before everything else, in the report and in the terminal
+            summary (the demo's "these numbers illustrate the pipeline only").
 
     >>> import pandas as pd
     >>> c = ReportContent("Toy", sections=[Section("Sums", tables={"sums": pd.DataFrame({"x": [1]})})])
@@ -144,6 +146,7 @@ class ReportContent:
     title: str = ""
     summary: str = ""
     sections: list[Section] = field(default_factory=list)
+    notice: str = ""
 
     def __post_init__(self):
         self.sections = list(self.sections)

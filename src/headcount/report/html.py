@@ -32,7 +32,7 @@ table.data th{background:#f6f6f6;font-weight:600}
 table.data th,table.data td{text-align:left} table.data td:not(.num){overflow-wrap:anywhere;min-width:5.5em}
 table.data td:first-child:not(.num){min-width:9em} table.data .num{text-align:right} table.data tbody tr:nth-child(even){background:#fbfbfb}
 pre{background:#f7f7f7;padding:.8em;overflow-x:auto;font-size:.85em} code{background:#f3f3f3;padding:0 .2em}
-nav ul{columns:3;font-size:.92em;margin:.6em 0;padding-left:1.2em} .summary p{margin:.35em 0} .caption{color:#555;font-size:.9em;margin:.2em 0} .note{color:#666;font-size:.85em}
+.notice{border-left:4px solid #c60;background:#fff6ee;padding:.2em .8em;margin:.6em 0} nav ul{columns:3;font-size:.92em;margin:.6em 0;padding-left:1.2em} .summary p{margin:.35em 0} .caption{color:#555;font-size:.9em;margin:.2em 0} .note{color:#666;font-size:.85em}
 div.table{max-width:100%;overflow-x:auto} details.table summary{cursor:pointer;color:#555;font-size:.9em}
 """
 
@@ -164,6 +164,7 @@ def render_html(content: ReportContent, pngs: dict[str, bytes], *, subtitle: str
         f"<title>{title}</title><style>{CSS}</style></head><body>",
         f"<h1>{title}</h1>",
         f'<p class="meta">{html.escape(subtitle)}</p>',
+        f'<div class="notice">{_text_html(content.notice)}</div>' if content.notice else "",
         f'<div class="summary">{_text_html(content.summary)}</div>' if content.summary else "",
         f"<nav><ul>{toc}</ul></nav>",
     ]

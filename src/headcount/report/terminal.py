@@ -50,7 +50,7 @@ def summary_record(content) -> dict:
         df = display_frame(tidy(t.data))
         tables.append({"name": t.name, "section": section.title, "caption": t.caption,
                        "columns": [str(c) for c in df.columns], "rows": df.values.tolist()})
-    return {"title": content.title, "summary": content.summary, "tables": tables}
+    return {"title": content.title, "notice": content.notice, "summary": content.summary, "tables": tables}
 
 
 def _first_sentence(text: str, limit: int = MAX_WIDTH - 4) -> str:
@@ -177,5 +177,8 @@ def print_summary(run_dir, console=None) -> bool:
         return False
     console = console or _console()
     console.print()
+    if record.get("notice"):
+        console.print(Text(record["notice"].replace("**", ""), style="bold"))
+        console.print()
     print_tables(record, console)
     return True

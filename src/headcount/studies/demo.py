@@ -47,10 +47,10 @@ def expand(config: DemoConfig) -> list[Job]:
 
 
 def report(store, config: DemoConfig):
-    """The notice, then both parts' summaries and sections, transfer first."""
+    """Both parts' summaries and sections, transfer first, under the demo's notice."""
     from ..report import ReportContent
 
-    summary, parts = [config.notice], []
+    summary, parts = [], []
     if config.transfer is not None:
         tables = transfer_tables(store, config.transfer, prefix="transfer/")
         summary.append(transfer_summary(tables, config.transfer))
@@ -61,7 +61,7 @@ def report(store, config: DemoConfig):
     # Each part opens with its main tables: put every part's first section on top, then the rest,
     # so that a reader sees both studies' main numbers before any figure.
     sections = [part[0] for part in parts if part] + [s for part in parts for s in part[1:]]
-    return ReportContent(summary="\n\n".join(s for s in summary if s), sections=sections)
+    return ReportContent(summary="\n\n".join(s for s in summary if s), sections=sections, notice=config.notice)
 
 
 register_study("demo", DemoConfig, expand, report,
