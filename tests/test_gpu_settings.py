@@ -19,6 +19,7 @@ from headcount.runner.study import run_study
 from headcount.studies.lottery import LotterySettings, lottery_jobs
 from headcount.studies.transfer import TransferSettings
 from headcount.studies.transfer.plan import transfer_jobs
+from cli_helpers import run_cli
 from training_helpers import make_checkpoint, make_task, one_thread
 
 _one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
@@ -56,6 +57,39 @@ def test_model_jobs_ask_for_a_gpu_when_the_cluster_has_gpus():
     for bad in (0, -1, "1", True):
         with pytest.raises(HeadcountError, match="gpus_per_job"):
             RayExecutor(gpus_per_job=bad)
+
+
+def test_gpus_per_job_reaches_the_ray_executor_from_the_cli_and_the_api(tmp_path, monkeypatch, capsys):
+    """``headcount study/demo --executor ray --gpus-per-job X`` and ``run_study(gpus_per_job=X)`` build a
+    RayExecutor asking X GPUs per model job (no Ray needed: the executor's check stops the run)."""
+    import headcount.commands.demo as demo_command
+    from headcount.api import run_study as api_run_study
+    from headcount.runner.executors import GPUS_PER_JOB, make_executor
+
+    seen = []
+
+    def stop(self):  # RayExecutor.check runs before the run directory is touched
+        seen.append(self.gpus_per_job)
+        raise HeadcountError("stopped before Ray")
+
+    monkeypatch.setattr(RayExecutor, "check", stop)
+    monkeypatch.setattr(demo_command, "is_fetched", lambda: True)
+    config = tmp_path / "a.yaml"
+    config.write_text("study: test_gpu_settings:probe\ndevice: cpu\n")
+    for argv, expected in ((["study", config, "--executor", "ray", "--gpus-per-job", "0.5"], 0.5),
+                           (["study", config, "--executor", "ray"], GPUS_PER_JOB),
+                           (["demo", "--executor", "ray", "--gpus-per-job", "2"], 2.0)):
+        code, _, err = run_cli(capsys, *argv, "--out", tmp_path / "run")
+        assert (code, err.strip(), seen[-1]) == (2, "error: stopped before Ray", expected), argv
+    with pytest.raises(HeadcountError, match="stopped before Ray"):
+        api_run_study(config, tmp_path / "run", executor="ray", gpus_per_job=0.25, quiet=True)
+    assert seen[-1] == 0.25 and not (tmp_path / "run").exists()
+    # the local executor refuses it (it runs one job per GPU); so does an executor instance
+    with pytest.raises(HeadcountError, match="--gpus-per-job is for the ray executor"):
+        api_run_study(config, tmp_path / "run", gpus_per_job=0.5, quiet=True)
+    with pytest.raises(HeadcountError, match="executor instance"):
+        make_executor(LocalExecutor(), gpus_per_job=0.5)
+    assert not (tmp_path / "run").exists()
 
 
 def _plan_jobs(tmp_path) -> list[Job]:

@@ -10,6 +10,7 @@ from ..errors import HeadcountError
 from ..report import print_summary
 from ..tasks import is_fetched
 from . import app
+from .study import GPUS_PER_JOB_HELP, check_gpus_per_job
 
 
 def config_dir() -> Path:
@@ -23,14 +24,16 @@ def demo(
     out: Path = typer.Option(Path("runs/demo"), "--out", "-o", help="run directory (running again resumes)"),
     executor: str = typer.Option("local", "--executor", "-e", help="local or ray"),
     quiet: bool = typer.Option(False, "--quiet", "-q"),
+    gpus_per_job: float = typer.Option(None, "--gpus-per-job", help=GPUS_PER_JOB_HELP),
 ):
     """Run the demo study on the offline default model and data; print where the report is."""
+    check_gpus_per_job(gpus_per_job)
     from ..api import run_study  # transformers, matplotlib: loaded when a command runs, not for --help
 
     if not is_fetched():
         raise HeadcountError("the offline data is not fetched: run `headcount data fetch` (or `make data`) first")
     config = config_dir() / ("demo-full.yaml" if full else "demo.yaml")
-    summary = run_study(config, out, executor=executor, quiet=quiet)
+    summary = run_study(config, out, executor=executor, quiet=quiet, gpus_per_job=gpus_per_job)
     typer.echo(f"jobs: {summary.jobs} ({len(summary.ran)} ran, {summary.reused} reused)")
     if summary.report is not None:
         print_summary(summary.run_dir)  # the report's main tables (RUN/results/summary.json)

@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import typer
 
+from ..errors import HeadcountError
 from ..report import build_report, print_summary
 from . import app
+
+GPUS_PER_JOB_HELP = ("with --executor ray: GPUs each job that runs a model asks Ray for (0.5: two jobs share a "
+                     "GPU; default: the executor's, one). The local executor runs one job per GPU and refuses it")
+
+
+def check_gpus_per_job(value: float | None) -> None:
+    """``--gpus-per-job``: a finite number > 0, checked before anything loads (the local executor
+    refuses it when it is made: :func:`headcount.runner.executors.make_executor`)."""
+    if value is not None and not (math.isfinite(value) and value > 0):
+        raise HeadcountError(f"--gpus-per-job must be a number > 0, got {value:g}")
 
 
 @app.command()
@@ -24,12 +36,14 @@ def study(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress display"),
     device: str = typer.Option(None, "--device", help="auto (every GPU: one job per GPU at once) | cpu | cuda | "
                                "cuda:N (default: the config's device:, else $HEADCOUNT_DEVICE, else auto)"),
+    gpus_per_job: float = typer.Option(None, "--gpus-per-job", help=GPUS_PER_JOB_HELP),
 ):
     """Run a study (resumable): every job of the config, then the report."""
+    check_gpus_per_job(gpus_per_job)
     from ..api import run_study  # transformers, matplotlib: loaded when a command runs, not for --help
 
     summary = run_study(config, out, executor=executor, address=address, force=force,
-                        report=not no_report, quiet=quiet, device=device)
+                        report=not no_report, quiet=quiet, device=device, gpus_per_job=gpus_per_job)
     typer.echo(f"run directory: {summary.run_dir}")
     typer.echo(f"jobs: {summary.jobs} ({len(summary.ran)} ran, {summary.reused} reused)")
     if summary.report is not None:

@@ -854,10 +854,16 @@ def make_executor(name: str | Executor = "local", address: str | None = None, **
     'local'
     """
     if isinstance(name, Executor):
+        if kwargs:  # an executor made by the caller: its settings went to its constructor
+            raise HeadcountError(f"{', '.join(sorted(kwargs))}: an executor instance was given; pass "
+                                 "its settings to its constructor (RayExecutor(gpus_per_job=...))")
         return name
     if name == "local":
         if address:
             raise HeadcountError("--address is for the ray executor (add --executor ray)")
+        if kwargs.get("gpus_per_job") is not None:
+            raise HeadcountError("--gpus-per-job is for the ray executor (add --executor ray; the local executor "
+                                 "runs one job per GPU)")
         return LocalExecutor()
     if name == "ray":
         return RayExecutor(address=address, **kwargs)

@@ -142,6 +142,7 @@ def run_study(
     console=None,
     device: str | None = None,
     precision: str | None = None,
+    gpus_per_job: float | None = None,
 ) -> RunSummary:
     """Run (or resume) a study's jobs into a run directory, then call ``report`` when they all finished.
 
@@ -164,6 +165,9 @@ def run_study(
         precision: ``auto`` | ``fp32`` | ``bf16``; default: the config's ``precision:`` when it
             sets one (else ``$HEADCOUNT_PRECISION``, else auto); each job runs with
             ``HEADCOUNT_PRECISION`` set to it.
+        gpus_per_job: the ray executor's ``RayExecutor(gpus_per_job=...)``: GPUs a job that runs a
+            model asks for (0.5: two such jobs share a GPU); None: its default. Refused with the
+            local executor, which runs one job per GPU.
 
     Returns:
         A :class:`RunSummary`.
@@ -181,7 +185,7 @@ def run_study(
         raise HeadcountError("run_study(report=...) takes a function such as headcount.report.build_report "
                              "(headcount.api.run_study draws the report itself)")
     loaded = _coerce_config(config)
-    exe = make_executor(executor, address)
+    exe = make_executor(executor, address, **({} if gpus_per_job is None else {"gpus_per_job": gpus_per_job}))
     if device is None and "device" in getattr(loaded.config, "model_fields_set", ()):
         device = loaded.config.device  # else $HEADCOUNT_DEVICE, else auto
     exe.set_device(device)  # an unavailable device is refused before the run directory is touched
