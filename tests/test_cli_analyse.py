@@ -42,6 +42,25 @@ def test_score_writes_contract_files(setup, tmp_path, capsys):
     assert (tmp_path / "heads.png").stat().st_size > 1000
 
 
+def test_score_timing_line_only_when_asked(setup, tmp_path, capsys, monkeypatch):
+    """``HEADCOUNT_TIMING=1``: one ``timing:`` line of the phases (the bench reads it); else none,
+    and the same files either way."""
+    ckpt, task = setup
+    args = ["score", "--model", str(ckpt), "--task", str(task), "--max-examples", "16", "--batch-size", "8"]
+    code, out, err = run([*args, "--out", str(tmp_path / "plain")], capsys)
+    assert code == 0, err
+    assert "timing:" not in out + err
+    monkeypatch.setenv("HEADCOUNT_TIMING", "1")
+    code, out, err = run([*args, "--out", str(tmp_path / "timed")], capsys)
+    assert code == 0, err
+    lines = [line for line in out.splitlines() if line.startswith("timing:")]
+    assert len(lines) == 1, out
+    for phase in ("imports", "load", "data", "score", "write", "total"):
+        assert f" {phase} " in lines[0], lines[0]
+    plain, timed = (json.loads((tmp_path / d / "scores.json").read_text()) for d in ("plain", "timed"))
+    assert plain["heads"] == timed["heads"] and plain["mlps"] == timed["mlps"]
+
+
 def test_score_mlm_objective_fits_a_head(setup, tmp_path, capsys, monkeypatch):
     ckpt, task = setup
     code, out, err = run(["score", "--model", str(ckpt), "--task", str(task), "--objective", "mlm",

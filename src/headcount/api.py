@@ -10,7 +10,7 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-from . import plots, runner
+from . import plots
 from .arch import get_adapter
 from .device import check_spec, device_name, resolve_device, resolve_precision
 from .errors import HeadcountError
@@ -21,7 +21,6 @@ from .models import load_model, load_tokenizer
 from .pipeline import (DataConfig, PruneSettings, ScoreSettings, batches_for, decoding, has_task_head, load_for,
                        metric_for, prune_model, saved_config)
 from .pruning import PruneConfig, PruneResult
-from .report import build_report
 from .scoring import score
 from .surgery import count_parameters, pruning_record, save_pruned, shrink
 from .tasks import get_task
@@ -93,11 +92,16 @@ def run_study(config, out, *, report: bool = True, **options):
         out: the run directory.
         report: draw ``report.html``, ``results/`` and ``figures/`` once every job has finished.
         **options: the other arguments of :func:`headcount.runner.run_study` (executor, address,
-            force, keep_going, quiet, console, device).
+            force, keep_going, quiet, console, device, precision, gpus_per_job).
 
     Returns:
         The :class:`~headcount.runner.RunSummary` (``report``: the page's path, or None).
     """
+    # lazy: the runner and the report import pandas, rich and the executors (~0.4 s), which the
+    # score/prune/info commands, importing this module, never use
+    from . import runner
+    from .report import build_report
+
     return runner.run_study(config, out, report=build_report if report else None, **options)
 
 
@@ -106,11 +110,13 @@ def _echo_none(*args, **kwargs):
 
 
 def score_command(model: str, task: str, settings: ScoreSettings, data: DataConfig, out, *, echo=_echo_none,
-                  device=None, precision=None, tokens_per_batch=None) -> dict:
+                  device=None, precision=None, tokens_per_batch=None, mark=_echo_none) -> dict:
     """``headcount score``: load, batch, score, write ``scores.json`` and ``heads.png``.
 
     ``settings`` and ``data`` are validated when built (a bad method is refused before any load);
     ``device`` / ``precision`` / ``tokens_per_batch``: where it runs (:mod:`headcount.device`).
+    ``mark(phase)`` is called at the end of each phase (``load``, ``data``, ``score``, ``write``):
+    the command's ``HEADCOUNT_TIMING`` line.
     """
     check_spec(device, precision)  # an unavailable device or precision: refused before loading
     objective, method = settings.objective, settings.method
@@ -127,11 +133,14 @@ def score_command(model: str, task: str, settings: ScoreSettings, data: DataConf
         echo(f"note: {objective} objective: {info['pooling']} pooling, SimCSE loss"
              + (" with the pairs as positives" if info["contrastive"].supervised
                 else f", dropout views seeded by --seed {data.seed}"))
+    mark("load")
     batches = [] if method == "magnitude" else batches_for(t, tok, objective, data)
+    mark("data")
     with decoding(m, metric_for(t, objective)):
         s = score(m, batches, method=method, normalize=settings.normalize, device=info["device"],
                   precision=precision, tokens_per_batch=tokens_per_batch, accumulate=settings.accumulate,
                   contrastive=info.get("contrastive"))
+    mark("score")
     echo(f"scored on {_on(s.meta)}")
     meta = {"objective": objective, "task": t.name, "model": model, "split": data.split or t.train_split,
             "head": info["head"]}
@@ -141,6 +150,7 @@ def score_command(model: str, task: str, settings: ScoreSettings, data: DataConf
     out = Path(out)
     s.save(out / "scores.json")
     plots.head_heatmap(s.to_dict(), out / "heads.png", title=f"{method} importance, {objective}: {t.name}")
+    mark("write")
     return {**s.to_dict(), "seconds": s.meta.get("seconds", 0.0)}
 
 

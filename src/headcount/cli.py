@@ -5,6 +5,7 @@ Bad input ends in one ``error: ...`` line and exit status 2, never a traceback.
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 
@@ -75,7 +76,11 @@ def main(argv: list[str] | None = None) -> int:
     ACTIVE_OUTS.clear()
     try:
         _check_empty_values(args)
+        if argv is None:  # the console script: what it imported lives until it exits, and a command
+            gc.freeze()   # freezes what it imports too (commands.analyse): the collector skips them
         code = app(args=args, standalone_mode=False)
+        if argv is None:  # it ends next: the last collections would walk every object (~1 s with
+            gc.freeze()   # transformers loaded, on 2 busy cores)
         if code == 130:  # typer turns KeyboardInterrupt into Exit(130) and returns its code
             _interrupted()
         if isinstance(code, int) and code:

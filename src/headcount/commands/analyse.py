@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import gc
+import os
+import time
+from contextlib import contextmanager
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -21,8 +25,67 @@ PRUNE_FILES = ("mask.json", "trace.csv", "curve.png")
 TASK_HELP = "a registered task (glue/sst2, offline/movies, ...; see `headcount tasks`) or a task YAML file"
 ACCUMULATE_HELP = ("gradient: per-batch (sum of each batch's |gradient|) | cumulative (sum of the |running gradient|, "
                    "as run_bertology and Prasanna et al.); default: the library's (headcount.scoring.DEFAULT_ACCUMULATE)")
-ACCUMULATE_HELP = ("gradient: per-batch (sum of each batch's |gradient|) | cumulative (sum of the |running gradient|, "
-                   "as run_bertology and Prasanna et al.); default: the library's (headcount.scoring.DEFAULT_ACCUMULATE)")
+
+#: set (to anything but "" or 0) to make ``headcount score`` print one ``timing:`` line of its phases
+TIMING_ENV = "HEADCOUNT_TIMING"
+
+
+def _since_start() -> float | None:
+    """Seconds since this process started (Linux: /proc), or None where that cannot be read."""
+    try:
+        with open("/proc/self/stat", encoding="ascii") as f:
+            ticks = int(f.read().rpartition(")")[2].split()[19])  # field 22, starttime
+        with open("/proc/uptime", encoding="ascii") as f:
+            uptime = float(f.read().split()[0])
+        return max(uptime - ticks / os.sysconf("SC_CLK_TCK"), 0.0)
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+@contextmanager
+def _imported_for_good():
+    """Imports that make objects living as long as the process (~10^6 for transformers' modules):
+    the cyclic garbage collector is off while they are made (it would walk them again and again),
+    and in a process that froze its objects (the console script: :func:`headcount.cli.main`) they
+    are frozen too, so that no later collection walks them (~0.7 s of a command on 2 busy cores)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if gc.get_freeze_count():
+            gc.freeze()
+        if enabled:
+            gc.enable()
+
+
+def _heavy_imports():
+    """What a command that loads a checkpoint imports: :mod:`headcount.api` and what loading runs."""
+    with _imported_for_good():
+        # lazy: transformers, matplotlib: loaded when a command runs, not for --help; and what loading a
+        # checkpoint imports (transformers.modeling_utils: torch.distributed, dynamo, ~2 s)
+        import transformers.modeling_utils  # noqa: F401
+
+        from .. import api
+    return api
+
+
+class _Phases:
+    """Wall time of a command's phases: ``mark(name)`` ends one (``$HEADCOUNT_TIMING`` shows them)."""
+
+    def __init__(self, start: str):
+        self.before = _since_start()  # interpreter start and the CLI's imports, up to the command
+        self.start, self.last, self.parts = start, time.perf_counter(), {}
+
+    def __call__(self, name: str) -> None:
+        now = time.perf_counter()
+        self.parts[name] = self.parts.get(name, 0.0) + now - self.last
+        self.last = now
+
+    def line(self) -> str:
+        parts = ([(self.start, self.before)] if self.before is not None else []) + list(self.parts.items())
+        total = sum(t for _, t in parts)
+        return "timing: " + ", ".join(f"{name} {t:.2f} s" for name, t in parts) + f"; total {total:.2f} s"
 
 
 @app.command()
@@ -46,7 +109,9 @@ def score(
     tokens_per_batch: int = typer.Option(None, "--tokens-per-batch", help=TOKENS_HELP),
 ):
     """Importance of every head and MLP -> scores.json, heads.png."""
-    from ..api import score_command  # transformers, matplotlib: loaded when a command runs, not for --help
+    phases = _Phases("start+CLI")
+    score_command = _heavy_imports().score_command
+    phases("imports")
 
     how = settings_from(ScoreSettings, dict(objective=objective, method=method, normalize=normalize,
                                             accumulate=accumulate))
@@ -57,10 +122,12 @@ def score(
     identity = run_identity(settings, model, task)
     with prepare_out(out, "score", identity=identity, own=SCORE_FILES, force=force, echo=typer.echo) as guard:
         summary = score_command(model, task, how, data, guard.staging(), echo=typer.echo, device=device,
-                                precision=precision, tokens_per_batch=tokens_per_batch)
+                                precision=precision, tokens_per_batch=tokens_per_batch, mark=phases)
         guard.commit()
     typer.echo(f"wrote {out}/scores.json and {out}/heads.png ({summary['n_examples']} examples, "
                f"{summary['seconds']:.1f} s)")
+    if os.environ.get(TIMING_ENV, "") not in ("", "0"):
+        typer.echo(phases.line())
 
 
 @app.command()
@@ -92,7 +159,7 @@ def prune(
     tokens_per_batch: int = typer.Option(None, "--tokens-per-batch", help=TOKENS_HELP),
 ):
     """Iterative pruning to a threshold -> mask.json, trace.csv, curve.png."""
-    from ..api import prune_command  # transformers, matplotlib: loaded when a command runs, not for --help
+    prune_command = _heavy_imports().prune_command
 
     how = settings_from(PruneSettings, dict(objective=objective, method=method, normalize=normalize,
                                             accumulate=accumulate, importance_split=importance_split,
