@@ -207,7 +207,9 @@ def test_shrink_killed_before_its_output_is_complete(capsys, world, tmp_path):
 # -- 3. Ctrl-C ---------------------------------------------------------------------------------------------
 def test_ctrl_c_exits_130_with_one_line_and_keeps_the_checkpoints(capsys, world, tmp_path):
     out = tmp_path / "ft"
-    slow = [a if a != "2" or i != 1 else "40" for i, a in enumerate(FT)]  # 40 epochs: time to press Ctrl-C
+    # 400 epochs (1,600 steps): time to press Ctrl-C. 40 (2.9 s of training on an idle machine) could end
+    # before the signal arrived; the signal is sent at the first complete checkpoint, so this costs no time.
+    slow = [a if a != "2" or i != 1 else "400" for i, a in enumerate(FT)]
     args = ["finetune", "--model", world["pre"], "--task", world["task"], *slow, "--out", str(out)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     p = subprocess.Popen([sys.executable, "-c", CHILD, *args], env=env, stdout=subprocess.PIPE,
