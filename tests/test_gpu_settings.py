@@ -54,7 +54,7 @@ def test_model_jobs_ask_for_a_gpu_when_the_cluster_has_gpus():
     assert ray._options(model, GPU_CLUSTER)["num_gpus"] == 0.0 and ray._job_env(model, 0.0)["HEADCOUNT_DEVICE"] == "cpu"
     ray.set_precision("bf16")
     assert ray._job_env(model, 0.0) == {"HEADCOUNT_DEVICE": "cpu", "HEADCOUNT_PRECISION": "bf16"}
-    for bad in (0, -1, "1", True):
+    for bad in (0, -1, "1", True, float("inf"), float("nan")):  # the CLI's rule (device.check_gpus_per_job)
         with pytest.raises(HeadcountError, match="gpus_per_job"):
             RayExecutor(gpus_per_job=bad)
 

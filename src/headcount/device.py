@@ -25,6 +25,7 @@ so that a GPU gets enough work per launch. Both defaults for CUDA are judgement,
 
 from __future__ import annotations
 
+import math
 import os
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -246,6 +247,18 @@ def runtime(model, device: str | torch.device | None = None, precision: str | No
         raise HeadcountError(f"--tokens-per-batch must be >= 0, got {tokens_per_batch}")
     budget = default_tokens_per_batch(dev) if tokens_per_batch is None else int(tokens_per_batch)
     return Runtime(dev, resolve_precision(precision, dev), pad_multiple(dev) if budget else 1, budget)
+
+
+def check_gpus_per_job(value, name: str = "gpus_per_job") -> float:
+    """GPUs a job that runs a model asks the Ray executor for: a finite number > 0 (0.5: two such
+    jobs share a GPU). The one rule for ``--gpus-per-job`` and ``RayExecutor(gpus_per_job=...)``.
+
+    >>> check_gpus_per_job(0.5)
+    0.5
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value > 0):
+        raise HeadcountError(f"{name} must be a number > 0 (got {value!r})")
+    return float(value)
 
 
 def check_spec(device: str | None = None, precision: str | None = None) -> tuple[torch.device, str]:

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import typer
 
-from ..errors import HeadcountError
+from ..device import check_gpus_per_job as _check
 from ..report import build_report, print_summary
 from . import app
 
@@ -16,10 +15,10 @@ GPUS_PER_JOB_HELP = ("with --executor ray: GPUs each job that runs a model asks 
 
 
 def check_gpus_per_job(value: float | None) -> None:
-    """``--gpus-per-job``: a finite number > 0, checked before anything loads (the local executor
-    refuses it when it is made: :func:`headcount.runner.executors.make_executor`)."""
-    if value is not None and not (math.isfinite(value) and value > 0):
-        raise HeadcountError(f"--gpus-per-job must be a number > 0, got {value:g}")
+    """``--gpus-per-job``: :func:`headcount.device.check_gpus_per_job`'s rule, checked before anything
+    loads (the local executor refuses it when it is made: :func:`headcount.runner.executors.make_executor`)."""
+    if value is not None:
+        _check(value, "--gpus-per-job")
 
 
 @app.command()

@@ -45,7 +45,8 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from ..device import ENV_DEVICE, ENV_PRECISION, PRECISIONS, cuda_count, pool_devices, resolve_device, resolve_precision
+from ..device import (ENV_DEVICE, ENV_PRECISION, PRECISIONS, check_gpus_per_job, cuda_count, pool_devices,
+                      resolve_device, resolve_precision)
 from ..device import job_environment as device_env
 from ..errors import HeadcountError
 from .jobs import Job, JobResult, resolve_function
@@ -668,9 +669,7 @@ class RayExecutor(Executor):
                  ship_inputs: str = "auto", max_retries: int = 1, gpus_per_job: float = GPUS_PER_JOB):
         if ship_inputs not in ("auto", "always", "never"):
             raise HeadcountError(f"ship_inputs must be auto, always or never (got {ship_inputs!r})")
-        if isinstance(gpus_per_job, bool) or not isinstance(gpus_per_job, (int, float)) or not 0 < gpus_per_job:
-            raise HeadcountError(f"gpus_per_job must be a number > 0 (got {gpus_per_job!r})")
-        self.gpus_per_job = float(gpus_per_job)
+        self.gpus_per_job = check_gpus_per_job(gpus_per_job)
         self.address = address or None
         self.num_cpus = num_cpus
         self.num_gpus = num_gpus
