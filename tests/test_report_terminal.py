@@ -153,3 +153,4 @@ def test_a_notice_comes_first_in_the_terminal_and_the_html(tmp_path):
     page = render_html(small, {}, subtitle="s", config_text="", jobs_table=ReportTable("jobs", pd.DataFrame({"job": ["a"]})),
                        versions_table=ReportTable("versions", pd.DataFrame({"package": ["p"]})))
     assert '<div class="notice">' in page and page.index("illustrate the pipeline") < page.index('<div class="summary">')
+    assert "<strong>These numbers illustrate the pipeline only.</strong> Cite nothing." in page and "**" not in page

@@ -85,12 +85,19 @@ def tidy(df):
 
 
 def _text_html(text: str) -> str:
+    """Paragraphs (blank-line separated) with the markup report texts use: single backquotes for
+    code, double asterisks for bold.
+
+    >>> _text_html("**Only** `x`.")
+    '<p><strong>Only</strong> <code>x</code>.</p>'
+    """
     parts = []
     for para in re.split(r"\n\s*\n", text.strip()):
         if not para.strip():
             continue
         esc = html.escape(para)
         esc = re.sub(r"`([^`]+)`", r"<code>\1</code>", esc)
+        esc = re.sub(r"\*\*([^*]+)\*\*", r"<strong>\1</strong>", esc)
         parts.append(f"<p>{esc}</p>")
     return "\n".join(parts)
 
