@@ -459,6 +459,22 @@ def test_report_sections_compose_under_a_prefix(run):
     assert names and all(n.startswith("transfer-") for n in names)
 
 
+def test_the_before_after_figure_accepts_a_mean_an_ulp_outside_its_range(run):
+    # three seeds with the same score: np.mean gives 0.1 + 1 ulp > max. The offline run's report
+    # crashed on it in matplotlib ("'yerr' must not contain negative values").
+    from headcount.studies.transfer.figures import figures
+
+    root, _ = run
+    loaded = load_study_config(root / "study.yaml")
+    tables = T.transfer_tables(RunStore(root / "run"), loaded.config)
+    ba = tables["before_after"].copy()
+    ba["score"], ba["score_min"], ba["score_max"] = float(np.mean([0.1] * 3)), 0.1, 0.1
+    assert (ba["score"] > ba["score_max"]).all()
+    tables["before_after"] = ba
+    figs = figures(tables, loaded.config, T.plan_of(loaded.config), "")
+    assert "before-after" in figs
+
+
 ALBERT_CONFIG = """\
 study: transfer
 model: {model}
