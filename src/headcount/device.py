@@ -267,6 +267,25 @@ def check_spec(device: str | None = None, precision: str | None = None) -> tuple
     return dev, resolve_precision(precision, dev)
 
 
+def launch_rank() -> tuple[int, int]:
+    """``(rank, world size)`` of this process under a distributed launcher, ``(0, 1)`` otherwise.
+
+    ``torchrun`` and ``accelerate launch`` start one process per GPU (or per CPU worker) and set
+    ``RANK`` and ``WORLD_SIZE``; the Trainer then trains one model across them (DDP). Rank 0 is
+    the one that guards and writes a command's ``--out``.
+
+    >>> launch_rank() if "WORLD_SIZE" not in os.environ else (0, 1)
+    (0, 1)
+    """
+    try:
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        rank = int(os.environ.get("RANK", "0"))
+    except ValueError:
+        raise HeadcountError(f"RANK={os.environ.get('RANK')!r} / WORLD_SIZE={os.environ.get('WORLD_SIZE')!r} "
+                             "are not integers (set by torchrun / accelerate launch)") from None
+    return (rank, world) if world > 1 else (0, 1)
+
+
 def trainer_settings(device: str | None = None, precision: str | None = None) -> dict:
     """``TrainConfig`` fields (``use_cpu``, ``bf16``) for a device and precision spec.
 
@@ -279,6 +298,9 @@ def trainer_settings(device: str | None = None, precision: str | None = None) ->
     {'use_cpu': True, 'bf16': None}
     """
     text = _spec(device, ENV_DEVICE, "auto")
+    if text.startswith("cuda:") and launch_rank()[1] > 1:
+        raise HeadcountError(f"--device {text} under torchrun / accelerate launch: each process trains on the GPU "
+                             "of its LOCAL_RANK; use --device cuda (or auto)")
     if text.startswith("cuda:") and text[5:].isdigit() and text != "cuda:0":
         n = int(text[5:])
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")

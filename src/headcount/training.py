@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from . import tasks
-from .device import pad_multiple, resolve_device
+from .device import launch_rank, pad_multiple, resolve_device
 from .errors import HeadcountError
 from .evaluation import evaluate_batches
 from .fingerprint import model_fingerprint, task_fingerprint
@@ -679,18 +679,23 @@ def finetune(model_spec: str, task, *, mask=None, mask_mode: str = "prune", weig
         return done
     model, tokenizer, info = prepare_model(model_spec, task, mask=mask, mask_mode=mask_mode,
                                            weight_mask=weight_mask, seed=seed)
-    out.mkdir(parents=True, exist_ok=True)
+    # under torchrun / accelerate launch every rank trains, rank 0 alone writes out_dir (the
+    # Trainer saves checkpoints from rank 0 too): the other ranks only read it
+    writer = launch_rank()[0] == 0
+    if writer:
+        out.mkdir(parents=True, exist_ok=True)
     ckpt_dir = out / "checkpoints"
     resume = last_complete_checkpoint(ckpt_dir)
     before = (_read_json(Path(resume) / CLOCK_FILE) or {}) if resume else {}
 
     train_ds, eval_ds = _datasets(task, tokenizer, config)
-    atomic_write_json(out / "run.json", identity)  # the inputs are checked: the folder is this run's now
+    if writer:
+        atomic_write_json(out / "run.json", identity)  # the inputs are checked: the folder is this run's now
     if info.get("head_note"):
         progress(info["head_note"])
     args = _training_args(out, config, seed)
     history = out / "evaluations.json"
-    if resume is None:
+    if resume is None and writer:
         history.unlink(missing_ok=True)  # a fresh start: earlier evaluations do not count
     clock = _make_clock_callback(history, float(before.get("train_seconds", 0.0)))
     cbs = [clock, _make_progress_callback(progress, task.metric), *callbacks]
@@ -722,6 +727,9 @@ def finetune(model_spec: str, task, *, mask=None, mask_mode: str = "prune", weig
     trainer.train(resume_from_checkpoint=resume)
     wall = time.perf_counter() - t0
     state = trainer.state
+    # several ranks: every rank reads the history rank 0 wrote, and all take the same branch below
+    # (trainer.evaluate() is collective: a rank calling it alone would wait for ever)
+    trainer.accelerator.wait_for_everyone()
     # the whole run's training time and tokens: a resumed run adds the part before the checkpoint
     train_seconds = max(float(before.get("train_seconds", 0.0)) + wall - clock.eval_seconds, 1e-9)
     evals = _epochs(_read_json(history) or [])
@@ -731,6 +739,7 @@ def finetune(model_spec: str, task, *, mask=None, mask_mode: str = "prune", weig
         final = _strip(trainer.evaluate())
     tokens = int(state.num_input_tokens_seen or 0)
     model = trainer.model
+    trainer.accelerator.wait_for_everyone()  # everyone has read the history before rank 0 removes it
 
     metrics = {
         "task": task.name,

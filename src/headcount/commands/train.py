@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from pathlib import Path
 
 import typer
 
-from ..device import DEVICE_HELP, PRECISION_HELP, trainer_settings
+from ..device import DEVICE_HELP, PRECISION_HELP, launch_rank, trainer_settings
 from ..errors import HeadcountError
 from ..io import check_out_path, prepare_out
 from ..magnitude import check_sparsity
@@ -60,9 +61,14 @@ def finetune(
     check_out_path(out)
     config = _train_config(epochs, lr, batch_size, max_length, max_train_examples, max_eval_examples, save_steps,
                            device, precision)
-    with prepare_out(out, "finetune", own=FINETUNE_FILES):  # run.json decides resume vs another run
+    rank, _ = launch_rank()
+    # under torchrun / accelerate launch, rank 0 guards --out (and writes it); the others only train
+    guard = prepare_out(out, "finetune", own=FINETUNE_FILES) if rank == 0 else nullcontext()
+    with guard:  # run.json decides resume vs another run
         m = finetune_model(model, task, mask=mask, mask_mode=mask_mode, weight_mask=weight_mask, seed=seed, config=config,
-                out_dir=out, progress=_echo)
+                out_dir=out, progress=_echo if rank == 0 else None)
+    if rank:
+        return
     kept = ""
     if m.get("mask"):
         kept = f", {m['mask']['heads_kept']}/{m['mask']['heads_total']} heads, {m['mask']['mlps_kept']} MLPs ({m['mask']['mode']})"
