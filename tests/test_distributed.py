@@ -15,8 +15,9 @@ import sys
 import pytest
 import transformers
 
-from headcount.device import launch_rank, trainer_settings
+from headcount.device import trainer_settings
 from headcount.errors import HeadcountError
+from headcount.launch import launch_rank
 from training_helpers import make_checkpoint, make_task
 
 ARGS = ["--seed", "1", "--epochs", "6", "--lr", "5e-3", "--batch-size", "8", "--max-length", "32", "--device", "cpu"]
@@ -85,3 +86,23 @@ def test_a_fixed_gpu_is_refused_under_a_launcher(monkeypatch):
     with pytest.raises(HeadcountError, match="LOCAL_RANK"):
         trainer_settings("cuda:1")
     assert trainer_settings("cpu") == {"use_cpu": True, "bf16": None}
+
+
+@pytest.mark.parametrize("argv", [["score", "--model", "{pre}", "--task", "{task}", "--out", "{out}"],
+                                  ["magnitude", "--model", "{pre}", "--task", "{task}", "--out", "{out}"],
+                                  ["study", "{config}", "--out", "{out}"]])
+def test_other_commands_refuse_a_launcher_before_touching_their_output(world, tmp_path, argv, capsys, monkeypatch):
+    # as rank 1 of 2: one line, exit 2, and --out is not created (rank 0 would have run it alone)
+    from cli_helpers import run_cli
+
+    config = tmp_path / "study.yaml"
+    config.write_text(f"study: transfer\nmodel: {world / 'pre'}\ntasks: [{world / 'task' / 'task.yaml'}]\nseeds: [1]\n")
+    out = tmp_path / "out"
+    args = [a.format(pre=world / "pre", task=world / "task" / "task.yaml", out=out, config=config) for a in argv]
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    code, stdout, stderr = run_cli(capsys, *args)
+    assert code == 2, stdout + stderr
+    lines = [ln for ln in stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "only `headcount finetune` trains across ranks" in lines[0]
+    assert not out.exists()

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import torch
 
 from .errors import HeadcountError
+from .launch import launch_rank
 
 ENV_DEVICE = "HEADCOUNT_DEVICE"
 ENV_PRECISION = "HEADCOUNT_PRECISION"
@@ -265,25 +266,6 @@ def check_spec(device: str | None = None, precision: str | None = None) -> tuple
     """Validate command-line specs before any work (a bad one: one ``error:`` line, exit 2)."""
     dev = resolve_device(device)
     return dev, resolve_precision(precision, dev)
-
-
-def launch_rank() -> tuple[int, int]:
-    """``(rank, world size)`` of this process under a distributed launcher, ``(0, 1)`` otherwise.
-
-    ``torchrun`` and ``accelerate launch`` start one process per GPU (or per CPU worker) and set
-    ``RANK`` and ``WORLD_SIZE``; the Trainer then trains one model across them (DDP). Rank 0 is
-    the one that guards and writes a command's ``--out``.
-
-    >>> launch_rank() if "WORLD_SIZE" not in os.environ else (0, 1)
-    (0, 1)
-    """
-    try:
-        world = int(os.environ.get("WORLD_SIZE", "1"))
-        rank = int(os.environ.get("RANK", "0"))
-    except ValueError:
-        raise HeadcountError(f"RANK={os.environ.get('RANK')!r} / WORLD_SIZE={os.environ.get('WORLD_SIZE')!r} "
-                             "are not integers (set by torchrun / accelerate launch)") from None
-    return (rank, world) if world > 1 else (0, 1)
 
 
 def trainer_settings(device: str | None = None, precision: str | None = None) -> dict:

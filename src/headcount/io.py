@@ -17,6 +17,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from .errors import HeadcountError
+from .launch import launch_rank, refuse_launcher
 
 
 def _umask() -> int:
@@ -175,7 +176,10 @@ def lock_file(directory: Path, what: str = "") -> int:
             holder = os.read(fd, 200).decode(errors="replace").strip()
         finally:
             os.close(fd)
-        raise HeadcountError(f"{directory} is in use by another headcount process ({holder or 'unknown'})") from None
+        rank, world = launch_rank()
+        hint = (f"; this process is rank {rank} of {world} under torchrun / accelerate launch, and only "
+                "`headcount finetune` runs across ranks") if world > 1 else ""
+        raise HeadcountError(f"{directory} is in use by another headcount process ({holder or 'unknown'}){hint}") from None
     os.ftruncate(fd, 0)
     now = datetime.now(timezone.utc).isoformat(timespec="seconds")
     os.write(fd, f"pid {os.getpid()} on {socket.gethostname()} since {now}{' ' + what if what else ''}\n".encode())
@@ -306,7 +310,8 @@ def check_out_path(out, option: str = "--out") -> Path:
     return path
 
 
-def prepare_out(out, command: str, *, identity=None, own=(), force: bool = False, echo=None) -> OutDir:
+def prepare_out(out, command: str, *, identity=None, own=(), force: bool = False, echo=None,
+                distributed: bool = False) -> OutDir:
     """Check, create, lock and clean a command's ``--out``; returns an :class:`OutDir`.
 
     Args:
@@ -319,6 +324,8 @@ def prepare_out(out, command: str, *, identity=None, own=(), force: bool = False
             marker (written before markers existed) is recognised by them.
         force: replace an earlier output of the same command with other settings.
         echo: where the ``--force`` message goes.
+        distributed: the command runs across the ranks of torchrun / accelerate launch (rank 0
+            calls this); otherwise a launcher is refused here, before anything is touched.
 
     Raises:
         HeadcountError: an empty path, an existing file, a non-empty directory that is not an
@@ -326,6 +333,8 @@ def prepare_out(out, command: str, *, identity=None, own=(), force: bool = False
             be created or written, or one in use by another process.
     """
     path = check_out_path(out)
+    if not distributed:
+        refuse_launcher(f"headcount {command}")
     created = None
     for d in [path, *path.parents]:
         if d.exists():

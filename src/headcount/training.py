@@ -36,12 +36,13 @@ import numpy as np
 import torch
 
 from . import tasks
-from .device import launch_rank, pad_multiple, resolve_device
+from .device import pad_multiple, resolve_device
 from .errors import HeadcountError
 from .evaluation import evaluate_batches
 from .fingerprint import model_fingerprint, task_fingerprint
 from .gates import set_gates
 from .io import atomic_dir, atomic_write_json
+from .launch import launch_rank
 from .magnitude import apply_weight_mask, load_weight_mask, mask_sparsity, remove_weight_mask
 from .masks import Mask
 from .settings import MAX_LENGTH_RANGE

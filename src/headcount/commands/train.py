@@ -7,9 +7,10 @@ from pathlib import Path
 
 import typer
 
-from ..device import DEVICE_HELP, PRECISION_HELP, launch_rank, trainer_settings
+from ..device import DEVICE_HELP, PRECISION_HELP, trainer_settings
 from ..errors import HeadcountError
 from ..io import check_out_path, prepare_out
+from ..launch import launch_rank
 from ..magnitude import check_sparsity
 from ..magnitude_search import MagnitudeConfig, check_procedure, magnitude_prune
 from ..training import TrainConfig
@@ -63,7 +64,7 @@ def finetune(
                            device, precision)
     rank, _ = launch_rank()
     # under torchrun / accelerate launch, rank 0 guards --out (and writes it); the others only train
-    guard = prepare_out(out, "finetune", own=FINETUNE_FILES) if rank == 0 else nullcontext()
+    guard = prepare_out(out, "finetune", own=FINETUNE_FILES, distributed=True) if rank == 0 else nullcontext()
     with guard:  # run.json decides resume vs another run
         m = finetune_model(model, task, mask=mask, mask_mode=mask_mode, weight_mask=weight_mask, seed=seed, config=config,
                 out_dir=out, progress=_echo if rank == 0 else None)

@@ -36,6 +36,7 @@ import pandas as pd
 
 from ..errors import HeadcountError
 from ..io import ACTIVE_OUTS, atomic_write_json, atomic_write_text, lock_file, unlock_file
+from ..launch import refuse_launcher
 from .jobs import Job, JobResult, Plan, headcount_version
 
 try:  # POSIX only; elsewhere a run directory is simply not locked
@@ -340,6 +341,7 @@ class RunStore:
         """
         if fcntl is None or self._lock_fd is not None:
             return
+        refuse_launcher("headcount study")  # every rank would run the whole study in one directory
         try:
             self.root.mkdir(parents=True, exist_ok=True)
         except OSError as e:
