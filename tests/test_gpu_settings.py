@@ -7,6 +7,7 @@ device rule's device.
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 import torch
@@ -159,6 +160,48 @@ def test_precision_reaches_every_job(tmp_path, monkeypatch, pooled):
     (tmp_path / "b.yaml").write_text("study: test_gpu_settings:probe\ndevice: cpu\n")
     run_study(tmp_path / "b.yaml", tmp_path / "run-b", executor=LocalExecutor(), quiet=True)
     assert RunStore(tmp_path / "run-b").result("probe-0").result["HEADCOUNT_PRECISION"] is None
+
+
+# -------------------------------------------------------------------------------------- demo / study CLI
+def test_demo_takes_device_and_both_commands_print_the_total_time(tmp_path, monkeypatch, capsys):
+    """``headcount demo --device X`` reaches the runner like ``headcount study --device X``; both
+    end with the run's wall time (#14: "every model-running job on the GPU; total time printed")."""
+    import headcount.api as api
+    import headcount.commands.demo as demo_command
+    from headcount.runner import RunSummary
+
+    monkeypatch.setattr(demo_command, "is_fetched", lambda: True)
+    seen = {}
+
+    def fake(config, out, **options):
+        seen.update(options, config=config)
+        return RunSummary(out, jobs=3, reused=1, ran=["a", "b"], seconds=185.2)
+
+    monkeypatch.setattr(api, "run_study", fake)
+    code, out, err = run_cli(capsys, "demo", "--device", "cpu", "--out", tmp_path / "demo")
+    assert code == 0, err
+    assert seen["device"] == "cpu" and str(seen["config"]).endswith("demo.yaml")
+    assert "jobs: 3 (2 ran, 1 reused) in 3 min 5 s" in out
+    monkeypatch.undo()
+    # a real (tiny) study: its summary carries the time, and the line says it
+    (tmp_path / "a.yaml").write_text("study: test_gpu_settings:probe\njobs: 2\n")
+    code, out, err = run_cli(capsys, "study", tmp_path / "a.yaml", "--out", tmp_path / "run", "--device", "cpu",
+                             "--no-report", "--quiet")
+    assert code == 0, err
+    assert re.search(r"jobs: 2 \(2 ran, 0 reused\) in \d+\.\d s", out), out
+    assert RunStore(tmp_path / "run").result("probe-1").result["HEADCOUNT_DEVICE"] == "cpu"
+    summary = run_study(tmp_path / "a.yaml", tmp_path / "run", quiet=True)  # resumed: nothing ran
+    assert summary.ran == [] and summary.reused == 2 and 0 <= summary.seconds < 60
+
+
+def test_demo_refuses_a_device_that_is_not_there(tmp_path, monkeypatch, capsys):
+    import headcount.commands.demo as demo_command
+
+    monkeypatch.setattr(demo_command, "is_fetched", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    code, _, err = run_cli(capsys, "demo", "--device", "cuda:3", "--out", tmp_path / "demo")
+    assert code == 2 and err.startswith("error: ") and "cuda" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "demo").exists()
 
 
 # -------------------------------------------------------------------------------------- head fit

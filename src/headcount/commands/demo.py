@@ -10,7 +10,7 @@ from ..errors import HeadcountError
 from ..report import print_summary
 from ..tasks import is_fetched
 from . import app
-from .study import GPUS_PER_JOB_HELP, check_gpus_per_job
+from .study import STUDY_DEVICE_HELP, GPUS_PER_JOB_HELP, check_gpus_per_job, jobs_line
 
 
 def config_dir() -> Path:
@@ -25,6 +25,7 @@ def demo(
     executor: str = typer.Option("local", "--executor", "-e", help="local or ray"),
     quiet: bool = typer.Option(False, "--quiet", "-q"),
     gpus_per_job: float = typer.Option(None, "--gpus-per-job", help=GPUS_PER_JOB_HELP),
+    device: str = typer.Option(None, "--device", help=STUDY_DEVICE_HELP),
 ):
     """Run the demo study on the offline default model and data; print where the report is."""
     check_gpus_per_job(gpus_per_job)
@@ -33,8 +34,8 @@ def demo(
     if not is_fetched():
         raise HeadcountError("the offline data is not fetched: run `headcount data fetch` (or `make data`) first")
     config = config_dir() / ("demo-full.yaml" if full else "demo.yaml")
-    summary = run_study(config, out, executor=executor, quiet=quiet, gpus_per_job=gpus_per_job)
-    typer.echo(f"jobs: {summary.jobs} ({len(summary.ran)} ran, {summary.reused} reused)")
+    summary = run_study(config, out, executor=executor, quiet=quiet, gpus_per_job=gpus_per_job, device=device)
+    typer.echo(jobs_line(summary))
     if summary.report is not None:
         print_summary(summary.run_dir)  # the report's main tables (RUN/results/summary.json)
     typer.echo(f"report: {summary.report}")

@@ -21,6 +21,17 @@ def check_gpus_per_job(value: float | None) -> None:
         _check(value, "--gpus-per-job")
 
 
+def jobs_line(summary) -> str:
+    """What a study command did and how long it took: ``jobs: 40 (40 ran, 0 reused) in 3 min 0 s``."""
+    minutes, seconds = divmod(round(summary.seconds), 60)
+    took = f"{minutes} min {seconds} s" if minutes else f"{summary.seconds:.1f} s"
+    return f"jobs: {summary.jobs} ({len(summary.ran)} ran, {summary.reused} reused) in {took}"
+
+
+STUDY_DEVICE_HELP = ("auto (every GPU: one job per GPU at once) | cpu | cuda | cuda:N (default: the config's device:, "
+               "else $HEADCOUNT_DEVICE, else auto)")
+
+
 @app.command()
 def study(
     config: Path = typer.Argument(..., help="study config (YAML), e.g. configs/demo.yaml"),
@@ -33,8 +44,7 @@ def study(
                                "(deletes nothing; the old config and report move to history/)"),
     no_report: bool = typer.Option(False, "--no-report", help="do not draw the report at the end"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress display"),
-    device: str = typer.Option(None, "--device", help="auto (every GPU: one job per GPU at once) | cpu | cuda | "
-                               "cuda:N (default: the config's device:, else $HEADCOUNT_DEVICE, else auto)"),
+    device: str = typer.Option(None, "--device", help=STUDY_DEVICE_HELP),
     gpus_per_job: float = typer.Option(None, "--gpus-per-job", help=GPUS_PER_JOB_HELP),
 ):
     """Run a study (resumable): every job of the config, then the report."""
@@ -44,7 +54,7 @@ def study(
     summary = run_study(config, out, executor=executor, address=address, force=force,
                         report=not no_report, quiet=quiet, device=device, gpus_per_job=gpus_per_job)
     typer.echo(f"run directory: {summary.run_dir}")
-    typer.echo(f"jobs: {summary.jobs} ({len(summary.ran)} ran, {summary.reused} reused)")
+    typer.echo(jobs_line(summary))
     if summary.report is not None:
         print_summary(summary.run_dir)  # the report's main tables (RUN/results/summary.json)
         typer.echo(f"report: {summary.report}")

@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import platform
 import shutil
+import time
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -82,6 +83,7 @@ class RunSummary:
     skipped: list[str] = field(default_factory=list)
     report: Path | None = None
     cleaned: int = 0
+    seconds: float = 0.0  # wall time of this call: the jobs run now and the report
 
 
 def _coerce_config(config) -> LoadedConfig:
@@ -181,6 +183,7 @@ def run_study(
     ...
     headcount.errors.HeadcountError: cannot read /nonexistent.yaml: ...
     """
+    t0 = time.perf_counter()
     if report and not callable(report):  # report=True of earlier versions: the caller must say how
         raise HeadcountError("run_study(report=...) takes a function such as headcount.report.build_report "
                              "(headcount.api.run_study draws the report itself)")
@@ -240,6 +243,7 @@ def run_study(
 
         if report and not store.missing():
             summary.report = report(out, loaded=loaded, store=store)
+        summary.seconds = round(time.perf_counter() - t0, 1)
     if summary.failed:
         first, why = next(iter(summary.failed.items()))
         more = f" (and {len(summary.failed) - 1} more)" if len(summary.failed) > 1 else ""
