@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from .errors import HeadcountError
-from .launch import launch_rank, refuse_launcher
+from .launch import refuse_launcher
 
 
 def _umask() -> int:
@@ -176,10 +176,7 @@ def lock_file(directory: Path, what: str = "") -> int:
             holder = os.read(fd, 200).decode(errors="replace").strip()
         finally:
             os.close(fd)
-        rank, world = launch_rank()
-        hint = (f"; this process is rank {rank} of {world} under torchrun / accelerate launch, and only "
-                "`headcount finetune` runs across ranks") if world > 1 else ""
-        raise HeadcountError(f"{directory} is in use by another headcount process ({holder or 'unknown'}){hint}") from None
+        raise HeadcountError(f"{directory} is in use by another headcount process ({holder or 'unknown'})") from None
     os.ftruncate(fd, 0)
     now = datetime.now(timezone.utc).isoformat(timespec="seconds")
     os.write(fd, f"pid {os.getpid()} on {socket.gethostname()} since {now}{' ' + what if what else ''}\n".encode())

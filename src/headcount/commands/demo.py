@@ -10,7 +10,7 @@ from ..errors import HeadcountError
 from ..report import print_summary
 from ..tasks import is_fetched
 from . import app
-from .study import STUDY_DEVICE_HELP, GPUS_PER_JOB_HELP, check_gpus_per_job, jobs_line
+from .study import GPUS_PER_JOB_HELP, STUDY_DEVICE_HELP, check_gpus_per_job, jobs_line
 
 
 def config_dir() -> Path:

@@ -28,8 +28,8 @@ def jobs_line(summary) -> str:
     return f"jobs: {summary.jobs} ({len(summary.ran)} ran, {summary.reused} reused) in {took}"
 
 
-STUDY_DEVICE_HELP = ("auto (every GPU: one job per GPU at once) | cpu | cuda | cuda:N (default: the config's device:, "
-               "else $HEADCOUNT_DEVICE, else auto)")
+STUDY_DEVICE_HELP = ("auto (every GPU: one job per GPU at once) | cpu | cuda | cuda:N (default: the config's "
+                     "device:, else $HEADCOUNT_DEVICE, else auto)")
 
 
 @app.command()
