@@ -425,6 +425,10 @@ ROWS = [
                                                     "--gpus-per-job", "-0.5"], "must be a number > 0"),
     Row("data-show-unknown-task", lambda w, d: ["data", "show", "glue/nonesuch"]),
     Row("unknown-option", lambda w, d: ["score", "--colour", "blue"]),
+    # -- round 2 (issue: never lose a user's file or a row): data files -----------------------------------
+    # -- round 2: model files and the process (config.json, tokenizer, full disk, Ctrl-C) -------------------
+    # -- round 2: option and config ranges, study validation ------------------------------------------------
+    # -- round 2: ownership of --out -------------------------------------------------------------------------
 ]
 
 
