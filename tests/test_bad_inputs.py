@@ -19,9 +19,10 @@ from pathlib import Path
 from typing import Callable
 
 import pytest
+from training_helpers import make_checkpoint, make_task, one_thread
 
 from headcount.cli import main
-from training_helpers import make_checkpoint, make_task, one_thread
+from headcount.record import Record
 
 _one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
 
@@ -52,7 +53,7 @@ def snapshot(root: Path) -> dict[str, str]:
     out = {}
     for p in sorted(Path(root).rglob("*")):
         rel = p.relative_to(root).as_posix()
-        if p.name == ".lock":
+        if p.name == ".headcount.lock":
             continue
         out[rel] = "dir" if p.is_dir() else ("link" if p.is_symlink() else hashlib.sha256(p.read_bytes()).hexdigest())
     return out
@@ -90,6 +91,18 @@ def config_edit(w, d, **changes) -> Path:
 def config_text(w, d, data: bytes) -> Path:
     c = ckpt(w, d)
     (c / "config.json").write_bytes(data)
+    return c
+
+
+def no_tokenizer(w, d, keep=(), vocab: list[str] | None = None) -> Path:
+    """The tiny classifier without its tokenizer files (but those in ``keep``); ``vocab``: a
+    ``vocab.txt`` with these tokens instead."""
+    c = ckpt(w, d)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
+        if name not in keep and (c / name).exists():
+            (c / name).unlink()
+    if vocab is not None:
+        (c / "vocab.txt").write_text("\n".join(vocab) + "\n")
     return c
 
 
@@ -145,9 +158,18 @@ def hidden(d) -> Path:
     return v
 
 
+def users(d, *names, folder="o") -> Path:
+    """A folder holding only the user's files, named like headcount's outputs (or temp files)."""
+    v = d / folder
+    v.mkdir(exist_ok=True)
+    for n in names:
+        (v / n).write_text(f"the user's {n}\n")
+    return v
+
+
 def lock_dir(d) -> Path:
     out = d / "o"
-    (out / ".lock").mkdir(parents=True)
+    (out / ".headcount.lock").mkdir(parents=True)
     return out
 
 
@@ -155,7 +177,7 @@ def lock_link(d) -> Path:
     out = d / "o"
     out.mkdir()
     victim = text_file(d, "victim.txt", "do not touch\n")
-    (out / ".lock").symlink_to(victim)
+    (out / ".headcount.lock").symlink_to(victim)
     return out
 
 
@@ -170,6 +192,9 @@ def run_dir(d, **files) -> Path:
     (job / "DONE").write_text("toy-0123456789abcdef\n")
     (job / "result.json").write_text("{}")
     (job / "meta.json").write_text("{}")
+    rec = Record(run, "study")  # headcount's record: the folder is a run directory
+    rec.claim(["jobs", "manifest.json", "plan.json"])
+    rec.write()
     for rel, data in files.items():
         target = run / rel.replace("__", "/")
         target.write_bytes(data if isinstance(data, bytes) else data.encode())
@@ -194,14 +219,34 @@ def demo_config(d, old: str, new: str) -> Path:
     return study_config(d, (config_dir() / "demo.yaml").read_text().replace(old, new))
 
 
+#: "billion laughs": nine anchors of nine aliases each, 9**9 values in a few hundred bytes (top-level keys)
+ALIAS_BOMB = "lol0: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + "".join(
+    f"lol{i}: &{c} [{', '.join(['*' + p] * 9)}]\n" for i, p, c in zip(range(1, 9), "abcdefgh", "bcdefghi"))
+
+
 def full_disk(monkeypatch):
     """Every atomic write fails as on a full disk."""
-    import headcount.io
+    import headcount.atomic
 
     def fail(path, data):
         raise OSError(errno.ENOSPC, "No space left on device", str(path))
 
-    monkeypatch.setattr(headcount.io, "atomic_write_bytes", fail)
+    monkeypatch.setattr(headcount.atomic, "atomic_write_bytes", fail)
+
+
+#: what safetensors 0.8 raises when the disk fills while it writes the weights (a SafetensorError, not an OSError)
+SAFETENSORS_FULL = 'Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "No space left on device" })'
+
+
+def weights_full_disk(monkeypatch):
+    """Writing model weights fails as safetensors fails on a full disk."""
+    import safetensors
+    import transformers.modeling_utils
+
+    def fail(*args, **kwargs):
+        raise safetensors.SafetensorError(SAFETENSORS_FULL)
+
+    monkeypatch.setattr(transformers.modeling_utils, "safe_save_file", fail)
 
 
 @dataclass
@@ -426,9 +471,163 @@ ROWS = [
     Row("data-show-unknown-task", lambda w, d: ["data", "show", "glue/nonesuch"]),
     Row("unknown-option", lambda w, d: ["score", "--colour", "blue"]),
     # -- round 2 (issue: never lose a user's file or a row): data files -----------------------------------
+    # each: (the data file, argv naming a task YAML over it)[1]; the YAML reads the file as train and validation
+    Row("data-tsv-tab-in-quotes", lambda w, d: (
+        text_file(d, "x.tsv", 'sentence\tlabel\nok\tpositive\n"a\ttab"\tnegative\n'),
+        ["data", "show", text_file(d, "t.yaml", "files: {train: x.tsv, validation: x.tsv}\ntext: sentence\n"
+                                                "labels: [negative, positive]\n")])[1],
+        "x.tsv, line 3: 3 fields, the header has 2"),
+    Row("data-tsv-wrong-field-count-score", lambda w, d: (
+        text_file(d, "x.tsv", 'sentence\tlabel\nthe "film\tpositive\nthe film\tpositive\textra\n'),
+        score(w, d, "--method", "entropy", task=text_file(d, "t.yaml", "files: {train: x.tsv, validation: x.tsv}\n"
+                                                                       "text: sentence\nlabels: [negative, positive]\n")))[1],
+        "x.tsv, line 3: 3 fields, the header has 2"),
+    Row("data-tsv-line-break-in-text", lambda w, d: (
+        text_file(d, "x.tsv", "sentence\tlabel\r\na line\r\nbreak\tnegative\r\n"),
+        ["data", "show", text_file(d, "t.yaml", "files: {train: x.tsv, validation: x.tsv}\ntext: sentence\n"
+                                                "labels: [negative, positive]\n")])[1],
+        "x.tsv, line 2: 1 fields, the header has 2"),
+    Row("data-csv-unclosed-quote", lambda w, d: (
+        text_file(d, "x.csv", 'sentence,label\nok,positive\n"never closed,negative\nb,positive\n'),
+        ["data", "show", text_file(d, "t.yaml", "files: {train: x.csv, validation: x.csv}\ntext: sentence\n"
+                                                "labels: [negative, positive]\n")])[1],
+        "x.csv, line 3: a quote opens a field and is never closed"),
+    Row("data-csv-stray-quote", lambda w, d: (
+        text_file(d, "x.csv", 'sentence,label\n"the" film,positive\n'),
+        ["data", "show", text_file(d, "t.yaml", "files: {train: x.csv, validation: x.csv}\ntext: sentence\n"
+                                                "labels: [negative, positive]\n")])[1],
+        "x.csv, line 2: not valid CSV"),
+    Row("data-csv-swallowed-rows", lambda w, d: (
+        text_file(d, "x.csv", 'sentence,label\n"oops,negative\nb,positive\nc",negative,x\n'),
+        ["data", "show", text_file(d, "t.yaml", "files: {train: x.csv, validation: x.csv}\ntext: sentence\n"
+                                                "labels: [negative, positive]\n")])[1],
+        "from line 2 to line 4"),
+    Row("data-csv-header-names-a-column-twice", lambda w, d: (
+        text_file(d, "x.csv", "sentence,sentence,label\na,b,positive\n"),
+        ["data", "show", text_file(d, "t.yaml", "files: {train: x.csv, validation: x.csv}\ntext: sentence\n"
+                                                "labels: [negative, positive]\n")])[1],
+        "names the column 'sentence' twice"),
+    Row("data-jsonl-line-not-an-object", lambda w, d: (
+        text_file(d, "x.jsonl", '{"sentence": "a", "label": "positive"}\r\n[1, 2]\r\n'),
+        ["data", "show", text_file(d, "t.yaml", "files: {train: x.jsonl, validation: x.jsonl}\ntext: sentence\n"
+                                                "labels: [negative, positive]\n")])[1],
+        "x.jsonl, line 2: each line must be a JSON object"),
+    Row("data-glue-download-no-header", lambda w, d: (
+        text_file(d, "dev.tsv", '1\t100\t200\tthe "film\tthe film\n'),
+        ["data", "show", text_file(d, "t.yaml", "glue: mrpc\nfiles: {train: dev.tsv, validation: dev.tsv}\n")])[1],
+        "the header line is missing"),
+    Row("data-glue-raw-mrpc-files", lambda w, d: (
+        text_file((d / "MRPC").mkdir() or d / "MRPC", "msr_paraphrase_train.txt", "Quality\t#1 ID\t#2 ID\t#1 String\n"),
+        ["data", "show", "glue/mrpc"])[1],  # HEADCOUNT_GLUE_DIR: the row's folder (the working directory)
+        "--path_to_mrpc", patch=lambda mp: mp.setenv("HEADCOUNT_GLUE_DIR", os.getcwd())),
     # -- round 2: model files and the process (config.json, tokenizer, full disk, Ctrl-C) -------------------
+    Row("model-config-list", lambda w, d: ["info", M, str(config_text(w, d, b"[1, 2]"))], "holds a list, not a JSON object"),
+    Row("model-config-number-score", lambda w, d: score(w, d, model=config_text(w, d, b"3")), "holds a number"),
+    Row("model-config-string-shrink", lambda w, d: shrink(w, d, model=config_text(w, d, b'"bert"')), "holds a string"),
+    Row("model-config-null-finetune", lambda w, d: finetune(w, d, model=config_text(w, d, b"null")), "holds null"),
+    Row("model-config-list-export", lambda w, d: ["export", M, str(config_text(w, d, b"[]")), "--out", str(d / "o")],
+        "not a JSON object"),
+    Row("model-no-tokenizer-score", lambda w, d: score(w, d, model=no_tokenizer(w, d)), "has no tokenizer files"),
+    Row("model-no-tokenizer-prune", lambda w, d: ["prune", M, str(no_tokenizer(w, d)), T, w["task"], "--out", str(d / "o")],
+        "has no tokenizer files"),
+    Row("model-no-tokenizer-finetune", lambda w, d: finetune(w, d, model=no_tokenizer(w, d)), "has no tokenizer files"),
+    Row("model-tokenizer-config-only", lambda w, d: score(w, d, model=no_tokenizer(w, d, keep=("tokenizer_config.json",))),
+        "has no tokenizer files"),
+    Row("model-vocab-only-special", lambda w, d: score(w, d, model=no_tokenizer(
+        w, d, keep=("tokenizer_config.json",), vocab=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"])), "has no vocabulary"),
+    Row("shrink-full-disk-weights", lambda w, d: shrink(w, d), "no space left", patch=weights_full_disk),
+    # (finetune on a full disk reports progress first: tests/test_process.py)
     # -- round 2: option and config ranges, study validation ------------------------------------------------
+    Row("finetune-epochs-infinite", lambda w, d: finetune(w, d, "--epochs", "inf"), "epochs must be in (0, 1000], got inf"),
+    Row("finetune-epochs-1e308", lambda w, d: finetune(w, d, "--epochs", "1e308"), "epochs must be in (0, 1000]"),
+    Row("finetune-epochs-nan", lambda w, d: finetune(w, d, "--epochs", "nan"), "epochs"),
+    Row("finetune-lr-infinite", lambda w, d: finetune(w, d, "--lr", "inf"), "learning rate must be in (0, 1]"),
+    Row("finetune-lr-above-one", lambda w, d: finetune(w, d, "--lr", "5"), "learning rate"),
+    Row("finetune-huge-batch", lambda w, d: finetune(w, d, "--batch-size", "100000"), "batch size"),
+    Row("finetune-huge-max-train", lambda w, d: finetune(w, d, "--max-train-examples", str(10**12)), "max train examples"),
+    Row("finetune-seed-negative", lambda w, d: finetune(w, d, "--seed", "-1"), "--seed must be at least 0"),
+    Row("finetune-seed-above-32-bits", lambda w, d: finetune(w, d, "--seed", str(2**32)),
+        "--seed must be an integer in 0..4294967295"),
+    Row("finetune-huge-save-steps", lambda w, d: finetune(w, d, "--save-steps", str(10**12)), "save steps"),
+    Row("magnitude-rate-above-one", lambda w, d: magnitude(w, d, "--rate", "1.5"), "rate must be in (0, 1), got 1.5"),
+    Row("magnitude-rate-nan", lambda w, d: magnitude(w, d, "--rate", "nan"), "rate"),
+    Row("magnitude-threshold-nan", lambda w, d: magnitude(w, d, "--threshold", "nan"), "threshold"),
+    Row("magnitude-huge-rounds", lambda w, d: magnitude(w, d, "--rounds", "100000"), "rounds"),
+    Row("magnitude-epochs-infinite", lambda w, d: magnitude(w, d, "--epochs", "inf"), "epochs"),
+    Row("magnitude-seed-negative", lambda w, d: magnitude(w, d, "--seed", "-3"), "--seed"),
+    Row("score-seed-negative", lambda w, d: score(w, d, "--seed", "-1"), "--seed"),
+    Row("score-huge-batch", lambda w, d: score(w, d, "--batch-size", str(10**7)), "--batch-size"),
+    Row("score-negative-tokens-per-batch", lambda w, d: score(w, d, "--tokens-per-batch", "-5"), "--tokens-per-batch"),
+    Row("prune-negative-max-eval-examples", lambda w, d: prune(w, d, "--max-eval-examples", "-1"), "--max-eval-examples"),
+    Row("prune-step-nan", lambda w, d: prune(w, d, "--step", "nan"), "step"),
+    Row("prune-threshold-infinite", lambda w, d: prune(w, d, "--threshold", "inf"), "threshold"),
+    Row("export-tolerance-infinite", lambda w, d: ["export", M, w["clf"], "--out", str(d / "m.onnx"), "--tolerance", "inf"],
+        "--tolerance"),
+    Row("patterns-train-lr-infinite", lambda w, d: ["patterns", "train", "--maps", str(w["root"] / "maps" / "maps.safetensors"),
+                                                   "--labels", str(w["root"] / "maps" / "labels.csv"), "--lr", "inf",
+                                                   "--out", str(d / "o")], "--lr"),
+    Row("patterns-synthetic-huge-size", lambda w, d: ["patterns", "synthetic", "--size", "100000", "--out", str(d / "o")],
+        "--size"),
+    Row("data-show-zero-examples", lambda w, d: ["data", "show", w["task"], "--n", "0"], "--n"),
+    Row("study-gpus-per-job-huge", lambda w, d: ["study", str(demo_config(d, "", "")), "--out", str(d / "run"),
+                                                 "--executor", "ray", "--gpus-per-job", "1e308"], "--gpus-per-job"),
+    Row("study-model-missing", lambda w, d: ["study", str(demo_config(d, "model: offline", "model: /nonexistent")),
+                                             "--out", str(d / "run")], "checkpoint directory not found: /nonexistent"),
+    Row("study-model-relative-missing", lambda w, d: ["study", str(demo_config(d, "model: offline", "model: ./nowhere")),
+                                                      "--out", str(d / "run")], "not found"),
+    Row("study-n-boot-1e26", lambda w, d: ["study", str(demo_config(d, "n_boot: 200", "n_boot: 1.0e+26")),
+                                           "--out", str(d / "run")], "n_boot"),
+    Row("study-n-boot-huge-integer", lambda w, d: ["study", str(demo_config(d, "n_boot: 200", f"n_boot: {10**26}")),
+                                                   "--out", str(d / "run")], "n_boot"),
+    Row("study-seeds-boolean", lambda w, d: ["study", str(demo_config(d, "seeds: [1]", "seeds: [true]")),
+                                             "--out", str(d / "run")], "'transfer.seeds[0]' must be a number, not true"),
+    Row("study-seed-above-32-bits", lambda w, d: ["study", str(demo_config(d, "seeds: [1]", f"seeds: [{2**32}]")),
+                                                  "--out", str(d / "run")], "seeds[0]"),
+    Row("study-epochs-infinite", lambda w, d: ["study", str(demo_config(d, "epochs: 1,", "epochs: .inf,")),
+                                               "--out", str(d / "run")], "must be a finite number"),
+    Row("study-lr-huge", lambda w, d: ["study", str(demo_config(d, "lr: 2.0e-4", "lr: 2.0e+4")),
+                                       "--out", str(d / "run")], "learning rate"),
+    Row("study-boolean-batch-size", lambda w, d: ["study", str(demo_config(d, "eval_batch_size: 80", "eval_batch_size: true")),
+                                                  "--out", str(d / "run")], "must be a number, not true"),
+    Row("study-huge-random-draws", lambda w, d: ["study", str(demo_config(d, "random_draws: 1", "random_draws: 1000000")),
+                                                 "--out", str(d / "run")], "random_draws"),
+    Row("study-huge-magnitude-rounds", lambda w, d: ["study", str(demo_config(d, "rounds: 1,", "rounds: 5000,")),
+                                                     "--out", str(d / "run")], "rounds"),
+    Row("study-head-corpus-missing", lambda w, d: ["study", str(demo_config(d, "head_corpus: offline/corpus",
+                                                                           "head_corpus: ./none.txt")),
+                                                   "--out", str(d / "run")], "file not found"),
+    Row("study-alias-bomb", lambda w, d: ["study", str(demo_config(d, "study: demo", "study: demo\n" + ALIAS_BOMB)),
+                                          "--out", str(d / "run")], "expands to more than"),
+    Row("study-alias-inside-itself", lambda w, d: ["study", str(demo_config(d, "study: demo", "study: demo\nloop: &x [*x]")),
+                                                   "--out", str(d / "run")], "refers to the value it is in"),
+    Row("study-duplicate-key", lambda w, d: ["study", str(demo_config(d, "study: demo", "study: demo\nname: twice")),
+                                             "--out", str(d / "run")], "key 'name' appears twice"),
+    Row("study-duplicate-nested-key", lambda w, d: ["study", str(demo_config(d, "  model: offline", "  model: offline\n  model: offline")),
+                                                    "--out", str(d / "run")], "key 'transfer.model' appears twice"),
+    Row("task-yaml-duplicate-key", lambda w, d: score(w, d, task=task_with(d, yaml_extra="name: again\n")),
+        "key 'name' appears twice"),
+    Row("task-yaml-alias-bomb", lambda w, d: score(w, d, task=task_with(d, yaml_extra=ALIAS_BOMB)), "expands to more than"),
     # -- round 2: ownership of --out -------------------------------------------------------------------------
+    Row("own-score-users-outputs-force", lambda w, d: score(w, d, "--force", out=users(d, "scores.json", "heads.png")),
+        "no record"),
+    Row("own-shrink-users-checkpoint-force", lambda w, d: shrink(w, d, out=users(d, "config.json", "model.safetensors"))
+        + ["--force"], "no record"),
+    Row("own-export-hf-users-checkpoint-force", lambda w, d: ["export", "--format", "hf", M, w["clf"], "--out",
+                                                             users(d, "config.json", "model.safetensors"), "--force"],
+        "no record"),
+    Row("own-finetune-users-metrics", lambda w, d: ["finetune", M, w["pre"], T, w["task"], "--out",
+                                                   users(d, "metrics.json")], "no record"),
+    Row("own-magnitude-users-trace", lambda w, d: ["magnitude", M, w["pre"], T, w["task"], "--out",
+                                                  users(d, "trace.csv")], "no record"),
+    Row("own-score-temp-like-names", lambda w, d: score(w, d, out=users(d, ".draft.20261201.tmp")), "no record"),
+    Row("own-prune-temp-like-in-cwd", lambda w, d: ["prune", M, w["clf"], T, w["task"], "--out", "."]
+        if users(d, ".thesis.12345.tmp", folder=".") else [], "no record"),
+    Row("own-lock-file-of-the-user", lambda w, d: score(w, d, out=users(d, ".headcount.lock")), "not headcount's lock"),
+    Row("own-record-of-another-command", lambda w, d: score(w, d, out=w["root"] / "earlier-shrink"),
+        "holds the output of `headcount shrink`"),
+    Row("own-study-users-files", lambda w, d: ["study", str(demo_config(d, "", "")), "--out",
+                                              users(d, "manifest.json", "report.html")], "no record"),
+    Row("own-report-of-a-folder-without-record", lambda w, d: ["report", users(d, "manifest.json")], "no record"),
 ]
 
 

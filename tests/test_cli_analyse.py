@@ -6,9 +6,8 @@ import csv
 import json
 
 import pytest
-from training_helpers import make_checkpoint, make_task, one_thread
-
 from cli_helpers import run_cli
+from training_helpers import make_checkpoint, make_task, one_thread
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
+from cli_helpers import run_cli
 from conftest import outputs, save_tiny, tiny_batch, tiny_model
 
-from cli_helpers import run_cli
 from headcount.gates import gated
 from headcount.masks import Mask
 from headcount.models import load_model

@@ -12,10 +12,29 @@ import json
 
 import pytest
 import torch
-from conftest import ARCHS, HEAD_DIM, HEADS, HIDDEN, INTERMEDIATE, clone, outputs, save_tiny, tiny_batch, tiny_model
+from conftest import (
+    ARCHS,
+    HEAD_DIM,
+    HEADS,
+    HIDDEN,
+    INTERMEDIATE,
+    clone,
+    outputs,
+    save_tiny,
+    tiny_batch,
+    tiny_model,
+)
 
 from headcount.errors import HeadcountError
-from headcount.gates import clear_gates, gated, hooks, kept_heads, layout, set_gates, shared_groups
+from headcount.gates import (
+    clear_gates,
+    gated,
+    hooks,
+    kept_heads,
+    layout,
+    set_gates,
+    shared_groups,
+)
 from headcount.masks import Mask
 from headcount.models import load_model
 from headcount.surgery import (

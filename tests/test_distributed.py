@@ -14,13 +14,15 @@ import sys
 
 import pytest
 import transformers
+from training_helpers import make_checkpoint, make_task
 
 from headcount.device import trainer_settings
 from headcount.errors import HeadcountError
 from headcount.launch import launch_rank
-from training_helpers import make_checkpoint, make_task
 
-ARGS = ["--seed", "1", "--epochs", "6", "--lr", "5e-3", "--batch-size", "8", "--max-length", "32", "--device", "cpu"]
+#: a global batch of 16 at lr 3e-3 for 8 epochs learns the task on every seed 1-20 by epoch 5 (lr 5e-3 for 6
+#: epochs stayed at chance on 4 seeds of 20: whether seed 1 learnt rested on a trajectory that kernels change)
+ARGS = ["--seed", "1", "--epochs", "8", "--lr", "3e-3", "--batch-size", "8", "--max-length", "32", "--device", "cpu"]
 
 
 def _finetune(tmp_path, out, *launcher):
@@ -49,7 +51,7 @@ def test_torchrun_trains_one_model_on_two_processes_and_rank_0_writes_it(world):
     two = json.loads((world / "ddp" / "metrics.json").read_text())
     assert one["world_size"] == 1 and two["world_size"] == 2
     # the same global batches split over two ranks: half the optimizer steps per epoch, same tokens
-    assert one["steps"] == 2 * two["steps"] == 2 * 6 * 192 // 16
+    assert one["steps"] == 2 * two["steps"] == 2 * 8 * 192 // 16
     assert two["train_tokens"] == one["train_tokens"]
     assert two["final"]["score"] == 1.0  # the cue ("good") is learnt across the ranks too
     # the saved model is the trained one (no DDP wrapper in its keys) and reloads as a classifier

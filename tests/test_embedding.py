@@ -8,12 +8,23 @@ import math
 
 import pytest
 import torch
+from cli_helpers import run_cli
 from conftest import tiny_batch, tiny_model
 from training_helpers import make_checkpoint, make_task, one_thread
 
-from cli_helpers import run_cli
-from headcount.embedding import (Contrastive, contrastive, embed, embedding_metrics, pair_loss, pool, pooling_of,
-                                 similarity_agreement, simcse_loss, two_views, view_metrics)
+from headcount.embedding import (
+    Contrastive,
+    contrastive,
+    embed,
+    embedding_metrics,
+    pair_loss,
+    pool,
+    pooling_of,
+    simcse_loss,
+    similarity_agreement,
+    two_views,
+    view_metrics,
+)
 from headcount.scoring import score
 
 
@@ -254,7 +265,6 @@ def test_example_ids_follow_the_embedding_batches_rows(setup):
 
 
 def test_supervised_gradient_token_and_ablation_run_on_pairs(setup):
-    from transformers import AutoTokenizer
 
     from headcount.pipeline import DataConfig, batches_for, load_for
     from headcount.tasks import get_task

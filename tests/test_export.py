@@ -16,12 +16,18 @@ import numpy as np
 import pytest
 import torch
 import transformers
+from cli_helpers import run_cli
 from conftest import ARCH_IDS, NUM_LABELS, VOCAB, save_tiny, tiny_model
 
-from cli_helpers import run_cli
 from headcount.errors import HeadcountError
 from headcount.gates import layout
-from headcount.surgery import load_pruned, prune_heads, prune_mlps, prune_neurons, save_pruned
+from headcount.surgery import (
+    load_pruned,
+    prune_heads,
+    prune_mlps,
+    prune_neurons,
+    save_pruned,
+)
 
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
@@ -272,7 +278,7 @@ def test_cli_onnx_lock(capsys, tmp_path, pruned_dir):
     import os
 
     out = tmp_path / "m.onnx"
-    lock = tmp_path / ".m.onnx.lock"
+    lock = tmp_path / ".headcount.lock.m.onnx"
     fd = os.open(lock, os.O_RDWR | os.O_CREAT)
     fcntl.flock(fd, fcntl.LOCK_EX)
     try:

@@ -14,16 +14,16 @@ import random
 import numpy as np
 import pandas as pd
 import pytest
+from test_glue_local import download_lines, splits_of
+from training_helpers import WORDS, make_checkpoint, make_task, one_thread
 
-from headcount.pipeline import DataConfig, batches_for, load_for, metric_for
 from headcount.evaluation import evaluate_batches
+from headcount.pipeline import DataConfig, batches_for, load_for, metric_for
 from headcount.runner import Plan, RunStore
 from headcount.studies.lottery import LotterySettings, lottery_jobs
 from headcount.studies.transfer import TransferSettings
 from headcount.studies.transfer.plan import transfer_jobs
 from headcount.tasks import get_task
-from test_glue_local import download_lines, splits_of
-from training_helpers import WORDS, make_checkpoint, make_task, one_thread
 
 _one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
 

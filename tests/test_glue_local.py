@@ -55,7 +55,7 @@ def splits_of(config: str) -> dict[str, str]:
 
 
 def examples(config: str, split: str, n: int) -> list[tuple[tuple[str, ...], object]]:
-    """(texts, label) rows; text with quotes and commas (CSV-quoted in the hub layout, raw in the download)."""
+    """(texts, label) rows; text with quotes and commas (CSV-quoted in a .csv, as written in a .tsv)."""
     fields, labels = HUB[config]
     rng = np.random.default_rng(len(config) * 10 + len(split))
     rows = []
@@ -89,8 +89,11 @@ def write_hub(d: Path, config: str, data: dict, offset: int = 0) -> Path:
             path.write_text("".join(json.dumps(r) + "\n" for r in table), encoding="utf-8")
         elif path.suffix == ".parquet":
             pd.DataFrame(table).to_parquet(path, index=False)
+        elif path.suffix == ".tsv":  # plain tab-separated text: quotes are text, not CSV quoting
+            path.write_text("".join("\t".join(map(str, r)) + "\n" for r in [list(table[0]), *[r.values() for r in table]]),
+                            encoding="utf-8")
         else:
-            pd.DataFrame(table).to_csv(path, sep="\t" if path.suffix == ".tsv" else ",", index=False)
+            pd.DataFrame(table).to_csv(path, index=False)
     return d
 
 

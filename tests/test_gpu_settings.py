@@ -11,17 +11,25 @@ import re
 
 import pytest
 import torch
+from cli_helpers import run_cli
+from training_helpers import make_checkpoint, make_task, one_thread
 
 from headcount.errors import HeadcountError
-from headcount.runner import Job, Plan, RayExecutor, RunStore, StudyConfig, parse_study_config, register_study
+from headcount.runner import (
+    Job,
+    Plan,
+    RayExecutor,
+    RunStore,
+    StudyConfig,
+    parse_study_config,
+    register_study,
+)
 from headcount.runner.config import config_hash
 from headcount.runner.executors import LocalExecutor, ray_gpus
 from headcount.runner.study import run_study
 from headcount.studies.lottery import LotterySettings, lottery_jobs
 from headcount.studies.transfer import TransferSettings
 from headcount.studies.transfer.plan import transfer_jobs
-from cli_helpers import run_cli
-from training_helpers import make_checkpoint, make_task, one_thread
 
 _one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
 

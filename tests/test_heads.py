@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import tiny_batch, tiny_model
+from training_helpers import make_checkpoint, sentences
 from transformers.modeling_outputs import BaseModelOutput, BaseModelOutputWithPooling
 
-from conftest import tiny_batch, tiny_model
 from headcount.errors import HeadcountError
 from headcount.heads import fit_mlm_head, fit_task_head, replaying_encoder
-from training_helpers import make_checkpoint, sentences
 
 ARCHS = ["bert", "albert", "distilbert", "deberta-v2"]
 

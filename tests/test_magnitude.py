@@ -12,16 +12,30 @@ import shutil
 import pytest
 import torch
 import transformers
+from training_helpers import make_checkpoint, make_task, one_thread, stop_after
 
 from headcount.cli import main
 from headcount.errors import HeadcountError
-from headcount.magnitude import (apply_weight_mask, load_weight_mask, magnitude_mask, mask_sparsity, masked_weights,
-                                 model_sparsity, remove_weight_mask, save_weight_mask, weight_mask_of, weight_targets)
-from headcount.magnitude_search import (MagnitudeConfig, magnitude_prune, prasanna_magnitude_mask,
-                                        prasanna_magnitude_prune)
+from headcount.magnitude import (
+    apply_weight_mask,
+    load_weight_mask,
+    magnitude_mask,
+    mask_sparsity,
+    masked_weights,
+    model_sparsity,
+    remove_weight_mask,
+    save_weight_mask,
+    weight_mask_of,
+    weight_targets,
+)
+from headcount.magnitude_search import (
+    MagnitudeConfig,
+    magnitude_prune,
+    prasanna_magnitude_mask,
+    prasanna_magnitude_prune,
+)
 from headcount.models import load_model
 from headcount.training import TrainConfig, finetune
-from training_helpers import make_checkpoint, make_task, one_thread, stop_after
 
 FAST = TrainConfig(lr=1e-2, batch_size=16, epochs=2, save_steps=4, max_train_examples=128, max_eval_examples=64,
                    use_cpu=True)

@@ -7,14 +7,31 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import HEAD_DIM, HEADS, HIDDEN, INTERMEDIATE, LAYERS, clone, outputs, save_tiny, tiny_batch, tiny_model
+from conftest import (
+    HEAD_DIM,
+    HEADS,
+    HIDDEN,
+    INTERMEDIATE,
+    LAYERS,
+    clone,
+    outputs,
+    save_tiny,
+    tiny_batch,
+    tiny_model,
+)
 from test_cli_core import assert_one_error_line, run_cli, write_mask
 
 from headcount.arch import Block, get_adapter, grouped_rows
 from headcount.attention import attention_maps
 from headcount.errors import HeadcountError
 from headcount.gates import gated, hooks, layout
-from headcount.surgery import count_parameters, load_pruned, prune_heads, prune_mlps, prune_neurons
+from headcount.surgery import (
+    count_parameters,
+    load_pruned,
+    prune_heads,
+    prune_mlps,
+    prune_neurons,
+)
 
 ATOL = 1e-5
 

@@ -81,7 +81,6 @@ def test_prasanna_schedule_joint_then_heads_then_mlps():
 
 def test_layer_can_lose_all_heads_and_loop_runs_on_real_model():
     """Real scoring and evaluation on a tiny model, physically shrinking between steps."""
-    from headcount.evaluation import evaluate_batches
     from headcount.scoring import score
 
     model = tiny_model("bert")

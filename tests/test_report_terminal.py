@@ -12,7 +12,12 @@ import toy_study  # noqa: F401  (registers the toy study type: its make job is r
 
 from headcount.report import ReportContent, ReportTable, Section, new_figure
 from headcount.report.format import seed_cell
-from headcount.report.terminal import SUMMARY_FILE, column_groups, print_tables, summary_record
+from headcount.report.terminal import (
+    SUMMARY_FILE,
+    column_groups,
+    print_tables,
+    summary_record,
+)
 from headcount.runner import Job, StudyConfig, register_study
 
 STATS = ["Spearman", "Kendall", "top-10% Jaccard (chance 0.05)", "top-25% Jaccard (chance 0.14)",

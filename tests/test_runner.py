@@ -15,8 +15,8 @@ import pandas as pd
 import pytest
 import toy_study  # noqa: F401  (registers the toy study type)
 
-from headcount.errors import HeadcountError
 from headcount.api import run_study
+from headcount.errors import HeadcountError
 from headcount.runner import Job, JobsFailed, Plan, RunStore, parse_study_config
 from headcount.runner.store import DONE
 
@@ -187,7 +187,7 @@ def test_run_dir_guards(tmp_path):
     stranger = tmp_path / "stranger"
     stranger.mkdir()
     (stranger / "notes.txt").write_text("mine")
-    with pytest.raises(HeadcountError, match="not a headcount run directory"):
+    with pytest.raises(HeadcountError, match="headcount has no record of it"):
         run_study(cfg, stranger, quiet=True)
     assert [p.name for p in stranger.iterdir()] == ["notes.txt"]
 
@@ -223,7 +223,7 @@ def test_sigkill_mid_job_resumes_to_identical_results(tmp_path, reference_run, c
             proc.kill()
             proc.wait()
     assert proc.returncode == -signal.SIGKILL
-    leftovers = [p.name for p in (run / "jobs").iterdir() if p.name.endswith(".tmp")]
+    leftovers = [p.name for p in (run / "jobs").iterdir() if p.name.startswith(".headcount-tmp.")]
     assert len(leftovers) == 1  # the half-written make-2
     assert RunStore(run).has("make-1") and not RunStore(run).has("make-2")
 

@@ -20,11 +20,11 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from cli_helpers import run_cli
+from training_helpers import make_checkpoint, make_task, one_thread
+
 from headcount.errors import HeadcountError
 from headcount.io import LOCK_NAME, OUT_MARKER, lock_file, unlock_file
-from training_helpers import make_checkpoint, make_task, one_thread
 
 _one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
 
@@ -126,7 +126,7 @@ def test_shrink_refuses_a_directory_it_did_not_write(capsys, world, tmp_path, mo
     (v / "notes.txt").write_text("precious\n")
     before = snapshot(v)
     code, _, err = run_cli(capsys, "shrink", "--model", world["clf"], "--mask", world["mask"], "--out", v)
-    assert "not empty and was not written by `headcount shrink`" in one_error(code, err)
+    assert "not empty and headcount has no record of it (it holds notes.txt)" in one_error(code, err)
     assert snapshot(v) == before and (v / "sub").is_dir()
     # an existing file is refused, not turned into a directory or hidden
     f = tmp_path / "afile.txt"
@@ -182,12 +182,13 @@ def test_finetune_killed_while_writing_resumes_and_matches(capsys, world, uninte
         partial = out / "checkpoints" / f"checkpoint-{step}"
         assert partial.is_dir() and not (partial / "trainer_state.json").exists()
     else:  # the half-written final model sits in a temp directory inside --out
-        assert [p.name for p in out.iterdir() if p.name.startswith(".model.")], list(out.iterdir())
+        assert [p.name for p in out.iterdir() if p.name.startswith(".headcount-tmp.") and ".model." in p.name], \
+            list(out.iterdir())
     code, _, err = run_cli(capsys, *args)
     assert code == 0, err
     m = json.loads((out / "metrics.json").read_text())
     _same_run(m, uninterrupted)
-    left = [p.name for p in out.iterdir() if ".tmp" in p.name or ".old." in p.name or "staging" in p.name]
+    left = [p.name for p in out.iterdir() if p.name.startswith(".headcount-tmp.")]
     assert left == [] and not (out / "checkpoints").exists()
     if point == "checkpoint" and step == 6:
         assert m["resumed_from"] == "checkpoint-4"  # the newest complete one, the partial one discarded
@@ -459,9 +460,9 @@ def test_magnitude_killed_in_a_checkpoint_resumes_and_matches(capsys, world, tmp
 
 
 def test_api_save_never_deletes_a_folder_it_did_not_write(tmp_path):
+    from headcount.masks import Mask
     from headcount.models import load_model
     from headcount.surgery import save_pruned, shrink
-    from headcount.masks import Mask
 
     v = tmp_path / "v"
     v.mkdir()
@@ -498,3 +499,30 @@ def test_ctrl_c_in_a_study_exits_130_and_the_same_command_resumes(capsys, tmp_pa
     code, out, err = run_cli(capsys, "study", config, "--out", run, "--quiet")
     assert code == 0, err
     assert f"{len(kept)} reused" in out
+
+
+def test_a_file_rewritten_in_place_with_its_mtime_restored_is_hashed_again(tmp_path, monkeypatch):
+    import headcount.fingerprint as F
+
+    monkeypatch.setenv("HEADCOUNT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(F, "_MEMORY", {})
+    monkeypatch.setattr(F, "_DISK", None)
+    f = tmp_path / "model.safetensors"
+    f.write_bytes(b"a" * (2 << 20))  # > 1 MiB: remembered on disk too
+    st = os.stat(f)
+    first = F.file_digest(f)
+    assert (tmp_path / "cache" / "fingerprints.json").is_file()
+    # the same size, inode and mtime, other content: only the inode change time tells
+    with open(f, "r+b") as fh:
+        fh.write(b"b" * 10)
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+    while os.stat(f).st_ctime_ns == st.st_ctime_ns:  # a coarse clock (older kernels): wait for the next tick
+        time.sleep(0.01)
+        os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+    now = os.stat(f)
+    assert (now.st_size, now.st_ino, now.st_mtime_ns) == (st.st_size, st.st_ino, st.st_mtime_ns)
+    expected = hashlib.sha256(f.read_bytes()).hexdigest()[:16]
+    assert first != expected and F.file_digest(f) == expected  # this process's cache
+    monkeypatch.setattr(F, "_MEMORY", {})
+    monkeypatch.setattr(F, "_DISK", None)
+    assert F.file_digest(f) == expected  # a later process, through fingerprints.json

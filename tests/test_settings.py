@@ -21,7 +21,13 @@ from headcount.cli import app
 from headcount.errors import HeadcountError
 from headcount.magnitude_search import MagnitudeConfig
 from headcount.pruning import PruneConfig
-from headcount.settings import DataConfig, PruneSettings, ScoreSettings, default_of, settings_from
+from headcount.settings import (
+    DataConfig,
+    PruneSettings,
+    ScoreSettings,
+    default_of,
+    settings_from,
+)
 from headcount.training import TrainConfig
 
 SRC = Path(__file__).resolve().parent.parent / "src" / "headcount"
@@ -181,3 +187,94 @@ def _line_of(rel: str, needle: str) -> int:
 def test_each_default_has_one_source(literal, names, home):
     found = literal_lines(literal, names)
     assert [f for f, _ in found] == [home], f"{literal} ({names}) declared in {found}; once, in {home}"
+
+
+# --- the sane range of every numeric option (issue "never lose a user's file or a row", item 8) -------------
+#: positional arguments a command needs before its options are read
+_POSITIONAL = {"study": ["none.yaml"], "data show": ["offline/movies"]}
+#: required options given paths that do not exist (the range check comes first)
+_REQUIRED = {"--maps": "none.safetensors", "--labels": "none.csv", "--mask": "none.json"}
+
+
+def _numeric_options():
+    import inspect
+    import typing
+
+    out = []
+    for command, callback in COMMANDS:
+        hints = typing.get_type_hints(callback)
+        params = inspect.signature(callback).parameters
+        for name, option in _options(callback):
+            args = typing.get_args(hints[name]) or (hints[name],)
+            if int in args or float in args:
+                flag = next((o for o in option.param_decls if o.startswith("--")), "--" + name.replace("_", "-"))
+                needs = [f for f, p in (("--out", "out"), ("--maps", "maps"), ("--labels", "labels"), ("--mask", "mask"))
+                         if p in params and params[p].default.default is ...]
+                out.append((command, flag, float in args, "model" in params, needs))
+    return out
+
+
+NUMERIC = _numeric_options()
+
+
+def test_the_numeric_options_are_all_found():
+    found = {(c, f) for c, f, *_ in NUMERIC}
+    assert {("finetune", "--epochs"), ("finetune", "--seed"), ("magnitude", "--rate"), ("prune", "--max-eval-examples"),
+            ("score", "--tokens-per-batch"), ("export", "--tolerance"), ("patterns train", "--lr"),
+            ("study", "--gpus-per-job"), ("data show", "--n")} <= found
+    assert len(found) >= 40
+
+
+@pytest.mark.parametrize("command, flag, is_float, has_model, needs", NUMERIC,
+                         ids=[f"{c.replace(' ', '-')}{f}" for c, f, *_ in NUMERIC])
+def test_every_numeric_option_is_bounded(command, flag, is_float, has_model, needs, tmp_path, capsys, monkeypatch):
+    """inf, nan (a float) or +-10^12 (an int) for any numeric option: one error line that names the
+    option, exit 2, before anything is written (the model given does not exist: a command that
+    did not check the value first would name the model instead)."""
+    from headcount.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    base = [*command.split(), *_POSITIONAL.get(command, [])] + (["--model", "/nonexistent/model"] if has_model else [])
+    for need in needs:
+        base += [need, str(tmp_path / ("o" if need == "--out" else _REQUIRED[need]))]
+    words = {flag, flag[2:].replace("-", " ")} | ({"learning rate"} if flag == "--lr" else set())
+    for value in (["inf", "nan", "-inf"] if is_float else [str(10**12), str(-10**12)]):
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as e:
+            main([*base, flag, value])
+        err = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
+        assert e.value.code == 2 and len(err) == 1 and err[0].startswith("error: "), (value, err)
+        assert any(w in err[0] for w in words), (value, err[0])
+        assert not (tmp_path / "o").exists()
+
+
+def test_bounds_refuse_what_is_not_a_finite_number_in_range():
+    from headcount.settings import EPOCHS, SEED, Bound
+
+    assert EPOCHS.contains(0.5) and EPOCHS.contains(1000) and not EPOCHS.contains(0) and not EPOCHS.contains(1000.5)
+    for bad in (float("inf"), float("nan"), 1e308, True, "3", None):
+        assert not EPOCHS.contains(bad), bad
+    assert SEED.contains(2**32 - 1) and not SEED.contains(2**32) and not SEED.contains(-1) and not SEED.contains(1.0)
+    assert not SEED.contains(True) and not SEED.contains(10**400)  # exact, however large
+    assert Bound(0, 1, low_open=True, high_open=True).limits() == {"gt": 0, "lt": 1}
+    with pytest.raises(HeadcountError, match=r"^--epochs must be in \(0, 1000\], got inf$"):
+        EPOCHS.check(float("inf"), "--epochs")
+
+
+def test_library_settings_share_the_bounds():
+    """TrainConfig and MagnitudeConfig check every numeric field (the CLI and the study configs build them)."""
+    numeric = {"int", "float", "int | None", "float | None"}
+    for cls in (TrainConfig, MagnitudeConfig):
+        fields = {f.name for f in dataclasses.fields(cls) if str(f.type) in numeric}
+        assert fields - {"sparsity"} <= set(cls.BOUNDS), (cls.__name__, fields - set(cls.BOUNDS))
+    for bad in (dict(epochs=float("inf")), dict(epochs=1e308), dict(lr=float("nan")), dict(lr=2.0), dict(batch_size=0),
+                dict(max_length=10**6), dict(data_seed=-1), dict(data_seed=True), dict(max_steps=10**12),
+                dict(warmup=float("inf")), dict(max_grad_norm=float("nan"))):
+        with pytest.raises(HeadcountError, match="must be"):
+            TrainConfig(**bad)
+    for bad in (dict(rate=1.5), dict(rate=float("nan")), dict(threshold=float("inf")), dict(threshold=-0.1),
+                dict(rounds=10**6), dict(rewind_step=-1)):
+        with pytest.raises(HeadcountError, match="must be"):
+            MagnitudeConfig(**bad)
+    with pytest.raises(HeadcountError, match="--seed"):
+        DataConfig(seed=2**40)

@@ -159,3 +159,108 @@ def test_an_empty_model_is_refused_not_read_as_the_configs_folder(study, tmp_pat
     text = f"study: {study}\nmodel: ''\ntasks: [offline/movies]\n"
     with pytest.raises(HeadcountError, match=r"line 2: 'model'.*must not be empty"):
         parse_study_config(text, base_dir=tmp_path)
+
+
+# --- round 2: every value and path checked before the first job runs -----------------------------------------
+#: "billion laughs": 9**9 values in a few hundred bytes
+BOMB = "lol0: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + "".join(
+    f"lol{i}: &{c} [{', '.join(['*' + p] * 9)}]\n" for i, p, c in zip(range(1, 9), "abcdefgh", "bcdefghi"))
+
+
+def test_an_alias_bomb_is_refused_at_once():
+    import time
+
+    start = time.perf_counter()
+    msg = error_of(GOOD + BOMB)
+    assert time.perf_counter() - start < 0.5
+    assert "expands to more than 100,000 values" in msg and msg.startswith("cfg.yaml, line ")
+
+
+def test_an_alias_inside_itself_is_refused():
+    assert "refers to the value it is in" in error_of(GOOD + "loop: &x [1, *x]\n")
+
+
+def test_aliases_that_stay_small_are_read():
+    text = GOOD.replace("values: [1, 2]", "values: &v [1, 2]") + "# the same list again\n"
+    assert parse_study_config(text).config.values == [1, 2]
+    _, lines = load_yaml_with_lines("a: &x [1, 2]\nb: *x\nc: *x\n")
+    assert lines[("c",)] == 3
+
+
+def test_a_task_yaml_uses_the_same_loader(tmp_path):
+    import time
+
+    from headcount.tasks import load_task_yaml
+    from training_helpers import make_task
+
+    path = make_task(tmp_path / "t", n_train=8, n_dev=4)
+    text = path.read_text()
+    path.write_text(text + "name: again\n")
+    with pytest.raises(HeadcountError, match=r"task\.yaml, line \d+: key 'name' appears twice \(first on line 1\)"):
+        load_task_yaml(path)
+    path.write_text(text + BOMB)
+    start = time.perf_counter()
+    with pytest.raises(HeadcountError, match="expands to more than"):
+        load_task_yaml(path)
+    assert time.perf_counter() - start < 0.5
+    path.write_text(text + "description: [1\n")
+    with pytest.raises(HeadcountError, match="not valid YAML"):
+        load_task_yaml(path)
+
+
+@pytest.mark.parametrize("old, new, needle", [
+    ("values: [1, 2]", "values: [true, 2]", "line 3: 'values[0]' must be a number, not true"),
+    ("steps: 3", "steps: false", "line 4: 'steps' must be a number, not false"),
+    ("steps: 3", "factor: .inf", "line 4: 'factor' must be a finite number (got inf)"),
+    ("steps: 3", "factor: .nan", "'factor' must be a finite number (got nan)"),
+    ("steps: 3", "seed: 4294967296", "line 4: 'seed' must be an integer in 0..4294967295, got 4294967296"),
+    ("steps: 3", "seed: true", "'seed' must be a number, not true"),
+])
+def test_numbers_are_finite_numbers_and_seeds_fit_32_bits(old, new, needle):
+    assert needle in error_of(GOOD.replace(old, new))
+    assert parse_study_config(GOOD.replace("steps: 3", "seed: 4294967295")).config.seed == 2**32 - 1
+
+
+@pytest.mark.parametrize("study", ["transfer", "lottery"])
+def test_a_model_path_that_is_not_there_is_refused_and_hub_ids_pass(study, tmp_path):
+    from headcount.tasks import is_fetched
+
+    if not is_fetched():
+        pytest.skip("offline data not fetched (make test fetches it)")
+    seeds = "seeds: [1]\n" if study == "lottery" else ""
+    text = f"study: {study}\nmodel: {{}}\ntasks: [offline/movies]\n{seeds}"
+    for missing in ("/nonexistent", "./nowhere", "~/nowhere-headcount", "nowhere/deeper/still"):
+        with pytest.raises(HeadcountError, match=r"line 2: 'model'.*not found"):
+            parse_study_config(text.format(missing), base_dir=tmp_path)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(HeadcountError, match="no config.json"):
+        parse_study_config(text.format("./empty"), base_dir=tmp_path)
+    for hub in ("roberta-base", "org/name", "offline"):  # no network: a hub id is not looked up here
+        assert parse_study_config(text.format(hub), base_dir=tmp_path).config.model == hub
+
+
+@pytest.mark.parametrize("study, old, new, needle", [
+    ("transfer", "stats: {n_boot: 200, n_permutations: 999}", "stats: {n_boot: 1.0e+26}", "n_boot"),
+    ("transfer", "stats: {n_boot: 200, n_permutations: 999}", "stats: {n_boot: 10000000}", "n_boot"),
+    ("transfer", "random_draws: 1", "random_draws: 100000", "random_draws"),
+    ("transfer", "head_corpus: offline/corpus", "head_corpus: ./none.txt", "file not found"),
+    ("transfer", "epochs: 1,", "epochs: 2000,", "epochs must be in (0, 1000]"),
+    ("lottery", "rounds: 1,", "rounds: 10000,", "rounds"),
+    ("lottery", "max_examples: 64, batch_size: 64", "max_examples: 64, batch_size: 1000000", "batch_size"),
+    ("lottery", "patterns: {max_examples: 32, batch_size: 16, size: 32}",
+     "patterns: {max_examples: 32, batch_size: 16, size: 100000}", "size"),
+    ("lottery", "patterns: {max_examples: 32, batch_size: 16, size: 32}",
+     "patterns: {cnn: {maps: none.safetensors, labels: none.csv}}", "file not found"),
+    ("lottery", "super_survivors: {retrain: false}", "super_survivors: {retrain: false, draw_seed: 4294967296}", "draw_seed"),
+])
+def test_study_values_are_bounded(study, old, new, needle):
+    from headcount.commands.demo import config_dir
+    from headcount.tasks import is_fetched
+
+    if not is_fetched():
+        pytest.skip("offline data not fetched (make test fetches it)")
+    text = (config_dir() / "demo.yaml").read_text()
+    assert old in text
+    with pytest.raises(HeadcountError) as e:
+        parse_study_config(text.replace(old, new), "demo.yaml", base_dir=config_dir())
+    assert needle in str(e.value) and f"'{study}." in str(e.value)

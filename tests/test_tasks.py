@@ -32,8 +32,9 @@ def write(path: Path, rows: list[dict]) -> Path:
     df = pd.DataFrame(rows)
     if path.suffix == ".csv":
         df.to_csv(path, index=False)
-    elif path.suffix == ".tsv":
-        df.to_csv(path, sep="\t", index=False)
+    elif path.suffix == ".tsv":  # plain tab-separated text: quotes are text, not CSV quoting
+        path.write_text("".join("\t".join(map(str, r)) + "\n" for r in [list(df.columns), *df.values.tolist()]),
+                        encoding="utf-8")
     elif path.suffix == ".jsonl":
         path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     else:

@@ -9,8 +9,16 @@ import torch
 import transformers
 
 from headcount.errors import HeadcountError
-from headcount.tasks import (TaskData, encode, fit_mlm_head, get_task, make_batches, mlm_batches, mlm_texts,
-                             tokenize)
+from headcount.tasks import (
+    TaskData,
+    encode,
+    fit_mlm_head,
+    get_task,
+    make_batches,
+    mlm_batches,
+    mlm_texts,
+    tokenize,
+)
 
 SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 WORDS = ("the a cat dog bird sat ran flew on under over mat log tree big small red blue and then it was "

@@ -14,7 +14,12 @@ import pytest
 
 from headcount.errors import HeadcountError
 from headcount.tasks import get_task, is_fetched, offline
-from headcount.tasks.offline import FETCH_HINT, VADER_ARCHIVE, fetch, offline_corpus, vader_dir
+from headcount.tasks.offline import (
+    VADER_ARCHIVE,
+    fetch,
+    offline_corpus,
+    vader_dir,
+)
 
 needs_data = pytest.mark.skipif(not is_fetched(), reason="offline data not fetched: run `headcount data fetch`")
 

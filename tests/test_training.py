@@ -6,16 +6,24 @@ import json
 
 import pytest
 import torch
+from training_helpers import make_checkpoint, make_task, one_thread, stop_after
 
 from headcount.errors import HeadcountError
 from headcount.masks import Mask
 from headcount.models import load_model
 from headcount.surgery import load_pruned
-from headcount.training import DynamicPadding, LengthGroupedEpochSampler, TrainConfig, evaluate, finetune
-from training_helpers import make_checkpoint, make_task, one_thread, stop_after
+from headcount.training import (
+    DynamicPadding,
+    LengthGroupedEpochSampler,
+    TrainConfig,
+    evaluate,
+    finetune,
+)
 
-#: learns the has-"good" task to 100% in 36 steps (~1 s on 2 CPU cores)
-FAST = TrainConfig(lr=1e-2, batch_size=16, epochs=3, save_steps=4, use_cpu=True)
+#: learns the has-"good" task to 100% in 96 steps (~3 s on 2 CPU cores). Every seed 1-20 reaches 100%
+#: by epoch 5 of 8; the former lr=1e-2, 3 epochs stayed at chance for half of the seeds, so whether
+#: seed 1 learnt rested on a trajectory that other CPU kernels change.
+FAST = TrainConfig(lr=3e-3, batch_size=16, epochs=8, save_steps=4, use_cpu=True)
 
 
 _one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
@@ -42,7 +50,7 @@ def _inputs(n=4):
 def test_finetune_learns_the_task_and_writes_its_files(world, baseline):
     metrics, out = baseline
     assert metrics["final"]["score"] >= 0.85  # chance is 0.5
-    assert [round(e["epoch"]) for e in metrics["epochs"]] == [1, 2, 3]
+    assert [round(e["epoch"]) for e in metrics["epochs"]] == list(range(1, 9))
     assert metrics["head"] == "new" and "new 2-output" in metrics["head_note"]
     assert metrics["tokens_per_s"] > 0 and metrics["train_seconds"] > 0
     assert metrics["n_params"] == metrics["n_params_before"] and metrics["mask"] is None
@@ -132,6 +140,37 @@ def test_label_count_mismatch(world, tmp_path):
 def test_mask_for_another_shape(world, tmp_path):
     with pytest.raises(HeadcountError, match="mask is for 3 layers x 4 heads"):
         finetune(world["pre"], world["task"], mask=Mask.full(3, 4), seed=0, config=FAST, out_dir=tmp_path / "x")
+
+
+def test_a_saved_tokenizer_is_the_same_file_whatever_it_tokenized_before(world, tmp_path):
+    import transformers
+    from training_helpers import make_tokenizer
+
+    from headcount.surgery import save_pruned, shrink
+    from headcount.training import _save_model
+
+    tok = make_tokenizer(tmp_path / "tok")
+    model = load_model(world["pre"], head="classification", num_labels=2)
+    _save_model(model, tok, tmp_path / "fresh", {})
+    batch = tok(["the movie was very long and the plot was slow", "a film"], padding=True, truncation=True,
+                max_length=8)
+    assert [len(ids) for ids in batch["input_ids"]] == [8, 8]  # it padded and truncated: its backend remembers
+    assert tok.backend_tokenizer.padding is not None and tok.backend_tokenizer.truncation["max_length"] == 8
+    _save_model(model, tok, tmp_path / "used", {})
+    files = sorted(p.name for p in (tmp_path / "fresh").iterdir())
+    assert "tokenizer.json" in files and files == sorted(p.name for p in (tmp_path / "used").iterdir())
+    for name in files:  # byte-identical, tokenizer.json included
+        assert (tmp_path / "fresh" / name).read_bytes() == (tmp_path / "used" / name).read_bytes(), name
+    assert tok.backend_tokenizer.truncation["max_length"] == 8  # the caller's tokenizer is left as it was
+    # a pruned checkpoint writes its tokenizer the same way
+    pruned = shrink(load_model(world["pre"], head="classification", num_labels=2), Mask.full(2, 4).without_heads([(0, 1)]))
+    save_pruned(pruned, tmp_path / "pruned", tokenizer=tok)
+    assert (tmp_path / "pruned" / "tokenizer.json").read_bytes() == (tmp_path / "fresh" / "tokenizer.json").read_bytes()
+    # the saved tokenizer still pads and truncates when asked to
+    reloaded = transformers.AutoTokenizer.from_pretrained(tmp_path / "used")
+    ask = dict(padding="max_length", truncation=True, max_length=6)
+    assert reloaded(["a film", "the plot was very long and slow"], **ask)["input_ids"] == \
+        tok(["a film", "the plot was very long and slow"], **ask)["input_ids"]
 
 
 def test_dynamic_padding_and_length_grouping():

@@ -1,3 +1,4 @@
-from headcount.cli import main
+# headcount.entry imports nothing heavy before its Ctrl-C handler is in place
+from headcount.entry import main
 
-main()
+raise SystemExit(main())

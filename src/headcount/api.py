@@ -12,14 +12,24 @@ from pathlib import Path
 
 from . import plots
 from .arch import get_adapter
+from .atomic import atomic_write_text
 from .device import check_spec, device_name, resolve_device, resolve_precision
 from .errors import HeadcountError
 from .gates import layout
-from .io import atomic_write_text
 from .masks import Mask
 from .models import load_model, load_tokenizer
-from .pipeline import (DataConfig, PruneSettings, ScoreSettings, batches_for, decoding, has_task_head, load_for,
-                       metric_for, prune_model, saved_config)
+from .pipeline import (
+    DataConfig,
+    PruneSettings,
+    ScoreSettings,
+    batches_for,
+    decoding,
+    has_task_head,
+    load_for,
+    metric_for,
+    prune_model,
+    saved_config,
+)
 from .pruning import PruneConfig, PruneResult
 from .scoring import score
 from .surgery import count_parameters, pruning_record, save_pruned, shrink

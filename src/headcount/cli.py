@@ -5,6 +5,7 @@ Bad input ends in one ``error: ...`` line and exit status 2, never a traceback.
 
 from __future__ import annotations
 
+import errno
 import gc
 import os
 import sys
@@ -59,6 +60,30 @@ def _check_empty_values(argv: list[str]) -> None:
             raise HeadcountError(f"{name} must not be empty")
 
 
+#: how a full disk reads in the message of an exception that wraps the OSError in text
+#: (safetensors' SafetensorError: "... IoError(Os { code: 28, kind: StorageFull, ... })")
+_FULL_DISK_TEXT = ("No space left on device", "StorageFull", "Disk quota exceeded", "QuotaExceeded")
+
+
+def _environment_message(e: BaseException) -> str | None:
+    """One line for an error that is the environment, not a bug: an OSError that
+    :func:`io_error_message` knows (full disk, read-only), also when a library raised it as the
+    cause or context of its own exception, or named a full disk only in its message (safetensors
+    raises ``SafetensorError``, not an OSError)."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError):
+            msg = io_error_message(e)
+            if msg is not None:
+                return msg
+        elif any(text in str(e) for text in _FULL_DISK_TEXT):
+            where = ACTIVE_OUTS[-1] if ACTIVE_OUTS else None
+            return io_error_message(OSError(errno.ENOSPC, "No space left on device", str(where) if where else None))
+        e = e.__cause__ or e.__context__
+    return None
+
+
 def _interrupted() -> None:
     where = f"finished results in {ACTIVE_OUTS[-1]} are kept" if ACTIVE_OUTS else "finished results are kept"
     print(f"error: interrupted: {where}; run the same command again to resume", file=sys.stderr)
@@ -104,14 +129,14 @@ def main(argv: list[str] | None = None) -> int:
         if e.exit_code == 130:
             _interrupted()
         sys.exit(e.exit_code)
-    except OSError as e:  # a full disk or a read-only folder is the environment, not a bug
-        msg = io_error_message(e)
-        if msg is None or debug:
-            raise
-        print(f"error: {msg}", file=sys.stderr)
-        sys.exit(2)
     except Exception as e:  # a bug, not bad input: short message, traceback on request
+        msg = _environment_message(e)  # unless it is a full disk or a read-only folder: the environment
         if debug:
+            raise
+        if msg is not None:
+            print(f"error: {msg}", file=sys.stderr)
+            sys.exit(2)
+        if isinstance(e, BrokenPipeError):  # the reader went away (`headcount tasks | head -1`)
             raise
         print(f"error: internal error: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''} "
               "(set HEADCOUNT_DEBUG=1 for the traceback)", file=sys.stderr)

@@ -10,7 +10,9 @@ import torch
 from .device import runtime, to_device
 from .errors import HeadcountError
 from .gates import clear_gates, set_gates
-from .tasks.base import IGNORE  # the label of positions a loss ignores (declared there, once)
+from .tasks.base import (
+    IGNORE,  # the label of positions a loss ignores (declared there, once)
+)
 from .tasks.batching import pack_batches
 from .tasks.metrics import compute_metrics
 

@@ -282,7 +282,10 @@ def native_config(model: nn.Module):
     Decided by building the plain model (on the meta device: no memory) and comparing every
     tensor name and shape with ``model``'s.
     """
-    from .surgery import RECORD, pruning_record  # lazy: .surgery imports transformers (~0.7 s)
+    from .surgery import (  # lazy: .surgery imports transformers (~0.7 s)
+        RECORD,
+        pruning_record,
+    )
 
     record = pruning_record(model)
     config = copy.deepcopy(model.config)
@@ -343,7 +346,10 @@ def export_hf(model: nn.Module, out_dir: Path, tokenizer=None) -> tuple[nn.Modul
     plain.load_state_dict(model.state_dict(), strict=True)
     plain.save_pretrained(out_dir, safe_serialization=True)
     if tokenizer is not None:
-        tokenizer.save_pretrained(out_dir)
+        # lazy: .surgery imports transformers (~0.7 s)
+        from .surgery import save_tokenizer
+
+        save_tokenizer(tokenizer, out_dir)  # without the padding/truncation of its last call
     reloaded = type(model).from_pretrained(out_dir).eval()
     worst = 0.0
     for k, shape in enumerate(CHECK_SHAPES):

@@ -5,9 +5,11 @@ flipped in a CSV, a checkpoint rewritten in place). Run identities (``finetune``
 ``magnitude``'s, the ``--out`` marker of ``score``/``prune``/``shrink``) and study job keys
 therefore include :func:`model_fingerprint` and :func:`task_fingerprint`.
 
-Hashes are SHA-256 of the file contents, cached by ``(real path, size, mtime_ns, inode)`` in
-memory and in ``<cache>/fingerprints.json`` (the headcount cache, ``$HEADCOUNT_CACHE``), so a
-large file is read once, not at every run. Hub ids are identified by name only (their files
+Hashes are SHA-256 of the file contents, cached by ``(real path, size, mtime_ns, inode,
+ctime_ns)`` in memory and in ``<cache>/fingerprints.json`` (the headcount cache,
+``$HEADCOUNT_CACHE``), so a large file is read once, not at every run. The inode change time is
+in the key because nobody can set it back: a file rewritten in place with its size, inode and
+mtime restored (``os.utime``) is hashed again. Hub ids are identified by name only (their files
 live in the Hugging Face cache, keyed by revision).
 """
 
@@ -18,7 +20,7 @@ import json
 import os
 from pathlib import Path
 
-from .io import atomic_write_json
+from .atomic import atomic_write_json
 from .tasks import get_task
 from .tasks.paths import cache_root, sha256_file
 
@@ -58,7 +60,8 @@ def _save_disk() -> None:
 
 
 def file_digest(path: str | os.PathLike) -> str:
-    """SHA-256 (hex, 16 characters) of a file's content, cached by path, size, mtime and inode.
+    """SHA-256 (hex, 16 characters) of a file's content, cached by path, size, mtime, inode and
+    ctime (the inode change time, which ``os.utime`` cannot set back: any rewrite rehashes).
 
     >>> import tempfile; f = tempfile.NamedTemporaryFile(delete=False); _ = f.write(b"x"); f.close()
     >>> file_digest(f.name)
@@ -66,7 +69,7 @@ def file_digest(path: str | os.PathLike) -> str:
     """
     p = Path(path).resolve()
     st = p.stat()
-    key = f"{p}|{st.st_size}|{st.st_mtime_ns}|{st.st_ino}"
+    key = f"{p}|{st.st_size}|{st.st_mtime_ns}|{st.st_ino}|{st.st_ctime_ns}"
     if key in _MEMORY:
         return _MEMORY[key]
     disk = _disk()
@@ -96,7 +99,10 @@ def model_fingerprint(spec) -> str | None:
     """The content digest of a local checkpoint (``offline`` included); None for a hub id."""
     if spec is None:
         return None
-    from .models import OFFLINE, offline_model_dir  # transformers (1.2 s): not at import, the CLI imports this
+    from .models import (  # transformers (1.2 s): not at import, the CLI imports this
+        OFFLINE,
+        offline_model_dir,
+    )
 
     try:
         path = offline_model_dir() if str(spec) == OFFLINE else Path(str(spec)).expanduser()

@@ -41,10 +41,10 @@ from torch import nn
 from transformers.modeling_outputs import BaseModelOutput, BaseModelOutputWithPooling
 
 from .arch import get_adapter
+from .atomic import atomic_path, atomic_write_json
 from .device import place, resolve_device
 from .errors import HeadcountError
 from .evaluation import MLM_METRIC, evaluate_batches
-from .io import atomic_path, atomic_write_json
 from .models import load_model, load_tokenizer, resolve
 from .tasks.base import subset_indices
 from .tasks.batching import tokenizer_fingerprint

@@ -4,154 +4,53 @@
 from __future__ import annotations
 
 import errno
-import fnmatch
-import json
 import os
-import re
 import shutil
 import socket
 import stat
 import tempfile
-from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 
+from .atomic import (
+    SESSION,
+    _usual_mode,
+    tmp_prefix,
+)
 from .errors import HeadcountError
 from .launch import refuse_launcher
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def _usual_mode(path, directory: bool = False) -> None:
-    """mkstemp/mkdtemp make 0600/0700 files; give results the modes ``open`` would (umask)."""
-    os.chmod(path, (0o777 if directory else 0o666) & ~_umask())
-
-
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        _usual_mode(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
-
-
-def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
-    return atomic_write_bytes(path, text.encode("utf-8"))
-
-
-def atomic_write_json(path: str | os.PathLike, obj) -> Path:
-    return atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
-
-
-@contextmanager
-def atomic_path(path: str | os.PathLike):
-    """Yield a temporary path beside ``path``; it replaces ``path`` only if the block succeeds.
-
-    Works for files written by libraries that take a file name (``savefig``, ``save_file``).
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp{path.suffix}")
-    try:
-        yield tmp
-        _usual_mode(tmp)  # safetensors writes 0600; results get the umask's mode like other files
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-
-
-@contextmanager
-def atomic_dir(path: str | os.PathLike, replace_any: bool = False):
-    """Yield a temporary directory that replaces ``path`` (a directory) when the block succeeds.
-
-    An existing ``path`` is replaced only when the new directory holds every name it holds (an
-    earlier version of the same output); otherwise :class:`HeadcountError`, and nothing is deleted.
-    ``replace_any=True``: ``path`` is wholly generated (a report's ``figures/``), replace it anyway.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
-    _usual_mode(tmp, directory=True)
-    try:
-        yield tmp
-        for p in tmp.rglob("*"):
-            if p.is_file() and not p.is_symlink():
-                _usual_mode(p)
-        if path.exists() and not path.is_dir():
-            raise HeadcountError(f"{path} is an existing file, not a directory")
-        if path.exists():
-            # replace an earlier version of the same directory only: never delete a file the new
-            # one does not replace (a folder of the user's named like an output is refused)
-            extra = sorted({p.name for p in path.iterdir()} - {p.name for p in tmp.iterdir()})
-            if extra and not replace_any:
-                raise HeadcountError(f"{path} holds {', '.join(extra[:3])}{', ...' if len(extra) > 3 else ''}, "
-                                     "which the new version would not replace; refusing to delete it")
-            old = path.with_name(f".{path.name}.old.{os.getpid()}")
-            os.replace(path, old)
-            os.replace(tmp, path)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-
+from .record import LOCK_NAME, RECORD, Record, first_foreign, matches, refuse_foreign
 
 # -- output directories: one guard for every command's --out ---------------------------------------
 #
 # What headcount promises about an --out directory (README, "What headcount promises about your
-# files"): it writes only inside it; it never deletes, hides or overwrites a file it did not write;
-# an earlier output of the same command is recognised by ``.headcount-out.json`` (the command, its
-# identity and the files it wrote); the outputs of one command appear together (they are written
-# into a staging directory inside --out and renamed into place only after all of them succeeded);
-# a ``.lock`` held with flock keeps two processes out of one directory; temporary files of a killed
-# run (``.*.tmp*``, staging directories) are removed by the next run that holds the lock.
+# files"): it writes only inside it; a file is headcount's only if the folder's record
+# (``.headcount-out.json``, see :mod:`headcount.record`) lists it, and nothing else is ever
+# replaced or deleted, ``--force`` included; a folder without a record that holds anything is
+# refused; the outputs of one command appear together (written into a staging directory inside
+# --out and renamed into place only after all of them succeeded); ``.headcount.lock`` held with
+# flock keeps two processes out of one directory; temporary files of a killed run are removed by
+# the next run only when their session is one the record lists.
 
-
-OUT_MARKER = ".headcount-out.json"
-LOCK_NAME = ".lock"
-STAGING_PREFIX = ".headcount-staging."
+OUT_MARKER = RECORD  # the record's file name (kept as the name commands and tests use)
 
 #: the --out directories this command has taken (cli.main clears it; the Ctrl-C message names the last)
 ACTIVE_OUTS: list[Path] = []
 
-
-#: the names of files that are not results yet, exactly as headcount's writers make them:
-#: ``.NAME.XXXXXXXX.tmp`` (mkstemp/mkdtemp), ``.NAME.PID.tmp.SUFFIX`` (atomic_path),
-#: ``.NAME.old.PID`` (atomic_dir), ``.headcount-staging.XXXXXXXX[.old].tmp``
-_TEMP_NAMES = re.compile(r"^\..+\.([a-z0-9_]{8}|\d+)\.tmp(\.[A-Za-z0-9]+)?$|^\..+\.old\.\d+$"
-                         r"|^" + re.escape(STAGING_PREFIX) + r"[a-z0-9_]{8}(\.old)?\.tmp$")
+_LOCK_TEXT = "headcount lock: "
 
 
-def _is_temp_name(name: str) -> bool:
-    """Whether ``name`` is one of headcount's temporary names (see ``_TEMP_NAMES``)."""
-    return bool(_TEMP_NAMES.match(name))
+def lock_file(directory: Path, what: str = "", name: str = LOCK_NAME) -> int:
+    """Open ``directory/.headcount.lock`` without following links and take an exclusive flock; returns the fd.
 
-
-def lock_file(directory: Path, what: str = "") -> int:
-    """Open ``directory/.lock`` without following links and take an exclusive flock; returns the fd.
-
-    A ``.lock`` that is a symbolic link, a directory, or a file with other hard links is refused
-    (writing through it would change another file).
+    A lock file that is a symbolic link, a directory, a file with other hard links, or a file that
+    holds something other than headcount's lock text is refused (writing through it, or truncating
+    it, would change another file).
 
     Raises:
-        HeadcountError: the lock is held by another process, or ``.lock`` is not a plain file.
+        HeadcountError: the lock is held by another process, or the lock file is not headcount's.
     """
-    path = Path(directory) / LOCK_NAME
+    path = Path(directory) / name
     flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
         fd = os.open(path, flags, 0o644)
@@ -165,6 +64,10 @@ def lock_file(directory: Path, what: str = "") -> int:
     if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
         os.close(fd)
         raise HeadcountError(f"{path} is not a plain lock file (it has other links); remove it")
+    head = os.pread(fd, 64, 0)
+    if head and not head.startswith(_LOCK_TEXT.encode()):
+        os.close(fd)
+        raise HeadcountError(f"{path} is not headcount's lock file (it holds other text); move it away")
     try:
         import fcntl
     except ImportError:  # pragma: no cover - not POSIX: no lock
@@ -173,14 +76,25 @@ def lock_file(directory: Path, what: str = "") -> int:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         try:
-            holder = os.read(fd, 200).decode(errors="replace").strip()
+            holder = os.read(fd, 200).decode(errors="replace").strip().removeprefix(_LOCK_TEXT.strip())
         finally:
             os.close(fd)
-        raise HeadcountError(f"{directory} is in use by another headcount process ({holder or 'unknown'})") from None
+        raise HeadcountError(f"{directory} is in use by another headcount process ({holder.strip() or 'unknown'})") from None
     os.ftruncate(fd, 0)
     now = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    os.write(fd, f"pid {os.getpid()} on {socket.gethostname()} since {now}{' ' + what if what else ''}\n".encode())
+    os.pwrite(fd, f"{_LOCK_TEXT}session {SESSION} pid {os.getpid()} on {socket.gethostname()} since {now}"
+                  f"{' ' + what if what else ''}\n".encode(), 0)
     return fd
+
+
+def lock_session(directory: Path, name: str = LOCK_NAME) -> str | None:
+    """The session named in an existing headcount lock file (a killed run's), None otherwise."""
+    try:
+        text = (Path(directory) / name).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    parts = text.removeprefix(_LOCK_TEXT).split()
+    return parts[1] if text.startswith(_LOCK_TEXT) and len(parts) > 1 and parts[0] == "session" else None
 
 
 def unlock_file(fd: int | None) -> None:
@@ -197,12 +111,9 @@ def unlock_file(fd: int | None) -> None:
 
 
 def read_marker(directory: Path) -> dict | None:
-    """The ``.headcount-out.json`` of ``directory`` (None when absent or unreadable)."""
-    try:
-        data = json.loads((Path(directory) / OUT_MARKER).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) and isinstance(data.get("command"), str) else None
+    """The record of ``directory`` as a dict (command, identity, files), None when there is none."""
+    rec = Record.read(directory)
+    return None if rec is None else {"command": rec.command, "identity": rec.identity, "files": sorted(rec.files)}
 
 
 def _differences(old, new) -> list[str]:
@@ -212,27 +123,34 @@ def _differences(old, new) -> list[str]:
 
 
 class OutDir:
-    """A command's ``--out`` directory, checked, locked and cleaned (see :func:`prepare_out`).
+    """A command's ``--out`` directory, checked, locked and recorded (see :func:`prepare_out`).
 
-    Write the command's outputs into :meth:`staging` and call :meth:`commit`: each staged entry
-    replaces its namesake in ``--out`` (earlier files of this command that the new run did not
-    write are removed), then the marker records the new identity. Use as a context manager; the
-    lock is released and the staging directory removed on exit.
+    Two ways to write: stage the outputs in :meth:`staging` and :meth:`commit` them (each staged
+    entry replaces its namesake, which the record lists; listed files the new run did not write
+    are removed), or write the declared ``outputs`` directly into the folder (``finetune``,
+    ``magnitude``: they resume); :meth:`close` then records what they wrote. Use as a context
+    manager; the lock is released and the staging directory removed on exit.
     """
 
-    def __init__(self, path: Path, command: str, identity, fd: int, previous: dict | None,
-                 created: Path | None = None, claimed: bool = False):
+    def __init__(self, path: Path, record: Record, outputs, fd: int, before: set[str], identity=None,
+                 created: Path | None = None, claimed: bool = False, notice: str | None = None, echo=None):
         self.path = path
-        self.command = command
-        self.identity = identity
+        self.record = record
+        self.command = record.command
+        self.identity = identity  # recorded when the outputs are committed (the old files keep the old one)
+        self.outputs = tuple(outputs)
         self._fd = fd
-        self._previous = previous
+        self._before = before  # entries present when the run started
         self._staging: Path | None = None
         self._created = created  # the top directory this run created (removed again if it fails early)
-        self._claimed = claimed  # the marker was written by this run
+        self._claimed = claimed  # the record was written by this run
+        self._notice = notice  # the --force message, said when the new outputs are committed
+        self._echo = echo
+        self._committed = False
 
     def _only_ours(self) -> bool:
-        return all(p.name in (OUT_MARKER, LOCK_NAME) or _is_temp_name(p.name) for p in self.path.iterdir())
+        return all(p.name in (RECORD, LOCK_NAME) or p.name.startswith(tmp_prefix("")[:-1])
+                   for p in self.path.iterdir())
 
     def _undo(self) -> None:
         """After a failure that wrote nothing: leave the directory as it was before the run."""
@@ -246,40 +164,71 @@ class OutDir:
                         break
                     d.rmdir()
             elif self._claimed:
-                (self.path / OUT_MARKER).unlink(missing_ok=True)
+                (self.path / RECORD).unlink(missing_ok=True)
+                (self.path / LOCK_NAME).unlink(missing_ok=True)
         except OSError:  # pragma: no cover - best effort
             pass
 
     def staging(self) -> Path:
         if self._staging is None:
-            self._staging = Path(tempfile.mkdtemp(dir=self.path, prefix=STAGING_PREFIX, suffix=".tmp"))
+            self._staging = Path(tempfile.mkdtemp(dir=self.path, prefix=tmp_prefix("staging"), suffix=".tmp"))
             _usual_mode(self._staging, directory=True)
         return self._staging
 
     def commit(self, source: Path | None = None) -> list[str]:
-        """Move every entry of ``source`` (default: the staging directory) into ``--out``."""
+        """Move every entry of ``source`` (default: the staging directory) into ``--out``.
+
+        Raises:
+            HeadcountError: an entry would replace a file the record does not list as headcount's
+                (one put there while the command ran, or changed since headcount wrote it).
+        """
         source = Path(source) if source is not None else self.staging()
         names = sorted(p.name for p in source.iterdir())
-        trash = Path(tempfile.mkdtemp(dir=self.path, prefix=STAGING_PREFIX, suffix=".old.tmp"))
+        rec = self.record
+        refuse_foreign(self.path, rec.in_the_way(names))
+        stale = [n for n in rec.files if "/" not in n and n not in names and os.path.lexists(self.path / n)]
+        refuse_foreign(self.path, [n for n in stale if not rec.owns(n)])
+        if self._notice and self._echo is not None:
+            self._echo(self._notice)
+        trash = Path(tempfile.mkdtemp(dir=self.path, prefix=tmp_prefix("old"), suffix=".tmp"))
         try:
             for name in names:
                 target = self.path / name
                 if target.is_dir() and not target.is_symlink():
                     os.replace(target, trash / name)  # a directory cannot replace a non-empty one
                 os.replace(source / name, target)
-            for name in (self._previous or {}).get("files", []):
-                if name not in names and "/" not in name and not name.startswith(".") and (self.path / name).exists():
-                    os.replace(self.path / name, trash / name)
-            write_marker(self.path, self.command, self.identity, names)
+            for name in stale:
+                os.replace(self.path / name, trash / name)
+                rec.forget(name)
+            rec.files = {k: v for k, v in rec.files.items() if "/" in k or k in names or os.path.lexists(self.path / k)}
+            rec.claim(names)
+            rec.seal(names)
+            if self.identity is not None:
+                rec.identity = self.identity
+            rec.write()
         finally:
             shutil.rmtree(trash, ignore_errors=True)
-        self._previous = read_marker(self.path)
+        self._committed = True
         return names
+
+    def seal(self) -> None:
+        """Record the declared outputs the run wrote directly (those that were not there before it or are listed)."""
+        rec = self.record
+        new = [p.name for p in self.path.iterdir()
+               if matches(p.name, self.outputs) and (p.name in rec.files or p.name not in self._before)]
+        rec.claim(new)
+        rec.seal([n for n in rec.files if matches(n, self.outputs)])  # also drops claims never written
+        rec.write()
 
     def close(self, failed: bool = False) -> None:
         if self._staging is not None:
             shutil.rmtree(self._staging, ignore_errors=True)
             self._staging = None
+        try:
+            if not self._committed and self._fd is not None and not self._only_ours():
+                self.seal()  # direct writers (finetune, magnitude), finished or not
+        except OSError:  # pragma: no cover - best effort: the claims stay
+            pass
         if failed:
             self._undo()
         unlock_file(self._fd)
@@ -292,11 +241,6 @@ class OutDir:
         self.close(failed=exc_type is not None)
 
 
-def write_marker(directory: Path, command: str, identity=None, files=None) -> None:
-    atomic_write_json(Path(directory) / OUT_MARKER,
-                      {"command": command, "identity": identity, "files": list(files or [])})
-
-
 def check_out_path(out, option: str = "--out") -> Path:
     """Refuse an empty ``--out`` and one that names an existing file; return it as a Path."""
     if out is None or str(out).strip() == "":
@@ -307,27 +251,32 @@ def check_out_path(out, option: str = "--out") -> Path:
     return path
 
 
-def prepare_out(out, command: str, *, identity=None, own=(), force: bool = False, echo=None,
-                distributed: bool = False) -> OutDir:
-    """Check, create, lock and clean a command's ``--out``; returns an :class:`OutDir`.
+def prepare_out(out, command: str, *, identity=None, outputs=(), force: bool = False, echo=None,
+                distributed: bool = False, direct: bool = False) -> OutDir:
+    """Check, create, lock and record a command's ``--out``; returns an :class:`OutDir`.
 
     Args:
         out: the directory.
         command: the command's name (``"score"``); an earlier output of another command is refused.
         identity: what the run computes (JSON-able). An earlier output of the same command with
-            another identity is refused unless ``force`` (then ``echo`` says what is replaced);
-            None: the caller checks (``finetune``/``magnitude`` resume).
-        own: names (or glob patterns) of what the command writes: an earlier output without a
-            marker (written before markers existed) is recognised by them.
-        force: replace an earlier output of the same command with other settings.
+            another identity is refused unless ``force`` (then ``echo`` says what is replaced when
+            the new outputs are committed); None: the caller checks (``finetune``/``magnitude`` resume).
+        outputs: names (or glob patterns) of what the command writes into the folder. An existing
+            entry that matches one and that the record does not list as headcount's is refused,
+            with or without ``force``.
+        force: replace an earlier output of the same command with other settings (its listed files only).
         echo: where the ``--force`` message goes.
         distributed: the command runs across the ranks of torchrun / accelerate launch (rank 0
             calls this); otherwise a launcher is refused here, before anything is touched.
+        direct: the command writes ``outputs`` (literal names) straight into the folder and
+            resumes (``finetune``, ``magnitude``): they are claimed in the record before it
+            starts, so a run killed while writing them leaves them headcount's.
 
     Raises:
-        HeadcountError: an empty path, an existing file, a non-empty directory that is not an
-            earlier output of ``command``, another run without ``force``, a directory that cannot
-            be created or written, or one in use by another process.
+        HeadcountError: an empty path, an existing file, a non-empty directory without headcount's
+            record, the output of another command, a file in the way that is not headcount's,
+            another run without ``force``, a directory that cannot be created or written, or one in
+            use by another process.
     """
     path = check_out_path(out)
     if not distributed:
@@ -348,33 +297,34 @@ def prepare_out(out, command: str, *, identity=None, own=(), force: bool = False
     had_lock = os.path.lexists(path / LOCK_NAME)
     fd = lock_file(path, f"headcount {command}")
     try:
-        marker = read_marker(path)
-        entries = sorted(p.name for p in path.iterdir()
-                         if p.name not in (OUT_MARKER, LOCK_NAME) and not _is_temp_name(p.name))
-        if marker is not None and marker["command"] != command:
-            raise HeadcountError(f"--out {out} holds the output of `headcount {marker['command']}`; "
+        rec = Record.read(path)
+        if rec is None:
+            first = first_foreign(path)
+            if first is not None:
+                raise HeadcountError(f"--out {out} is not empty and headcount has no record of it (it holds {first}); "
+                                     "choose a new or empty directory")
+        elif rec.command != command:
+            raise HeadcountError(f"--out {out} holds the output of `headcount {rec.command}`; "
                                  f"choose another directory for `headcount {command}`")
-        if marker is None and entries and not all(any(fnmatch.fnmatchcase(e, pat) for pat in own) for e in entries):
-            shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
-            raise HeadcountError(f"--out {out} is not empty and was not written by `headcount {command}` "
-                                 f"(it holds {shown}); choose a new or empty directory")
-        if identity is not None and entries:
-            old = marker.get("identity") if marker is not None else "unknown"
-            if old is not None and old != identity:
-                what = ", ".join(_differences(old, identity))
+        entries = sorted(p.name for p in path.iterdir() if p.name not in (RECORD, LOCK_NAME))
+        notice = None
+        if rec is not None:
+            refuse_foreign(out, rec.in_the_way([e for e in entries if matches(e, outputs)]))
+            ours = [e for e in entries if e in rec.files]
+            if identity is not None and ours and rec.identity != identity:
+                what = ", ".join(_differences(rec.identity, identity))
                 if not force:
                     raise HeadcountError(f"--out {out} holds a different `headcount {command}` run (different "
                                          f"{what}); use another --out, or --force to replace its files")
-                if echo is not None:
-                    echo(f"--force: replacing the earlier {command} run in {out} (different {what}): "
-                         f"{', '.join(entries)}")
-        for p in path.iterdir():  # temp files of a killed run (we hold the lock: nobody is writing)
-            if _is_temp_name(p.name):
-                shutil.rmtree(p, ignore_errors=True) if p.is_dir() and not p.is_symlink() else p.unlink(missing_ok=True)
-        claimed = marker is None
-        if claimed:  # claim it; files found here (an output older than markers) stay unidentified
-            write_marker(path, command, None if not entries or identity is None else "unknown", entries)
-            marker = read_marker(path)
+                notice = f"--force: replacing the earlier {command} run in {out} (different {what}): {', '.join(ours)}"
+            rec.clean_tmp(["", *(n for n, s in rec.files.items() if s and s.get("kind") == "dir")])
+        claimed = rec is None
+        if rec is None:
+            rec = Record(path, command)
+        rec.join_session()  # before any temporary file of this process is made here
+        if direct:
+            rec.claim(o for o in outputs if not any(c in o for c in "*?["))
+        rec.write()
     except BaseException:
         if not had_lock:  # a refused directory is left exactly as it was
             (path / LOCK_NAME).unlink(missing_ok=True)
@@ -383,7 +333,9 @@ def prepare_out(out, command: str, *, identity=None, own=(), force: bool = False
             shutil.rmtree(created, ignore_errors=True)
         raise
     ACTIVE_OUTS.append(path)
-    return OutDir(path, command, identity, fd, marker, created=created, claimed=claimed)
+    before = {p.name for p in path.iterdir()}
+    return OutDir(path, rec, outputs, fd, before, identity=identity, created=created, claimed=claimed, notice=notice,
+                  echo=echo)
 
 
 def io_error_message(e: OSError) -> str | None:

@@ -37,8 +37,8 @@ from torch import nn
 from torch.nn.utils import prune
 
 from .arch import get_adapter
+from .atomic import atomic_path
 from .errors import HeadcountError
-from .io import atomic_path
 
 VARIANTS = ("prasanna", "chen")
 CONTROLS = ("good", "random", "bad")

@@ -37,10 +37,10 @@ from pathlib import Path
 
 from torch import nn
 
+from .atomic import atomic_dir, atomic_write_json, atomic_write_text
 from .device import resolve_device
 from .errors import HeadcountError
 from .fingerprint import model_fingerprint, path_fingerprint, task_fingerprint
-from .io import atomic_dir, atomic_write_json, atomic_write_text
 from .magnitude import (
     CONTROLS,
     VARIANTS,
@@ -54,6 +54,7 @@ from .magnitude import (
     save_weight_mask,
     weight_targets,
 )
+from .settings import METRIC_SHARE, RATE, ROUNDS, STEP_NUMBER, check_bounds
 from .tasks import encode
 from .training import TrainConfig, _as_task, _use_cpu, evaluate, finetune, use_bf16
 
@@ -99,15 +100,13 @@ class MagnitudeConfig:
     sparsity: float | None = None
     rewind_step: int = 0
 
+    #: the sane range of each numeric field (:mod:`headcount.settings`; ``sparsity``: :func:`check_sparsity`)
+    BOUNDS = {"rounds": ROUNDS, "threshold": METRIC_SHARE, "rate": RATE, "rewind_step": STEP_NUMBER}
+
     def __post_init__(self):
         if self.procedure not in PROCEDURES:
             raise HeadcountError(f"unknown procedure {self.procedure!r}; choose one of {', '.join(PROCEDURES)}")
-        if self.rounds < 1:
-            raise HeadcountError(f"rounds (max steps) must be at least 1, got {self.rounds}")
-        if not 0.0 < float(self.rate) < 1.0:
-            raise HeadcountError(f"rate must be in (0, 1), got {self.rate}")
-        if not self.threshold >= 0:
-            raise HeadcountError(f"threshold must be >= 0, got {self.threshold}")
+        check_bounds(self, self.BOUNDS)
         if self.control not in CONTROLS:
             raise HeadcountError(f"unknown control {self.control!r}; choose one of {', '.join(CONTROLS)}")
         if self.variant not in VARIANTS:
@@ -116,8 +115,6 @@ class MagnitudeConfig:
             raise HeadcountError(f"unknown schedule {self.schedule!r}; choose one of {', '.join(SCHEDULES)}")
         if self.sparsity is not None:
             check_sparsity(self.sparsity)
-        if self.rewind_step < 0:
-            raise HeadcountError(f"rewind step must be >= 0, got {self.rewind_step}")
 
 
 def _n_pruned(k: int, total: int, previous: int, config: MagnitudeConfig) -> int:
@@ -415,13 +412,14 @@ def _rewind_callback(step: int, path: Path, tokenizer_spec: str):
     from transformers import TrainerCallback
 
     from .models import load_tokenizer
+    from .surgery import save_tokenizer
 
     class Snapshot(TrainerCallback):
         def on_step_end(self, args, state, control, model=None, **kw):
             if state.global_step == step and state.is_world_process_zero and not (path / "config.json").is_file():
                 with atomic_dir(path) as tmp:
                     model.save_pretrained(tmp, safe_serialization=True)
-                    load_tokenizer(tokenizer_spec).save_pretrained(tmp)
+                    save_tokenizer(load_tokenizer(tokenizer_spec), tmp)  # as every saved model's tokenizer
 
     return Snapshot()
 

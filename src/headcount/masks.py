@@ -13,9 +13,9 @@ from pathlib import Path
 
 import torch
 
+from .atomic import atomic_write_json
 from .errors import HeadcountError
 from .gates import layout
-from .io import atomic_write_json
 
 
 @dataclass(frozen=True)

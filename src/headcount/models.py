@@ -49,12 +49,33 @@ def resolve(spec: str) -> str:
             raise HeadcountError(f"checkpoint directory not found: {spec}")
         if not (p / "config.json").is_file():
             raise HeadcountError(f"not a checkpoint directory (no config.json): {spec}")
+        check_config(p / "config.json")
         check_checkpoint_files(p)
         return str(p)
     return spec
 
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".ckpt")
+
+_JSON_KINDS = {list: "a list", str: "a string", int: "a number", float: "a number", bool: "a boolean",
+               type(None): "null"}
+
+
+def check_config(path: Path) -> dict:
+    """A checkpoint's ``config.json`` must be UTF-8 JSON holding an object (transformers and the
+    pruning record read it as a mapping); anything else is refused with one line."""
+    try:
+        doc = json.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError:
+        raise HeadcountError(f"{path} is not UTF-8 text") from None
+    except ValueError as e:
+        raise HeadcountError(f"{path} is corrupt (not JSON: {e})") from None
+    except OSError as e:
+        raise HeadcountError(f"cannot read {path}: {e.strerror or e}") from None
+    if not isinstance(doc, dict):
+        raise HeadcountError(f"{path} holds {_JSON_KINDS.get(type(doc), type(doc).__name__)}, not a JSON object "
+                             "(a model config maps names to values: {\"model_type\": ...})")
+    return doc
 
 
 def check_checkpoint_files(path: Path) -> None:
@@ -175,8 +196,46 @@ def load_model(spec: str = OFFLINE, head: str = "base", num_labels: int | None =
 
 
 def load_tokenizer(spec: str = OFFLINE, trust_remote_code: bool = False):
+    """The tokenizer saved with ``spec``.
+
+    Refused (one line) when there is none: transformers then builds the tokenizer class the config
+    names with an empty vocabulary (only its special tokens), which reads every word as ``[UNK]``.
+    """
     path = resolve(spec)
     try:
-        return transformers.AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as e:  # ValueError: no tokenizer files for a fast-only tokenizer class
+        if Path(path).is_dir() and not _tokenizer_files(Path(path)):
+            raise HeadcountError(_no_tokenizer(spec, path)) from None
         raise HeadcountError(f"cannot load tokenizer for {spec!r}: {str(e).splitlines()[0]}") from None
+    if not _has_words(tokenizer):
+        if Path(path).is_dir() and not _tokenizer_files(Path(path)):
+            raise HeadcountError(_no_tokenizer(spec, path))
+        raise HeadcountError(f"the tokenizer of {spec!r} has no vocabulary (only special tokens: every word would "
+                             "be [UNK]); save the tokenizer of its base model with it")
+    return tokenizer
+
+
+#: the files a saved tokenizer keeps its vocabulary in (``tokenizer_config.json`` alone holds none)
+_VOCAB_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "merges.txt", "tokenizer.model", "spiece.model",
+                "sentencepiece.bpe.model", "sentencepiece.model", "spm.model")
+
+
+def _tokenizer_files(path: Path) -> list[str]:
+    return sorted(p.name for p in path.iterdir() if p.is_file() and (p.name in _VOCAB_FILES or p.suffix == ".model"))
+
+
+def _no_tokenizer(spec: str, path: str) -> str:
+    return (f"checkpoint {spec!r} has no tokenizer files (tokenizer.json, vocab.txt, ...); every word would be "
+            f"[UNK]: copy the tokenizer files of the model it was trained from into {path}")
+
+
+def _has_words(tokenizer) -> bool:
+    """Whether the vocabulary holds anything besides the special tokens (a byte-level tokenizer
+    with no vocabulary file still has its bytes)."""
+    try:
+        vocab = tokenizer.get_vocab()
+    except (NotImplementedError, AttributeError):  # a custom tokenizer without get_vocab: trust it
+        return True
+    special = set(getattr(tokenizer, "all_special_tokens", ()) or ())
+    return any(token not in special for token in vocab)

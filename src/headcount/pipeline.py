@@ -17,8 +17,18 @@ import numpy as np
 import transformers
 
 from .device import resolve_device, runtime
-from .embedding import (EVAL_METRIC, PAIR_METRIC, SIMILARITY_METRIC, Contrastive, check_pairs, embed,
-                        embedding_batches, is_embedding, pooling_of, similarity_agreement)
+from .embedding import (
+    EVAL_METRIC,
+    PAIR_METRIC,
+    SIMILARITY_METRIC,
+    Contrastive,
+    check_pairs,
+    embed,
+    embedding_batches,
+    is_embedding,
+    pooling_of,
+    similarity_agreement,
+)
 from .embedding import contrastive as contrastive_loss
 from .errors import HeadcountError
 from .evaluation import MLM_METRIC, evaluate_batches, masked_positions_only
@@ -26,8 +36,17 @@ from .heads import MLM_HEAD_MAX_TEXTS, fit_mlm_head
 from .models import load_model, load_tokenizer, resolve
 from .pruning import PruneConfig, iterative_prune
 from .scoring import score
-from .settings import (MAX_LENGTH_RANGE, OBJECTIVES, PRUNE_METHODS, DataConfig, PruneSettings, ScoreSettings,
-                       check_objective, default_of, settings_from)
+from .settings import (
+    MAX_LENGTH_RANGE,
+    OBJECTIVES,
+    PRUNE_METHODS,
+    DataConfig,
+    PruneSettings,
+    ScoreSettings,
+    check_objective,
+    default_of,
+    settings_from,
+)
 from .tasks import encode, make_batches, mlm_batches, tokenize
 from .tasks.base import subset_indices
 from .tasks.batching import batch_order

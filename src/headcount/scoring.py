@@ -43,9 +43,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from .atomic import atomic_write_json
 from .errors import HeadcountError
-from .gates import gated, hooks, kept_heads, layout, set_gates, clear_gates
-from .io import atomic_write_json
+from .gates import clear_gates, gated, hooks, kept_heads, layout, set_gates
 from .tasks.base import IGNORE
 
 METHODS = ("gradient", "gradient-token", "ablation", "entropy", "magnitude")

@@ -12,11 +12,20 @@ which needs the defaults to declare its options, starts without loading it.
 from __future__ import annotations
 
 import inspect
+import math
+import numbers
+from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, fields
 
 from .embedding import EMBEDDING_OBJECTIVES
 from .errors import HeadcountError
-from .scoring import DEFAULT_ACCUMULATE, METHODS, check_accumulate, check_method, check_normalize
+from .scoring import (
+    DEFAULT_ACCUMULATE,
+    METHODS,
+    check_accumulate,
+    check_method,
+    check_normalize,
+)
 
 #: ``embedding`` / ``embedding-supervised``: the contrastive objectives of :mod:`headcount.embedding`
 OBJECTIVES = ("task", "mlm", *EMBEDDING_OBJECTIVES)
@@ -24,6 +33,141 @@ OBJECTIVES = ("task", "mlm", *EMBEDDING_OBJECTIVES)
 PRUNE_METHODS = tuple(m for m in METHODS if m != "entropy")
 #: the bounds of a tokenised example's length
 MAX_LENGTH_RANGE = (8, 8192)
+
+
+# -- the sane range of every numeric setting, declared once -------------------------------------------------------
+def _num(x) -> str:
+    return str(int(x)) if float(x).is_integer() else repr(x)
+
+
+@dataclass(frozen=True)
+class Bound:
+    """The sane range of a numeric setting: a finite number (never a bool) from ``low`` to ``high``,
+    an end open where said; ``integer``: an int. One declaration serves the library's settings
+    classes (their ``__post_init__``, :func:`check_bounds`), the command line (options that no
+    settings class checks: :func:`headcount.commands.bounded`) and the study configs (pydantic:
+    ``Field(default, **bound.limits())``).
+
+    >>> EPOCHS.check(3, "epochs")
+    3
+    >>> EPOCHS.check(float("inf"), "--epochs")
+    Traceback (most recent call last):
+    ...
+    headcount.errors.HeadcountError: --epochs must be in (0, 1000], got inf
+    >>> SEED.check(True, "seed")
+    Traceback (most recent call last):
+    ...
+    headcount.errors.HeadcountError: seed must be an integer in 0..4294967295, got True
+    """
+
+    low: float
+    high: float
+    integer: bool = False
+    low_open: bool = False
+    high_open: bool = False
+
+    def __str__(self) -> str:
+        if self.integer:
+            return f"an integer in {_num(self.low)}..{_num(self.high)}"
+        return (f"in {'(' if self.low_open else '['}{_num(self.low)}, {_num(self.high)}"
+                f"{')' if self.high_open else ']'}")
+
+    def contains(self, value) -> bool:
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            return False
+        if isinstance(value, numbers.Integral):
+            value = int(value)  # exact, however large
+        elif self.integer or not math.isfinite(value):
+            return False
+        low_ok = value > self.low if self.low_open else value >= self.low
+        high_ok = value < self.high if self.high_open else value <= self.high
+        return low_ok and high_ok
+
+    def check(self, value, name: str, *, optional: bool = False):
+        """``value`` when it is in range (or None and ``optional``); else a one-line error naming ``name``."""
+        if value is None and optional:
+            return value
+        if not self.contains(value):
+            if self.integer and isinstance(value, numbers.Integral) and not isinstance(value, bool) and value < self.low:
+                raise HeadcountError(f"{name} must be at least {_num(self.low)}, got {value}")
+            got = repr(value) if isinstance(value, str) else value
+            raise HeadcountError(f"{name} must be {self}, got {got}")
+        return value
+
+    def limits(self) -> dict:
+        """The pydantic ``Field`` constraints of this range (a YAML ``.inf`` or ``.nan`` fails them).
+
+        >>> RATE.limits()
+        {'gt': 0, 'lt': 1}
+        """
+        return {"gt" if self.low_open else "ge": self.low, "lt" if self.high_open else "le": self.high}
+
+
+#: passes over the training split (a fraction is a part of one)
+EPOCHS = Bound(0, 1000, low_open=True)
+#: a peak learning rate
+LEARNING_RATE = Bound(0, 1, low_open=True)
+#: examples per batch (training, evaluation, scoring)
+BATCH_SIZE = Bound(1, 65536, integer=True)
+#: tokens per example
+MAX_LENGTH = Bound(*MAX_LENGTH_RANGE, integer=True)
+#: how many examples (a subset's size)
+EXAMPLES = Bound(1, 10**9, integer=True)
+#: a seed (numpy and torch take 32 bits)
+SEED = Bound(0, 2**32 - 1, integer=True)
+#: optimizer, checkpoint, logging or fitting steps
+STEPS = Bound(1, 10**9, integer=True)
+#: a step number that may be 0 (rewinding to step 0: the pre-trained weights)
+STEP_NUMBER = Bound(0, 10**9, integer=True)
+#: warm-up: a fraction of the steps if < 1, else a number of steps
+WARMUP = Bound(0, 10**9)
+#: micro-batches per optimizer step
+ACCUMULATION = Bound(1, 65536, integer=True)
+#: AdamW weight decay
+WEIGHT_DECAY = Bound(0, 1)
+#: gradient clipping (0: none)
+GRAD_NORM = Bound(0, 10**6)
+#: pruning rounds (steps) of a magnitude search
+ROUNDS = Bound(1, 1000, integer=True)
+#: a share of a metric, a level, a fraction that may be 0 or 1
+FRACTION = Bound(0, 1)
+#: the share of the full model's metric a magnitude step must keep: the command line and the study configs
+#: take a FRACTION; the library any finite share (above 1: no step passes)
+METRIC_SHARE = Bound(0, 10**6)
+#: a fraction pruned per step: strictly between 0 and 1
+RATE = Bound(0, 1, low_open=True, high_open=True)
+#: bootstrap resamples and permutations (0: none)
+RESAMPLES = Bound(0, 10**6, integer=True)
+#: random draws (orders, masks) per curve
+DRAWS = Bound(0, 1000, integer=True)
+#: max |onnxruntime - PyTorch| an export accepts
+TOLERANCE = Bound(0, 1, low_open=True)
+#: real+padding tokens per forward pass (0: batches as given)
+TOKENS_PER_BATCH = Bound(0, 10**8, integer=True)
+#: GPUs a study job asks Ray for
+GPUS_PER_JOB = Bound(0, 256, low_open=True)
+#: the side of an attention map (the pattern CNN's input)
+MAP_SIDE = Bound(4, 4096, integer=True)
+#: passes of the pattern CNN over its maps
+CNN_EPOCHS = Bound(1, 10**4, integer=True)
+#: synthetic maps per class
+MAPS_PER_CLASS = Bound(1, 10**5, integer=True)
+
+#: the words an error names a field by, where its name is not them
+_FIELD_WORDS = {"lr": "learning rate", "rounds": "rounds (max steps)"}
+
+
+def check_bounds(obj, bounds: Mapping[str, Bound]) -> None:
+    """Check the fields of a settings dataclass ``obj`` against ``bounds`` (field -> :class:`Bound`);
+    a field whose default is None may be None. The error names the field in words
+    (``max_train_examples`` -> "max train examples", ``lr`` -> "learning rate").
+
+    >>> check_bounds(DataConfig(), {"batch_size": BATCH_SIZE, "max_examples": EXAMPLES})
+    """
+    defaults = {f.name: f.default for f in fields(obj)}
+    for name, bound in bounds.items():
+        words = _FIELD_WORDS.get(name, name.replace("_", " "))
+        bound.check(getattr(obj, name), words, optional=defaults.get(name, MISSING) is None)
 
 
 @dataclass(frozen=True)
@@ -36,14 +180,11 @@ class DataConfig:
     max_length: int = 128
     seed: int = 0
 
-    def __post_init__(self):
-        if self.max_examples is not None and self.max_examples < 1:
-            raise HeadcountError(f"--max-examples must be at least 1, got {self.max_examples}")
-        if self.batch_size < 1:
-            raise HeadcountError(f"--batch-size must be at least 1, got {self.batch_size}")
-        low, high = MAX_LENGTH_RANGE
-        if not low <= self.max_length <= high:
-            raise HeadcountError(f"--max-length must be in {low}..{high}, got {self.max_length}")
+    def __post_init__(self):  # named as the options (score, prune) that set them
+        EXAMPLES.check(self.max_examples, "--max-examples", optional=True)
+        BATCH_SIZE.check(self.batch_size, "--batch-size")
+        MAX_LENGTH.check(self.max_length, "--max-length")
+        SEED.check(self.seed, "--seed")
 
 
 @dataclass(frozen=True)

@@ -22,9 +22,9 @@ from safetensors.torch import load_file
 from torch import nn
 
 from .arch import get_adapter, grouped_rows
+from .atomic import atomic_dir, atomic_write_json
 from .errors import HeadcountError
 from .gates import kept_heads, layout, set_gates, shared_groups
-from .io import atomic_dir, atomic_write_json
 from .masks import Mask
 
 RECORD = "headcount_pruning"
@@ -222,6 +222,27 @@ def count_parameters(model: nn.Module) -> int:
 
 
 # -- checkpoints ------------------------------------------------------------------------------
+def save_tokenizer(tokenizer, directory) -> None:
+    """``tokenizer.save_pretrained(directory)``, without the state of its last call.
+
+    A fast tokenizer keeps the padding and truncation of its last call in its backend, and
+    ``save_pretrained`` writes them into ``tokenizer.json``: two identical runs would write
+    different files. A copy with both cleared is saved (what every call without padding or
+    truncation sets), so the file is the same whatever the tokenizer did; the caller's tokenizer
+    is left as it is.
+
+    >>> save_tokenizer(load_tokenizer("offline"), "model/")   # doctest: +SKIP
+    """
+    import copy
+
+    backend = getattr(tokenizer, "backend_tokenizer", None) if getattr(tokenizer, "is_fast", False) else None
+    if backend is not None and (backend.padding is not None or backend.truncation is not None):
+        tokenizer = copy.deepcopy(tokenizer)
+        tokenizer.backend_tokenizer.no_padding()
+        tokenizer.backend_tokenizer.no_truncation()
+    tokenizer.save_pretrained(directory)
+
+
 def save_pruned(model: nn.Module, out_dir, tokenizer=None, extra: dict | None = None) -> Path:
     """Write a pruned checkpoint: config (with the pruning record), safetensors weights,
     tokenizer, and ``headcount.json`` (a human-readable summary). Atomic: the directory appears
@@ -236,7 +257,7 @@ def save_pruned(model: nn.Module, out_dir, tokenizer=None, extra: dict | None = 
     with atomic_dir(out_dir) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
         if tokenizer is not None:
-            tokenizer.save_pretrained(tmp)
+            save_tokenizer(tokenizer, tmp)
         summary = {
             "format": "headcount-pruned/1",
             "heads_kept": n_layers * n_heads - sum(len(x) for x in rec["removed_heads"]),

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import shutil
 import time
 from collections.abc import Callable, Sequence
@@ -36,16 +35,34 @@ import numpy as np
 import torch
 
 from . import tasks
+from .atomic import atomic_dir, atomic_write_json
 from .device import pad_multiple, resolve_device
 from .errors import HeadcountError
 from .evaluation import evaluate_batches
 from .fingerprint import model_fingerprint, task_fingerprint
 from .gates import set_gates
-from .io import atomic_dir, atomic_write_json
 from .launch import launch_rank
-from .magnitude import apply_weight_mask, load_weight_mask, mask_sparsity, remove_weight_mask
+from .magnitude import (
+    apply_weight_mask,
+    load_weight_mask,
+    mask_sparsity,
+    remove_weight_mask,
+)
 from .masks import Mask
-from .settings import MAX_LENGTH_RANGE
+from .settings import (
+    ACCUMULATION,
+    BATCH_SIZE,
+    EPOCHS,
+    EXAMPLES,
+    GRAD_NORM,
+    LEARNING_RATE,
+    MAX_LENGTH,
+    SEED,
+    STEPS,
+    WARMUP,
+    WEIGHT_DECAY,
+    check_bounds,
+)
 
 MASK_MODES = ("prune", "gate")
 
@@ -107,27 +124,16 @@ class TrainConfig:
     logging_steps: int = 50
     use_cpu: bool = False
 
-    def __post_init__(self):
-        def bad(msg):
-            raise HeadcountError(msg)
+    #: the sane range of each numeric field (:mod:`headcount.settings`): the command line and the
+    #: study configs build a TrainConfig, so this one check is theirs too
+    BOUNDS = {"lr": LEARNING_RATE, "batch_size": BATCH_SIZE, "epochs": EPOCHS, "max_length": MAX_LENGTH,
+              "weight_decay": WEIGHT_DECAY, "warmup": WARMUP, "max_grad_norm": GRAD_NORM,
+              "max_train_examples": EXAMPLES, "max_eval_examples": EXAMPLES, "eval_batch_size": BATCH_SIZE,
+              "max_steps": STEPS, "gradient_accumulation_steps": ACCUMULATION, "data_seed": SEED,
+              "save_steps": STEPS, "logging_steps": STEPS}
 
-        if not (self.lr >= 0 and math.isfinite(self.lr)):
-            bad(f"learning rate must be >= 0, got {self.lr}")
-        if self.batch_size < 1 or self.eval_batch_size < 1:
-            bad(f"batch size must be at least 1, got {min(self.batch_size, self.eval_batch_size)}")
-        if not self.epochs > 0:
-            bad(f"epochs must be > 0, got {self.epochs}")
-        low, high = MAX_LENGTH_RANGE
-        if not low <= self.max_length <= high:
-            bad(f"max length must be in {low}..{high}, got {self.max_length}")
-        if self.weight_decay < 0 or self.warmup < 0 or self.max_grad_norm < 0:
-            bad("weight decay, warmup and max grad norm must be >= 0")
-        for name in ("max_train_examples", "max_eval_examples", "max_steps"):
-            v = getattr(self, name)
-            if v is not None and v < 1:
-                bad(f"{name.replace('_', ' ')} must be at least 1, got {v}")
-        if self.gradient_accumulation_steps < 1 or self.save_steps < 1 or self.logging_steps < 1:
-            bad("gradient accumulation, save and logging steps must be at least 1")
+    def __post_init__(self):
+        check_bounds(self, self.BOUNDS)
         object.__setattr__(self, "report_to", tuple(self.report_to))
 
     def identity(self) -> dict:
@@ -599,7 +605,7 @@ def _read_json(path: Path):
 
 
 def _save_model(model, tokenizer, path: Path, extra: dict) -> None:
-    from .surgery import RECORD, pruning_record, save_pruned
+    from .surgery import RECORD, pruning_record, save_pruned, save_tokenizer
 
     gates = getattr(model, "headcount_fixed_gates", None)
     if gates is not None:  # gate mode: the fixed gates travel in the pruning record
@@ -611,8 +617,8 @@ def _save_model(model, tokenizer, path: Path, extra: dict) -> None:
         return
     with atomic_dir(path) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(tmp)
+        if tokenizer is not None:  # without the padding/truncation of its last call: the same file every run
+            save_tokenizer(tokenizer, tmp)
 
 
 # -- the verbs ---------------------------------------------------------------------------------------

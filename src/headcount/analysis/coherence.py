@@ -18,8 +18,18 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..errors import HeadcountError
-from .stats import (DEFAULT_FRACTIONS, LEVEL, N_BOOT, N_PERMUTATIONS, bootstrap_ci, compare_scores, hierarchical_ci_from_replicates,
-                    normalize_layers, paired_bootstrap_ci, permutation_test)
+from .stats import (
+    DEFAULT_FRACTIONS,
+    LEVEL,
+    N_BOOT,
+    N_PERMUTATIONS,
+    bootstrap_ci,
+    compare_scores,
+    hierarchical_ci_from_replicates,
+    normalize_layers,
+    paired_bootstrap_ci,
+    permutation_test,
+)
 
 __all__ = ["LAYER_NORM", "VIEWS", "coherence", "pair_seed", "seed_mean_ci", "shared_view", "statistic_range",
            "view_of"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from ..settings import default_of
+from ..settings import Bound, default_of
 
 app = typer.Typer(
     name="headcount",
@@ -23,3 +23,19 @@ def setting(cls, field: str, *names: str, **kwargs):
     option = typer.Option(default_of(cls, field), *names, **kwargs)
     option.headcount_setting = (cls, field)
     return option
+
+
+def bounded(bound: Bound):
+    """The ``callback=`` of a numeric option that no settings class checks: a value outside
+    ``bound`` (:mod:`headcount.settings`) is refused while the command line is read, before the
+    command runs, in one line that names the option (``--seed must be an integer in 0..4294967295,
+    got -1``). None (an option left out) passes.
+    """
+
+    def check(param: typer.CallbackParam, value):
+        if value is None:
+            return value
+        name = next((o for o in param.opts if o.startswith("--")), f"--{param.name}")
+        return bound.check(value, name)
+
+    return check

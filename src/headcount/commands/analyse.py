@@ -13,11 +13,19 @@ import typer
 
 from ..device import DEVICE_HELP, PRECISION_HELP, TOKENS_HELP
 from ..fingerprint import run_identity
-from ..io import prepare_out
+from ..io import ACTIVE_OUTS, check_out_path, prepare_out
 from ..pruning import PruneConfig
 from ..scoring import METHODS, NORMALIZE
-from ..settings import PRUNE_METHODS, DataConfig, PruneSettings, ScoreSettings, settings_from
-from . import app, setting
+from ..settings import (
+    EXAMPLES,
+    PRUNE_METHODS,
+    TOKENS_PER_BATCH,
+    DataConfig,
+    PruneSettings,
+    ScoreSettings,
+    settings_from,
+)
+from . import app, bounded, setting
 from .core import MODEL_HELP
 
 SCORE_FILES = ("scores.json", "heads.png")
@@ -57,6 +65,19 @@ def _imported_for_good():
             gc.freeze()
         if enabled:
             gc.enable()
+
+
+@contextmanager
+def _naming_out_on_interrupt(out):
+    """A Ctrl-C before ``prepare_out`` has taken ``--out`` names it in its line too (the line of
+    :func:`headcount.cli.main` names the last of ``ACTIVE_OUTS``), as it does once the run has it:
+    whatever ``--out`` holds is kept, untouched."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        if not ACTIVE_OUTS:
+            ACTIVE_OUTS.append(Path(out))
+        raise
 
 
 def _heavy_imports():
@@ -106,21 +127,23 @@ def score(
     force: bool = typer.Option(False, "--force", help="replace an earlier score run with other settings in --out"),
     device: str = typer.Option(None, "--device", help=DEVICE_HELP),
     precision: str = typer.Option(None, "--precision", help=PRECISION_HELP),
-    tokens_per_batch: int = typer.Option(None, "--tokens-per-batch", help=TOKENS_HELP),
+    tokens_per_batch: int = typer.Option(None, "--tokens-per-batch", help=TOKENS_HELP,
+                                         callback=bounded(TOKENS_PER_BATCH)),
 ):
     """Importance of every head and MLP -> scores.json, heads.png."""
     phases = _Phases("start+CLI")
-    score_command = _heavy_imports().score_command
-    phases("imports")
-
+    # the settings are checked before the imports (seconds): a bad value is refused at once
     how = settings_from(ScoreSettings, dict(objective=objective, method=method, normalize=normalize,
                                             accumulate=accumulate))
     data = DataConfig(split=split, max_examples=max_examples, batch_size=batch_size, max_length=max_length, seed=seed)
+    score_command = _heavy_imports().score_command
+    phases("imports")
+
     settings = {"model": model, "task": task, **asdict(how), **asdict(data)}
     if accumulate is None:  # only when given: earlier runs keep their identity
         del settings["accumulate"]
     identity = run_identity(settings, model, task)
-    with prepare_out(out, "score", identity=identity, own=SCORE_FILES, force=force, echo=typer.echo) as guard:
+    with prepare_out(out, "score", identity=identity, outputs=SCORE_FILES, force=force, echo=typer.echo) as guard:
         summary = score_command(model, task, how, data, guard.staging(), echo=typer.echo, device=device,
                                 precision=precision, tokens_per_batch=tokens_per_batch, mark=phases)
         guard.commit()
@@ -148,7 +171,7 @@ def prune(
     stop_split: str = setting(PruneSettings, "stop_split", help="default: the task's validation split"),
     max_examples: int = setting(DataConfig, "max_examples", help="examples for importance"),
     max_eval_examples: int = setting(DataConfig, "max_examples", "--max-eval-examples",
-                                     help="examples for the stop rule"),
+                                     help="examples for the stop rule", callback=bounded(EXAMPLES)),
     batch_size: int = setting(DataConfig, "batch_size"),
     max_length: int = setting(DataConfig, "max_length"),
     seed: int = setting(DataConfig, "seed"),
@@ -156,11 +179,12 @@ def prune(
     force: bool = typer.Option(False, "--force", help="replace an earlier prune run with other settings in --out"),
     device: str = typer.Option(None, "--device", help=DEVICE_HELP),
     precision: str = typer.Option(None, "--precision", help=PRECISION_HELP),
-    tokens_per_batch: int = typer.Option(None, "--tokens-per-batch", help=TOKENS_HELP),
+    tokens_per_batch: int = typer.Option(None, "--tokens-per-batch", help=TOKENS_HELP,
+                                         callback=bounded(TOKENS_PER_BATCH)),
 ):
     """Iterative pruning to a threshold -> mask.json, trace.csv, curve.png."""
-    prune_command = _heavy_imports().prune_command
-
+    check_out_path(out)
+    # the settings are checked before the imports (seconds): a bad value is refused at once
     how = settings_from(PruneSettings, dict(objective=objective, method=method, normalize=normalize,
                                             accumulate=accumulate, importance_split=importance_split,
                                             stop_split=stop_split))
@@ -168,15 +192,17 @@ def prune(
                        one_shot=one_shot)
     importance = DataConfig(max_examples=max_examples, batch_size=batch_size, max_length=max_length, seed=seed)
     stop = replace(importance, max_examples=max_eval_examples)
-    # the run's identity: the options as given (the same record as earlier versions wrote)
-    settings = dict(model=model, task=task, objective=objective, threshold=threshold, step=step, step_of=step_of,
-                    mlps=mlps, one_shot=one_shot, method=method, normalize=normalize,
-                    importance_split=importance_split, stop_split=stop_split, max_examples=max_examples,
-                    max_eval_examples=max_eval_examples, batch_size=batch_size, max_length=max_length, seed=seed)
-    if accumulate is not None:  # only when given: earlier runs keep their identity
-        settings["accumulate"] = accumulate
-    identity = run_identity(settings, model, task)
-    with prepare_out(out, "prune", identity=identity, own=PRUNE_FILES, force=force, echo=typer.echo) as guard:
+    with _naming_out_on_interrupt(out):  # the imports and the fingerprints take seconds before --out is taken
+        prune_command = _heavy_imports().prune_command
+        # the run's identity: the options as given (the same record as earlier versions wrote)
+        settings = dict(model=model, task=task, objective=objective, threshold=threshold, step=step, step_of=step_of,
+                        mlps=mlps, one_shot=one_shot, method=method, normalize=normalize,
+                        importance_split=importance_split, stop_split=stop_split, max_examples=max_examples,
+                        max_eval_examples=max_eval_examples, batch_size=batch_size, max_length=max_length, seed=seed)
+        if accumulate is not None:  # only when given: earlier runs keep their identity
+            settings["accumulate"] = accumulate
+        identity = run_identity(settings, model, task)
+    with prepare_out(out, "prune", identity=identity, outputs=PRUNE_FILES, force=force, echo=typer.echo) as guard:
         result = prune_command(model, task, how, loop, importance, stop, guard.staging(), echo=typer.echo,
                                device=device, precision=precision, tokens_per_batch=tokens_per_batch)
         guard.commit()

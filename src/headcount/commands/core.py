@@ -10,7 +10,7 @@ from ..fingerprint import run_identity
 from ..io import prepare_out
 from . import app
 
-#: what an earlier shrink output may hold (recognised without a marker)
+#: what shrink writes into --out (an entry of these names that headcount's record does not list is refused)
 SHRINK_FILES = ("config.json", "model.safetensors", "model.safetensors.index.json", "headcount.json",
                 "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "vocab.json",
                 "merges.txt", "spiece.model", "sentencepiece.bpe.model", "added_tokens.json", "generation_config.json")
@@ -20,7 +20,9 @@ MODEL_HELP = "hub id, local checkpoint directory, or 'offline' (all-MiniLM-L6-v2
 @app.command()
 def info(model: str = typer.Option("offline", "--model", "-m", help=MODEL_HELP)):
     """Layers, heads, parameters, and what is pruned."""
-    from ..api import describe  # transformers, matplotlib: loaded when a command runs, not for --help
+    from ..api import (
+        describe,  # transformers, matplotlib: loaded when a command runs, not for --help
+    )
 
     d = describe(model)
     for key, value in d.items():
@@ -35,10 +37,12 @@ def shrink(
     force: bool = typer.Option(False, "--force", help="replace an earlier shrink output with other inputs in --out"),
 ):
     """Physically remove the heads and MLPs a mask removes; write a reloadable checkpoint."""
-    from ..api import shrink_checkpoint  # transformers, matplotlib: loaded when a command runs, not for --help
+    from ..api import (
+        shrink_checkpoint,  # transformers, matplotlib: loaded when a command runs, not for --help
+    )
 
     identity = run_identity({"model": model, "mask": str(mask)}, model, files=[mask])
-    with prepare_out(out, "shrink", identity=identity, own=SHRINK_FILES, force=force, echo=typer.echo) as guard:
+    with prepare_out(out, "shrink", identity=identity, outputs=SHRINK_FILES, force=force, echo=typer.echo) as guard:
         staged = guard.staging() / "checkpoint"
         summary = shrink_checkpoint(model, mask, staged)
         guard.commit(staged)

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import typer
 
+from ..settings import EXAMPLES
 from ..tasks import get_task, is_fetched, list_tasks
 from ..tasks.offline import fetch
-from . import app
+from . import app, bounded
 
 data_app = typer.Typer(help="Offline data: fetch the real-text sets behind the offline/* tasks.",
                        no_args_is_help=True)
@@ -63,7 +64,7 @@ def fetch_command(
 def show_command(
     task: str = typer.Argument(..., help="a registered task name or a task YAML path"),
     split: str = typer.Option(None, "--split", help="split whose first examples are shown (default: validation)"),
-    n: int = typer.Option(3, "--n", help="examples to show"),
+    n: int = typer.Option(3, "--n", help="examples to show", callback=bounded(EXAMPLES)),
 ):
     """Load every split of a task (checking it) and show sizes and a few examples."""
     t = get_task(task)

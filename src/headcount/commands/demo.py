@@ -29,7 +29,9 @@ def demo(
 ):
     """Run the demo study on the offline default model and data; print where the report is."""
     check_gpus_per_job(gpus_per_job)
-    from ..api import run_study  # transformers, matplotlib: loaded when a command runs, not for --help
+    from ..api import (
+        run_study,  # transformers, matplotlib: loaded when a command runs, not for --help
+    )
 
     if not is_fetched():
         raise HeadcountError("the offline data is not fetched: run `headcount data fetch` (or `make data`) first")

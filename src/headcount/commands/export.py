@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import errno
+import glob
 import os
 import shutil
 from contextlib import contextmanager
@@ -10,11 +10,13 @@ from pathlib import Path
 
 import typer
 
+from ..atomic import atomic_write_bytes
 from ..errors import HeadcountError
 from ..export import FORMATS, ExportSettings, check_opset
 from ..fingerprint import run_identity
-from ..io import ACTIVE_OUTS, atomic_write_bytes, prepare_out
-from . import app, setting
+from ..io import ACTIVE_OUTS, prepare_out
+from ..settings import TOLERANCE
+from . import app, bounded, setting
 from .core import MODEL_HELP, SHRINK_FILES
 
 FORMAT_HELP = "onnx: one .onnx file (onnxruntime) | hf: a plain transformers checkpoint directory (when one can describe the model)"
@@ -24,35 +26,33 @@ OUT_HELP = "the .onnx file (--format onnx) or the checkpoint directory (--format
 # -- one output file: the promises of an --out directory, for a file ---------------------------
 @contextmanager
 def _file_lock(path: Path):
-    """Hold ``.NAME.lock`` beside ``path`` (flock, opened without following links); removed after."""
-    import fcntl
+    """Hold ``.headcount.lock.NAME`` beside ``path`` (see :func:`headcount.io.lock_file`); removed after.
 
-    lock = path.with_name(f".{path.name}.lock")
-    flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    The lock is the record of a one-file output: a run killed while writing leaves it, with its
+    session, and the next run removes that session's temporary files (``.headcount-tmp.<session>.NAME.*``).
+    """
+    from ..io import lock_file, lock_session, unlock_file
+    from ..record import LOCK_NAME, TMP_PREFIX
+
+    name = f"{LOCK_NAME}.{path.name}"
+    killed = lock_session(path.parent, name)
     try:
-        fd = os.open(lock, flags, 0o644)
-    except OSError as e:
-        if e.errno == errno.ELOOP or lock.is_symlink() or lock.is_dir():
-            raise HeadcountError(f"{lock} is not a plain lock file (a link or a directory); remove it") from None
-        raise HeadcountError(f"cannot create {lock}: {e.strerror}") from None
-    st = os.fstat(fd)
-    if not os.path.samestat(st, os.lstat(lock)) or st.st_nlink != 1:
-        os.close(fd)
-        raise HeadcountError(f"{lock} is not a plain lock file (it has other links); remove it")
+        fd = lock_file(path.parent, "headcount export", name=name)
+    except HeadcountError as e:
+        if "in use" in str(e):
+            raise HeadcountError(f"{path} is being written by another headcount process ({path.parent / name} is held)") from None
+        raise
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        os.close(fd)
-        raise HeadcountError(f"{path} is being written by another headcount process ({lock} is held)") from None
-    try:
-        os.write(fd, f"pid {os.getpid()} headcount export\n".encode())
+        if killed:
+            for p in path.parent.glob(f"{TMP_PREFIX}{killed}.{glob.escape(path.name)}.*"):
+                p.unlink(missing_ok=True)
         yield
     finally:
         try:  # removed while held: a process that opened it before waits on a file nobody will hold
-            lock.unlink()  # and is refused (LOCK_NB); one that comes later makes a new one
+            (path.parent / name).unlink()  # and is refused (LOCK_NB); one that comes later makes a new one
         except OSError:
             pass
-        os.close(fd)
+        unlock_file(fd)
 
 
 def _check_onnx_out(out: Path, identity: dict, force: bool, echo=typer.echo) -> Path:
@@ -130,7 +130,7 @@ def _export_hf(model_spec: str, out: Path, force: bool) -> None:
     except Exception:  # a checkpoint without a tokenizer: the weights alone
         tokenizer = None
     identity = run_identity({"model": model_spec, "format": "hf"}, model_spec)
-    with prepare_out(out, "export", identity=identity, own=SHRINK_FILES, force=force, echo=typer.echo) as guard:
+    with prepare_out(out, "export", identity=identity, outputs=SHRINK_FILES, force=force, echo=typer.echo) as guard:
         staged = guard.staging() / "checkpoint"
         _, diff = export_hf(model, staged, tokenizer)
         umask = os.umask(0)
@@ -149,7 +149,8 @@ def export(
     out: Path = typer.Option(..., "--out", "-o", help=OUT_HELP),
     opset: int = setting(ExportSettings, "opset", "--opset", help="ONNX opset (17..20)"),
     tolerance: float = setting(ExportSettings, "tolerance", "--tolerance",
-                               help="max |onnxruntime - PyTorch| accepted (fp32, random inputs of two shapes)"),
+                               help="max |onnxruntime - PyTorch| accepted (fp32, random inputs of two shapes)",
+                               callback=bounded(TOLERANCE)),
     force: bool = typer.Option(False, "--force", help="replace an earlier export of another model or settings"),
 ):
     """A pruned (or unpruned) model, task head included, that runs without headcount: ONNX or plain transformers."""

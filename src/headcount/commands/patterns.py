@@ -11,11 +11,20 @@ from pathlib import Path
 import numpy as np
 import typer
 
+from ..atomic import atomic_write_json
 from ..device import DEVICE_HELP, check_spec
 from ..errors import HeadcountError
 from ..fingerprint import run_identity
-from ..io import atomic_write_json, check_out_path, prepare_out
-from . import app
+from ..io import check_out_path, prepare_out
+from ..settings import (
+    BATCH_SIZE,
+    CNN_EPOCHS,
+    LEARNING_RATE,
+    MAP_SIDE,
+    MAPS_PER_CLASS,
+    SEED,
+)
+from . import app, bounded
 
 patterns_app = typer.Typer(
     name="patterns",
@@ -36,16 +45,20 @@ def train(
     maps: Path = typer.Option(..., "--maps", help=MAPS_HELP),
     labels: Path = typer.Option(..., "--labels", help=LABELS_HELP),
     out: Path = typer.Option(..., "--out", "-o", help="output directory (CNN + metrics.json)"),
-    epochs: int | None = typer.Option(None, "--epochs", help="passes over the training maps (default 200, the paper's)"),
-    seed: int = typer.Option(0, "--seed", help="seed for initialisation, split and batch order"),
+    epochs: int | None = typer.Option(None, "--epochs", help="passes over the training maps (default 200, the paper's)",
+                                      callback=bounded(CNN_EPOCHS)),
+    seed: int = typer.Option(0, "--seed", help="seed for initialisation, split and batch order", callback=bounded(SEED)),
     holdout: float | None = typer.Option(
         None, "--holdout", help="fraction of each class held out; the best held-out epoch is kept (default 0.2)"),
-    batch_size: int | None = typer.Option(None, "--batch-size", help="mini-batch size (default 64, the paper's)"),
-    lr: float | None = typer.Option(None, "--lr", help="Adam learning rate (default 1e-3, the paper's)"),
+    batch_size: int | None = typer.Option(None, "--batch-size", help="mini-batch size (default 64, the paper's)",
+                                          callback=bounded(BATCH_SIZE)),
+    lr: float | None = typer.Option(None, "--lr", help="Adam learning rate (default 1e-3, the paper's)",
+                                    callback=bounded(LEARNING_RATE)),
     architecture: str | None = typer.Option(
         None, "--architecture", help="prasanna (default: the paper's six-convolution net) | small (headcount's earlier net)"),
     size: int | None = typer.Option(
-        None, "--size", help="side maps are centre-padded to (longer ones cropped); default the largest map's, at least 32"),
+        None, "--size", help="side maps are centre-padded to (longer ones cropped); default the largest map's, at least 32",
+        callback=bounded(MAP_SIDE)),
     device: str | None = typer.Option(None, "--device", help=DEVICE_HELP),
     force: bool = typer.Option(False, "--force", help="replace an earlier run with other settings in --out"),
 ):
@@ -54,7 +67,12 @@ def train(
     Defaults are the paper's recipe (their net, Adam 1e-3, batch 64, 200 epochs, stratified 20% held out, best held-out checkpoint); options left out take them from the library. On the CPU a seed gives the same CNN every time.
     """
     # scipy and the CNN (2.7 s): loaded when the command runs, not for --help
-    from ..analysis.patterns import ARCHITECTURES, load_labelled_maps, save_pattern_cnn, train_pattern_cnn
+    from ..analysis.patterns import (
+        ARCHITECTURES,
+        load_labelled_maps,
+        save_pattern_cnn,
+        train_pattern_cnn,
+    )
 
     if epochs is not None and epochs < 1:
         raise HeadcountError(f"--epochs must be >= 1, got {epochs}")
@@ -76,7 +94,7 @@ def train(
     kwargs = {k: v for k, v in given.items() if v is not None}
     identity = run_identity({"maps": str(maps), "labels": str(labels), "seed": seed, **given, "device": dev.type},
                             files=[maps, labels])
-    with prepare_out(out, "patterns train", identity=identity, own=("model.safetensors", "config.json", "metrics.json"),
+    with prepare_out(out, "patterns train", identity=identity, outputs=("model.safetensors", "config.json", "metrics.json"),
                      force=force, echo=typer.echo) as guard:
         model, metrics = train_pattern_cnn(x, y, seed=seed, device=dev, **kwargs)
         save_pattern_cnn(model, guard.staging())
@@ -93,20 +111,25 @@ def train(
 @patterns_app.command("synthetic")
 def synthetic(
     out: Path = typer.Option(..., "--out", "-o", help="output directory (maps.safetensors, labels.csv)"),
-    n_per_class: int = typer.Option(40, "--n-per-class", help="maps per class"),
-    size: int = typer.Option(32, "--size", help="side of each map"),
-    seed: int = typer.Option(0, "--seed", help="generator seed"),
+    n_per_class: int = typer.Option(40, "--n-per-class", help="maps per class", callback=bounded(MAPS_PER_CLASS)),
+    size: int = typer.Option(32, "--size", help="side of each map", callback=bounded(MAP_SIDE)),
+    seed: int = typer.Option(0, "--seed", help="generator seed", callback=bounded(SEED)),
     force: bool = typer.Option(False, "--force", help="replace an earlier run with other settings in --out"),
 ):
     """Write seeded synthetic labelled maps of the five classes (the format `patterns train` reads)."""
     # scipy (2.7 s): loaded when the command runs, not for --help
-    from ..analysis.patterns import CLASSES, classify_patterns, save_labelled_maps, synthetic_attention_maps
+    from ..analysis.patterns import (
+        CLASSES,
+        classify_patterns,
+        save_labelled_maps,
+        synthetic_attention_maps,
+    )
 
     if n_per_class < 1 or size < 4:
         raise HeadcountError(f"--n-per-class must be >= 1 and --size >= 4, got {n_per_class} and {size}")
     s = synthetic_attention_maps(n_per_class=n_per_class, size=size, seed=seed)
     identity = {"n_per_class": n_per_class, "size": size, "seed": seed}
-    with prepare_out(out, "patterns synthetic", identity=identity, own=("maps.safetensors", "labels.csv"),
+    with prepare_out(out, "patterns synthetic", identity=identity, outputs=("maps.safetensors", "labels.csv"),
                      force=force, echo=typer.echo) as guard:
         save_labelled_maps(s.maps, s.labels, guard.staging() / "maps.safetensors", guard.staging() / "labels.csv")
         guard.commit()

@@ -8,6 +8,7 @@ import typer
 
 from ..device import check_gpus_per_job as _check
 from ..report import build_report, print_summary
+from ..settings import GPUS_PER_JOB
 from . import app
 
 GPUS_PER_JOB_HELP = ("with --executor ray: GPUs each job that runs a model asks Ray for (0.5: two jobs share a "
@@ -19,6 +20,7 @@ def check_gpus_per_job(value: float | None) -> None:
     loads (the local executor refuses it when it is made: :func:`headcount.runner.executors.make_executor`)."""
     if value is not None:
         _check(value, "--gpus-per-job")
+        GPUS_PER_JOB.check(value, "--gpus-per-job")  # and no more than a machine has (Ray would wait for ever)
 
 
 def jobs_line(summary) -> str:
@@ -49,7 +51,9 @@ def study(
 ):
     """Run a study (resumable): every job of the config, then the report."""
     check_gpus_per_job(gpus_per_job)
-    from ..api import run_study  # transformers, matplotlib: loaded when a command runs, not for --help
+    from ..api import (
+        run_study,  # transformers, matplotlib: loaded when a command runs, not for --help
+    )
 
     summary = run_study(config, out, executor=executor, address=address, force=force,
                         report=not no_report, quiet=quiet, device=device, gpus_per_job=gpus_per_job)
@@ -69,7 +73,8 @@ def report(run_dir: Path = typer.Argument(..., help="a run directory made by `he
         # lazy: ..runner imports pandas and rich (~0.5 s), which --help need not load
         from ..runner.store import RunStore
 
-        with RunStore(run_dir) as store:  # RUN/.lock: a study running there is refused, not raced
+        with RunStore(run_dir) as store:  # the run's lock: a study running there is refused, not raced
+            store.clean_tmp()  # a killed report's (or study's) temporary files, by the record's sessions
             path = build_report(run_dir, store=store)
     print_summary(run_dir)
     typer.echo(f"report: {path}")

@@ -13,15 +13,20 @@ from ..io import check_out_path, prepare_out
 from ..launch import launch_rank
 from ..magnitude import check_sparsity
 from ..magnitude_search import MagnitudeConfig, check_procedure, magnitude_prune
+from ..settings import SEED
 from ..training import TrainConfig
 from ..training import finetune as finetune_model
-from . import app, setting
+from . import app, bounded, setting
 from .core import MODEL_HELP
 
-#: what earlier outputs may hold (recognised without a marker)
+#: what the command writes into --out (an entry of these names that headcount's record does not list is refused)
 FINETUNE_FILES = ("model", "metrics.json", "run.json", "checkpoints", "evaluations.json")
-MAGNITUDE_FILES = ("weight_mask.safetensors", "trace.csv", "magnitude.json", "magnitude_run.json", "full", "retrain",
-                   "round_[0-9]*")
+MAGNITUDE_FILES = ("weight_mask.safetensors", "trace.csv", "magnitude.json", "magnitude_run.json", "full", "retrain")
+
+
+def magnitude_files(rounds: int) -> tuple[str, ...]:
+    """What ``magnitude`` writes into --out: the fixed names and one ``round_XX/`` per IMP round."""
+    return (*MAGNITUDE_FILES, *(f"round_{k:02d}" for k in range(min(int(rounds), 999) + 1)))
 TASK_HELP = "a registered task (glue/sst2, offline/movies, ...) or a task YAML file"
 
 
@@ -45,7 +50,8 @@ def finetune(
     mask_mode: str = setting(finetune_model, "mask_mode", "--mask-mode",
                              help="prune (remove physically) | gate (gates fixed at 0)"),
     weight_mask: Path = typer.Option(None, "--weight-mask", help="weight_mask.safetensors from `headcount magnitude`"),
-    seed: int = setting(finetune_model, "seed", help="training seed (head initialisation, data order, dropout)"),
+    seed: int = setting(finetune_model, "seed", help="training seed (head initialisation, data order, dropout)",
+                        callback=bounded(SEED)),
     epochs: float = setting(TrainConfig, "epochs"),
     lr: float = setting(TrainConfig, "lr", "--lr"),
     batch_size: int = setting(TrainConfig, "batch_size", "--batch-size"),
@@ -64,7 +70,7 @@ def finetune(
                            device, precision)
     rank, _ = launch_rank()
     # under torchrun / accelerate launch, rank 0 guards --out (and writes it); the others only train
-    guard = prepare_out(out, "finetune", own=FINETUNE_FILES, distributed=True) if rank == 0 else nullcontext()
+    guard = prepare_out(out, "finetune", outputs=FINETUNE_FILES, distributed=True, direct=True) if rank == 0 else nullcontext()
     with guard:  # run.json decides resume vs another run
         m = finetune_model(model, task, mask=mask, mask_mode=mask_mode, weight_mask=weight_mask, seed=seed, config=config,
                 out_dir=out, progress=_echo if rank == 0 else None)
@@ -98,7 +104,7 @@ def magnitude(
                               help="one shot: prune to exactly this sparsity in [0, 1), retrain once"),
     match: Path = typer.Option(None, "--match", help="a finished magnitude run: one shot at its final sparsity"),
     rewind_step: int = setting(MagnitudeConfig, "rewind_step", "--rewind-step", help="imp: 0 rewinds to pre-trained; N to the full run's step N"),
-    seed: int = setting(magnitude_prune, "seed"),
+    seed: int = setting(magnitude_prune, "seed", callback=bounded(SEED)),
     epochs: float = setting(TrainConfig, "epochs"),
     lr: float = setting(TrainConfig, "lr", "--lr"),
     batch_size: int = setting(TrainConfig, "batch_size", "--batch-size"),
@@ -121,7 +127,7 @@ def magnitude(
     check_procedure(config, match)
     train = _train_config(epochs, lr, batch_size, max_length, max_train_examples, max_eval_examples, save_steps,
                           device, precision)
-    with prepare_out(out, "magnitude", own=MAGNITUDE_FILES):  # magnitude_run.json decides resume vs another run
+    with prepare_out(out, "magnitude", outputs=magnitude_files(rounds), direct=True):  # magnitude_run.json decides resume vs another run
         r = magnitude_prune(model, task, config=config, train=train, seed=seed, out_dir=out, match=match,
                             progress=_echo)
     one_shot = sparsity is not None or match is not None

@@ -8,8 +8,8 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
+from ..atomic import atomic_write_bytes
 from ..errors import HeadcountError
-from ..io import atomic_dir, atomic_write_bytes, atomic_write_text
 from .content import ReportContent, ReportTable, Section
 from .html import figure_png, render_html, tidy
 from .terminal import SUMMARY_FILE, summary_record
@@ -64,7 +64,8 @@ def build_report(run_dir: str | os.PathLike, *, loaded=None, store=None) -> Path
     config, the jobs with their timings (also ``results/jobs.csv``) and the software versions.
     ``RUN/results/summary.json`` keeps the summary and the main tables as shown (cells as text),
     for the terminal (:func:`~headcount.report.terminal.print_summary`).
-    Outputs are replaced atomically; nothing under ``jobs/`` is touched.
+    Each output is replaced atomically, and only when the run directory's record lists it as
+    headcount's (a file the user added under ``results/`` stays); nothing under ``jobs/`` is touched.
 
     Args:
         run_dir: a run directory made by ``headcount study``.
@@ -127,13 +128,46 @@ def build_report(run_dir: str | os.PathLike, *, loaded=None, store=None) -> Path
     page = render_html(content, pngs, subtitle=subtitle, config_text=store.config_text,
                        jobs_table=jobs_table, versions_table=versions_table)
 
-    with atomic_dir(run_dir / "results", replace_any=True) as tmp:
-        for t in [*content.tables(), jobs_table]:
-            if t.csv:
-                tidy(t.data).to_csv(tmp / f"{t.name}.csv", index=False)
-        atomic_write_text(tmp / SUMMARY_FILE, json.dumps(summary_record(content), indent=1, ensure_ascii=False))
-    if pngs:
-        with atomic_dir(run_dir / "figures", replace_any=True) as tmp:
-            for name, png in pngs.items():
-                atomic_write_bytes(tmp / f"{name}.png", png)
-    return atomic_write_text(run_dir / "report.html", page)
+    files: dict[str, bytes] = {}  # relative path -> content: what this report writes
+    for t in [*content.tables(), jobs_table]:
+        if t.csv:
+            files[f"results/{t.name}.csv"] = tidy(t.data).to_csv(index=False).encode("utf-8")
+    files[f"results/{SUMMARY_FILE}"] = json.dumps(summary_record(content), indent=1, ensure_ascii=False).encode("utf-8")
+    for name, png in pngs.items():
+        files[f"figures/{name}.png"] = png
+    files["report.html"] = page.encode("utf-8")
+    publish(run_dir, files, store.record)
+    return run_dir / "report.html"
+
+
+def publish(run_dir: Path, files: dict[str, bytes], record) -> None:
+    """Write a report's files, replacing only what the run directory's record lists as headcount's.
+
+    A file the user put under ``results/`` or ``figures/`` stays where it is; one with the name of a
+    new output is refused before anything is written. Listed files the new report does not write
+    (a figure of an earlier config) are removed. Each file is replaced atomically.
+
+    Raises:
+        HeadcountError: a name the report writes is not headcount's (never replaced).
+    """
+    from ..record import Record, refuse_foreign
+
+    rec = record if record is not None else Record.read(run_dir)
+    if rec is None:  # run directories always have one (RunStore.lock); a bare folder: record what we write
+        rec = Record(run_dir, "study")
+    refuse_foreign(run_dir, rec.in_the_way(sorted(files)), what="the run directory")
+    for d in ("results", "figures"):
+        if (run_dir / d).is_symlink() or (run_dir / d).exists() and not (run_dir / d).is_dir():
+            raise HeadcountError(f"{run_dir / d} is not a directory; move it away")
+    rec.join_session()  # before this process makes temporary files here
+    rec.claim(files)
+    rec.write()  # claimed before written: a kill leaves them listed, and the next report replaces them
+    for rel, data in files.items():
+        atomic_write_bytes(run_dir / rel, data)
+    stale = [k for k in rec.files if k.split("/")[0] in ("results", "figures") and "/" in k and k not in files]
+    for rel in stale:
+        if rec.owns(rel):
+            (run_dir / rel).unlink(missing_ok=True)
+        rec.forget(rel)
+    rec.seal(list(files))
+    rec.write()

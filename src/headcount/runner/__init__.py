@@ -6,10 +6,31 @@ function it is given (:func:`headcount.api.run_study` gives it :func:`headcount.
 See ``headcount.runner.jobs`` for the job function signature.
 """
 
-from .config import ConfigSection, LoadedConfig, StudyConfig, load_study_config, parse_study_config
+from .config import (
+    ConfigSection,
+    LoadedConfig,
+    StudyConfig,
+    load_study_config,
+    parse_study_config,
+)
 from .executors import Executor, LocalExecutor, RayExecutor, make_executor
-from .jobs import Job, JobResult, Plan, Resources, canonical_json, headcount_version, no_progress, resolve_function
-from .registry import StudyType, get_study_type, register_report, register_study, study_types
+from .jobs import (
+    Job,
+    JobResult,
+    Plan,
+    Resources,
+    canonical_json,
+    headcount_version,
+    no_progress,
+    resolve_function,
+)
+from .registry import (
+    StudyType,
+    get_study_type,
+    register_report,
+    register_study,
+    study_types,
+)
 from .store import RunStore
 from .study import JobsFailed, RunSummary, run_study, versions
 

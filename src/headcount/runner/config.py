@@ -6,91 +6,37 @@ A config file names its type under ``study:``; the rest is the type's own settin
     name: my first study     # optional, the report's title
     ...                      # the type's settings
 
-Files are read with ``yaml.SafeLoader`` only. Errors are one line that names the file, the line
-and the key: ``study.yaml, line 7: 'tasks[1].seed': Input should be a valid integer (got 'x')``;
-unknown keys, wrong types, missing keys and duplicated keys are all refused.
+Files are read by :func:`headcount.yamlfile.load_yaml_with_lines` (``yaml.SafeLoader``; task YAML
+files too). Errors are one line that names the file, the line and the key: ``study.yaml, line 7:
+'tasks[1].seed': Input should be a valid integer (got 'x')``; unknown keys, wrong types, missing
+keys, duplicated keys, alias bombs, numbers that are not finite and booleans where a number belongs
+are all refused, and so are model paths and tasks that do not exist: every value and path is
+checked before the first job runs.
 """
 
 from __future__ import annotations
 
 import difflib
+import math
 import os
 import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ValidationError
 
 from ..errors import HeadcountError
+from ..settings import SEED
 from ..tasks import resolve_task_ref
+from ..yamlfile import dotted as _dotted
+from ..yamlfile import load_yaml_with_lines
 from .jobs import stable_hash
 from .registry import StudyType, get_study_type
 from .schema import SEED_FIELDS, ConfigSection, StudyConfig
 
 __all__ = ["SEED_FIELDS", "ConfigSection", "LoadedConfig", "StudyConfig", "config_hash", "format_validation_error",
-           "load_study_config", "load_yaml_with_lines", "parse_study_config", "task_ref"]
-
-# -------------------------------------------------------------------------------------------
-# YAML with line numbers
-# -------------------------------------------------------------------------------------------
-def _walk(node: yaml.Node, path: tuple, lines: dict[tuple, int], where: str) -> None:
-    """Record the (1-based) line of every mapping key and sequence item; refuse duplicate keys."""
-    if isinstance(node, yaml.MappingNode):
-        seen: dict[Any, int] = {}
-        for key_node, value_node in node.value:
-            key = key_node.value if isinstance(key_node, yaml.ScalarNode) else None
-            line = key_node.start_mark.line + 1
-            if key_node.tag == "tag:yaml.org,2002:merge":
-                continue
-            if key in seen:
-                raise HeadcountError(f"{where}, line {line}: key {_dotted(path + (key,))!r} appears twice "
-                                     f"(first on line {seen[key]})")
-            seen[key] = line
-            lines[path + (key,)] = line
-            _walk(value_node, path + (key,), lines, where)
-    elif isinstance(node, yaml.SequenceNode):
-        for i, item in enumerate(node.value):
-            lines[path + (i,)] = item.start_mark.line + 1
-            _walk(item, path + (i,), lines, where)
-
-
-def load_yaml_with_lines(text: str, where: str = "<config>") -> tuple[Any, dict[tuple, int]]:
-    """Parse YAML safely and return ``(data, lines)``; ``lines[("a", 0, "b")]`` is a key's line.
-
-    Raises:
-        HeadcountError: a syntax error (with its line) or a duplicated key.
-
-    >>> data, lines = load_yaml_with_lines("a: 1\\nb:\\n  - c: 2\\n")
-    >>> data, lines[("b", 0, "c")]
-    ({'a': 1, 'b': [{'c': 2}]}, 3)
-    """
-    loader = yaml.SafeLoader(text)
-    try:
-        node = loader.get_single_node()
-        if node is None:
-            return None, {}
-        lines: dict[tuple, int] = {(): node.start_mark.line + 1}
-        _walk(node, (), lines, where)
-        data = loader.construct_document(node)
-    except yaml.MarkedYAMLError as e:
-        mark = e.problem_mark or e.context_mark
-        line = f", line {mark.line + 1}" if mark is not None else ""
-        problem = e.problem or e.context or "invalid YAML"
-        raise HeadcountError(f"{where}{line}: {problem}") from None
-    except yaml.YAMLError as e:
-        raise HeadcountError(f"{where}: invalid YAML: {str(e).splitlines()[0]}") from None
-    finally:
-        loader.dispose()
-    return data, lines
-
-
-def _dotted(path: tuple) -> str:
-    out = ""
-    for p in path:
-        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
-    return out or "(top level)"
+           "load_study_config", "load_yaml_with_lines", "model_ref", "parse_study_config", "task_ref"]
 
 
 # -------------------------------------------------------------------------------------------
@@ -228,12 +174,73 @@ def parse_study_config(text: str, where: str = "<config>", base_dir: str | os.Pa
     except HeadcountError as e:
         raise HeadcountError(f"{where}, line {lines[('study',)]}: {e}") from None
     model = study_type.config_model
+    _finite_numbers(data, lines, where)
     context = {"base_dir": Path(base_dir) if base_dir is not None else Path.cwd()}
     try:
         config = model.model_validate(data, context=context)
     except ValidationError as e:
         raise HeadcountError(format_validation_error(e, data, lines, where, model)) from None
+    dumped = config.model_dump()
+    _no_booleans_as_numbers(data, dumped, lines, where)
+    _seeds_in_range(dumped, lines, where)
     return LoadedConfig(study_type, config, text, None, config_hash(config))
+
+
+# -------------------------------------------------------------------------------------------
+# checks every study type gets: numbers that are numbers, seeds that numpy and torch take
+# -------------------------------------------------------------------------------------------
+def _at(lines: dict[tuple, int], path: tuple, where: str) -> str:
+    """``where, line N`` of the nearest key on ``path`` that has a line."""
+    while path and path not in lines:
+        path = path[:-1]
+    line = lines.get(path)
+    return f"{where}, line {line}" if line else where
+
+
+def _items(value):
+    if isinstance(value, dict):
+        return value.items()
+    if isinstance(value, (list, tuple)):
+        return enumerate(value)
+    return ()
+
+
+def _finite_numbers(data: Any, lines: dict[tuple, int], where: str, path: tuple = ()) -> None:
+    """Refuse ``.inf`` and ``.nan`` wherever they are: no setting of any study takes them."""
+    if isinstance(data, float) and not math.isfinite(data):
+        raise HeadcountError(f"{_at(lines, path, where)}: {_dotted(path)!r} must be a finite number (got {data})")
+    for key, value in _items(data):
+        _finite_numbers(value, lines, where, path + (key,))
+
+
+def _no_booleans_as_numbers(data: Any, dumped: Any, lines: dict[tuple, int], where: str, path: tuple = ()) -> None:
+    """Refuse a ``true``/``false`` that validated into a number (pydantic reads ``seeds: [true]`` as
+    ``[1]``): ``data`` as written, ``dumped`` the validated config at the same place."""
+    if isinstance(data, bool):
+        if isinstance(dumped, (int, float)) and not isinstance(dumped, bool):
+            raise HeadcountError(f"{_at(lines, path, where)}: {_dotted(path)!r} must be a number, not "
+                                 f"{str(data).lower()}")
+        return
+    if isinstance(data, dict) and isinstance(dumped, dict):
+        for key, value in data.items():
+            if key in dumped:
+                _no_booleans_as_numbers(value, dumped[key], lines, where, path + (key,))
+    elif isinstance(data, list) and isinstance(dumped, (list, tuple)) and len(data) == len(dumped):
+        for i, value in enumerate(data):
+            _no_booleans_as_numbers(value, dumped[i], lines, where, path + (i,))
+
+
+def _seeds_in_range(dumped: Any, lines: dict[tuple, int], where: str, path: tuple = ()) -> None:
+    """Every seed (:data:`SEED_FIELDS`, at any depth) in :data:`headcount.settings.SEED`'s range."""
+    for key, value in _items(dumped):
+        here = path + (key,)
+        if key in SEED_FIELDS and value is not None:
+            for i, seed in (_items(value) if isinstance(value, (list, tuple)) else [(None, value)]):
+                at = here if i is None else here + (i,)
+                if not SEED.contains(seed):
+                    raise HeadcountError(f"{_at(lines, at, where)}: {_dotted(at)!r} must be {SEED}, got {seed}")
+        else:
+            _seeds_in_range(value, lines, where, here)
 
 
 def load_study_config(path: str | os.PathLike) -> LoadedConfig:
@@ -285,3 +292,33 @@ def task_ref(value: Any, info: Any) -> Any:
         return resolve_task_ref(value, base, check=True)
     except HeadcountError as e:  # pydantic reports a ValueError with the file, line and key
         raise ValueError(str(e)) from None
+
+
+def model_ref(value: Any, info: Any = None) -> Any:
+    """A model named in a study config, checked: call it from a field validator (after resolving
+    a path relative to the config's folder), so that a checkpoint that is not there fails while the
+    config is validated, before any job runs.
+
+    The rule of :func:`headcount.models.resolve`: ``offline`` and hub ids (``roberta-base``,
+    ``org/name``) pass as they are, without the network; a value that looks like a path (it starts
+    with ``/``, ``./``, ``../`` or ``~``, or exists) must be a checkpoint directory whose files can
+    be loaded. Non-strings pass through (the field's type refuses them).
+
+    >>> model_ref("roberta-base"), model_ref("offline")
+    ('roberta-base', 'offline')
+    >>> model_ref("/nonexistent")
+    Traceback (most recent call last):
+    ...
+    ValueError: checkpoint directory not found: /nonexistent
+    """
+    if not isinstance(value, str) or value == "offline":
+        return value
+    from ..models import (
+        resolve,  # transformers: what the study command loads to run jobs anyway
+    )
+
+    try:
+        resolve(value)
+    except HeadcountError as e:  # pydantic reports a ValueError with the file, line and key
+        raise ValueError(str(e)) from None
+    return value

@@ -45,8 +45,16 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from ..device import (ENV_DEVICE, ENV_PRECISION, PRECISIONS, check_gpus_per_job, cuda_count, pool_devices,
-                      resolve_device, resolve_precision)
+from ..device import (
+    ENV_DEVICE,
+    ENV_PRECISION,
+    PRECISIONS,
+    check_gpus_per_job,
+    cuda_count,
+    pool_devices,
+    resolve_device,
+    resolve_precision,
+)
 from ..device import job_environment as device_env
 from ..errors import HeadcountError
 from .jobs import Job, JobResult, resolve_function

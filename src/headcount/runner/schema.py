@@ -17,7 +17,6 @@ from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
 
 from ..device import PRECISIONS
 
-
 #: settings that are seeds, wherever a study type declares them: negative ones are refused here,
 #: once for every study type (a seed of -1 would otherwise reach torch/numpy, which differ on it)
 SEED_FIELDS = frozenset({"seed", "seeds", "data_seed", "seed_offset"})

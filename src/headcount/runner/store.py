@@ -7,15 +7,18 @@ Layout::
       manifest.json         study type, config hash, headcount version, versions of the last run
       plan.json             every job of the current config: name(s), key, kind, params, inputs
       jobs/<key>/           one finished job: result.json, meta.json, DONE, and the files it wrote
-      jobs/.<key>.*.tmp/    a job being written (ignored, and removed on the next run)
+      jobs/.headcount-tmp.<session>.<key>.*/  a job being written (ignored, removed on the next run)
       logs/<key>.error.txt  the traceback of a job that failed (removed when it later succeeds)
       history/<n>-<hash>/   config, manifest, plan and report of an earlier config (``--force``)
       report.html, results/*.csv, figures/*.png   the report (``headcount report RUN``)
-      .lock                 held (flock) by the process running the study
+      .headcount.lock       held (flock) by the process running the study
+      .headcount-out.json   the record: which files are headcount's (:mod:`headcount.record`);
+                            nothing else in the folder is ever replaced, moved or deleted
 
 A job directory appears in one ``rename`` of a complete temporary directory whose ``DONE``
 marker is written last, so ``jobs/<key>/`` is either absent or complete: a process killed at any
-moment leaves at most a ``.tmp`` directory, which is never read and is removed on resume.
+moment leaves at most a temporary directory, which is never read and is removed on resume (when
+its session is one the record lists).
 Only the driver process writes here.
 """
 
@@ -34,9 +37,11 @@ from typing import Any
 
 import pandas as pd
 
+from ..atomic import atomic_write_json, atomic_write_text, tmp_prefix
 from ..errors import HeadcountError
-from ..io import ACTIVE_OUTS, atomic_write_json, atomic_write_text, lock_file, unlock_file
+from ..io import ACTIVE_OUTS, lock_file, unlock_file
 from ..launch import refuse_launcher
+from ..record import LOCK_NAME, Record, first_foreign, refuse_foreign
 from .jobs import Job, JobResult, Plan, headcount_version
 
 try:  # POSIX only; elsewhere a run directory is simply not locked
@@ -52,6 +57,8 @@ MANIFEST = "manifest.json"
 CONFIG = "study.yaml"
 PLAN = "plan.json"
 FORMAT = 1
+#: what a study and its report write at the top of a run directory (the record lists them)
+OUTPUTS = (CONFIG, MANIFEST, PLAN, "jobs", "logs", "history", "report.html", "results", "figures")
 
 
 def read_json(path: Path, what: str = "", kind: type = dict):
@@ -125,6 +132,10 @@ class RunStore:
         self.root = Path(root)
         self._plan_json: dict | None = plan.to_json() if plan is not None else None
         self._lock_fd: int | None = None
+        self.record: Record | None = None  # the run directory's record, read when the lock is taken
+        self._before: set[str] = set()
+        self._read_state: tuple = ({}, [])
+        self._had_lock, self._created = True, None
 
     # -- paths -----------------------------------------------------------------------------
     @property
@@ -159,7 +170,7 @@ class RunStore:
     def new_tmp_dir(self, key: str) -> Path:
         """A fresh temporary directory for job ``key`` (ignored until :meth:`commit`)."""
         self.jobs_dir.mkdir(parents=True, exist_ok=True)
-        d = self.jobs_dir / f".{key}.{uuid.uuid4().hex[:8]}.tmp"
+        d = self.jobs_dir / f"{tmp_prefix(key)}{uuid.uuid4().hex[:8]}"
         d.mkdir()
         return d
 
@@ -203,7 +214,7 @@ class RunStore:
                 shutil.rmtree(tmp, ignore_errors=True)
                 return self.load(job.key, job.name)
             # a directory without DONE cannot come from this store; move it aside, never trust it
-            os.replace(final, final.with_name(f".{job.key}.stale.{uuid.uuid4().hex[:8]}.tmp"))
+            os.replace(final, final.with_name(f"{tmp_prefix(job.key)}stale.{uuid.uuid4().hex[:8]}"))
         os.replace(tmp, final)
         _fsync_dir(self.jobs_dir)
         (self.root / "logs" / f"{job.key}.error.txt").unlink(missing_ok=True)
@@ -226,14 +237,14 @@ class RunStore:
         return path
 
     def clean_tmp(self) -> int:
-        """Remove the temporary directories left by killed runs; returns how many. Call under the lock."""
-        n = 0
-        if self.jobs_dir.is_dir():
-            for p in self.jobs_dir.iterdir():
-                if p.name.startswith(".") and p.name.endswith(".tmp"):
-                    shutil.rmtree(p, ignore_errors=True)
-                    n += 1
-        return n
+        """Remove the temporary directories left by killed runs; returns how many. Call under the lock.
+
+        Only those whose session the run directory's record lists (``Record.clean_tmp``): a
+        user's ``.something.tmp`` is never touched.
+        """
+        if self.record is None:
+            return 0
+        return sum(self.record.clean_tmp([sub], recursive=False) for sub in ("", "jobs", "logs", "results", "figures"))
 
     def finished_keys(self) -> set[str]:
         """Keys of every finished job in the directory (of this config or earlier ones)."""
@@ -334,26 +345,73 @@ class RunStore:
 
     # -- lock --------------------------------------------------------------------------------
     def lock(self) -> None:
-        """Take ``RUN/.lock`` (flock) so that two processes never run the same directory at once.
+        """Take ``RUN/.headcount.lock`` (flock) and the run directory's record.
 
-        The lock file is opened without following links (:func:`headcount.io.lock_file`): a
-        ``.lock`` that is a symlink, a directory or a hard link is refused, never written through.
+        The lock file is opened without following links (:func:`headcount.io.lock_file`): one
+        that is a symlink, a directory, a hard link or a user's file is refused, never written
+        through. A folder without headcount's record that holds anything is refused, and so is a
+        run directory where a name the study writes is not headcount's; a refused folder is left
+        as it was (no lock file, no folder created).
         """
         if fcntl is None or self._lock_fd is not None:
             return
         refuse_launcher("headcount study")  # every rank would run the whole study in one directory
+        created = next((d for d in [*reversed(self.root.parents), self.root] if not d.exists()), None)
         try:
             self.root.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise HeadcountError(f"cannot create {self.root}: {e.strerror}") from None
-        self._lock_fd = lock_file(self.root, "headcount study")
+        had_lock = os.path.lexists(self.root / LOCK_NAME)
+        fd = lock_file(self.root, "headcount study")
+        try:
+            rec = check_run_dir(self.root)
+            if rec is None:
+                rec = Record(self.root, "study")
+        except BaseException:
+            unlock_file(fd)
+            if created is not None:
+                shutil.rmtree(created, ignore_errors=True)
+            elif not had_lock:
+                (self.root / LOCK_NAME).unlink(missing_ok=True)
+            raise
+        self._lock_fd = fd
+        self.record = rec
+        self._had_lock, self._created = had_lock, created
+        self._read_state = (dict(rec.files), list(rec.sessions))  # unchanged at unlock: nothing is written
+        self._before = {p.name for p in self.root.iterdir()}
         if self.root not in ACTIVE_OUTS:
             ACTIVE_OUTS.append(self.root)
 
+    def begin(self) -> None:
+        """Claim the study's outputs and list this session in the record, before writing anything.
+
+        A run killed after this leaves what it wrote headcount's (listed), and its temporary
+        files removable by the next run; a run refused before it leaves the folder as it was.
+        """
+        rec = self.record
+        rec.join_session()
+        rec.claim(OUTPUTS)
+        rec.write()
+
     def unlock(self) -> None:
+        if self._lock_fd is not None and (dict(self.record.files), self.record.sessions) != self._read_state:
+            try:  # record what this run wrote at the top (jobs/, manifest.json, ...)
+                rec = self.record
+                wrote = [p.name for p in self.root.iterdir()
+                         if p.name in OUTPUTS and (p.name in rec.files or p.name not in self._before)]
+                rec.claim(wrote)
+                rec.seal(wrote)
+                rec.write()
+            except OSError:  # pragma: no cover - best effort: the next run records them
+                pass
         if self._lock_fd is not None:
+            untouched = (dict(self.record.files), self.record.sessions) == self._read_state
+            if untouched and not self._had_lock:  # refused or had nothing to do: leave no new lock file
+                (self.root / LOCK_NAME).unlink(missing_ok=True)
             unlock_file(self._lock_fd)
             self._lock_fd = None
+            if untouched and self._created is not None and not any(self._created.rglob("*")):
+                shutil.rmtree(self._created, ignore_errors=True)
 
     def __enter__(self) -> "RunStore":
         self.lock()
@@ -361,6 +419,33 @@ class RunStore:
 
     def __exit__(self, *exc) -> None:
         self.unlock()
+
+
+def check_run_dir(root: Path) -> Record | None:
+    """The record of a run directory (None for a new or empty folder); refuses a folder that is not one.
+
+    Raises:
+        HeadcountError: a non-empty folder without headcount's record, the output of another
+            command, or a name the study writes that the record does not list.
+    """
+    root = Path(root)
+    if root.exists() and not root.is_dir():
+        raise HeadcountError(f"--out {root} is a file, not a directory")
+    if not root.is_dir():
+        return None
+    rec = Record.read(root)
+    if rec is None:
+        first = first_foreign(root)
+        if first is not None:
+            raise HeadcountError(f"{root} is not empty and headcount has no record of it (it holds {first}); "
+                                 "choose a new or empty directory for the run")
+        return None
+    if rec.command != "study":
+        raise HeadcountError(f"{root} holds the output of `headcount {rec.command}`, not a study run; "
+                             "choose another directory")
+    # the run's own state files are checked by name (their readers say when one is corrupt)
+    refuse_foreign(root, [p.name for p in sorted(root.iterdir()) if p.name in OUTPUTS and p.name not in rec.files])
+    return rec
 
 
 def _fsync_dir(d: Path) -> None:
@@ -387,4 +472,4 @@ def job_meta(started: float, finished: float, executor: str, host: str | None = 
     }
 
 
-__all__ = ["RunStore", "pack_dir", "unpack_files", "job_meta", "utcnow", "DONE", "RESULT", "META", "RESERVED"]
+__all__ = ["RunStore", "check_run_dir", "OUTPUTS", "pack_dir", "unpack_files", "job_meta", "utcnow", "DONE", "RESULT", "META", "RESERVED"]

@@ -28,14 +28,13 @@ from pathlib import Path
 
 import yaml
 
+from ..atomic import atomic_write_json, atomic_write_text
 from ..errors import HeadcountError
-from ..io import atomic_write_json, atomic_write_text
 from .config import LoadedConfig, StudyConfig, config_hash, load_study_config
 from .executors import Executor, Reporter, make_executor
 from .jobs import Plan, headcount_version, resolve_function
 from .registry import get_study_type
-from .store import CONFIG, MANIFEST, PLAN, FORMAT, RunStore, utcnow
-
+from .store import CONFIG, FORMAT, MANIFEST, PLAN, RunStore, check_run_dir, utcnow
 
 #: what draws a finished run's report: ``(run_dir, *, loaded, store) -> path of the page``
 ReportFn = Callable[..., "Path | None"]
@@ -97,27 +96,34 @@ def _coerce_config(config) -> LoadedConfig:
 
 
 def _check_out_dir(out: Path) -> None:
-    if out.exists() and not out.is_dir():
-        raise HeadcountError(f"--out {out} is a file, not a directory")
-    if out.is_dir() and not (out / MANIFEST).is_file():
-        others = [p.name for p in out.iterdir() if p.name not in (".lock", CONFIG)]
-        if others:
-            raise HeadcountError(
-                f"{out} is not empty and is not a headcount run directory (no {MANIFEST}); choose another --out"
-            )
+    """Refuse a folder that is not a run directory before anything connects or is touched.
+
+    (Checked again under the lock by :meth:`RunStore.lock`.)
+    """
+    check_run_dir(out)
 
 
 def _archive(store: RunStore, old: dict) -> Path:
-    """Move the old config, manifest, plan and report into ``history/`` (results in jobs/ stay)."""
+    """Move the old config, plan and report into ``history/`` (results in jobs/ stay).
+
+    Only what the run directory's record lists as headcount's moves: a file the user put under
+    ``results/`` or ``figures/`` stays where it is.
+    """
+    rec = store.record
     hist = store.root / "history"
     hist.mkdir(exist_ok=True)
     n = 1 + sum(1 for _ in hist.iterdir())
     dest = hist / f"{n:03d}-{old.get('config_hash', 'unknown')}"
     dest.mkdir()
-    for name in (CONFIG, PLAN, "report.html", "results", "figures"):
+    report_files = [k for k in rec.files if k == "report.html" or k.split("/")[0] in ("results", "figures")]
+    for name in (CONFIG, PLAN, *sorted(report_files)):
         src = store.root / name
-        if src.exists():
+        if src.is_file() and not src.is_symlink() and (name in (CONFIG, PLAN) or rec.owns(name)):
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
             os.replace(src, dest / name)
+            if name in report_files:
+                rec.forget(name)
+    rec.write()
     shutil.copy2(store.root / MANIFEST, dest / MANIFEST)  # replaced atomically by the caller
     return dest
 
@@ -218,12 +224,14 @@ def run_study(
                         f"{old.get('config_hash')}; this one is {loaded.hash}): use another --out, or --force "
                         "to reuse its finished jobs (nothing is deleted)"
                     )
+                store.begin()
                 _archive(store, old)
                 manifest = _new_manifest(loaded, now, previous=old.get("config_hash"))
             else:
                 manifest = old
         else:
             manifest = _new_manifest(loaded, now)
+        store.begin()  # from here on the run writes: its outputs and session go into the record first
         manifest.update(last_run=now, headcount_version=headcount_version(), executor=exe.name,
                         versions=versions())
         atomic_write_json(manifest_path, manifest)

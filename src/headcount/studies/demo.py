@@ -10,7 +10,13 @@ from __future__ import annotations
 
 from ..runner import Job, StudyConfig, register_study
 from .lottery import LotterySettings, lottery_jobs, lottery_sections, lottery_summary
-from .transfer import TransferSettings, transfer_jobs, transfer_sections, transfer_summary, transfer_tables
+from .transfer import (
+    TransferSettings,
+    transfer_jobs,
+    transfer_sections,
+    transfer_summary,
+    transfer_tables,
+)
 
 PARTS = ("transfer", "lottery")
 

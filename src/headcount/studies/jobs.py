@@ -15,12 +15,22 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from ..atomic import atomic_path, atomic_write_text
 from ..evaluation import evaluate_batches
-from ..io import atomic_path, atomic_write_text
 from ..masks import Mask
 from ..models import OFFLINE
-from ..pipeline import (DataConfig, PruneSettings, ScoreSettings, batches_for, decoding, example_order, load_for,
-                        metric_for, prune_model, settings_from)
+from ..pipeline import (
+    DataConfig,
+    PruneSettings,
+    ScoreSettings,
+    batches_for,
+    decoding,
+    example_order,
+    load_for,
+    metric_for,
+    prune_model,
+    settings_from,
+)
 from ..pruning import PruneConfig
 from ..scoring import score
 from ..settings import check_objective, default_of

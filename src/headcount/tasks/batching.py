@@ -16,8 +16,8 @@ from typing import Sequence
 
 import numpy as np
 
+from ..atomic import atomic_write_bytes
 from ..errors import HeadcountError
-from ..io import atomic_write_bytes
 from .base import IGNORE, TaskData
 from .paths import cache_root
 

@@ -24,7 +24,15 @@ from typing import Mapping
 
 from ..errors import HeadcountError
 from .base import Source, Task
-from .glue_local import DOWNLOAD_NAMES, GlueFilesSource, expected_files, find_glue_files, glue_folder
+from .glue_local import (
+    DOWNLOAD_NAMES,
+    GlueFilesSource,
+    expected_files,
+    find_glue_files,
+    glue_folder,
+    other_files,
+    raw_files_hint,
+)
 from .tables import Table
 
 HUB_ID = "nyu-mll/glue"
@@ -155,11 +163,11 @@ def glue_task(name: str, data_dir=None, data_files: Mapping[str, str | os.PathLi
     elif data_dir is not None:
         files = find_glue_files(data_dir, config, spec.splits)
         if validation not in files:
-            found = ", ".join(p.name for p in files.values()) or "no data files"
+            found = ", ".join(p.name for p in files.values()) or "no data files" + other_files(data_dir)
             also = (" (glue/mnli evaluates on the matched dev set, glue/mnli-mm on the mismatched one)"
                     if config == "mnli" else "")
             raise HeadcountError(f"no {validation} split for {key} in {data_dir}: expected "
-                                 f"{expected_files(validation)}; found {found}{also}")
+                                 f"{expected_files(validation)}; found {found}{also}{raw_files_hint(data_dir, config)}")
         source = GlueFilesSource(files, config, spec.text)
         sizes = None
     else:

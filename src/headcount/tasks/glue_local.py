@@ -25,7 +25,7 @@ from pathlib import Path
 
 from ..errors import HeadcountError
 from .base import FilesSource
-from .tables import SUFFIXES, Table, read_table
+from .tables import SUFFIXES, Table, read_table, read_tsv
 
 #: file stem in the GLUE download -> the hub's split name
 DOWNLOAD_NAMES = {"train": "train", "dev": "validation", "test": "test",
@@ -67,15 +67,26 @@ DOWNLOAD_FORMATS = {
 }
 
 
-def _first_line(path: Path) -> list[str]:
+def _first_line(path: Path, sep: str = "\t") -> list[str]:
+    """The fields of the first non-blank line (split at every tab; CSV-parsed for ``sep=","``)."""
     try:
         with open(path, encoding="utf-8-sig", newline="") as f:
-            line = f.readline()
+            for line in f:
+                line = line.rstrip("\r\n")
+                if line.strip() or sep in line:
+                    break
+            else:
+                return []
     except UnicodeDecodeError:
         return []  # read_table reports it, with the offset
     except OSError as e:
         raise HeadcountError(f"cannot read {path}: {e.strerror or e}") from None
-    return line.rstrip("\r\n").split("\t")
+    if sep == "\t":
+        return line.split("\t")
+    try:
+        return next(csv.reader([line]), [])
+    except csv.Error:
+        return []  # read_table reports it, with the line
 
 
 def download_header(path: str | os.PathLike, config: str, hub_text: tuple[str, ...]) -> tuple[str, ...] | None:
@@ -127,26 +138,9 @@ def read_download_tsv(path: str | os.PathLike, config: str, hub_text: tuple[str,
         raise HeadcountError(f"{p}: no label column {fmt.label!r} (columns: {', '.join(header)}); "
                              "only test splits may come without labels")
     wanted = [header.index(c) for c in fmt.text] + ([header.index(fmt.label)] if has_label else [])
-    cols: list[list[str]] = [[] for _ in wanted]
-    try:
-        with open(p, encoding="utf-8-sig", newline="") as f:
-            reader = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
-            if not fmt.no_header or header != fmt.no_header:
-                next(reader, None)  # the header line
-            for row in reader:
-                if not row or row == [""]:
-                    continue
-                if len(row) != len(header):
-                    raise HeadcountError(f"{p}, line {reader.line_num}: {len(row)} fields, the header has "
-                                         f"{len(header)} ({', '.join(header)})")
-                for col, i in zip(cols, wanted):
-                    col.append(row[i])
-    except UnicodeDecodeError as e:
-        raise HeadcountError(f"{p} is not UTF-8 text (byte 0x{e.object[e.start]:02x}); re-save it as UTF-8") from None
-    except csv.Error as e:
-        raise HeadcountError(f"cannot read {p}: {e}") from None
-    except OSError as e:
-        raise HeadcountError(f"cannot read {p}: {e.strerror or e}") from None
+    headerless = bool(fmt.no_header) and header == fmt.no_header  # CoLA's labelled files
+    _, rows = read_tsv(p, header=header if headerless else None)  # every row, or a one-line error
+    cols: list[list[str]] = [[row[i] for row in rows] for i in wanted]
     columns = dict(zip(hub_text, cols))
     n = len(cols[0])
     columns["label"] = cols[len(hub_text)] if has_label else [-1] * n
@@ -164,7 +158,59 @@ class GlueFilesSource(FilesSource):
         p = self.files[split]
         if download_header(p, self.config, self.hub_text) is not None:
             return read_download_tsv(p, self.config, self.hub_text, unlabelled=self.unlabelled(split))
+        check_header(p, self.config, self.hub_text)
         return read_table(p)
+
+
+def check_header(path: str | os.PathLike, config: str, hub_text: tuple[str, ...]) -> None:
+    """Refuse a ``.tsv`` / ``.csv`` whose first line names none of the columns of either layout.
+
+    Such a first line is most likely a row of data (a download file without its header line):
+    read as a header, it would make every later message about columns wrong.
+    """
+    p = Path(path)
+    if p.suffix.lower() not in (".tsv", ".csv"):
+        return
+    first = _first_line(p, "\t" if p.suffix.lower() == ".tsv" else ",")
+    fmt = DOWNLOAD_FORMATS[config]
+    known = {*hub_text, "label", "idx", *fmt.text, fmt.label, "index", "id"}
+    if not first or known & {c.strip() for c in first}:
+        return
+    shown = "\t".join(first)
+    shown = shown if len(shown) <= 60 else shown[:57] + "..."
+    folder = DOWNLOAD_FOLDERS[config]
+    raise HeadcountError(
+        f"{p}: the header line is missing (the first line, {shown!r}, names none of the columns): a "
+        f"file of the GLUE download's {folder} folder starts with a tab-separated header naming "
+        f"{', '.join(fmt.text)} and {fmt.label} (test files: no label), one in the hub layout "
+        f"names {', '.join(hub_text)} and label; add the header line")
+
+
+#: the original MRPC files (Microsoft's corpus) that GLUE's download script turns into its TSVs
+MRPC_RAW = ("msr_paraphrase_train.txt", "msr_paraphrase_test.txt")
+
+
+def raw_files_hint(data_dir: str | os.PathLike, config: str) -> str:
+    """What to do with a folder that holds source files rather than the split files, else ''."""
+    d = Path(data_dir).expanduser()
+    raw = [n for n in MRPC_RAW if (d / n).is_file()]
+    if config != "mrpc" or not raw:
+        return ""
+    return (f"; {' and '.join(raw)} are MRPC's original files, not the GLUE download's: make train.tsv, dev.tsv "
+            f"and test.tsv from them with GLUE's download_glue_data.py --data_dir OUT --tasks MRPC "
+            f"--path_to_mrpc {d} (it splits dev.tsv off the train file by GLUE's dev ids), then use OUT/MRPC")
+
+
+def other_files(data_dir: str | os.PathLike, limit: int = 5) -> str:
+    """``(the folder holds: a.txt, b.json)`` for a message, or ``(the folder is empty)``."""
+    try:
+        names = sorted(e.name for e in Path(data_dir).expanduser().iterdir() if not e.name.startswith("."))
+    except OSError:
+        return ""
+    if not names:
+        return " (the folder is empty)"
+    more = f", ... ({len(names)} in all)" if len(names) > limit else ""
+    return f" (the folder holds: {', '.join(names[:limit])}{more})"
 
 
 def glue_folder(root: str | os.PathLike, config: str) -> Path:

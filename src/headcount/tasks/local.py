@@ -23,9 +23,8 @@ import os
 from dataclasses import fields
 from pathlib import Path
 
-import yaml
-
 from ..errors import HeadcountError
+from ..yamlfile import load_yaml_with_lines
 from .base import KINDS, METRICS, FilesSource, Task, distinct_label_names, label_name
 from .glue import GLUE, glue_task
 from .tables import SUFFIXES, read_text
@@ -45,13 +44,8 @@ def load_task_yaml(path: str | os.PathLike) -> Task:
     """
     p = Path(path).expanduser()
     text = read_text(p)
-    try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        at = f" (line {mark.line + 1})" if mark is not None else ""
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise HeadcountError(f"{p}: not valid YAML{at}: {problem}") from None
+    # the study configs' loader: safe tags only; a duplicated key or an alias bomb refused with its line
+    doc, _ = load_yaml_with_lines(text, str(p))
     if not isinstance(doc, dict):
         got = "an empty file" if doc is None else f"a {type(doc).__name__}"
         raise HeadcountError(f"{p}: a task YAML must be a mapping (name, kind, files, text, label, ...), got {got}")

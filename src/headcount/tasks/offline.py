@@ -48,8 +48,8 @@ import tempfile
 from functools import lru_cache
 from pathlib import Path
 
+from ..atomic import atomic_write_bytes, atomic_write_json
 from ..errors import HeadcountError
-from ..io import atomic_write_bytes, atomic_write_json
 from .base import Source, Task
 from .paths import data_root, sha256_file
 from .tables import Table

@@ -29,8 +29,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from ...atomic import atomic_path, atomic_write_json
 from ...errors import HeadcountError
-from ...io import atomic_path, atomic_write_json
 from .features import CLASSES, MAP_SIZE, _check_square, _to_numpy
 from .labels import label_ids
 from .layout import center_pad
@@ -144,6 +144,12 @@ def _accuracy(model: PatternCNN, x: torch.Tensor, y: torch.Tensor) -> float | No
     return float((_predict_ids(model, x) == y).float().mean())
 
 
+def _validation_accuracy(model: PatternCNN, x: torch.Tensor, y: torch.Tensor) -> float | None:
+    """The held-out accuracy :func:`_fit` reads after each epoch to choose the checkpoint (a seam:
+    tests replace it with a scripted sequence, so the choice is tested without a real trajectory)."""
+    return _accuracy(model, x, y)
+
+
 def _fit(x_tr, y_tr, x_he, y_he, build, seed, epochs, batch_size, lr, device) -> tuple[PatternCNN, float, list[float]]:
     """Adam + cross-entropy; with a held-out part, the weights of the epoch with the best held-out
     accuracy (the latest of equal ones, as their ``acc_val >= best_val_acc``) are kept.
@@ -171,7 +177,7 @@ def _fit(x_tr, y_tr, x_he, y_he, build, seed, epochs, batch_size, lr, device) ->
                 count += len(b)
             last = total / max(count, 1)
             if len(y_he):
-                acc = _accuracy(model, x_he, y_he)
+                acc = _validation_accuracy(model, x_he, y_he)
                 history.append(acc)
                 if acc >= best:
                     best = acc

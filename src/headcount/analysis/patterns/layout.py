@@ -15,6 +15,7 @@ import torch
 from ...errors import HeadcountError
 from .features import MAP_SIZE, PatternClassification, classify_patterns
 
+
 def center_pad(maps, size: int):
     """Per-example maps ``[..., L, L]`` on a ``[..., size, size]`` canvas, as Prasanna et al.'s ``pad_image``.
 

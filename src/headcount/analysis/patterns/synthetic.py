@@ -10,6 +10,7 @@ import numpy as np
 from ...errors import HeadcountError
 from .features import CLASSES, DIAGONAL_OFFSETS, MAP_SIZE, _runs, _specials
 
+
 @dataclass(frozen=True)
 class SyntheticMaps:
     """Synthetic labelled attention maps.

@@ -14,14 +14,33 @@ import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, ValidationError, ValidationInfo, create_model, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    create_model,
+    field_validator,
+    model_validator,
+)
 
 from ...analysis.patterns import ARCHITECTURES, MAP_SIZE, train_pattern_cnn
 from ...errors import HeadcountError
 from ...magnitude_search import MagnitudeConfig
 from ...runner import ConfigSection, StudyConfig
-from ...runner.config import format_validation_error, task_ref
+from ...runner.config import format_validation_error, model_ref, task_ref
 from ...runner.schema import fields_of, nonempty_model
+from ...settings import (
+    BATCH_SIZE,
+    CNN_EPOCHS,
+    EXAMPLES,
+    FRACTION,
+    LEARNING_RATE,
+    MAP_SIDE,
+    MAX_LENGTH,
+    SEED,
+    STEPS,
+)
 from ...tasks import get_task
 from ...training import TrainConfig
 
@@ -30,7 +49,7 @@ from ...training import TrainConfig
 RandomDraw = Literal["uniform", "bernoulli"]
 
 #: Side of the fixed-size mean attention maps (at least 8 cells).
-MapSide = Annotated[int, Field(ge=8)]
+MapSide = Annotated[int, Field(ge=8, le=MAP_SIDE.high)]
 
 #: :class:`headcount.training.TrainConfig` fields a lottery config exposes under ``train``.
 TRAIN_FIELDS: tuple[str, ...] = (
@@ -121,12 +140,12 @@ class PruningSettings(ConfigSection):
     step_of: Literal["total", "remaining"] = "total"
     schedule: Literal["prasanna", "heads"] = "prasanna"
     importance: Literal["validation", "train"] = "validation"
-    max_examples: int | None = Field(None, ge=1)
-    batch_size: int = Field(64, ge=1)
+    max_examples: int | None = Field(None, **EXAMPLES.limits())
+    batch_size: int = Field(64, **BATCH_SIZE.limits())
     method: Literal["gradient", "gradient-token"] = "gradient"
     accumulate: Literal["cumulative", "per-batch"] = "cumulative"
     normalize: Literal["none", "layer", "layer+global"] = "layer+global"
-    max_steps: int | None = Field(None, ge=1)
+    max_steps: int | None = Field(None, **STEPS.limits())
     shrink: bool = False
 
     @model_validator(mode="after")
@@ -164,6 +183,7 @@ class MagnitudeSettings(create_model("MagnitudeFields", __base__=ConfigSection,
     @model_validator(mode="after")
     def _valid(self):
         _check(MagnitudeConfig, self.model_dump(exclude={"enabled"}))
+        _check(FRACTION.check, {"value": self.threshold, "name": "threshold"})  # as `headcount magnitude --threshold`
         return self
 
     def config(self, control: str = "good") -> MagnitudeConfig:
@@ -185,7 +205,7 @@ class SuperSurvivorSettings(ConfigSection):
     enabled: bool = True
     retrain: bool = True
     seeds: list[int] | None = None
-    draw_seed: int = 0
+    draw_seed: int = Field(0, **SEED.limits())
 
 
 class PatternCNNSettings(ConfigSection):
@@ -196,18 +216,21 @@ class PatternCNNSettings(ConfigSection):
 
     maps: str
     labels: str
-    epochs: int = Field(_CNN_DEFAULTS["epochs"], ge=1)
-    seed: int = _CNN_DEFAULTS["seed"]
+    epochs: int = Field(_CNN_DEFAULTS["epochs"], **CNN_EPOCHS.limits())
+    seed: int = Field(_CNN_DEFAULTS["seed"], **SEED.limits())
     holdout: float = Field(_CNN_DEFAULTS["holdout"], ge=0, le=0.9)
-    batch_size: int = Field(_CNN_DEFAULTS["batch_size"], ge=1)
-    lr: float = Field(_CNN_DEFAULTS["lr"], gt=0)
+    batch_size: int = Field(_CNN_DEFAULTS["batch_size"], **BATCH_SIZE.limits())
+    lr: float = Field(_CNN_DEFAULTS["lr"], **LEARNING_RATE.limits())
     architecture: Literal[ARCHITECTURES] = _CNN_DEFAULTS["architecture"]  # type: ignore[valid-type]
-    size: int | None = Field(_CNN_DEFAULTS["size"], ge=4)
+    size: int | None = Field(_CNN_DEFAULTS["size"], **MAP_SIDE.limits())
 
     @field_validator("maps", "labels")
     @classmethod
     def _paths(cls, v: str, info: ValidationInfo) -> str:
-        return _resolve_path(v, info)
+        path = _resolve_path(v, info)
+        if info.context is not None and not Path(path).expanduser().is_file():  # a config file: refused now
+            raise ValueError(f"{info.field_name}: file not found: {path}")
+        return path
 
 
 class PatternSettings(ConfigSection):
@@ -226,9 +249,9 @@ class PatternSettings(ConfigSection):
     """
 
     enabled: bool = True
-    max_examples: int = Field(64, ge=1)
-    batch_size: int = Field(16, ge=1)
-    max_length: int | None = Field(None, ge=8)
+    max_examples: int = Field(64, **EXAMPLES.limits())
+    batch_size: int = Field(16, **BATCH_SIZE.limits())
+    max_length: int | None = Field(None, **MAX_LENGTH.limits())
     size: MapSide = MAP_SIZE
     cnn: PatternCNNSettings | None = None
 
@@ -269,7 +292,7 @@ class LotterySettings(ConfigSection):
     @field_validator("model")
     @classmethod
     def _model(cls, v: str, info: ValidationInfo) -> str:
-        return _resolve_path(nonempty_model(v), info)
+        return model_ref(_resolve_path(nonempty_model(v), info))  # a checkpoint that is not there: refused now
 
     @field_validator("tasks")
     @classmethod

@@ -13,6 +13,7 @@ from ...report import new_figure
 from .plan import job_name, task_name
 from .tables import finished
 
+
 def scores_figure(summary, experiments, title):
 
     tasks = list(dict.fromkeys(summary["task"]))

@@ -17,13 +17,20 @@ import torch
 from safetensors.torch import save_file
 
 from ...analysis import draw_controls, super_survivors
-from ...analysis.patterns import CLASSES, commonest_structure_maps, load_labelled_maps, load_pattern_cnn
-from ...analysis.patterns import predict_pattern_ids, save_pattern_cnn, train_pattern_cnn
+from ...analysis.patterns import (
+    CLASSES,
+    commonest_structure_maps,
+    load_labelled_maps,
+    load_pattern_cnn,
+    predict_pattern_ids,
+    save_pattern_cnn,
+    train_pattern_cnn,
+)
 from ...analysis.subnetworks import cross_task_overlap, seed_stability
+from ...atomic import atomic_path, atomic_write_json
 from ...attention import attention_maps
 from ...device import model_device, resolve_device, to_device
 from ...errors import HeadcountError
-from ...io import atomic_path, atomic_write_json
 from ...magnitude_search import magnitude_prune
 from ...masks import Mask
 from ...pipeline import DataConfig, batches_for, load_for

@@ -103,8 +103,19 @@ from __future__ import annotations
 import importlib
 
 from ...runner import register_study
-from .config import (BeforeAfterSettings, DataSettings, MlmSettings, PruningSettings, ScoringSettings,
-                     StatsSettings, TaskSpec, TrainSettings, TransferConfig, TransferSettings, task_id)
+from .config import (
+    BeforeAfterSettings,
+    DataSettings,
+    MlmSettings,
+    PruningSettings,
+    ScoringSettings,
+    StatsSettings,
+    TaskSpec,
+    TrainSettings,
+    TransferConfig,
+    TransferSettings,
+    task_id,
+)
 from .plan import COMPARISONS, Names, expand, plan_of, transfer_jobs
 
 # Names served on first use: the job functions, the report and the maths they need import torch

@@ -14,16 +14,31 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, ValidationInfo, create_model, field_validator, model_validator
+from pydantic import (
+    Field,
+    ValidationInfo,
+    create_model,
+    field_validator,
+    model_validator,
+)
 
 from ...analysis.stats import DEFAULT_FRACTIONS, LEVEL, N_BOOT, N_PERMUTATIONS
 from ...errors import HeadcountError
 from ...heads import MLM_HEAD_MAX_TEXTS, MLM_HEAD_STEPS
 from ...pipeline import DataConfig
-from ...settings import MAX_LENGTH_RANGE
 from ...runner import ConfigSection, StudyConfig
-from ...runner.config import task_ref
+from ...runner.config import model_ref, task_ref
 from ...runner.schema import fields_of, nonempty_model
+from ...settings import (
+    BATCH_SIZE,
+    DRAWS,
+    EXAMPLES,
+    FRACTION,
+    MAX_LENGTH,
+    RESAMPLES,
+    SEED,
+    STEPS,
+)
 from ...training import TrainConfig
 
 Method = Literal["gradient", "gradient-token"]
@@ -73,10 +88,10 @@ class DataSettings(ConfigSection):
     """Which examples and how they are batched (:class:`headcount.pipeline.DataConfig`; its defaults
     except ``max_examples``, which the study keeps smaller)."""
 
-    max_examples: int | None = Field(512, ge=1)
-    batch_size: int = Field(_DATA_DEFAULTS["batch_size"], ge=1)
-    max_length: int = Field(_DATA_DEFAULTS["max_length"], ge=MAX_LENGTH_RANGE[0], le=MAX_LENGTH_RANGE[1])
-    seed: int = _DATA_DEFAULTS["seed"]
+    max_examples: int | None = Field(512, **EXAMPLES.limits())
+    batch_size: int = Field(_DATA_DEFAULTS["batch_size"], **BATCH_SIZE.limits())
+    max_length: int = Field(_DATA_DEFAULTS["max_length"], **MAX_LENGTH.limits())
+    seed: int = Field(_DATA_DEFAULTS["seed"], **SEED.limits())
 
     def config(self, split: str | None = None) -> DataConfig:
         return DataConfig(split=split, **self.model_dump())
@@ -99,8 +114,8 @@ class MlmSettings(ConfigSection):
 
     corpus: str | None = None
     head_corpus: str | None = None
-    head_steps: int = Field(MLM_HEAD_STEPS, ge=1)
-    head_max_texts: int = Field(MLM_HEAD_MAX_TEXTS, ge=2)
+    head_steps: int = Field(MLM_HEAD_STEPS, **STEPS.limits())
+    head_max_texts: int = Field(MLM_HEAD_MAX_TEXTS, ge=2, le=EXAMPLES.high)
     after_head: AfterHead = "pretrained"
     eval: DataSettings = DataSettings(max_examples=256)
 
@@ -129,7 +144,7 @@ class PruningSettings(ConfigSection):
     """
 
     levels: tuple[float, ...] = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
-    random_draws: int = Field(3, ge=0)
+    random_draws: int = Field(3, **DRAWS.limits())
     normalize: Normalize = "layer"
     views: tuple[View, ...] = ("application", "shared")
 
@@ -158,7 +173,7 @@ class BeforeAfterSettings(ConfigSection):
     view: View = "application"
     mask_mode: Literal["prune", "gate"] = "prune"
     random_control: bool = False
-    threshold: float = Field(0.9, gt=0, le=1)
+    threshold: float = Field(0.9, gt=0, le=FRACTION.high)
 
     @field_validator("levels")
     @classmethod
@@ -181,11 +196,11 @@ class StatsSettings(ConfigSection):
             global p-value is always reported too (``p_value_global``).
     """
 
-    n_boot: int = Field(N_BOOT, ge=0)
-    n_permutations: int = Field(N_PERMUTATIONS, ge=0)
+    n_boot: int = Field(N_BOOT, **RESAMPLES.limits())
+    n_permutations: int = Field(N_PERMUTATIONS, **RESAMPLES.limits())
     permutation: Literal["within-layer", "global"] = "within-layer"
     level: float = Field(LEVEL, gt=0, lt=1)
-    seed: int = 0
+    seed: int = Field(0, **SEED.limits())
     fractions: tuple[float, ...] = DEFAULT_FRACTIONS
 
     @field_validator("fractions")
@@ -234,7 +249,7 @@ class TransferSettings(ConfigSection):
     @field_validator("model")
     @classmethod
     def _model(cls, v, info: ValidationInfo):
-        return _resolve_path(nonempty_model(v), info)
+        return model_ref(_resolve_path(nonempty_model(v), info))  # a checkpoint that is not there: refused now
 
     @field_validator("tasks", mode="before")
     @classmethod
@@ -332,7 +347,10 @@ def _corpus_ref(value: str, info: ValidationInfo) -> str:
     if value.lower().endswith((".yaml", ".yml")):
         return task_ref(value, info)
     if value.lower().endswith(".txt") or value.startswith(("./", "../", "/", "~")):
-        return _resolve_path(value, info)
+        path = _resolve_path(value, info)
+        if not Path(path).expanduser().exists():  # refused now, not when the MLM head is fitted
+            raise ValueError(f"head_corpus: file not found: {path}")
+        return path
     return value
 
 

@@ -18,21 +18,28 @@ import pandas as pd
 from ...analysis import layer_mass
 from ...analysis.coherence import coherence, pair_seed, seed_mean_ci, view_of
 from ...analysis.removal import removal_mask
+from ...atomic import atomic_write_json, atomic_write_text
 from ...device import resolve_device
 from ...embedding import SIMILARITY_METRIC, embed, similarity_agreement
 from ...evaluation import evaluate_batches, masked_positions_only
 from ...gates import layout, shared_groups
 from ...heads import evaluate_mlm, fit_task_head, mlm_model
-from ...io import atomic_write_json, atomic_write_text
 from ...models import load_model
 from ...pipeline import batches_for, load_for
 from ...scoring import score
-from ...surgery import count_parameters
+from ...surgery import count_parameters, save_tokenizer
 from ...tasks import encode, get_task, make_batches
 from ...training import prepare_model
 from ..jobs import load_per_example, model_spec, save_per_example, step_messages
-from .config import (CoherenceParams, CurveParams, HeadFitParams, LayoutParams, MaskParams, MlmHeadParams,
-                     MlmScoreParams)
+from .config import (
+    CoherenceParams,
+    CurveParams,
+    HeadFitParams,
+    LayoutParams,
+    MaskParams,
+    MlmHeadParams,
+    MlmScoreParams,
+)
 
 
 def _mlm_model(model: str, head: MlmHeadParams, encoder: str | None = None):
@@ -127,7 +134,7 @@ def head_fit_job(params, inputs, workdir: Path, progress) -> dict:
                         progress=say, device=resolve_device(None))
     final = evaluate_batches(model, batches(task.validation_split, cfg.max_eval_examples, cfg.eval_batch_size), task.metric)
     model.save_pretrained(workdir / "model", safe_serialization=True)
-    tokenizer.save_pretrained(workdir / "model")
+    save_tokenizer(tokenizer, workdir / "model")  # without the padding/truncation of its last call
     metrics = {"task": task.name, "metric": task.metric, "model": p.model, "seed": p.seed,
                "final": {k: v for k, v in final.items() if isinstance(v, (int, float))}, "frozen_encoder": True,
                **fit, "train_seconds": round(time.perf_counter() - t0, 3), "n_train": sum(len(b["labels"]) for b in train),

@@ -59,7 +59,7 @@ def transfer_summary(tables: dict, settings: TransferSettings, prefix: str = "")
     pr = tables["prunability"]
     if not pr.empty:
         d = pr[(pr["objective"] == "task") & (pr["view"] == "application")]
-        txt = "; ".join(f"{t}: " + ", ".join(f"{o} {g[g['order'] == o]['removable_fraction'].iloc[0]:.0%}"
+        txt = "; ".join(f"{t}: " + ", ".join(f"{o} {_share(g[g['order'] == o]['removable_fraction'].iloc[0])}"
                                               for o in ("task", "mlm", "embedding", "random")
                                               if (g["order"] == o).any())
                         for t, g in d.groupby("task", sort=False))
@@ -67,7 +67,8 @@ def transfer_summary(tables: dict, settings: TransferSettings, prefix: str = "")
                      f"(no retraining), by order: {txt}.")
     ad = tables["acceptable_deduction_summary"]
     if not ad.empty:
-        txt = "; ".join(f"{r['task']}: " + ("none" if r["level"] is None or pd_isna(r["level"]) else
+        txt = "; ".join(f"{r['task']}: " + (NA if _no_full_score(r) else
+                                            "none" if r["level"] is None or pd_isna(r["level"]) else
                                             f"{r['level']:.0%} of heads, MLM loss +{r['mlm_loss_increase']:.2f}")
                         for _, r in ad.iterrows())
         parts.append(f"Acceptable deduction (prune by MLM, then fine-tune, >= {settings.before_after.threshold:.0%}): {txt}.")
@@ -79,6 +80,24 @@ def transfer_summary(tables: dict, settings: TransferSettings, prefix: str = "")
 # =============================================================================================
 def _finite(x) -> bool:
     return finite(x) and isinstance(x, (int, float, np.floating, np.integer))
+
+
+#: What a removable share reads when the full model's metric is undefined (NaN).
+NA = "n/a (full score undefined)"
+
+
+def _share(x) -> str:
+    """A removable share as a percentage; :data:`NA` when it is NaN (the full metric is undefined).
+
+    >>> _share(0.25), _share(float("nan"))
+    ('25%', 'n/a (full score undefined)')
+    """
+    return f"{float(x):.0%}" if _finite(x) else NA
+
+
+def _no_full_score(row) -> bool:
+    """Whether an acceptable-deduction summary row has no full fine-tuned score (NaN on every seed)."""
+    return "full_score" in row and not _finite(row["full_score"])
 
 
 def cell(mean, std=None, low=None, high=None, digits: int = 2, n=None, n_total=None) -> str:
@@ -154,14 +173,15 @@ def main_pruning(tables: dict, settings: TransferSettings) -> pd.DataFrame:
         d = pr[(pr["task"] == t) & (pr["objective"] == "task") & (pr["view"] == "application")] if len(pr) else pr
         for order in ("task", "mlm", "random"):
             x = d[d["order"] == order] if len(d) else d
-            txt = f"{float(x['removable_fraction'].iloc[0]):.0%}" if len(x) else ""
+            txt = _share(x["removable_fraction"].iloc[0]) if len(x) else ""
             raw = x["removable_fraction_raw"].iloc[0] if len(x) and "removable_fraction_raw" in x else None
             if _finite(raw) and raw != x["removable_fraction"].iloc[0]:  # a level passes after a lower one failed
                 txt += f" (raw curve {float(raw):.0%})"
             row[f"removable at {pct}, by {order}"] = txt
         a = ad[ad["task"] == t] if len(ad) else ad
         level = a["level"].iloc[0] if len(a) else None
-        row["acceptable deduction: heads removed"] = f"{float(level):.0%}" if _finite(level) else ""
+        row["acceptable deduction: heads removed"] = (f"{float(level):.0%}" if _finite(level) else
+                                                      NA if len(a) and _no_full_score(a.iloc[0]) else "")
         raw = a["level_raw"].iloc[0] if len(a) and "level_raw" in a else None
         if _finite(raw) and raw != level:  # acceptable again above a level that was not
             row["acceptable deduction: heads removed"] += f" (raw curve {float(raw):.0%})"
@@ -221,7 +241,8 @@ def main_section(tables: dict, settings: TransferSettings, art: str = "") -> Sec
 
 def nan_table(tables: dict) -> pd.DataFrame:
     """The runs that produced NaN, and why: fine-tuned and head-only scores, pruned-then-fine-tuned
-    scores (seeds missing from a mean), coherence statistics."""
+    scores (seeds missing from a mean), removable shares and acceptable deductions that are n/a
+    because the full model's metric is NaN, coherence statistics."""
     undefined = "the metric is undefined (e.g. a constant prediction under a correlation metric)"
     rows = []
     ft = tables["finetune"]
@@ -235,6 +256,18 @@ def nan_table(tables: dict) -> pd.DataFrame:
             rows.append({"table": "before_after", "run": f"{r['task']} {r['setting']} at {r['level']:.0%}",
                          "value": f"score: {int(r['n_total'] - r['n'])} of {int(r['n_total'])} seeds NaN",
                          "why": undefined})
+    no_full = "the full model's metric is undefined (NaN), so no share of it can be kept: n/a, not 0% removable"
+    pr = tables.get("prunability")
+    if pr is not None and not pr.empty and "removable_fraction" in pr:
+        bad = pr[pd.to_numeric(pr["removable_fraction"], errors="coerce").isna()]
+        for (t, objective, view), g in bad.groupby(["task", "objective", "view"], sort=False):
+            rows.append({"table": "prunability", "run": f"{t} {objective} curve ({view})",
+                         "value": "removable_fraction by " + ", ".join(g["order"].astype(str)), "why": no_full})
+    ad = tables.get("acceptable_deduction_summary")
+    if ad is not None and not ad.empty and "full_score" in ad:
+        for _, r in ad[pd.to_numeric(ad["full_score"], errors="coerce").isna()].iterrows():
+            rows.append({"table": "acceptable_deduction_summary", "run": f"{r['task']}", "value": "level",
+                         "why": no_full})
     coh = tables["coherence"]
     if not coh.empty:
         bad = coh[pd.to_numeric(coh["estimate"], errors="coerce").isna()]

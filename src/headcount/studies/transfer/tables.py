@@ -142,9 +142,11 @@ def transfer_tables(store, settings: TransferSettings, prefix: str = "") -> dict
                                 "mlm_loss_increase": float(m["loss"] - mlm_full["loss"]),
                                 "mlm_accuracy_drop": float(mlm_full["score"] - m["score"]),
                                 "fine_tuned_score": pruned_first["mlm"], "full_score": full, "relative_score": rel,
-                                "acceptable": bool(rel >= settings.before_after.threshold)})
+                                # n/a (blank), not False, when a score is undefined
+                                "acceptable": bool(rel >= settings.before_after.threshold) if math.isfinite(rel) else None})
             best = acceptable_deduction([r for r in ad_rows if r["task"] == t], threshold=settings.before_after.threshold)
-            ad_summary.append({"task": t, "threshold": settings.before_after.threshold, **best})
+            # full_score NaN (no seed's full metric defined): the deduction is n/a, not "none acceptable"
+            ad_summary.append({"task": t, "threshold": settings.before_after.threshold, **best, "full_score": full})
     return {"layout": store.result(n.layout()).result, "mlm": pd.DataFrame(mlm_rows), "coherence": coherence_df,
             "coherence_summary": summary, "layer_mass": pd.DataFrame(coh.result["layer_mass"]),
             "head_scores": pd.DataFrame(scores), "finetune": pd.DataFrame(ft_rows), "curves": curves,
@@ -158,7 +160,9 @@ def prunability_table(curves: pd.DataFrame, threshold: float) -> pd.DataFrame:
     ``removable_fraction``: the largest level such that at it and every lower level the mean
     score over replicates stays at or above ``threshold`` x the full model's
     (:func:`~headcount.analysis.stats.largest_contiguous_passing`; 0 when the lowest level fails);
-    ``removable_fraction_raw``: the largest passing level, ignoring failures below it.
+    ``removable_fraction_raw``: the largest passing level, ignoring failures below it. Both are NaN
+    (n/a) when the full model's metric is (e.g. a correlation metric on constant labels): nothing
+    can be compared with it, which is not "nothing removable".
 
     >>> c = pd.DataFrame({"task": "t", "objective": "task", "view": "application", "order": "mlm",
     ...                   "fraction": [0.0, 0.2, 0.4, 0.6], "score": [1.0, 0.95, 0.5, 0.92]})
@@ -173,9 +177,11 @@ def prunability_table(curves: pd.DataFrame, threshold: float) -> pd.DataFrame:
         ok = [float(f) for f, good in zip(mean.index, passes) if good]
         # the largest level such that it and every lower one pass; the raw curve's maximum beside it
         removable = largest_contiguous_passing(list(mean.index), passes)
+        removable, raw = (removable if removable is not None else 0.0), (max(ok) if ok else 0.0)
+        if not math.isfinite(full):  # no full metric (e.g. constant labels under Pearson): n/a, not "0% removable"
+            removable = raw = math.nan
         prun.append({"task": t, "objective": objective, "view": view, "order": order, "full": full,
-                     "removable_fraction": removable if removable is not None else 0.0,
-                     "removable_fraction_raw": max(ok) if ok else 0.0,
+                     "removable_fraction": removable, "removable_fraction_raw": raw,
                      "score_at_50": float(mean.get(0.5, np.nan)), "auc": float(np.trapezoid(mean.values, mean.index))})
     return pd.DataFrame(prun)
 

@@ -1,0 +1,257 @@
+"""Ownership by record: a file is headcount's only if the record of its folder lists it.
+
+For every command that writes, the output folder (or the run directory, or the folder of a
+one-file output) is filled with the user's files: names equal to each output name, names like
+temporary files (``.draft.20261201.tmp``, ``.thesis.12345.tmp``, a ``.headcount-tmp.`` name of a
+session the record does not list), hidden files, subfolders, and names Hypothesis generates.
+The command runs with and without ``--force``; every user byte and name must be unchanged and
+nothing may appear beside the folder. Three layouts:
+
+- **no record**: the folder holds only the user's files -> refused (exit 2, one line);
+- **record + user files**: an earlier output of the command plus the user's files -> the command
+  runs (exit 0), replacing only what the record lists, and removes the temporary files of the
+  record's own (killed) sessions;
+- **record, output changed by the user**: a listed file the user rewrote is no longer
+  headcount's -> refused, ``--force`` included.
+
+Hypothesis draws the extra names; a fixed grid draws the command, the layout and ``--force``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import toy_study  # noqa: F401  (registers the toy study type)
+from training_helpers import make_checkpoint, make_task, one_thread
+
+from headcount.cli import main
+from headcount.record import LOCK_NAME, RECORD, Record
+
+_one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
+
+FT = ["--epochs", "1", "--batch-size", "16", "--lr", "1e-2", "--max-length", "32", "--max-train-examples", "32",
+      "--max-eval-examples", "16", "--save-steps", "100", "--seed", "1"]
+TOY = "study: toy_study:toy\nname: toy\nvalues: [1, 2]\nsteps: 2\nfactor: {factor}\n"
+
+#: what each command writes at the top of its folder (the names the user's files take)
+OUTPUTS = {
+    "score": ["scores.json", "heads.png"],
+    "prune": ["mask.json", "trace.csv", "curve.png"],
+    "shrink": ["config.json", "model.safetensors", "headcount.json", "tokenizer.json", "tokenizer_config.json"],
+    "export-hf": ["config.json", "model.safetensors", "tokenizer.json"],
+    "finetune": ["model", "metrics.json", "run.json", "checkpoints", "evaluations.json"],
+    "magnitude": ["weight_mask.safetensors", "trace.csv", "magnitude.json", "magnitude_run.json", "full", "retrain"],
+    "patterns-synthetic": ["maps.safetensors", "labels.csv"],
+    "patterns-train": ["model.safetensors", "config.json", "metrics.json"],
+    "study": ["study.yaml", "manifest.json", "plan.json", "jobs", "logs", "report.html", "results", "figures"],
+    "demo": ["study.yaml", "manifest.json", "plan.json", "jobs", "report.html", "results", "figures"],
+    "report": ["results/jobs.csv", "results/summary.json", "report.html"],
+}
+#: names like temporary files that are the user's (the last: headcount's prefix, a session no record lists)
+TEMP_LIKE = [".draft.20261201.tmp", ".thesis.12345.tmp", ".scores.json.abcdefgh.tmp", ".headcount-tmp.0badc0de.x.tmp",
+             ".headcount-staging.abcdefgh.tmp"]
+
+
+@pytest.fixture(scope="module")
+def w(tmp_path_factory):
+    root = tmp_path_factory.mktemp("own")
+    w = {"root": root, "clf": str(make_checkpoint(root / "clf", head="classification")),
+         "pre": str(make_checkpoint(root / "pre")), "task": str(make_task(root / "task", n_train=32, n_dev=16))}
+    for name, mask in (("mask", [[1, 0, 1, 1], [1, 1, 1, 0]]), ("mask2", [[1, 1, 1, 1], [0, 1, 1, 0]])):
+        (root / f"{name}.json").write_text(json.dumps({"heads": mask, "mlps": [1, 1]}))
+        w[name] = str(root / f"{name}.json")
+    for factor in (2, 3):
+        (root / f"toy{factor}.yaml").write_text(TOY.format(factor=factor))
+    w["maps"] = root / "maps"
+    code, _, err = cli(["patterns", "synthetic", "--n-per-class", "2", "--size", "8", "--out", str(w["maps"])])
+    assert code == 0, err
+    # earlier outputs of every command (what the record layouts start from)
+    w["earlier"] = {}
+    for cmd in ("score", "prune", "shrink", "export-hf", "finetune", "magnitude", "patterns-synthetic",
+                "patterns-train", "study"):
+        out = root / "earlier" / cmd
+        code, _, err = cli(argv(w, cmd, out))
+        assert code == 0, (cmd, err)
+        w["earlier"][cmd] = out
+    w["earlier"]["report"] = w["earlier"]["study"]
+    return w
+
+
+def cli(args):
+    """Run the CLI in-process: (exit status, stdout, stderr)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main([str(a) for a in args])
+        except SystemExit as e:
+            code = e.code
+    return code, out.getvalue(), err.getvalue()
+
+
+def argv(w, cmd: str, out: Path, other: bool = False) -> list:
+    """The command writing into ``out``; ``other``: settings of another run (what --force replaces)."""
+    maps = w["maps"]
+    return {
+        "score": ["score", "--model", w["clf"], "--task", w["task"], "--method", "magnitude",
+                  *(["--max-examples", "8"] if other else []), "--out", out],
+        "prune": ["prune", "--model", w["clf"], "--task", w["task"], "--threshold", "0.9" if other else "0.95",
+                  "--step", "0.5", "--max-examples", "16", "--max-eval-examples", "16", "--out", out],
+        "shrink": ["shrink", "--model", w["clf"], "--mask", w["mask2" if other else "mask"], "--out", out],
+        "export-hf": ["export", "--format", "hf", "--model", w["pre" if other else "clf"], "--out", out],
+        "finetune": ["finetune", "--model", w["pre"], "--task", w["task"], *FT, "--out", out],
+        "magnitude": ["magnitude", "--model", w["pre"], "--task", w["task"], *FT, "--sparsity", "0.5", "--out", out],
+        "patterns-synthetic": ["patterns", "synthetic", "--n-per-class", "3" if other else "2", "--size", "8",
+                               "--out", out],
+        "patterns-train": ["patterns", "train", "--maps", maps / "maps.safetensors", "--labels", maps / "labels.csv",
+                           "--epochs", "2" if other else "1", "--device", "cpu", "--out", out],
+        "study": ["study", w["root"] / f"toy{3 if other else 2}.yaml", "--out", out, "--quiet"],
+        "demo": ["demo", "--out", out],
+        "report": ["report", out],
+    }[cmd]
+
+
+def tree(root: Path) -> dict[str, str]:
+    """Every entry under ``root`` -> 'dir' or the file's SHA-256 (links as 'link')."""
+    out = {}
+    for p in sorted(root.rglob("*")):
+        rel = p.relative_to(root).as_posix()
+        out[rel] = "link" if p.is_symlink() else "dir" if p.is_dir() else hashlib.sha256(p.read_bytes()).hexdigest()
+    return out
+
+
+def plant(folder: Path, names: list[str], extra: list[str]) -> dict[str, str]:
+    """Write the user's files into ``folder``; returns {relative path: sha256} of what was planted."""
+    planted = {}
+    for i, rel in enumerate([*names, *TEMP_LIKE, ".notes", "sub/deep/notes.txt", *extra]):
+        p = folder / rel
+        if p.exists():
+            continue
+        p.parent.mkdir(parents=True, exist_ok=True)
+        data = f"the user's {rel} #{i}\n".encode()
+        p.write_bytes(data)
+        planted[rel] = hashlib.sha256(data).hexdigest()
+    return planted
+
+
+def kept(root: Path, planted: dict[str, str]) -> None:
+    now = tree(root)
+    lost = {rel: now.get(rel, "missing") for rel, h in planted.items() if now.get(rel) != h}
+    assert not lost, f"the user's files changed or were removed: {lost}"
+
+
+EXTRA = st.lists(st.from_regex(r"\.?[A-Za-z0-9_][A-Za-z0-9_.\-]{0,12}", fullmatch=True)
+                 .filter(lambda n: n not in (RECORD, LOCK_NAME, ".", "..") and not n.startswith(".headcount")),
+                 max_size=4, unique=True)
+FAST = settings(max_examples=3, deadline=None, suppress_health_check=list(HealthCheck))
+
+
+# -- layout 1: no record -----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("force", [False, True], ids=["plain", "force"])
+@pytest.mark.parametrize("cmd", list(OUTPUTS))
+@FAST
+@given(extra=EXTRA)
+def test_a_folder_without_a_record_is_refused(w, tmp_path_factory, cmd, force, extra):
+    if force and cmd in ("finetune", "magnitude", "patterns-synthetic", "report", "demo", "patterns-train"):
+        force = False  # no --force option
+    base = tmp_path_factory.mktemp("norec")
+    out = base / "out"
+    out.mkdir()
+    names = [n for n in OUTPUTS[cmd]]
+    planted = plant(out, names if cmd != "report" else [*names, "manifest.json", "plan.json", "jobs/x"], extra)
+    before = tree(base)
+    code, _, err = cli([*argv(w, cmd, out), *(["--force"] if force else [])])
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: "), err
+    kept(out, planted)
+    assert tree(base) == before  # nothing created, changed or left (no lock, no record)
+
+
+# -- layout 2: an earlier output of the command, plus the user's files -------------------------------------------
+RERUN = ["score", "prune", "shrink", "export-hf", "finetune", "magnitude", "patterns-synthetic", "patterns-train",
+         "study", "report"]
+WITH_FORCE = {"score", "prune", "shrink", "export-hf", "patterns-train", "study"}
+
+
+@pytest.mark.parametrize("force", [False, True], ids=["same-run", "force-other-run"])
+@pytest.mark.parametrize("cmd", RERUN)
+@FAST
+@given(extra=EXTRA)
+def test_the_users_files_beside_an_earlier_output_are_kept(w, tmp_path_factory, cmd, force, extra):
+    if force and cmd not in WITH_FORCE:
+        return
+    base = tmp_path_factory.mktemp("rec")
+    out = base / "out"
+    shutil.copytree(w["earlier"][cmd], out, symlinks=True)
+    rec = Record.read(out)
+    assert rec is not None and rec.files
+    # the user's files: never an output name at the top (those are headcount's), but inside the
+    # outputs' folders too (results/, figures/ of a run; sub-folders of --out)
+    inside = ["results/my_analysis.csv", "figures/mine.png", "jobs/.my.tmp"] if cmd in ("study", "report") else []
+    planted = plant(out, [], [*(x for x in extra if x not in rec.files and x not in OUTPUTS[cmd]), *inside])
+    # a temporary file of a session the record lists: headcount's (a killed run's); removed
+    killed = "0123abcd"  # a session of another (killed) process, listed before it wrote
+    rec.sessions.append(killed)
+    rec.write()
+    ours = out / f".headcount-tmp.{killed}.scores.json.abcd1234.tmp"
+    ours.write_text("half\n")
+    outside = sorted(p.name for p in base.iterdir())
+    args = argv(w, cmd, out, other=force) + (["--force"] if force else [])
+    code, _, err = cli(args)
+    assert code == 0, err
+    kept(out, planted)
+    assert sorted(p.name for p in base.iterdir()) == outside  # nothing beside --out
+    assert not ours.exists(), "a temporary file of the record's own session was left"
+    rec2 = Record.read(out)
+    assert rec2 is not None and not (set(rec2.files) & set(planted))  # the user's files are never listed
+
+
+# -- layout 3: a listed output the user rewrote is theirs now ----------------------------------------------------
+REFUSE_CHANGED = ["score", "prune", "shrink", "export-hf", "finetune", "magnitude", "patterns-synthetic",
+                  "patterns-train", "report"]
+
+
+@pytest.mark.parametrize("cmd", REFUSE_CHANGED)
+def test_a_listed_output_the_user_rewrote_is_never_replaced(w, tmp_path, cmd):
+    out = tmp_path / "out"
+    shutil.copytree(w["earlier"][cmd], out, symlinks=True)
+    rec = Record.read(out)
+    victim = sorted(k for k, v in rec.files.items() if v and v.get("kind") == "file" and
+                    (cmd != "report" or k.startswith("results/")))[0]
+    (out / victim).write_text("the user's own version\n")
+    planted = {victim: hashlib.sha256(b"the user's own version\n").hexdigest()}
+    force = ["--force"] if cmd in WITH_FORCE else []
+    code, _, err = cli([*argv(w, cmd, out, other=bool(force)), *force])
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert code == 2 and len(lines) == 1 and "does not list as its own" in lines[0], err
+    kept(out, planted)
+
+
+def test_onnx_export_keeps_the_users_files_beside_it(w, tmp_path):
+    pytest.importorskip("onnxruntime")
+    folder = tmp_path / "models"
+    folder.mkdir()
+    planted = plant(folder, ["m.onnx", ".m.onnx.lock", ".headcount.lock.other.onnx"], [])
+    before = tree(tmp_path)
+    code, _, err = cli(["export", "--model", w["clf"], "--out", folder / "m.onnx"])
+    assert code == 2 and "was not written by `headcount export`" in err, err
+    code, _, err = cli(["export", "--model", w["clf"], "--out", folder / "m.onnx", "--force"])
+    assert code == 2, err
+    assert tree(tmp_path) == before
+    # a killed export's temporary file (its session in the lock it left) is removed by the next run;
+    # a user's file named like one is not
+    (folder / ".headcount.lock.new.onnx").write_text("headcount lock: session 12345678 pid 1 on h since t\n")
+    (folder / ".headcount-tmp.12345678.new.onnx.abcdefgh.tmp").write_text("half\n")
+    code, _, err = cli(["export", "--model", w["clf"], "--out", folder / "new.onnx"])
+    assert code == 0, err
+    assert not (folder / ".headcount-tmp.12345678.new.onnx.abcdefgh.tmp").exists()
+    assert not (folder / ".headcount.lock.new.onnx").exists()
+    kept(folder, planted)
