@@ -31,7 +31,6 @@ from headcount.masks import Mask
 from headcount.pruning import PruneConfig, iterative_prune, select_lowest
 from headcount.scoring import score
 
-
 #: bf16 dense tensor-core peak (FLOP/s) by device-name fragment; --peak overrides
 BF16_PEAK = {"H200": 989e12, "H100": 989e12, "GH200": 989e12, "A100": 312e12, "L40S": 362e12, "A10": 125e12,
              "L4": 121e12, "RTX 4090": 165e12}
