@@ -18,7 +18,12 @@ import pandas as pd
 import pytest
 from training_helpers import make_checkpoint, make_task, one_thread
 
-from headcount.analysis import draw_controls, random_control, super_survivors
+from headcount.analysis import (
+    draw_controls,
+    random_control,
+    super_controls,
+    super_survivors,
+)
 from headcount.analysis.patterns import (
     CLASSES,
     save_labelled_maps,
@@ -451,3 +456,57 @@ def test_paper_table_sets_the_runs_numbers_beside_the_published_ones():
 def test_docstring_examples_run(module):
     result = doctest.testmod(importlib.import_module(f"headcount.studies.lottery.{module}"), optionflags=doctest.ELLIPSIS)
     assert result.attempted >= 2 and result.failed == 0
+
+
+# -- super-survivor controls: the reference's rule by default, the earlier one as an option ---------
+def test_super_control_jobs_read_every_seeds_good_mask(world):
+    s = _settings(world, seeds=[1, 2, 3])
+    names = {j.name: j for j in lottery_jobs(s)}
+    prunes = {names[f"prune/has-good/seed{seed}"].key for seed in (1, 2, 3)}
+    sup = names["subnetwork/super/has-good"]
+    for kind in ("random", "bad"):
+        job = names[f"subnetwork/super-{kind}/has-good"]
+        assert {d.key for d in job.inputs.values()} == prunes and len(job.inputs) == 3  # every seed's good mask
+        assert job.params["controls"] == "reference" and job.params["kind"] == kind
+        assert names[f"retrain/super-{kind}/has-good/seed1"].inputs["mask"].key == job.key
+    # as-good-mask: the controls of the super mask alone, with the params (and keys) of before
+    old = {j.name: j for j in lottery_jobs(_settings(world, seeds=[1, 2, 3], super_survivors={"controls": "as-good-mask"}))}
+    for kind in ("random", "bad"):
+        job = old[f"subnetwork/super-{kind}/has-good"]
+        assert {k: d.key for k, d in job.inputs.items()} == {"good": sup.key}
+        assert job.params == {"kind": kind, "seed": 0, **({"mode": "uniform"} if kind == "random" else {})}
+    changed = {n for n in names if names[n].key != old[n].key}
+    assert changed == {f"{what}/super-{kind}/{t}" for what in ("subnetwork",) for kind in ("random", "bad")
+                       for t in ("has-good", "has-good-2")} | {
+        f"retrain/super-{kind}/{t}/seed{seed}" for kind in ("random", "bad") for t in ("has-good", "has-good-2")
+        for seed in (1, 2, 3)}
+    with pytest.raises(HeadcountError, match="controls"):
+        parse_study_config("study: lottery\nmodel: pre\ntasks: [task/task.yaml]\nseeds: [1, 2]\n"
+                           "super_survivors: {controls: matched}\n", base_dir=world["root"])
+
+
+def test_reference_super_control_jobs_draw_the_reference_controls(tmp_path):
+    rng = np.random.default_rng(5)
+    heads = (rng.random((3, 4, 4)) < 0.6).astype(int)
+    mlps = np.array([[1, 1, 0, 0], [1, 0, 0, 1], [1, 1, 0, 0]])
+    inputs = {f"s{i}": _good(tmp_path, heads[i], mlps[i], f"g{i}") for i in range(3)}
+    drawn = {}
+    for kind in ("random", "bad"):
+        (tmp_path / kind).mkdir()
+        params = {"kind": kind, "seed": 4, "controls": "reference", **({"mode": "uniform"} if kind == "random" else {})}
+        r = subnetwork_job(params, inputs, tmp_path / kind, no_progress)
+        drawn[kind] = m = Mask.load(tmp_path / kind / "mask.json")
+        assert (r["heads_kept"], r["mlps_kept"]) == (int(heads.min(0).sum()), 1)  # the super-survivors' sizes
+        assert m.meta["controls"] == "reference" and m.meta["n_masks"] == 3
+    parts = {"heads": heads, "mlps": mlps}
+    bad = super_controls(parts, "bad", seed=control_rng(4, "bad"))
+    assert np.array_equal(drawn["bad"].heads.numpy(), bad["heads"]) and drawn["bad"].mlps.tolist() == bad["mlps"].tolist()
+    rnd = super_controls(parts, "random", seed=control_rng(4, "random"), bad_seed=control_rng(4, "bad"))
+    assert np.array_equal(drawn["random"].heads.numpy(), rnd["heads"])
+    # the middlings are drawn around the bad job's own mask: never in it, nor super-survivors, when enough
+    sup = heads.min(0)
+    mid = (1 - sup) * (1 - drawn["bad"].heads.numpy())
+    assert mid.sum() >= sup.sum() and not (drawn["random"].heads.numpy() * (1 - mid)).any()
+    with pytest.raises(HeadcountError, match="'reference' is for random"):
+        subnetwork_job({"kind": "random", "seed": 1, "mode": "bernoulli", "controls": "reference"}, inputs, tmp_path,
+                       no_progress)

@@ -30,6 +30,7 @@ from headcount.magnitude import (
 )
 from headcount.magnitude_search import (
     MagnitudeConfig,
+    check_procedure,
     magnitude_prune,
     prasanna_magnitude_mask,
     prasanna_magnitude_prune,
@@ -275,16 +276,97 @@ def test_prasanna_search_matches_a_plain_torch_reference_and_stops_at_the_failin
     for k, zeros in enumerate(evaluate.calls[1:], start=1):
         assert all(torch.equal(zeros[n], ~ref[k - 1][n]) for n in zeros), k
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # restored exactly
-    # max steps: all pass -> the last step is kept
+    assert found.stopped == "threshold"
+
+
+def _reference_loop(scores, masks, total_steps, threshold):
+    """``mask_global`` of the reference code (sai-prasanna/bert-experiments,
+    ``src/find_global_weight_mask.py``), transcribed: ``masks[k]`` stands for the mask
+    ``prune_model`` returns at its k-th call (``masks[0]``: the identity call, nothing pruned),
+    ``scores[k]`` for the evaluation after it (``scores[0]``: the original score). Returns the
+    index of the mask it saves and the scores it evaluated, in order."""
+    original_score = scores[0]
+    evaluated = [original_score]
+    new_mask = 0  # new_mask = prune_model(model, amount=None, mode=prune.Identity)
+    current_score = original_score
+    while total_steps != 0 and current_score >= original_score * threshold:
+        total_steps -= 1
+        mask = new_mask  # mask = {k: v.clone() for k, v in new_mask.items()}  # save current head mask
+        new_mask += 1  # new_mask = prune_model(model, amount=args.masking_amount, mode=prune.L1Unstructured)
+        current_score = scores[new_mask]  # evaluate(...); compute_metrics(...)
+        evaluated.append(current_score)
+    return mask, evaluated
+
+
+#: un-retrained scores after steps 1..10 (full model: 1.0; threshold 0.9): all pass, step k fails, step 1 fails
+_STOPS = {"all-pass": [0.99, 0.98, 0.97, 0.96, 0.95, 0.94, 0.93, 0.92, 0.91, 0.9],
+          "step-2-fails": [0.95, 0.89, 0.99],
+          "step-5-fails": [0.95, 0.94, 0.93, 0.92, 0.5, 0.99],
+          "step-10-fails": [0.99] * 9 + [0.8],
+          "step-1-fails": [0.89, 0.99]}
+
+
+@pytest.mark.parametrize("case", list(_STOPS))
+@pytest.mark.parametrize("at_cap", ["reference", "last"])
+def test_prasanna_search_keeps_the_step_the_reference_loop_keeps(world, case, at_cap):
+    model = _fine_tuned(world)
+    steps = _reference_masks(model, 0.1, 10)
+    masks = [{n: torch.ones_like(m) for n, m in steps[0].items()}, *steps]  # prune_model's k-th mask
+    scores = [1.0, *_STOPS[case]]
+    saved, evaluated = _reference_loop(scores, masks, total_steps=10, threshold=0.9)
+    found = prasanna_magnitude_mask(model, _Scripted(_STOPS[case]),
+                                    config=MagnitudeConfig(rate=0.1, rounds=10, threshold=0.9, at_cap=at_cap))
+    # the same evaluations, in the same order
+    assert [r["metric"] for r in found.trace] == evaluated and [r["step"] for r in found.trace] == list(range(len(evaluated)))
+    capped = len(evaluated) == 11 and evaluated[-1] >= 0.9
+    assert found.stopped == ("cap" if capped else "threshold")
+    if at_cap == "last" and capped:  # the option: the last passing step, one beyond the reference's
+        saved += 1
+    assert found.step == saved
+    if saved:
+        assert found.metric == scores[saved]  # the kept mask's un-retrained metric
+    else:  # the reference keeps the identity mask (nothing pruned); headcount keeps no mask (a NaN row)
+        assert case == "step-1-fails" and found.mask is None and math.isnan(found.metric)
+        assert all(bool(m.all()) for m in masks[saved].values())
+    if saved:
+        assert all(torch.equal(found.mask[n], masks[saved][n]) for n in masks[saved])
+    expected = {"all-pass": 10 if at_cap == "last" else 9, "step-2-fails": 1, "step-5-fails": 4, "step-10-fails": 9,
+                "step-1-fails": 0}
+    assert found.step == expected[case]  # stated, not only derived from the transcription
+    if case == "all-pass":  # the sparsity the paper's kept mask has: 1 - 0.9^9, not 1 - 0.9^10
+        assert mask_sparsity(found.mask)["sparsity"] == pytest.approx(1 - 0.9 ** found.step, abs=1e-3)
+
+
+def test_prasanna_search_at_a_short_cap_and_when_it_runs_out_of_weights(world):
+    model = _fine_tuned(world)
+    ref = _reference_masks(model, 0.1, 2)
+    # max steps 2, both pass: the reference keeps step 1 (the mask before the last step); "last" keeps step 2
     capped = prasanna_magnitude_mask(model, _Scripted([1.0] * 10), config=MagnitudeConfig(rounds=2))
-    assert capped.step == 2 and all(torch.equal(capped.mask[n], ref[1][n]) for n in ref[1])
+    assert capped.step == 1 and capped.stopped == "cap" and all(torch.equal(capped.mask[n], ref[0][n]) for n in ref[0])
+    assert [r["step"] for r in capped.trace] == [0, 1, 2] and capped.trace[2]["passed"]  # step 2 evaluated, not kept
+    last = prasanna_magnitude_mask(model, _Scripted([1.0] * 10), config=MagnitudeConfig(rounds=2, at_cap="last"))
+    assert last.step == 2 and last.stopped == "cap" and all(torch.equal(last.mask[n], ref[1][n]) for n in ref[1])
+    # one step under "reference" keeps nothing (the mask before step 1): the library says so, the CLI refuses it
+    one = prasanna_magnitude_mask(model, _Scripted([1.0]), config=MagnitudeConfig(rounds=1))
+    assert one.step == 0 and one.mask is None and one.stopped == "cap"
+    with pytest.raises(HeadcountError, match="1 step"):
+        check_procedure(MagnitudeConfig(rounds=1))
+    check_procedure(MagnitudeConfig(rounds=1, at_cap="last"))
+    check_procedure(MagnitudeConfig(procedure="imp", rounds=1))
+    # a step that would prune every weight ends the search before the cap: the last passing step, either way
+    for at_cap in ("reference", "last"):
+        out = prasanna_magnitude_mask(model, _Scripted([1.0] * 10),
+                                      config=MagnitudeConfig(rate=0.5, schedule="original", at_cap=at_cap))
+        assert out.stopped == "exhausted" and out.step == 1 and [r["step"] for r in out.trace] == [0, 1]
+    with pytest.raises(HeadcountError, match="unknown at cap 'meh'; choose one of reference, last"):
+        MagnitudeConfig(at_cap="meh")
 
 
 def test_prasanna_search_without_a_passing_step_keeps_no_mask(world):
     model = _fine_tuned(world)
     found = prasanna_magnitude_mask(model, _Scripted([0.5, 1.0]), config=MagnitudeConfig(threshold=0.9))
     assert found.no_passing_mask and found.mask is None and found.step == 0 and math.isnan(found.metric)
-    assert [r["passed"] for r in found.trace] == [True, False]
+    assert [r["passed"] for r in found.trace] == [True, False] and found.stopped == "threshold"
     nan = prasanna_magnitude_mask(model, _Scripted([float("nan")]), config=MagnitudeConfig())
     assert nan.no_passing_mask  # a NaN metric does not pass
 
@@ -303,17 +385,21 @@ def test_prasanna_end_to_end_retrains_the_kept_mask_once_from_pretrained(world, 
     out = tmp_path / "paper"
     r = magnitude_prune(world["pre"], world["task"], config=MagnitudeConfig(rounds=3, threshold=0.0), train=FAST,
                         seed=1, out_dir=out, callbacks=[starts])
-    assert r["procedure"] == "prasanna" and r["step"] == r["round"] == 3 and not r["no_passing_mask"]
+    # all 3 steps pass: at the cap the reference keeps the mask from before the last step (step 2)
+    assert r["procedure"] == "prasanna" and r["step"] == r["round"] == 2 and not r["no_passing_mask"]
+    assert r["stopped"] == "cap" and r["config"]["at_cap"] == "reference"
+    assert json.loads((out / "magnitude.json").read_text())["stopped"] == "cap"
     mask = load_weight_mask(out)
-    assert r["pruned"] == mask_sparsity(mask)["pruned"] > 0 and r["sparsity"] == r["trace"][3]["sparsity"]
+    assert r["pruned"] == mask_sparsity(mask)["pruned"] > 0 and r["sparsity"] == r["trace"][2]["sparsity"]
+    assert r["unretrained_metric"] == r["trace"][2]["metric"] and r["trace"][3]["passed"]
     assert len(starts.starts) == 2  # the full fine-tuning and ONE retraining (no retraining between steps)
     pre = load_model(world["pre"], head="base")
     for n, (m, a) in weight_targets(pre).items():  # the retraining starts from the pre-trained weights, masked
         w = getattr(m, a).detach()
         assert torch.equal(starts.starts[1]["orig"][n], w) and torch.equal(starts.starts[1]["weight"][n], w * mask[n])
-    # the mask is the search on the full fine-tuned weights (no retraining): step 3 of 10% of the remaining
+    # the mask is the search on the full fine-tuned weights (no retraining): step 2 of 10% of the remaining
     ft = load_model(str(out / "full" / "model"), head="classification", num_labels=2)
-    ref = _reference_masks(ft, 0.1, 3)[-1]
+    ref = _reference_masks(ft, 0.1, 3)[1]
     assert all(torch.equal(mask[n], ref[n]) for n in ref)
     rows = list(csv.DictReader((out / "trace.csv").open()))
     assert [int(x["step"]) for x in rows] == [0, 1, 2, 3] and set(rows[0]) >= {"sparsity", "metric", "passed"}
@@ -323,6 +409,10 @@ def test_prasanna_end_to_end_retrains_the_kept_mask_once_from_pretrained(world, 
     bad = magnitude_prune(world["pre"], world["task"], config=MagnitudeConfig(control="bad"), train=FAST, seed=1,
                           out_dir=tmp_path / "bad", match=out)
     assert bad["pruned"] == r["pruned"] and bad["full_metric"] == r["full_metric"]
+    # the folder is this setting's: at_cap "last" is another run (refused before any work)
+    with pytest.raises(HeadcountError, match="different at_cap"):
+        magnitude_prune(world["pre"], world["task"], config=MagnitudeConfig(rounds=3, threshold=0.0, at_cap="last"),
+                        train=FAST, seed=1, out_dir=out)
     # no passing step: a NaN result flagged, nothing retrained (the full run is reused)
     none = tmp_path / "none"
     none.mkdir()
@@ -330,8 +420,40 @@ def test_prasanna_end_to_end_retrains_the_kept_mask_once_from_pretrained(world, 
     n = prasanna_magnitude_prune(world["pre"], world["task"], config=MagnitudeConfig(threshold=2.0), train=FAST,
                                  seed=1, out_dir=none)
     assert n["no_passing_mask"] and n["metric"] is None and n["sparsity"] is None and n["step"] == 0
+    assert n["stopped"] == "threshold"
     assert not (none / "weight_mask.safetensors").exists() and not (none / "retrain").exists()
     assert [x["step"] for x in n["trace"]] == [0, 1]
+
+
+def test_lottery_magnitude_jobs_carry_at_cap_so_that_only_their_keys_change(world):
+    from headcount.studies.lottery import lottery_jobs
+    from headcount.studies.lottery.config import (
+        LotterySettings,
+        MagnitudeParams,
+        MagnitudeSettings,
+    )
+
+    def jobs(**magnitude):
+        plan = lottery_jobs(LotterySettings(model=world["pre"], tasks=[world["task"]], seeds=[1], magnitude=magnitude))
+        return {j.name: j for j in plan}
+
+    ref, last = jobs(), jobs(at_cap="last")
+    mag = sorted(n for n in ref if n.startswith("magnitude/"))
+    assert len(mag) == 3 and len(ref) > 3 and ref.keys() == last.keys()
+    # the default is the reference's, and it is in the params: new keys for the magnitude jobs, and only those
+    assert all(ref[n].params["magnitude"]["at_cap"] == "reference" and ref[n].key != last[n].key for n in mag)
+    assert all(ref[n].key == last[n].key for n in ref if n not in mag)
+    # "last" leaves it out: the params (hence keys) the jobs had before at_cap existed; absent means "last"
+    assert all("at_cap" not in last[n].params["magnitude"] for n in mag)
+    assert [MagnitudeParams.model_validate(j[mag[0]].params).magnitude.config().at_cap for j in (ref, last)] == [
+        "reference", "last"]
+    # IMP does not read it: never in its params, its keys the same either way
+    imp, imp_last = jobs(procedure="imp"), jobs(procedure="imp", at_cap="last")
+    assert all("at_cap" not in imp[n].params["magnitude"] and imp[n].key == imp_last[n].key for n in mag)
+    # a study refuses what the command line refuses: one step keeps nothing under "reference"
+    with pytest.raises(ValueError, match="1 step"):
+        MagnitudeSettings(rounds=1)
+    assert MagnitudeSettings(rounds=1, at_cap="last").config().at_cap == "last"
 
 
 # -- command line -------------------------------------------------------------------------------------------
@@ -378,7 +500,9 @@ def test_cli_procedure_options(world, tmp_path, capsys):
                             (["--max-steps", "0"], "error: rounds (max steps) must be at least 1, got 0"),
                             (["--procedure", "prasanna", "--rate", "1.5"], "error: rate must be in (0, 1), got 1.5"),
                             (["--control", "bad"], "error: the prasanna search finds the good mask"),
-                            (["--rewind-step", "2"], "error: rewind step is an imp setting")):
+                            (["--rewind-step", "2"], "error: rewind step is an imp setting"),
+                            (["--at-cap", "meh"], "error: unknown at cap 'meh'; choose one of reference, last"),
+                            (["--max-steps", "1"], "error: with at cap 'reference' the search keeps the mask from")):
         out = tmp_path / "x"
         code, _, err = _cli(["magnitude", *base, *extra, "--out", str(out)], capsys)
         assert code == 2 and err.startswith(expected) and len(err.strip().splitlines()) == 1, (extra, err)
@@ -387,8 +511,14 @@ def test_cli_procedure_options(world, tmp_path, capsys):
              "--max-eval-examples", "32"]
     code, out, _ = _cli(["magnitude", *small, "--max-steps", "2", "--threshold", "0", "--out", str(tmp_path / "p")],
                         capsys)
-    assert code == 0 and "prasanna step 2" in out  # the default procedure; --max-steps = --rounds
-    assert json.loads((tmp_path / "p" / "magnitude.json").read_text())["procedure"] == "prasanna"
+    # the default procedure; --max-steps = --rounds; both steps pass: the reference keeps step 1
+    assert code == 0 and "prasanna step 1" in out
+    summary = json.loads((tmp_path / "p" / "magnitude.json").read_text())
+    assert summary["procedure"] == "prasanna" and summary["stopped"] == "cap" and len(summary["trace"]) == 3
+    code, out, _ = _cli(["magnitude", *small, "--max-steps", "1", "--at-cap", "last", "--threshold", "0",
+                         "--out", str(tmp_path / "last")], capsys)
+    assert code == 0 and "prasanna step 1" in out  # --at-cap last: the last step, so one step is allowed
+    assert json.loads((tmp_path / "last" / "magnitude.json").read_text())["config"]["at_cap"] == "last"
     code, out, _ = _cli(["magnitude", *small, "--procedure", "imp", "--rounds", "1", "--threshold", "0",
                          "--out", str(tmp_path / "i")], capsys)
     assert code == 0 and "imp round 1" in out and (tmp_path / "i" / "round_01").is_dir()

@@ -293,3 +293,38 @@ def test_cli_accumulate_is_recorded_and_checked(tmp_path, capsys):
                      "--out", str(tmp_path / "bad")])
     assert code == 2 and out.err.strip().startswith("error:") and len(out.err.strip().splitlines()) == 1
     assert "cumulative" in out.err and not (tmp_path / "bad" / "scores.json").exists()
+
+
+def test_cumulative_importance_takes_the_split_in_file_order_as_the_reference_does(tmp_path):
+    """``accumulate: cumulative`` with the default batch order equals run_bertology's loop over the
+    split in file order (``SequentialSampler``), fixed-size batches each padded to its longest
+    example; the length-grouped order (what per-batch keeps) gives other numbers."""
+    from training_helpers import make_checkpoint, make_task
+
+    from headcount.pipeline import batches_for, load_for
+    from headcount.settings import DataConfig, ScoreSettings
+    from headcount.tasks import get_task
+
+    ckpt = make_checkpoint(tmp_path / "clf", head="classification")
+    task = get_task(str(make_task(tmp_path / "task", n_train=8, n_dev=22)))
+    how = ScoreSettings(accumulate="cumulative")
+    assert how.batch_order == "auto" and not how.grouped  # auto -> file order for cumulative
+    assert ScoreSettings().grouped  # per-batch keeps length grouping
+    model, tok, _ = load_for(str(ckpt), task, "task")
+    data = DataConfig(batch_size=4, max_length=32, split=task.validation_split)
+    ours = score(model, batches_for(task, tok, "task", data, group_by_length=how.grouped),
+                 method="gradient", accumulate="cumulative", tokens_per_batch=0)
+    # the reference: the dev file's rows in order, slices of 4 (the last one shorter), tokenizer padding
+    loaded = task.load(task.validation_split)
+    ref_batches = []
+    for a in range(0, len(loaded), 4):
+        texts = [t[0] for t in loaded.texts[a:a + 4]]
+        enc = tok(texts, padding=True, truncation=True, max_length=32, return_tensors="pt")
+        ref_batches.append({**enc, "labels": torch.tensor(loaded.labels[a:a + 4])})
+    assert len(ref_batches) == 6
+    ref_h, ref_m = _reference_cumulative(model, ref_batches)
+    assert torch.allclose(ours.heads, ref_h, atol=1e-5, rtol=1e-4)
+    assert torch.allclose(ours.mlps, ref_m, atol=1e-5, rtol=1e-4)
+    grouped = score(model, batches_for(task, tok, "task", data, group_by_length=True), method="gradient",
+                    accumulate="cumulative", tokens_per_batch=0)
+    assert not torch.allclose(grouped.heads, ref_h, rtol=1e-3)  # the order matters: the test can fail

@@ -199,7 +199,8 @@ def test_permutation_p_small_for_identical_large_for_independent():
     a = grid(0)
     same = permutation_test(a, a, n_permutations=999, seed=0)
     assert same.statistic == pytest.approx(1.0)
-    assert same.pvalue == pytest.approx(1 / 1000)
+    assert same.pvalue == pytest.approx(2 / 1000)  # two-sided: twice the smallest one-sided p, 1 / 1000
+    assert permutation_test(a, a, n_permutations=999, seed=0, alternative="greater").pvalue == pytest.approx(1 / 1000)
     indep = permutation_test(grid(10), grid(11), n_permutations=999, seed=0)
     assert indep.pvalue > 0.05
     again = permutation_test(grid(10), grid(11), n_permutations=999, seed=0)
@@ -207,7 +208,7 @@ def test_permutation_p_small_for_identical_large_for_independent():
     np.testing.assert_array_equal(again.null, indep.null)
     assert abs(indep.null.mean()) < 0.02  # the null is centred on 0
     k = permutation_test(a, a, "kendall", n_permutations=499, seed=0)
-    assert k.statistic == pytest.approx(1.0) and k.pvalue == pytest.approx(1 / 500)
+    assert k.statistic == pytest.approx(1.0) and k.pvalue == pytest.approx(2 / 500)
 
 
 @pytest.mark.parametrize("method", ["spearman", "kendall"])

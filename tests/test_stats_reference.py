@@ -38,14 +38,41 @@ def layer_effect_null(rng: np.random.Generator, layer_sd: float = 2.0) -> tuple[
 
 
 def reference_within_layer_p(a: np.ndarray, b: np.ndarray, n_permutations: int, seed: int) -> float:
-    """Two-sided Spearman permutation p-value, shuffling b's heads inside each layer (plain loops)."""
+    """Two-sided Spearman permutation p-value, shuffling b's heads inside each layer (plain loops).
+
+    Two-sided = twice the smaller one-sided p, capped at 1 (the null is not centred at 0 here).
+    """
     rng = np.random.default_rng(seed)
     observed = sps.spearmanr(a.ravel(), b.ravel()).statistic
-    hits = 0
+    above = below = 0
     for _ in range(n_permutations):
         shuffled = np.stack([row[rng.permutation(row.size)] for row in b])
-        hits += abs(sps.spearmanr(a.ravel(), shuffled.ravel()).statistic) >= abs(observed) - 1e-12
-    return (1 + hits) / (1 + n_permutations)
+        r = sps.spearmanr(a.ravel(), shuffled.ravel()).statistic
+        above += r >= observed - 1e-12
+        below += r <= observed + 1e-12
+    return min(1.0, 2 * (1 + min(above, below)) / (1 + n_permutations))
+
+
+def reference_two_sided(null: np.ndarray, observed: float) -> float:
+    """The two-sided rule written out: 2 x the smaller one-sided Monte Carlo p, at most 1."""
+    n = len(null)
+    p_greater = (1 + sum(1 for v in null if v >= observed - 1e-12)) / (1 + n)
+    p_less = (1 + sum(1 for v in null if v <= observed + 1e-12)) / (1 + n)
+    return min(1.0, 2 * min(p_greater, p_less))
+
+
+def old_abs_rule(null: np.ndarray, observed: float) -> float:
+    """The rule before: (1 + #{|null| >= |observed|}) / (1 + n), one-sided when the null is off 0."""
+    return (1 + np.count_nonzero(np.abs(null) >= abs(observed) - 1e-12)) / (1 + len(null))
+
+
+def layered(sign: float, layer_effects: bool, seed: int = 11) -> tuple[np.ndarray, np.ndarray]:
+    """Grids sharing a rising layer effect (or none), heads associated within layers with ``sign``."""
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal((N_LAYERS, N_HEADS))
+    b = sign * 0.8 * a + 0.6 * rng.standard_normal((N_LAYERS, N_HEADS))
+    ramp = (2 / 3) * np.arange(N_LAYERS, dtype=float)[:, None] if layer_effects else 0.0
+    return a + ramp, b + ramp
 
 
 # --------------------------------------------------------------------------- stratified permutation
@@ -59,7 +86,7 @@ def test_within_layer_permutation_is_calibrated_where_the_global_one_is_not():
         a, b = layer_effect_null(rng)
         p_within[r] = permutation_test(a, b, n_permutations=n_perm, seed=r, strata="rows").pvalue
         p_global[r] = permutation_test(a, b, n_permutations=n_perm, seed=r).pvalue
-    # under the null p is ~uniform on {1/200, ..., 1}: 5% below 0.05 (binomial sd over 200: 1.5%)
+    # under the null p is ~uniform on {2/200, 4/200, ..., 1}: 5% below 0.05 (binomial sd over 200: 1.5%)
     assert 0.015 <= np.mean(p_within <= 0.05) <= 0.09
     assert sps.kstest(p_within, "uniform").pvalue > 0.01
     assert 0.4 < np.median(p_within) < 0.6
@@ -75,7 +102,9 @@ def test_within_layer_permutation_agrees_with_the_reference_loop():
     ref = reference_within_layer_p(a, b, n_permutations=1500, seed=2)
     assert ours.statistic == pytest.approx(sps.spearmanr(a.ravel(), b.ravel()).statistic)
     assert 0.03 < ref < 0.4
-    assert ours.pvalue == pytest.approx(ref, abs=0.035)  # Monte Carlo sd of the difference ~0.01
+    # Monte Carlo sd of the difference ~0.02 (two-sided p ~0.24 = 2 x a one-sided p ~0.12)
+    assert ours.pvalue == pytest.approx(ref, abs=0.06)
+    assert ours.pvalue == reference_two_sided(ours.null, ours.statistic)
     assert permutation_test(a, b, n_permutations=4000, seed=1).pvalue < 0.01  # the global test: "significant"
 
 
@@ -96,6 +125,76 @@ def test_stratified_permutations_never_move_a_value_to_another_layer():
     # the vectorised Kendall path uses the same within-layer draws
     k = permutation_test(a, b, "kendall", n_permutations=500, seed=0, strata="rows")
     assert 0 < k.pvalue <= 1 and np.isfinite(k.null).all()
+
+
+# two-sided p = min(1, 2 min(p_greater, p_less)): right also when the null is not centred at 0
+
+
+@pytest.mark.parametrize("layer_effects", [True, False], ids=["layer-effects", "no-layer-effects"])
+@pytest.mark.parametrize("sign", [-1.0, 1.0], ids=["negative", "positive"])
+def test_two_sided_p_finds_a_within_layer_association_of_either_sign(sign, layer_effects):
+    a, b = layered(sign, layer_effects)
+    n = 999
+    p = {alt: permutation_test(a, b, n_permutations=n, seed=0, strata="rows", alternative=alt)
+         for alt in ("two-sided", "greater", "less")}
+    r = p["two-sided"]
+    # every within-layer permutation lies on the side of no association: known answers
+    with_sign, against = ("greater", "less") if sign > 0 else ("less", "greater")
+    assert p[with_sign].pvalue == pytest.approx(1 / (n + 1))
+    assert p[against].pvalue == 1.0
+    assert r.pvalue == pytest.approx(2 / (n + 1))
+    assert r.pvalue == reference_two_sided(r.null, r.statistic)
+    if layer_effects:  # the null sits far from 0: the shared layer ramp gives every permutation rho > 0.8
+        assert r.null.min() > 0.8 and r.statistic > 0
+        if sign < 0:  # ... and |null| >= |observed| would call a strong negative association p = 1
+            assert old_abs_rule(r.null, r.statistic) == 1.0
+
+
+@pytest.mark.parametrize("layer_effects", [True, False], ids=["layer-effects", "no-layer-effects"])
+def test_no_within_layer_association_is_not_significant(layer_effects):
+    a, b = layered(0.0, layer_effects)
+    for alt in ("two-sided", "greater", "less"):
+        r = permutation_test(a, b, n_permutations=999, seed=0, strata="rows", alternative=alt)
+        assert r.pvalue > 0.3, alt
+    r = permutation_test(a, b, n_permutations=999, seed=0, strata="rows")
+    assert r.pvalue == reference_two_sided(r.null, r.statistic)
+    if layer_effects:
+        assert permutation_test(a, b, n_permutations=999, seed=0).pvalue == pytest.approx(2 / 1000)  # global: layers
+
+
+@pytest.mark.parametrize("layer_sd", [2.0, 0.0], ids=["layer-effects", "no-layer-effects"])
+def test_two_sided_within_layer_p_is_calibrated_on_both_sides(layer_sd):
+    rng = np.random.default_rng(20270101)
+    n_rep, n_perm = 400, 199
+    p, low_side = np.empty(n_rep), np.empty(n_rep, dtype=bool)
+    for r in range(n_rep):
+        a, b = layer_effect_null(rng, layer_sd=layer_sd)
+        res = permutation_test(a, b, n_permutations=n_perm, seed=r, strata="rows")
+        p[r], low_side[r] = res.pvalue, res.statistic < np.median(res.null)
+    reject = p <= 0.05
+    # 5% overall (binomial sd over 400: 1.1%), about half of it on each side of the null: the
+    # rule |null| >= |observed| rejected (almost) only above a null centred > 0
+    assert 0.02 <= reject.mean() <= 0.09
+    assert 0.005 <= np.mean(reject & low_side) <= 0.05
+    assert 0.005 <= np.mean(reject & ~low_side) <= 0.05
+
+
+def test_two_sided_p_matches_the_reference_rule_and_the_old_one_for_a_centred_null():
+    rng = np.random.default_rng(5)
+    for k in range(12):
+        a = rng.standard_normal((8, 8))
+        b = (0.25 * rng.standard_normal()) * a + rng.standard_normal((8, 8))
+        if k % 3 == 0:  # ties
+            a, b = np.round(a), np.round(b)
+        for kwargs in ({}, {"strata": "rows"}, {"statistic": "kendall"}):
+            r = permutation_test(a, b, n_permutations=2000, seed=k, **kwargs)
+            assert r.pvalue == reference_two_sided(r.null, r.statistic)
+            if "strata" not in kwargs:  # global, null centred on 0: close to |null| >= |observed|
+                assert abs(r.null.mean()) < 0.02
+                assert r.pvalue == pytest.approx(old_abs_rule(r.null, r.statistic), abs=0.02)
+    # one-sided alternatives are unchanged: (1 + #{null as extreme}) / (1 + n)
+    r = permutation_test(a, b, n_permutations=2000, seed=0, alternative="less")
+    assert r.pvalue == (1 + np.count_nonzero(r.null <= r.statistic + 1e-12)) / 2001
 
 
 # --------------------------------------------------------------------------- hierarchical bootstrap

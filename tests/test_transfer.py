@@ -50,7 +50,7 @@ def test_a_permutation_of_the_mlm_scores_gives_the_expected_correlation():
         assert c[f"jaccard@{f:g}"]["chance"] == pytest.approx(f / (2 - f))
     same = T.coherence(mlm, np.exp(mlm), n_boot=0, n_permutations=999)  # a monotone map: same ranks
     assert same["spearman"]["estimate"] == pytest.approx(1.0) and same["kendall"]["estimate"] == pytest.approx(1.0)
-    assert same["jaccard@0.25"]["estimate"] == 1.0 and same["spearman"]["p_value"] == pytest.approx(0.001)
+    assert same["jaccard@0.25"]["estimate"] == 1.0 and same["spearman"]["p_value"] == pytest.approx(0.002)
     flipped = T.coherence(mlm, -mlm, n_boot=0, n_permutations=0)
     assert flipped["spearman"]["estimate"] == pytest.approx(-1.0) and flipped["spearman"]["p_value"] is None
     # per layer: one layer holds a permutation of the layer mass of the other grid
@@ -141,7 +141,7 @@ def test_coherence_reports_within_layer_and_global_p_values_and_layer_normalised
     assert g["spearman"]["p_value"] == g["spearman"]["p_value_global"] < 0.01
     same = T.coherence(a, a * 2 + 1, n_boot=0, n_permutations=999)  # identical orders within every layer
     assert same["spearman@layer-norm"]["estimate"] == pytest.approx(1.0)
-    assert same["spearman"]["p_value"] == pytest.approx(0.001) and same["spearman@layer-norm"]["p_value"] == pytest.approx(0.001)
+    assert same["spearman"]["p_value"] == pytest.approx(0.002) and same["spearman@layer-norm"]["p_value"] == pytest.approx(0.002)
 
 
 def test_paired_coherence_matches_examples_by_id_and_refuses_other_examples():

@@ -144,7 +144,7 @@ def score_command(model: str, task: str, settings: ScoreSettings, data: DataConf
              + (" with the pairs as positives" if info["contrastive"].supervised
                 else f", dropout views seeded by --seed {data.seed}"))
     mark("load")
-    batches = [] if method == "magnitude" else batches_for(t, tok, objective, data)
+    batches = [] if method == "magnitude" else batches_for(t, tok, objective, data, group_by_length=settings.grouped)
     mark("data")
     with decoding(m, metric_for(t, objective)):
         s = score(m, batches, method=method, normalize=settings.normalize, device=info["device"],
@@ -180,7 +180,8 @@ def prune_command(model: str, task: str, settings: PruneSettings, loop: PruneCon
         echo(f"note: {model} has no trained head for {t.name}: the metric is that of an untrained head "
              "(fine-tune first: `headcount finetune`)")
     imp_batches = ([] if method == "magnitude"
-                   else batches_for(t, tok, objective, importance, split=settings.importance_split))
+                   else batches_for(t, tok, objective, importance, split=settings.importance_split,
+                                    group_by_length=settings.grouped))
     stop_batches = batches_for(t, tok, objective, stop, split=settings.stop_split or t.validation_split)
     metric = metric_for(t, objective)
 

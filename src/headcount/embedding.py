@@ -393,9 +393,9 @@ def positives(task, labels: np.ndarray) -> np.ndarray:
     return y == task.num_labels - 1
 
 
-def embedding_batches(task, tokenizer, data, split: str, supervised: bool) -> list[dict]:
-    """Batches for the contrastive objectives (grouped by length, in the order of
-    :func:`headcount.pipeline.example_order`).
+def embedding_batches(task, tokenizer, data, split: str, supervised: bool, group_by_length: bool = True) -> list[dict]:
+    """Batches for the contrastive objectives (grouped by length unless ``group_by_length`` is
+    False, in the order of :func:`headcount.pipeline.example_order`).
 
     Unsupervised: ``{input_ids, attention_mask, token_type_ids?, labels}`` of each example's
     texts joined by a space (``labels``: ones, the evaluation's "own view is nearest" class).
@@ -412,7 +412,7 @@ def embedding_batches(task, tokenizer, data, split: str, supervised: bool) -> li
     if not supervised:
         enc = tokenize([(" ".join(t),) for t in loaded.texts], tokenizer, max_length=data.max_length)
         o = enc.offsets
-        for idx in batch_order(np.asarray(enc.lengths), data.batch_size, group_by_length=True):
+        for idx in batch_order(np.asarray(enc.lengths), data.batch_size, group_by_length=group_by_length):
             seqs = [enc.ids[o[i]:o[i + 1]] for i in idx]
             types = None if enc.type_ids is None else [enc.type_ids[o[i]:o[i + 1]] for i in idx]
             b = pad_batch(seqs, pad, types)
@@ -425,7 +425,7 @@ def embedding_batches(task, tokenizer, data, split: str, supervised: bool) -> li
     lengths = encode(loaded, tokenizer, max_length=data.max_length).lengths  # the task's order
     first = tokenize([(t[0],) for t in loaded.texts], tokenizer, max_length=data.max_length)
     second = tokenize([(t[1],) for t in loaded.texts], tokenizer, max_length=data.max_length)
-    for idx in batch_order(np.asarray(lengths), data.batch_size, group_by_length=True):
+    for idx in batch_order(np.asarray(lengths), data.batch_size, group_by_length=group_by_length):
         seqs, types = [], []
         for enc in (first, second):
             o = enc.offsets

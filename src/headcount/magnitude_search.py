@@ -9,8 +9,13 @@ Two procedures (``MagnitudeConfig.procedure``):
   FINE-TUNED weights (global L1 over :func:`~headcount.magnitude.weight_targets`), prune ``rate``
   of the remaining ones per step WITHOUT retraining, evaluate the masked fine-tuned model on dev
   after each step, stop when that un-retrained metric falls below ``threshold`` x the full
-  model's (or after ``rounds`` steps), keep the last passing mask, then retrain ONCE from the
-  pre-trained weights with it (:func:`prasanna_magnitude_mask`, :func:`prasanna_magnitude_prune`).
+  model's (or after ``rounds`` steps), keep a mask, then retrain ONCE from the pre-trained weights
+  with it (:func:`prasanna_magnitude_mask`, :func:`prasanna_magnitude_prune`). Which mask: the
+  reference code's loop saves the current mask at the top of each iteration, before pruning, so
+  it keeps the step before the one that stopped it: the last passing step when a step fails, and
+  step ``rounds - 1`` when all ``rounds`` steps pass (step 9 of 10, 61.3% of BERT's weights, not
+  step 10's 65.1%). That is the default (``at_cap="reference"``); ``at_cap="last"`` keeps the
+  last passing step at the cap too (step 10, headcount's earlier behaviour).
 - ``"imp"`` (iterative magnitude pruning with rewinding, Chen et al. 2020): every round prunes
   ``rate`` of the remaining weights by the magnitudes of the last RETRAINED weights, rewinds and
   retrains; the stop rule reads the retrained metric (:func:`iterative_magnitude_prune`). It
@@ -60,6 +65,10 @@ from .training import TrainConfig, _as_task, _use_cpu, evaluate, finetune, use_b
 
 PROCEDURES = ("prasanna", "imp")
 SCHEDULES = ("remaining", "original")
+#: which step the paper's search keeps when all ``rounds`` steps pass (``MagnitudeConfig.at_cap``)
+AT_CAP = ("reference", "last")
+#: why the paper's search stopped (``MaskSearch.stopped``, ``stopped`` in ``magnitude.json``)
+STOPS = ("threshold", "cap", "exhausted")
 
 
 # -- settings ---------------------------------------------------------------------------------------
@@ -85,9 +94,15 @@ class MagnitudeConfig:
         sparsity: one shot instead of a search: prune to exactly this sparsity, retrain once.
         rewind_step: imp only: 0 = rewind to the pre-trained weights; N > 0 = to the full
             fine-tuning run's weights after N steps (early-checkpoint rewinding).
+        at_cap: prasanna only: which mask the search keeps when all ``rounds`` steps pass.
+            ``"reference"`` (the default, the reference code's ``find_global_weight_mask.py``,
+            which saves the mask before each step's pruning): step ``rounds - 1``, the mask
+            before the last step (so ``rounds=1`` would keep nothing; the CLI and the study
+            refuse it). ``"last"``: step ``rounds``, the last passing step (headcount's earlier
+            behaviour). A failing step keeps the step before it either way.
 
-    >>> MagnitudeConfig(rounds=3).rate, MagnitudeConfig().procedure
-    (0.1, 'prasanna')
+    >>> MagnitudeConfig(rounds=3).rate, MagnitudeConfig().procedure, MagnitudeConfig().at_cap
+    (0.1, 'prasanna', 'reference')
     """
 
     procedure: str = "prasanna"
@@ -99,6 +114,7 @@ class MagnitudeConfig:
     schedule: str = "remaining"
     sparsity: float | None = None
     rewind_step: int = 0
+    at_cap: str = "reference"
 
     #: the sane range of each numeric field (:mod:`headcount.settings`; ``sparsity``: :func:`check_sparsity`)
     BOUNDS = {"rounds": ROUNDS, "threshold": METRIC_SHARE, "rate": RATE, "rewind_step": STEP_NUMBER}
@@ -113,6 +129,8 @@ class MagnitudeConfig:
             raise HeadcountError(f"unknown variant {self.variant!r}; choose one of {', '.join(VARIANTS)}")
         if self.schedule not in SCHEDULES:
             raise HeadcountError(f"unknown schedule {self.schedule!r}; choose one of {', '.join(SCHEDULES)}")
+        if self.at_cap not in AT_CAP:
+            raise HeadcountError(f"unknown at cap {self.at_cap!r}; choose one of {', '.join(AT_CAP)}")
         if self.sparsity is not None:
             check_sparsity(self.sparsity)
 
@@ -130,12 +148,16 @@ class MaskSearch:
     """What :func:`prasanna_magnitude_mask` found.
 
     Attributes:
-        mask: the last passing mask (``{name: bool}``, True = kept), or None when no step passed.
-        step: the step it was kept at (0 = none passed).
+        mask: the kept mask (``{name: bool}``, True = kept), or None when the kept step is 0
+            (no step passed).
+        step: the step whose mask was kept (0 = none).
         full_metric: the un-pruned fine-tuned model's dev metric (the threshold's reference).
-        metric: the kept mask's un-retrained dev metric (NaN when none passed).
+        metric: the kept mask's un-retrained dev metric (NaN when none was kept).
         trace: one row per step evaluated: step, sparsity, metric (un-retrained), passed, pruned,
             total, seconds; step 0 is the full model.
+        stopped: why the search stopped: ``"threshold"`` (a step fell below it), ``"cap"`` (all
+            ``rounds`` steps passed) or ``"exhausted"`` (the next step would prune nothing, or
+            every weight).
     """
 
     mask: WeightMask | None
@@ -143,6 +165,7 @@ class MaskSearch:
     full_metric: float
     metric: float
     trace: list[dict] = field(default_factory=list)
+    stopped: str = "threshold"
 
     @property
     def no_passing_mask(self) -> bool:
@@ -158,13 +181,18 @@ def prasanna_magnitude_mask(model: nn.Module, evaluate: Callable[[nn.Module], fl
     (global L1 on ``model``'s fine-tuned weights; what step k - 1 pruned stays pruned), zeroes
     them in place for ``evaluate(model)`` and restores them after; it passes when that metric is
     >= ``config.threshold`` x ``full_metric``. The first failing step stops the search (so does
-    ``config.rounds``); the last passing mask is kept.
+    ``config.rounds``, the cap, and a step that would prune nothing or every weight). Kept: the
+    last passing step's mask, except at the cap under ``config.at_cap="reference"`` (the
+    default): there the reference loop (``mask = new_mask.clone()`` before each step's pruning,
+    ``while total_steps != 0 and score >= threshold x full``) returns the mask from before the
+    last step, step ``rounds - 1``; ``at_cap="last"`` keeps step ``rounds``. Every step's metric
+    is in ``trace`` either way (the reference evaluates step ``rounds`` too).
 
     Args:
         model: the fine-tuned model (unchanged on return).
         evaluate: ``model -> dev metric`` (higher is better), called once per step.
         config: :class:`MagnitudeConfig` (``rate``, ``rounds``, ``threshold``, ``variant``,
-            ``schedule``); the procedure and control fields are not read.
+            ``schedule``, ``at_cap``); the procedure and control fields are not read.
         full_metric: the reference; default ``evaluate(model)`` before any pruning.
         progress: one-line progress messages.
 
@@ -172,8 +200,8 @@ def prasanna_magnitude_mask(model: nn.Module, evaluate: Callable[[nn.Module], fl
         :class:`MaskSearch`.
 
     >>> found = prasanna_magnitude_mask(model, lambda m: evaluate(m, dev)["score"])   # doctest: +SKIP
-    >>> found.step, mask_sparsity(found.mask)["sparsity"]                             # doctest: +SKIP
-    (5, 0.40951)
+    >>> found.step, found.stopped, mask_sparsity(found.mask)["sparsity"]              # doctest: +SKIP
+    (5, 'threshold', 0.40951)
     """
     config = config or MagnitudeConfig()
     say = progress or (lambda msg: None)
@@ -182,12 +210,14 @@ def prasanna_magnitude_mask(model: nn.Module, evaluate: Callable[[nn.Module], fl
     full = float(evaluate(model)) if full_metric is None else float(full_metric)
     trace = [{"step": 0, "sparsity": 0.0, "metric": full, "passed": True, "pruned": 0, "total": total,
               "seconds": round(time.perf_counter() - t0, 3)}]
-    found = MaskSearch(mask=None, step=0, full_metric=full, metric=math.nan, trace=trace)
+    found = MaskSearch(mask=None, step=0, full_metric=full, metric=math.nan, trace=trace, stopped="cap")
     current: WeightMask | None = None
     previous = 0
+    passing = [(0, None, math.nan)]  # (step, mask, metric) of the last two passing steps; step 0: no mask
     for k in range(1, config.rounds + 1):
         n = _n_pruned(k, total, previous, config)
         if n >= total or n <= previous:  # nothing left to prune, or a step too small to prune one
+            found.stopped = "exhausted"  # (a zero step: the reference's later masks would all be this one)
             break
         t0 = time.perf_counter()
         mask = magnitude_mask(model, n / total, variant=config.variant, control="good", current=current)
@@ -199,9 +229,15 @@ def prasanna_magnitude_mask(model: nn.Module, evaluate: Callable[[nn.Module], fl
         say(f"step {k}: sparsity {n / total:.4f}, un-retrained metric {score:.4f} vs {config.threshold} x "
             f"{full:.4f} -> {'pass' if passed else 'stop'}")
         if not passed:
+            found.stopped = "threshold"
             break
-        found.mask, found.step, found.metric = mask, k, score
+        passing = [passing[-1], (k, mask, score)]
         current, previous = mask, n
+    # the reference returns the mask saved before the last step's pruning: at the cap, the one before
+    before_last = found.stopped == "cap" and config.at_cap == "reference"
+    found.step, found.mask, found.metric = passing[0] if before_last else passing[-1]
+    say(f"stopped ({found.stopped}): keeping " + (f"step {found.step}" if found.step else "no mask (step 0)")
+        + (" (at cap reference: the mask before the last step, as the reference code)" if before_last else ""))
     return found
 
 
@@ -231,7 +267,8 @@ def _read_summary(path: Path) -> dict:
 
 def _identity(model_spec, task, seed, config: MagnitudeConfig, train, match) -> dict:
     """What decides a run's folder (``magnitude_run.json``); ``procedure`` only when it is not
-    ``imp``, so that IMP folders written before it existed still resume."""
+    ``imp``, so that IMP folders written before it existed still resume; ``at_cap`` only for
+    prasanna and when it is not ``last`` (the behaviour of folders written before it existed)."""
     ident = {"model": str(model_spec), "model_fingerprint": model_fingerprint(model_spec),
              "task": task.name, "task_fingerprint": task_fingerprint(task),
              "seed": int(seed), "control": config.control,
@@ -243,6 +280,8 @@ def _identity(model_spec, task, seed, config: MagnitudeConfig, train, match) -> 
              "train": json.loads(json.dumps(train.identity()))}
     if config.procedure != "imp":
         ident["procedure"] = config.procedure
+    if config.procedure == "prasanna" and config.at_cap != "last":  # absent: "last", as before at_cap existed
+        ident["at_cap"] = config.at_cap
     return ident
 
 
@@ -278,7 +317,8 @@ def check_procedure(config: MagnitudeConfig, match=None) -> None:
     """Raise a one-line error for settings the chosen procedure cannot run (before any work).
 
     The paper's search finds the good mask only (random and bad are one shot at its sparsity),
-    and it retrains from the pre-trained weights (``rewind_step`` is IMP's).
+    it retrains from the pre-trained weights (``rewind_step`` is IMP's), and with
+    ``at_cap="reference"`` one step keeps nothing (the mask before step 1).
 
     >>> check_procedure(MagnitudeConfig(control="bad"))
     Traceback (most recent call last):
@@ -293,6 +333,9 @@ def check_procedure(config: MagnitudeConfig, match=None) -> None:
     if config.rewind_step:
         raise HeadcountError("rewind step is an imp setting (the prasanna procedure retrains from the pre-trained "
                              "weights): add --procedure imp")
+    if config.rounds == 1 and config.at_cap == "reference":
+        raise HeadcountError("with at cap 'reference' the search keeps the mask from before the last step, so 1 step "
+                             "(rounds 1) keeps nothing: give 2 or more steps, or at cap 'last'")
 
 
 def magnitude_prune(model_spec: str, task, *, config: MagnitudeConfig | None = None, train=None, seed: int = 0,
@@ -341,7 +384,8 @@ def prasanna_magnitude_prune(model_spec: str, task, *, config: MagnitudeConfig |
     1. ``out_dir/full``: the full model fine-tuned from ``model_spec`` (a finished folder is reused).
     2. :func:`prasanna_magnitude_mask` on those fine-tuned weights, evaluated on the dev subset of
        ``train`` (``max_eval_examples``, ``data_seed``): ``trace.csv`` (step, sparsity, metric =
-       the un-retrained dev metric, passed, ...), ``weight_mask.safetensors`` (the kept mask).
+       the un-retrained dev metric, passed, ...), ``weight_mask.safetensors`` (the kept mask: at
+       the cap, the step before the last unless ``config.at_cap="last"``).
     3. ``out_dir/retrain``: the kept mask retrained once from ``model_spec`` (the pre-trained
        weights, a new head with the same seed) -> the reported ``metric``.
 
@@ -350,8 +394,9 @@ def prasanna_magnitude_prune(model_spec: str, task, *, config: MagnitudeConfig |
 
     Returns:
         The summary written to ``magnitude.json``: procedure, full_metric (the full fine-tuning),
-        full_unretrained (its search evaluation), step (kept; ``round`` too), unretrained_metric,
-        metric (retrained), sparsity, pruned, total, no_passing_mask, trace, ...
+        full_unretrained (its search evaluation), step (kept; ``round`` too), stopped
+        (``threshold`` | ``cap`` | ``exhausted``), unretrained_metric, metric (retrained),
+        sparsity, pruned, total, no_passing_mask, trace, config (``at_cap`` among them), ...
 
     >>> r = prasanna_magnitude_prune("offline", "offline/movies", out_dir="runs/mag")   # doctest: +SKIP
     >>> r["step"], r["no_passing_mask"]                                                 # doctest: +SKIP
@@ -380,15 +425,18 @@ def prasanna_magnitude_prune(model_spec: str, task, *, config: MagnitudeConfig |
         "model": str(model_spec), "task": task.name, "metric_name": task.metric, "seed": int(seed),
         "procedure": "prasanna", "control": "good", "variant": config.variant, "config": asdict(config),
         "full_metric": float(full["final"]["score"]), "full_unretrained": found.full_metric,
-        "step": found.step, "round": found.step, "no_passing_mask": found.no_passing_mask,
+        "step": found.step, "round": found.step, "stopped": found.stopped, "no_passing_mask": found.no_passing_mask,
         "unretrained_metric": None if found.no_passing_mask else found.metric,
         "metric": None, "sparsity": None, "pruned": None, "total": found.trace[0]["total"],
         "rewind": "pre-trained", "match": None, "trace": found.trace,
     }
     if found.no_passing_mask:
         mask_file.unlink(missing_ok=True)  # an earlier run's mask is not this result
-        say(f"no step kept {task.metric} >= {config.threshold} x {found.full_metric:.4f} without retraining "
-            "(step 1 failed): no mask, nothing retrained")
+        if found.stopped == "threshold":
+            say(f"no step kept {task.metric} >= {config.threshold} x {found.full_metric:.4f} without retraining "
+                "(step 1 failed): no mask, nothing retrained")
+        else:
+            say(f"kept step 0 (stopped: {found.stopped}): no mask, nothing retrained")
     else:
         save_weight_mask(found.mask, mask_file, meta={"step": found.step, "variant": config.variant, "control": "good",
                                                       "procedure": "prasanna", "model": str(model_spec),
@@ -608,5 +656,5 @@ def iterative_magnitude_prune(model_spec: str, task, *, config: MagnitudeConfig 
     return summary
 
 
-__all__ = ["PROCEDURES", "SCHEDULES", "MagnitudeConfig", "MaskSearch", "check_procedure", "prasanna_magnitude_mask",
+__all__ = ["AT_CAP", "PROCEDURES", "SCHEDULES", "STOPS", "MagnitudeConfig", "MaskSearch", "check_procedure", "prasanna_magnitude_mask",
            "prasanna_magnitude_prune", "iterative_magnitude_prune", "magnitude_prune"]

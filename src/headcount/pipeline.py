@@ -133,23 +133,32 @@ def _texts(task, split, max_examples, seed) -> list[str]:
     return [" ".join(t) for t in data.texts]
 
 
-def batches_for(task, tokenizer, objective: str, data: DataConfig, split: str | None = None) -> list[dict]:
-    """Batches (dynamic padding, grouped by length) for ``objective`` on a split of ``task``."""
+def batches_for(task, tokenizer, objective: str, data: DataConfig, split: str | None = None,
+                group_by_length: bool = True) -> list[dict]:
+    """Batches (dynamic padding) for ``objective`` on a split of ``task``.
+
+    ``group_by_length``: grouped by length, longest first (less padding); False: the split's
+    order in fixed-size batches, each padded to its own longest example (the references'
+    ``SequentialSampler``: what ``cumulative`` importance needs, see ``ScoreSettings.batch_order``).
+    """
     split = split or data.split or task.train_split
     if split not in task.splits():
         raise HeadcountError(f"task {task.name} has no split {split!r}; it has {', '.join(task.splits())}")
     if is_embedding(objective):
-        return embedding_batches(task, tokenizer, data, split, supervised=objective == "embedding-supervised")
+        return embedding_batches(task, tokenizer, data, split, supervised=objective == "embedding-supervised",
+                                 group_by_length=group_by_length)
     if objective == "mlm":
         texts = _texts(task, split, data.max_examples, data.seed)
-        return mlm_batches(texts, tokenizer, max_length=data.max_length, batch_size=data.batch_size, seed=data.seed)
+        return mlm_batches(texts, tokenizer, max_length=data.max_length, batch_size=data.batch_size, seed=data.seed,
+                           group_by_length=group_by_length)
     loaded = task.load(split, max_examples=data.max_examples, seed=data.seed)
     encoded = encode(loaded, tokenizer, max_length=data.max_length)
-    return make_batches(encoded, data.batch_size, shuffle=False, group_by_length=True,
+    return make_batches(encoded, data.batch_size, shuffle=False, group_by_length=group_by_length,
                         pad_token_id=tokenizer.pad_token_id or 0)
 
 
-def example_order(task, tokenizer, objective: str, data: DataConfig, split: str | None = None):
+def example_order(task, tokenizer, objective: str, data: DataConfig, split: str | None = None,
+                  group_by_length: bool = True):
     """Which examples :func:`batches_for`'s batches hold, in the order of their rows.
 
     Per-example scores come out in this order. ``(source, index)``: ``source`` is
@@ -168,7 +177,7 @@ def example_order(task, tokenizer, objective: str, data: DataConfig, split: str 
         lengths = tokenize([(" ".join(t),) for t in loaded.texts], tokenizer, max_length=data.max_length).lengths
     else:
         lengths = encode(loaded, tokenizer, max_length=data.max_length).lengths
-    order = batch_order(np.asarray(lengths), data.batch_size, group_by_length=True)
+    order = batch_order(np.asarray(lengths), data.batch_size, group_by_length=group_by_length)
     rows = np.concatenate(order) if order else np.zeros(0, dtype=np.int64)
     return f"{task.name}/{split}", picked[rows].astype(np.int64)
 

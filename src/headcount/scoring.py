@@ -55,6 +55,29 @@ NORMALIZE = ("none", "layer", "layer+global")
 ACCUMULATE = ("per-batch", "cumulative")
 #: the library's default (the CLI and the study configs read it from here)
 DEFAULT_ACCUMULATE = "per-batch"
+#: the order of the importance batches: ``file`` = the examples in the split's order, fixed-size
+#: batches (run_bertology's and Prasanna et al.'s ``SequentialSampler``); ``length`` = grouped by
+#: length, longest first (less padding); ``auto`` = ``file`` for ``cumulative`` (its running
+#: gradient depends on which examples share a batch and on the batches' order, so only the
+#: reference's order gives the reference's scores), ``length`` otherwise (``per-batch`` is
+#: headcount's own accumulation: no reference order to follow)
+BATCH_ORDERS = ("auto", "length", "file")
+
+
+def check_batch_order(order: str) -> str:
+    if order not in BATCH_ORDERS:
+        raise HeadcountError(f"unknown batch order {order!r}; choose one of {', '.join(BATCH_ORDERS)}")
+    return order
+
+
+def groups_by_length(order: str, accumulate: str) -> bool:
+    """Whether importance batches are grouped by length (``order`` ``auto`` resolved by ``accumulate``).
+
+    >>> groups_by_length("auto", "cumulative"), groups_by_length("auto", "per-batch")
+    (False, True)
+    """
+    check_batch_order(order)
+    return order == "length" or (order == "auto" and accumulate != "cumulative")
 
 
 def check_method(method: str) -> str:

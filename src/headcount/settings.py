@@ -23,8 +23,10 @@ from .scoring import (
     DEFAULT_ACCUMULATE,
     METHODS,
     check_accumulate,
+    check_batch_order,
     check_method,
     check_normalize,
+    groups_by_length,
 )
 
 #: ``embedding`` / ``embedding-supervised``: the contrastive objectives of :mod:`headcount.embedding`
@@ -197,6 +199,9 @@ class ScoreSettings:
         method: one of :data:`~headcount.scoring.METHODS`.
         normalize: one of :data:`~headcount.scoring.NORMALIZE` (raw scores by default).
         accumulate: how gradients sum over batches (:data:`~headcount.scoring.ACCUMULATE`).
+        batch_order: the order of the batches importance is computed on
+            (:data:`~headcount.scoring.BATCH_ORDERS`; ``auto``: the split's order in fixed-size
+            batches for ``cumulative``, as the references do; grouped by length otherwise).
 
     >>> ScoreSettings(method="nonesuch")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
@@ -208,12 +213,19 @@ class ScoreSettings:
     method: str = "gradient"
     normalize: str = "none"
     accumulate: str = DEFAULT_ACCUMULATE
+    batch_order: str = "auto"
 
     def __post_init__(self):
         check_objective(self.objective)
         check_method(self.method)
         check_normalize(self.normalize)
         check_accumulate(self.accumulate, self.method)
+        check_batch_order(self.batch_order)
+
+    @property
+    def grouped(self) -> bool:
+        """Whether the importance batches are grouped by length (see ``batch_order``)."""
+        return groups_by_length(self.batch_order, self.accumulate)
 
 
 @dataclass(frozen=True)
@@ -226,6 +238,8 @@ class PruneSettings:
         method: importance method, one of :data:`PRUNE_METHODS`.
         normalize: Prasanna et al.'s layer-wise then global normalisation by default.
         accumulate: as :class:`ScoreSettings`.
+        batch_order: as :class:`ScoreSettings` (the importance batches; the stop rule's batches
+            are grouped by length: a metric does not depend on their order).
         importance_split: where importance is computed (None: the task's train split).
         stop_split: where the stop rule's metric is computed (None: the validation split).
     """
@@ -234,6 +248,7 @@ class PruneSettings:
     method: str = "gradient"
     normalize: str = "layer+global"
     accumulate: str = DEFAULT_ACCUMULATE
+    batch_order: str = "auto"
     importance_split: str | None = None
     stop_split: str | None = None
 
@@ -243,6 +258,12 @@ class PruneSettings:
             raise HeadcountError(f"method {self.method!r} cannot drive pruning; use {', '.join(PRUNE_METHODS)}")
         check_normalize(self.normalize)
         check_accumulate(self.accumulate, self.method)
+        check_batch_order(self.batch_order)
+
+    @property
+    def grouped(self) -> bool:
+        """Whether the importance batches are grouped by length (see ``batch_order``)."""
+        return groups_by_length(self.batch_order, self.accumulate)
 
 
 def settings_from(cls, params: dict, **given):

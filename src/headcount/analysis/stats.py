@@ -20,7 +20,8 @@ Groups:
   against :func:`expected_jaccard` (do the seeds keep the *same* components?), :func:`cochrans_q` (do they keep the same
   *proportion*? not which ones), :func:`mask_stability`;
 - subnetworks: :func:`super_survivors`, :func:`random_control`, :func:`bad_control`,
-  :func:`draw_controls`;
+  :func:`draw_controls`; the reference's super-survivor controls: :func:`always_pruned`,
+  :func:`super_bad_control`, :func:`super_random_control`, :func:`super_controls`;
 - pruning curves: :func:`largest_contiguous_passing`;
 - across seeds: :func:`seed_summary`.
 """
@@ -46,6 +47,7 @@ __all__ = [
     "LEVEL",
     "N_BOOT",
     "N_PERMUTATIONS",
+    "always_pruned",
     "bad_control",
     "bootstrap_ci",
     "cochrans_q",
@@ -69,6 +71,9 @@ __all__ = [
     "rank_correlation",
     "seed_summary",
     "spearman",
+    "super_bad_control",
+    "super_controls",
+    "super_random_control",
     "super_survivors",
     "top_k_mask",
     "top_k_overlap",
@@ -824,7 +829,9 @@ class PermutationResult:
 
     Attributes:
         statistic: the observed statistic.
-        pvalue: ``(1 + #{null as extreme}) / (1 + n_permutations)`` (never 0), ``nan`` if undefined.
+        pvalue: one-sided ``(1 + #{null as extreme}) / (1 + n_permutations)`` (never 0); two-sided
+            twice the smaller one-sided p, capped at 1 (see :func:`permutation_test`); ``nan`` if
+            undefined.
         n_permutations: number of permutations drawn.
         alternative: ``"two-sided"``, ``"greater"`` or ``"less"``.
         null: ``[n_permutations]`` the statistic under permutation.
@@ -896,7 +903,16 @@ def permutation_test(
         statistic: ``"spearman"``, ``"kendall"``, or ``f(a_flat, b_flat) -> float``.
         n_permutations: number of random permutations.
         seed: int or ``numpy.random.Generator``.
-        alternative: ``"two-sided"`` (|null| >= |observed|), ``"greater"`` or ``"less"``.
+        alternative: ``"two-sided"``, ``"greater"`` (``p = (1 + #{null >= observed}) / (1 + n)``)
+            or ``"less"`` (``null <= observed``). Two-sided is ``min(1, 2 * min(p_greater,
+            p_less))``: twice the smaller one-sided p. It needs no centre for the null, which
+            matters within layers: permutations inside each layer keep the layer effects, so the
+            null of the global Spearman is centred away from 0, and ``|null| >= |observed|`` would
+            in effect be one-sided (an association against the layer effects' sign could not come
+            out significant). Doubling is the usual convention for asymmetric nulls (the one
+            :func:`scipy.stats.permutation_test` uses); for a null symmetric about 0 it differs
+            from ``|null| >= |observed|`` by Monte Carlo noise and ``1 / (1 + n)`` (its smallest
+            value is ``2 / (1 + n)``).
         strata: ``None`` (default: permute all entries, the global test), ``"rows"`` (each
             index of the first axis is a stratum: within-layer for ``[layer, head]``), or an
             array of stratum labels shaped like ``a``.
@@ -904,7 +920,9 @@ def permutation_test(
     Returns:
         A :class:`PermutationResult`; ``nan`` statistic and p-value for constant grids.
 
-    >>> permutation_test(np.arange(20), np.arange(20), n_permutations=999).pvalue
+    >>> permutation_test(np.arange(20), np.arange(20), n_permutations=999).pvalue  # two-sided: 2 / 1000
+    0.002
+    >>> permutation_test(np.arange(20), np.arange(20), n_permutations=999, alternative="greater").pvalue
     0.001
     """
     if alternative not in ("two-sided", "greater", "less"):
@@ -960,14 +978,25 @@ def permutation_test(
             null[k] = fn(x, y[rng.permutation(n) if codes is None else perm_rows(rng, n, 1)[0]])
     if not math.isfinite(observed):
         return PermutationResult(math.nan, math.nan, n_permutations, alternative, null)
+    return PermutationResult(float(observed), _permutation_pvalue(null, float(observed), alternative),
+                             n_permutations, alternative, null)
+
+
+def _permutation_pvalue(null: np.ndarray, observed: float, alternative: str) -> float:
+    """p-value of ``observed`` against a Monte Carlo ``null`` (see :func:`permutation_test`).
+
+    One-sided: ``(1 + #{null >= observed}) / (1 + n)`` (``"greater"``; ``<=`` for ``"less"``).
+    Two-sided: ``min(1, 2 * min(p_greater, p_less))``, which needs no centre for the null.
+    """
+    n = null.size
     eps = 1e-12 * max(1.0, abs(observed))  # float noise must not turn a tie into "less extreme"
-    if alternative == "two-sided":
-        hits = np.count_nonzero(np.abs(null) >= abs(observed) - eps)
-    elif alternative == "greater":
-        hits = np.count_nonzero(null >= observed - eps)
-    else:
-        hits = np.count_nonzero(null <= observed + eps)
-    return PermutationResult(float(observed), float((1 + hits) / (1 + n_permutations)), n_permutations, alternative, null)
+    p_greater = (1 + np.count_nonzero(null >= observed - eps)) / (1 + n)
+    p_less = (1 + np.count_nonzero(null <= observed + eps)) / (1 + n)
+    if alternative == "greater":
+        return float(p_greater)
+    if alternative == "less":
+        return float(p_less)
+    return float(min(1.0, 2 * min(p_greater, p_less)))
 
 
 # --------------------------------------------------------------------------- mask stability
@@ -1286,6 +1315,163 @@ def draw_controls(
     if kind == "bad":
         return {name: bad_control(m, rng) for name, m in good.items()}
     raise HeadcountError(f"unknown control kind {kind!r}; use 'random' or 'bad'")
+
+
+# Super-survivor controls as the reference draws them (Prasanna et al.'s code,
+# sai-prasanna/bert-experiments, src/compute_super_masks.py: ``sample_bad_to_similar_size`` and
+# ``sample_random_middlings``), transcribed rule for rule. The reference samples with Python's
+# ``random.sample`` on the row-major list of candidate indices; here a numpy Generator's
+# ``choice(candidates, k, replace=False)`` on the same (flattened, row-major) candidates, and no
+# draw at all where the reference samples 0 items (as ``random.sample(x, 0)`` uses no randomness).
+
+
+def _sample(rng: np.random.Generator, candidates: np.ndarray, k: int) -> np.ndarray:
+    """``k`` of the flat indices ``candidates`` without replacement (no draw for k = 0)."""
+    if k == 0:
+        return np.zeros(0, dtype=np.int64)
+    return rng.choice(candidates, size=k, replace=False)
+
+
+def _seed_masks(masks, name: str = "masks") -> np.ndarray:
+    m = _mask01(masks, name)
+    if m.ndim < 1 or m.shape[0] < 1:
+        raise HeadcountError(f"{name} must be [n_seeds, ...] with at least one seed")
+    return m
+
+
+def always_pruned(masks) -> np.ndarray:
+    """Components pruned in every seed (the complement's logical AND over the seed axis).
+
+    Args:
+        masks: ``[n_seeds, ...]`` 0/1 good masks.
+
+    Returns:
+        int64 0/1 array shaped like one mask.
+
+    >>> always_pruned([[1, 0, 0], [1, 1, 0]]).tolist()
+    [0, 0, 1]
+    """
+    return (1 - _seed_masks(masks)).min(axis=0).astype(np.int64)
+
+
+def super_bad_control(good, pruned, seed: Seed = 0) -> np.ndarray:
+    """The reference's super-survivor "bad" control: ``pruned`` resized to ``good``'s size.
+
+    Transcribes ``sample_bad_to_similar_size(bad=pruned, good=good)``: when ``good`` keeps more
+    components than ``pruned`` holds, the missing ones are drawn uniformly from the components in
+    neither mask (the "middlings"), or, when those are too few, uniformly from *every* component
+    outside ``pruned`` (super-survivors included, middlings not preferred); when ``pruned`` holds
+    more, randomly chosen ones are dropped; of equal size, it is ``pruned`` itself (no draw).
+
+    Args:
+        good: 0/1 mask (the super-survivors), any shape (apply separately to heads and MLPs).
+        pruned: 0/1 mask of the same shape (the components pruned in every seed).
+        seed: int or ``numpy.random.Generator``.
+
+    Returns:
+        int64 0/1 mask shaped like ``good`` with ``good.sum()`` ones.
+
+    >>> super_bad_control([1, 1, 0, 0, 0], [0, 0, 0, 1, 1], seed=0).tolist()
+    [0, 0, 0, 1, 1]
+    """
+    g, b = _mask01(good, "good"), _mask01(pruned, "pruned")
+    if g.shape != b.shape:
+        raise HeadcountError(f"good and pruned differ in shape: {g.shape} vs {b.shape}")
+    rng = _rng(seed)
+    g, out = g.ravel(), b.ravel().copy()
+    total_good, total_bad = int(g.sum()), int(out.sum())
+    if total_good > total_bad:
+        to_add = total_good - total_bad
+        selection = np.flatnonzero((g == 0) & (out == 0))
+        if selection.size < to_add:
+            selection = np.flatnonzero(out == 0)
+        out[_sample(rng, selection, to_add)] = 1
+    elif total_good < total_bad:
+        out[_sample(rng, np.flatnonzero(out == 1), total_bad - total_good)] = 0
+    return out.reshape(b.shape)
+
+
+def super_random_control(good, bad, seed: Seed = 0) -> np.ndarray:
+    """The reference's super-survivor "random" control: middlings resized to ``good``'s size.
+
+    Transcribes ``sample_random_middlings(bad, good)``: the middlings are the components in
+    neither ``good`` nor ``bad``; when there are at least as many as ``good`` keeps, randomly
+    chosen ones are dropped down to its size; when too few, all are kept and the missing ones are
+    drawn uniformly from the components that are *not* middlings (those of ``good`` or ``bad``).
+    In the reference, ``bad`` is the resized bad control (:func:`super_bad_control`), not the
+    always-pruned set: always-pruned components it left out are middlings, middlings it took are not.
+
+    Args:
+        good: 0/1 mask (the super-survivors), any shape (apply separately to heads and MLPs).
+        bad: 0/1 mask of the same shape (the super-survivors' bad control).
+        seed: int or ``numpy.random.Generator``.
+
+    Returns:
+        int64 0/1 mask shaped like ``good`` with ``good.sum()`` ones.
+
+    >>> super_random_control([1, 0, 0, 0], [0, 0, 0, 1], seed=0).sum().item()
+    1
+    """
+    g, b = _mask01(good, "good"), _mask01(bad, "bad")
+    if g.shape != b.shape:
+        raise HeadcountError(f"good and bad differ in shape: {g.shape} vs {b.shape}")
+    rng = _rng(seed)
+    g = g.ravel()
+    mid = np.ones_like(g)
+    mid[g == 1] = 0
+    mid[b.ravel() == 1] = 0
+    n_mid, n_good = int(mid.sum()), int(g.sum())
+    if n_mid >= n_good:
+        mid[_sample(rng, np.flatnonzero(mid == 1), n_mid - n_good)] = 0
+    else:
+        mid[_sample(rng, np.flatnonzero(mid == 0), n_good - n_mid)] = 1
+    return mid.reshape(b.shape)
+
+
+def super_controls(
+    masks: Mapping[str, object],
+    kind: Literal["random", "bad"],
+    seed: Seed = 0,
+    bad_seed: Seed | None = None,
+) -> dict[str, np.ndarray]:
+    """Controls of the super-survivors of good masks over seeds, as the reference draws them.
+
+    Per part (e.g. ``{"heads": [n_seeds, n_layers, n_heads], "mlps": [n_seeds, n_layers]}``),
+    with ``good`` = :func:`super_survivors` and ``pruned`` = :func:`always_pruned` of its masks:
+    ``"bad"`` is :func:`super_bad_control` (``pruned`` resized to ``good``'s size), ``"random"``
+    is :func:`super_random_control` around that bad control (middlings resized). Both have
+    exactly as many components as ``good`` per part.
+
+    One generator per draw, used for the parts in the mapping's order, as the reference's single
+    stream: bad heads, bad MLPs, then (random) middling heads, middling MLPs. ``"random"`` first
+    draws the bad control it is built around: from ``bad_seed`` when given (pass the bad
+    control's own seed to rebuild exactly that control), else from ``seed``'s generator before
+    the middlings (the reference's order of calls).
+
+    Args:
+        masks: part name -> ``[n_seeds, ...]`` 0/1 good masks.
+        kind: ``"random"`` or ``"bad"``.
+        seed: int or ``numpy.random.Generator`` of this draw.
+        bad_seed: int or ``numpy.random.Generator`` of the bad control a random one is built
+            around (``"random"`` only; default: ``seed``'s generator).
+
+    Returns:
+        part name -> int64 0/1 mask shaped like one of its masks.
+
+    >>> m = {"heads": [[[1, 1], [0, 0]], [[1, 0], [0, 0]]], "mlps": [[1, 0, 0], [1, 1, 0]]}
+    >>> super_controls(m, "bad", seed=0)["mlps"].tolist()
+    [0, 0, 1]
+    """
+    if kind not in ("random", "bad"):
+        raise HeadcountError(f"unknown control kind {kind!r}; use 'random' or 'bad'")
+    rng = _rng(seed)
+    parts = {name: _seed_masks(m, f"masks[{name!r}]") for name, m in masks.items()}
+    good = {name: super_survivors(m) for name, m in parts.items()}
+    brng = rng if bad_seed is None or kind == "bad" else _rng(bad_seed)
+    bad = {name: super_bad_control(good[name], always_pruned(m), brng) for name, m in parts.items()}
+    if kind == "bad":
+        return bad
+    return {name: super_random_control(good[name], bad[name], rng) for name in parts}
 
 
 # --------------------------------------------------------------------------- pruning curves

@@ -31,6 +31,9 @@ from .core import MODEL_HELP
 SCORE_FILES = ("scores.json", "heads.png")
 PRUNE_FILES = ("mask.json", "trace.csv", "curve.png")
 TASK_HELP = "a registered task (glue/sst2, offline/movies, ...; see `headcount tasks`) or a task YAML file"
+BATCH_ORDER_HELP = ("order of the importance batches: auto (file for --accumulate cumulative, as run_bertology and "
+                    "Prasanna et al.; length otherwise) | file (the split's order, fixed-size batches) | length "
+                    "(grouped by length, longest first: less padding)")
 ACCUMULATE_HELP = ("gradient: per-batch (sum of each batch's |gradient|) | cumulative (sum of the |running gradient|, "
                    "as run_bertology and Prasanna et al.); default: the library's (headcount.scoring.DEFAULT_ACCUMULATE)")
 
@@ -122,6 +125,7 @@ def score(
     method: str = setting(ScoreSettings, "method", help=" | ".join(METHODS)),
     normalize: str = setting(ScoreSettings, "normalize", help=" | ".join(NORMALIZE)),
     accumulate: str = typer.Option(None, "--accumulate", help=ACCUMULATE_HELP),
+    batch_order: str = setting(ScoreSettings, "batch_order", "--batch-order", help=BATCH_ORDER_HELP),
     seed: int = setting(DataConfig, "seed"),
     out: Path = typer.Option(..., "--out", "-o"),
     force: bool = typer.Option(False, "--force", help="replace an earlier score run with other settings in --out"),
@@ -134,7 +138,7 @@ def score(
     phases = _Phases("start+CLI")
     # the settings are checked before the imports (seconds): a bad value is refused at once
     how = settings_from(ScoreSettings, dict(objective=objective, method=method, normalize=normalize,
-                                            accumulate=accumulate))
+                                            accumulate=accumulate, batch_order=batch_order))
     data = DataConfig(split=split, max_examples=max_examples, batch_size=batch_size, max_length=max_length, seed=seed)
     score_command = _heavy_imports().score_command
     phases("imports")
@@ -142,6 +146,8 @@ def score(
     settings = {"model": model, "task": task, **asdict(how), **asdict(data)}
     if accumulate is None:  # only when given: earlier runs keep their identity
         del settings["accumulate"]
+    if batch_order == "auto":
+        del settings["batch_order"]
     identity = run_identity(settings, model, task)
     with prepare_out(out, "score", identity=identity, outputs=SCORE_FILES, force=force, echo=typer.echo) as guard:
         summary = score_command(model, task, how, data, guard.staging(), echo=typer.echo, device=device,
@@ -167,6 +173,7 @@ def prune(
     method: str = setting(PruneSettings, "method", help=" | ".join(PRUNE_METHODS)),
     normalize: str = setting(PruneSettings, "normalize", help=" | ".join(NORMALIZE)),
     accumulate: str = typer.Option(None, "--accumulate", help=ACCUMULATE_HELP),
+    batch_order: str = setting(ScoreSettings, "batch_order", "--batch-order", help=BATCH_ORDER_HELP),
     importance_split: str = setting(PruneSettings, "importance_split", help="default: train (the anchors: validation)"),
     stop_split: str = setting(PruneSettings, "stop_split", help="default: the task's validation split"),
     max_examples: int = setting(DataConfig, "max_examples", help="examples for importance"),
@@ -186,7 +193,8 @@ def prune(
     check_out_path(out)
     # the settings are checked before the imports (seconds): a bad value is refused at once
     how = settings_from(PruneSettings, dict(objective=objective, method=method, normalize=normalize,
-                                            accumulate=accumulate, importance_split=importance_split,
+                                            accumulate=accumulate, batch_order=batch_order,
+                                            importance_split=importance_split,
                                             stop_split=stop_split))
     loop = PruneConfig(threshold=threshold, step=step, step_of=step_of, schedule="prasanna" if mlps else "heads",
                        one_shot=one_shot)
@@ -201,6 +209,8 @@ def prune(
                         max_eval_examples=max_eval_examples, batch_size=batch_size, max_length=max_length, seed=seed)
         if accumulate is not None:  # only when given: earlier runs keep their identity
             settings["accumulate"] = accumulate
+        if batch_order != "auto":
+            settings["batch_order"] = batch_order
         identity = run_identity(settings, model, task)
     with prepare_out(out, "prune", identity=identity, outputs=PRUNE_FILES, force=force, echo=typer.echo) as guard:
         result = prune_command(model, task, how, loop, importance, stop, guard.staging(), echo=typer.echo,

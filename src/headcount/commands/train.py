@@ -104,6 +104,9 @@ def magnitude(
                               help="one shot: prune to exactly this sparsity in [0, 1), retrain once"),
     match: Path = typer.Option(None, "--match", help="a finished magnitude run: one shot at its final sparsity"),
     rewind_step: int = setting(MagnitudeConfig, "rewind_step", "--rewind-step", help="imp: 0 rewinds to pre-trained; N to the full run's step N"),
+    at_cap: str = setting(MagnitudeConfig, "at_cap", "--at-cap",
+                          help="prasanna: the mask kept when all --max-steps steps pass: reference (the authors' code: "
+                               "the step before the last) | last (the last step)"),
     seed: int = setting(magnitude_prune, "seed", callback=bounded(SEED)),
     epochs: float = setting(TrainConfig, "epochs"),
     lr: float = setting(TrainConfig, "lr", "--lr"),
@@ -123,7 +126,7 @@ def magnitude(
     if sparsity is not None:
         check_sparsity(sparsity)
     config = MagnitudeConfig(procedure=procedure, rounds=rounds, threshold=threshold, rate=rate, control=control,
-                             variant=variant, sparsity=sparsity, rewind_step=rewind_step)
+                             variant=variant, sparsity=sparsity, rewind_step=rewind_step, at_cap=at_cap)
     check_procedure(config, match)
     train = _train_config(epochs, lr, batch_size, max_length, max_train_examples, max_eval_examples, save_steps,
                           device, precision)

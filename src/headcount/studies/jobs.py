@@ -101,7 +101,8 @@ def score_job(params, inputs, workdir: Path, progress) -> dict:
     task = get_task(params["task"])
     data = _data(params)
     model, tokenizer, info = load_for(model_spec(params, inputs), task, how.objective, seed=data.seed)
-    batches = [] if how.method == "magnitude" else batches_for(task, tokenizer, how.objective, data)
+    batches = [] if how.method == "magnitude" else batches_for(task, tokenizer, how.objective, data,
+                                                               group_by_length=how.grouped)
     with decoding(model, metric_for(task, how.objective)):
         s = score(model, batches, method=how.method, normalize=how.normalize,
                   mask=input_mask(params, inputs), keep_per_example=how.method.startswith("gradient"),
@@ -110,11 +111,11 @@ def score_job(params, inputs, workdir: Path, progress) -> dict:
     s = replace(s, meta={**s.meta, "task": task.name, "objective": how.objective,
                          "head": info["head"], **({"mlm_head": info["mlm_head"]} if "mlm_head" in info else {})})
     s.save(workdir / "scores.json")
-    save_per_example(workdir, s, task, tokenizer, how.objective, data)
+    save_per_example(workdir, s, task, tokenizer, how.objective, data, group_by_length=how.grouped)
     return s.to_dict()
 
 
-def save_per_example(workdir: Path, s, task, tokenizer, objective: str, data) -> None:
+def save_per_example(workdir: Path, s, task, tokenizer, objective: str, data, group_by_length: bool = True) -> None:
     """Write ``per_example.safetensors`` (when ``s`` kept per-example contributions): ``heads``
     ``[n_examples, n_layers, n_heads]`` and ``example_ids`` ``[n_examples]`` (each row's position in
     its split; the metadata ``example_source`` names the task and split), so that two score jobs
@@ -122,7 +123,7 @@ def save_per_example(workdir: Path, s, task, tokenizer, objective: str, data) ->
     if s.per_example is None:
         return
     tensors = {"heads": s.per_example.contiguous()}
-    source, index = example_order(task, tokenizer, objective, data)
+    source, index = example_order(task, tokenizer, objective, data, group_by_length=group_by_length)
     meta = None
     if len(index) == s.per_example.shape[0]:  # else (never expected): rows without ids, unpaired later
         tensors["example_ids"] = torch.from_numpy(index.copy())
@@ -161,7 +162,8 @@ def prune_job(params, inputs, workdir: Path, progress) -> dict:
     data = _data(params)
     eval_data = _data(params, "eval_data" if "eval_data" in params else "data")
     model, tokenizer, info = load_for(model_spec(params, inputs), task, objective, seed=data.seed)
-    imp = batches_for(task, tokenizer, objective, data, split=how.importance_split or task.train_split)
+    imp = batches_for(task, tokenizer, objective, data, split=how.importance_split or task.train_split,
+                      group_by_length=how.grouped)
     stop = batches_for(task, tokenizer, objective, eval_data, split=how.stop_split or task.validation_split)
     metric = metric_for(task, objective)
 

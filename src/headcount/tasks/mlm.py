@@ -125,7 +125,8 @@ def mask_tokens(input_ids, attention_mask, tokenizer, generator, probability: fl
 
 
 def mlm_batches(texts: Sequence[str], tokenizer, *, max_length: int = 128, batch_size: int = 32,
-                seed: int = 0, probability: float = MASK_PROBABILITY, cache_dir=None) -> list[dict]:
+                seed: int = 0, probability: float = MASK_PROBABILITY, cache_dir=None,
+                group_by_length: bool = True) -> list[dict]:
     """Padded, masked batches for the masked-LM loss.
 
     Args:
@@ -135,6 +136,8 @@ def mlm_batches(texts: Sequence[str], tokenizer, *, max_length: int = 128, batch
         seed: the masking seed (same seed, same batches).
         probability: share of ordinary tokens chosen per sequence (at least one each).
         cache_dir: tokenization cache (see :func:`headcount.tasks.encode`).
+        group_by_length: False: the texts' order in fixed-size batches (see
+            :func:`headcount.pipeline.batches_for`).
 
     Returns:
         Batches ``{"input_ids", "attention_mask", "token_type_ids"?, "labels"}`` (labels
@@ -156,7 +159,7 @@ def mlm_batches(texts: Sequence[str], tokenizer, *, max_length: int = 128, batch
     ordinary = _ordinary_ids(tokenizer)
     o = enc.offsets
     batches = []
-    for idx in batch_order(enc.lengths, batch_size, group_by_length=True):
+    for idx in batch_order(enc.lengths, batch_size, group_by_length=group_by_length):
         seqs = [enc.ids[o[i]:o[i + 1]] for i in idx]
         types = None if enc.type_ids is None else [enc.type_ids[o[i]:o[i + 1]] for i in idx]
         b = pad_batch(seqs, tokenizer.pad_token_id or 0, types)

@@ -26,7 +26,7 @@ from pydantic import (
 
 from ...analysis.patterns import ARCHITECTURES, MAP_SIZE, train_pattern_cnn
 from ...errors import HeadcountError
-from ...magnitude_search import MagnitudeConfig
+from ...magnitude_search import MagnitudeConfig, check_procedure
 from ...runner import ConfigSection, StudyConfig
 from ...runner.config import format_validation_error, model_ref, task_ref
 from ...runner.schema import fields_of, nonempty_model
@@ -59,7 +59,7 @@ TRAIN_FIELDS: tuple[str, ...] = (
 )
 
 #: :class:`headcount.magnitude_search.MagnitudeConfig` fields a lottery config exposes under ``magnitude``.
-MAGNITUDE_FIELDS: tuple[str, ...] = ("procedure", "rounds", "rate", "threshold", "variant", "schedule")
+MAGNITUDE_FIELDS: tuple[str, ...] = ("procedure", "rounds", "rate", "threshold", "variant", "schedule", "at_cap")
 
 _CNN_DEFAULTS = {k: p.default for k, p in inspect.signature(train_pattern_cnn).parameters.items()}
 
@@ -176,6 +176,8 @@ class MagnitudeSettings(create_model("MagnitudeFields", __base__=ConfigSection,
         threshold: stop below threshold x the full model's metric.
         variant: ``prasanna`` (Q, K, V, O, intermediate and output weights + biases) or ``chen``.
         schedule: ``remaining`` (1 - (1 - rate)^k) or ``original`` (k x rate).
+        at_cap: prasanna: the mask kept when all ``rounds`` steps pass: ``reference`` (the
+            default, the authors' code: the step before the last) or ``last`` (the last step).
     """
 
     enabled: bool = True
@@ -184,11 +186,16 @@ class MagnitudeSettings(create_model("MagnitudeFields", __base__=ConfigSection,
     def _valid(self):
         _check(MagnitudeConfig, self.model_dump(exclude={"enabled"}))
         _check(FRACTION.check, {"value": self.threshold, "name": "threshold"})  # as `headcount magnitude --threshold`
+        _check(lambda **v: check_procedure(MagnitudeConfig(**v)), self.model_dump(exclude={"enabled"}))  # as the CLI
         return self
 
     def config(self, control: str = "good") -> MagnitudeConfig:
         """The :class:`headcount.magnitude_search.MagnitudeConfig` of these settings for one control."""
         return MagnitudeConfig(**self.model_dump(exclude={"enabled"}), control=control)
+
+
+#: How the super-survivors' random and bad controls are drawn (:class:`SuperSurvivorSettings`).
+SuperControls = Literal["reference", "as-good-mask"]
 
 
 class SuperSurvivorSettings(ConfigSection):
@@ -200,12 +207,22 @@ class SuperSurvivorSettings(ConfigSection):
             and bad controls from the pre-trained weights.
         seeds: training seeds of those retrainings (default: every seed of the study).
         draw_seed: seed of the random and bad draws.
+        controls: how those controls are drawn (both as large as the super-survivors, heads and
+            MLPs sized separately). ``reference`` (default, the authors' code): bad = the
+            components pruned in every seed, resized to the super-survivors' size (dropping
+            random ones, or topping up with random components that are neither); random = the
+            "middlings", components neither super-survivors nor in that bad control, resized
+            likewise (:func:`headcount.analysis.super_controls`). ``as-good-mask`` (headcount
+            before): the super mask's controls as any good mask's: bad from the components it
+            prunes, random uniformly from all (:func:`headcount.analysis.draw_controls`); its
+            jobs keep their earlier keys.
     """
 
     enabled: bool = True
     retrain: bool = True
     seeds: list[int] | None = None
     draw_seed: int = Field(0, **SEED.limits())
+    controls: SuperControls = "reference"
 
 
 class PatternCNNSettings(ConfigSection):
@@ -349,11 +366,15 @@ SUBNETWORK_KINDS: tuple[str, ...] = ("random", "bad", "super")
 class SubnetworkParams(ConfigSection):
     """``lottery.subnetwork``: ``kind`` (``random`` / ``bad``: a control of the upstream good
     mask; ``super``: the super-survivors of the upstream masks), the draw ``seed`` and the
-    random ``mode`` (both needed by the controls)."""
+    random ``mode`` (both needed by the controls); ``controls``: ``reference`` for a control
+    of the super-survivors of all upstream good masks drawn as the authors' code does
+    (:func:`headcount.analysis.super_controls`; random: ``mode`` uniform), unset (or
+    ``as-good-mask``) for a control of the one upstream ``good`` mask."""
 
     kind: str
     seed: int | None = None
     mode: RandomDraw | None = None
+    controls: SuperControls | None = None
 
     @field_validator("kind")
     @classmethod
@@ -368,6 +389,8 @@ class SubnetworkParams(ConfigSection):
             raise ValueError(f"a {self.kind} subnetwork needs a seed")
         if self.kind == "random" and self.mode is None:
             raise ValueError("a random subnetwork needs a mode ('uniform' or 'bernoulli')")
+        if self.controls == "reference" and (self.kind == "super" or self.mode == "bernoulli"):
+            raise ValueError("controls 'reference' is for random (mode 'uniform') and bad subnetworks")
         return self
 
 
@@ -384,9 +407,12 @@ class RetrainParams(ConfigSection):
 
 class MagnitudeJobSettings(MagnitudeSettings):
     """:class:`MagnitudeSettings` as a magnitude job's params carry them: ``procedure`` absent
-    means ``imp`` (IMP jobs keep the params, hence the keys, they had before procedures existed)."""
+    means ``imp`` (IMP jobs keep the params, hence the keys, they had before procedures existed);
+    ``at_cap`` absent means ``last``, the behaviour before it existed (IMP jobs, which do not read
+    it, and prasanna jobs with ``at_cap: last`` keep their keys)."""
 
     procedure: str = "imp"
+    at_cap: str = "last"
 
 
 class MagnitudeParams(ConfigSection):

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from safetensors.torch import save_file
 
-from ...analysis import draw_controls, super_survivors
+from ...analysis import draw_controls, super_controls, super_survivors
 from ...analysis.patterns import (
     CLASSES,
     commonest_structure_maps,
@@ -103,8 +103,13 @@ def subnetwork_job(params, inputs, workdir: Path, progress) -> dict:
     the upstream ``good`` mask, drawn separately for heads and MLPs with
     :func:`headcount.analysis.draw_controls`), or ``super`` (the super-survivors: kept in every
     upstream mask, :func:`headcount.analysis.super_survivors`); ``mode``: ``uniform`` |
-    ``bernoulli`` (random only); ``seed``: the draw seed.
-    inputs: ``good`` (a job with ``mask.json``), or for ``super`` any number of them.
+    ``bernoulli`` (random only); ``seed``: the draw seed; ``controls: reference`` (random or
+    bad): a control of the super-survivors of all upstream masks, drawn as the authors' code
+    (:func:`headcount.analysis.super_controls`: bad from the components pruned in every mask,
+    random from the middlings around that bad control, which it rebuilds from the bad draw's
+    generator, so it is the ``bad`` job's of the same seed).
+    inputs: ``good`` (a job with ``mask.json``), or for ``super`` and ``controls: reference``
+    any number of them (one per seed).
 
     >>> subnetwork_job({"kind": "super"}, {}, Path("."), None)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
@@ -118,6 +123,17 @@ def subnetwork_job(params, inputs, workdir: Path, progress) -> dict:
         heads, mlps = _masks_of(inputs, sorted(inputs))
         heads, mlps = super_survivors(heads), super_survivors(mlps)
         meta = {"kind": "super", "n_masks": len(inputs)}
+    elif p.controls == "reference":  # a control of the super-survivors, drawn as the authors' code
+        if not inputs:
+            raise HeadcountError(f"a reference super-survivor {p.kind} control needs at least one good mask")
+        heads, mlps = _masks_of(inputs, sorted(inputs))
+        # random is drawn around the bad control: rebuilt from the bad job's own generator
+        drawn = super_controls({"heads": heads, "mlps": mlps}, p.kind, seed=control_rng(p.seed, p.kind),
+                               **({"bad_seed": control_rng(p.seed, "bad")} if p.kind == "random" else {}))
+        meta = {"kind": p.kind, "controls": "reference", "mode": p.mode if p.kind == "random" else None,
+                "seed": p.seed, "n_masks": len(inputs), "good_heads_kept": int(super_survivors(heads).sum()),
+                "good_mlps_kept": int(super_survivors(mlps).sum())}
+        heads, mlps = drawn["heads"], drawn["mlps"]
     else:
         good = Mask.load(inputs["good"].path("mask.json"))
         drawn = draw_controls({"heads": good.heads.numpy(), "mlps": good.mlps.numpy()}, p.kind,

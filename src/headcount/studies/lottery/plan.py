@@ -10,6 +10,7 @@ import hashlib
 from pathlib import Path
 
 from ...runner import Job
+from ...scoring import groups_by_length
 from ...tasks import get_task
 from ..extra_eval import extra_eval_jobs, extra_splits
 from .config import LotteryConfig, LotterySettings
@@ -118,7 +119,10 @@ def lottery_jobs(settings: LotterySettings, prefix: str = "") -> list[Job]:
                 imp_data["max_examples"] = p.max_examples
             prune_params = {
                 "task": task, "objective": "task", "method": p.method, "normalize": p.normalize,
-                "accumulate": p.accumulate, "prune": {"threshold": p.threshold, "step": p.step, "step_of": p.step_of, "schedule": p.schedule,
+                "accumulate": p.accumulate,
+                # resolved, so that the key says it: the dev set in file order for cumulative (the reference's)
+                "batch_order": "length" if groups_by_length("auto", p.accumulate) else "file",
+                "prune": {"threshold": p.threshold, "step": p.step, "step_of": p.step_of, "schedule": p.schedule,
                           "max_steps": p.max_steps, "shrink": p.shrink},
                 "data": imp_data, "eval_data": eval_data,
                 "importance_split": val if p.importance == "validation" else None, "stop_split": val,
@@ -146,8 +150,10 @@ def lottery_jobs(settings: LotterySettings, prefix: str = "") -> list[Job]:
                 jobs += [retrain, *extra_eval_jobs(task, eval_data, retrain, splits=extra)]
             if s.magnitude.enabled:
                 m = s.magnitude
-                # IMP params leave ``procedure`` out: the keys its jobs had before procedures existed
-                mag = m.model_dump(mode="json", exclude={"enabled", *(("procedure",) if m.procedure == "imp" else ())})
+                # IMP params leave ``procedure`` out: the keys its jobs had before procedures existed; ``at_cap``
+                # only when it is not ``last`` (the behaviour before it existed; IMP does not read it)
+                drop = ("procedure", "at_cap") if m.procedure == "imp" else ("at_cap",) if m.at_cap == "last" else ()
+                mag = m.model_dump(mode="json", exclude={"enabled", *drop})
                 base = {"model": s.model, "task": task, "seed": seed, "train": train, "magnitude": mag,
                         "keep_models": s.keep_models}
                 good = Job(job_name(prefix, "magnitude", "good", tname, tag), "lottery.magnitude",
@@ -173,12 +179,16 @@ def lottery_jobs(settings: LotterySettings, prefix: str = "") -> list[Job]:
             sup = Job(job_name(prefix, "subnetwork", "super", tname), "lottery.subnetwork", f"{JOBS_HERE}:subnetwork_job",
                       {"kind": "super"}, deps=goods)
             masks = {"super": sup}
+            # reference: the authors' rule reads every seed's good mask (always pruned, middlings);
+            # as-good-mask: the super mask's controls as a good mask's, with the params and keys of before
+            reference = s.super_survivors.controls == "reference"
             for kind in ("random", "bad"):
                 masks[f"super-{kind}"] = Job(
                     job_name(prefix, "subnetwork", f"super-{kind}", tname), "lottery.subnetwork",
                     f"{JOBS_HERE}:subnetwork_job",
-                    {"kind": kind, "seed": s.super_survivors.draw_seed, **({"mode": "uniform"} if kind == "random" else {})},
-                    deps={"good": sup})
+                    {"kind": kind, "seed": s.super_survivors.draw_seed, **({"mode": "uniform"} if kind == "random" else {}),
+                     **({"controls": "reference"} if reference else {})},
+                    deps=goods if reference else {"good": sup})
             jobs += list(masks.values())
             if s.super_survivors.retrain:
                 for seed in s.super_survivors.seeds or s.seeds:

@@ -481,3 +481,7 @@ class CoherenceParams(ConfigSection):
     grids: dict[str, GridParams]
     stats: StatsSettings
     views: tuple[View, ...]
+    #: how two-sided permutation p-values are computed (:func:`headcount.analysis.permutation_test`):
+    #: twice the smaller one-sided p, capped at 1. In the params so that the job's key changed with
+    #: the rule (earlier runs counted |null| >= |observed|, one-sided in effect within layers)
+    p_rule: Literal["twice-smaller-tail"] = "twice-smaller-tail"

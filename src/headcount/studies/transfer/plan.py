@@ -285,7 +285,8 @@ def transfer_jobs(settings: TransferSettings, prefix: str = "") -> list[Job]:
                     jobs += [pruned, *extra_eval_jobs(name, task_eval, pruned, splits=extra)]
     pairs += _pairs(p)
     jobs.append(Job(n.coherence(), "transfer-coherence", f"{JOBS}:coherence_job",
-                    {"pairs": pairs, "grids": grids, "stats": s.stats.model_dump(mode="json"), "views": views},
+                    {"pairs": pairs, "grids": grids, "stats": s.stats.model_dump(mode="json"), "views": views,
+                     "p_rule": "twice-smaller-tail"},
                     deps=inputs))
     return jobs
 
