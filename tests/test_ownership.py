@@ -255,3 +255,17 @@ def test_onnx_export_keeps_the_users_files_beside_it(w, tmp_path):
     assert not (folder / ".headcount-tmp.12345678.new.onnx.abcdefgh.tmp").exists()
     assert not (folder / ".headcount.lock.new.onnx").exists()
     kept(folder, planted)
+
+
+def test_force_says_what_it_replaces_only_when_it_replaces(w, tmp_path):
+    """A refused --force run (a bad mask) says nothing about replacing: the notice comes with the commit."""
+    out = tmp_path / "out"
+    shutil.copytree(w["earlier"]["shrink"], out, symlinks=True)
+    before = tree(out)
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"heads": [[1, 0]], "mlps": [1]}))  # the wrong shape for the model
+    code, stdout, err = cli(["shrink", "--model", w["clf"], "--mask", bad, "--out", out, "--force"])
+    assert code == 2 and "--force: replacing" not in stdout + err, (stdout, err)
+    assert {k: v for k, v in tree(out).items() if k != LOCK_NAME} == {k: v for k, v in before.items() if k != LOCK_NAME}
+    code, stdout, err = cli([*argv(w, "shrink", out, other=True), "--force"])
+    assert code == 0 and "--force: replacing the earlier shrink run" in stdout, err

@@ -12,11 +12,7 @@ import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
-from .atomic import (
-    SESSION,
-    _usual_mode,
-    tmp_prefix,
-)
+from .atomic import SESSION, _usual_mode, atomic_write_bytes, tmp_prefix
 from .errors import HeadcountError
 from .launch import refuse_launcher
 from .record import LOCK_NAME, RECORD, Record, first_foreign, matches, refuse_foreign
@@ -133,7 +129,8 @@ class OutDir:
     """
 
     def __init__(self, path: Path, record: Record, outputs, fd: int, before: set[str], identity=None,
-                 created: Path | None = None, claimed: bool = False, notice: str | None = None, echo=None):
+                 created: Path | None = None, claimed: bool = False, notice: str | None = None, echo=None,
+                 direct: bool = False, record_bytes: bytes | None = None):
         self.path = path
         self.record = record
         self.command = record.command
@@ -147,6 +144,8 @@ class OutDir:
         self._notice = notice  # the --force message, said when the new outputs are committed
         self._echo = echo
         self._committed = False
+        self._direct = direct
+        self._record_bytes = record_bytes  # the record as it was: restored when a staged run fails
 
     def _only_ours(self) -> bool:
         return all(p.name in (RECORD, LOCK_NAME) or p.name.startswith(tmp_prefix("")[:-1])
@@ -231,6 +230,11 @@ class OutDir:
             pass
         if failed:
             self._undo()
+            if not self._direct and not self._committed and self._record_bytes is not None:
+                try:  # nothing of this run reached the folder: its record is left as it was too
+                    atomic_write_bytes(self.path / RECORD, self._record_bytes)
+                except OSError:  # pragma: no cover - best effort: an extra session is harmless
+                    pass
         unlock_file(self._fd)
         self._fd = None  # the path stays in ACTIVE_OUTS: the Ctrl-C message names it after the unwinding
 
@@ -298,6 +302,7 @@ def prepare_out(out, command: str, *, identity=None, outputs=(), force: bool = F
     fd = lock_file(path, f"headcount {command}")
     try:
         rec = Record.read(path)
+        record_bytes = (path / RECORD).read_bytes() if rec is not None else None
         if rec is None:
             first = first_foreign(path)
             if first is not None:
@@ -335,7 +340,7 @@ def prepare_out(out, command: str, *, identity=None, outputs=(), force: bool = F
     ACTIVE_OUTS.append(path)
     before = {p.name for p in path.iterdir()}
     return OutDir(path, rec, outputs, fd, before, identity=identity, created=created, claimed=claimed, notice=notice,
-                  echo=echo)
+                  echo=echo, direct=direct, record_bytes=record_bytes)
 
 
 def io_error_message(e: OSError) -> str | None:

@@ -9,6 +9,7 @@ import re
 
 import pandas as pd
 
+from ...analysis.paired import at_chance, paired_sign_flip_test, seed_interval
 from ...report import ReportContent, ReportTable, Section
 from .config import LotteryConfig, LotterySettings
 from .figures import (
@@ -23,6 +24,7 @@ from .plan import job_name, task_name
 from .tables import (
     EXPERIMENTS,
     SUPER_EXPERIMENTS,
+    chance_levels,
     finished,
     nan_table,
     overlap_table,
@@ -199,22 +201,143 @@ def lottery_sections(store, settings: LotterySettings, prefix: str = "", tag: st
     return sections
 
 
+#: The experiments the summary states, in order (the magnitude ones when magnitude pruning ran).
+SUMMARY_EXPERIMENTS: tuple[str, ...] = ("full", "good pruned", "good retrained", "random retrained", "bad retrained",
+                                        "magnitude good retrained", "magnitude random retrained",
+                                        "magnitude bad retrained")
+
+#: The paper's order of the retrained subnetworks (good > random > bad), per pruning kind: each
+#: pair is tested one-sided in this direction (:func:`ordering_phrase`).
+ORDERINGS: dict[str, tuple[str, str, str]] = {
+    "structured": ("good retrained", "random retrained", "bad retrained"),
+    "magnitude": ("magnitude good retrained", "magnitude random retrained", "magnitude bad retrained"),
+}
+
+#: Significance level of the summary's tests.
+ALPHA = 0.05
+
+#: How the summary's numbers and tests are made (the paragraph's first sentence).
+SUMMARY_METHOD = (
+    "Dev metric per task: mean ± sample std over seeds [95% t interval over seeds] (n seeds); \"at chance\": "
+    "the interval contains the chance level. Orderings: exact paired sign-flip permutation test on the "
+    "per-seed differences (all 2^n sign patterns), one-sided in the paper's direction (good > random > bad), "
+    f"significant when p < {ALPHA:g} (each test on its own: no correction for the several tests)."
+)
+
+
+def _short(experiment: str) -> str:
+    """``magnitude good retrained`` -> ``good``: the name inside an ordering of one pruning kind."""
+    return experiment.replace("magnitude ", "").replace(" retrained", "")
+
+
+def score_phrase(values, chance: float | None = None, n_total: int | None = None, digits: int = 3) -> str:
+    """``mean ± std [low, high] (n=k)`` of one experiment's per-seed scores (95% t interval),
+    followed by ``: at chance`` when the interval contains ``chance``; ``""`` without a score.
+
+    >>> score_phrase([0.576, 0.576, 0.576], chance=0.576)
+    '0.576 ± 0.000 [0.576, 0.576] (n=3): at chance'
+    >>> score_phrase([0.8, float("nan")], chance=0.5, n_total=2)
+    '0.800 (n=1 of 2, no interval)'
+    """
+    iv = seed_interval(values)
+    n = iv["n"]
+    if n == 0:
+        return ""
+    seeds = f"n={n}" + (f" of {n_total}" if n_total is not None and n_total > n else "")
+    if n == 1:
+        return f"{iv['mean']:.{digits}f} ({seeds}, no interval)"
+    text = f"{iv['mean']:.{digits}f} ± {iv['std']:.{digits}f} [{iv['low']:.{digits}f}, {iv['high']:.{digits}f}] ({seeds})"
+    return text + (": at chance" if at_chance(iv["low"], iv["high"], chance) else "")
+
+
+def ordering_phrase(a_scores, b_scores, a: str, b: str, alpha: float = ALPHA) -> str:
+    """``a > b`` tested over seeds (one-sided exact paired sign-flip test, :func:`paired_sign_flip_test`).
+
+    Args:
+        a_scores: per-seed scores of the experiment the paper puts higher (NaN: left out with its pair).
+        b_scores: the other experiment's, on the same seeds in the same order.
+        a: the name of ``a`` in the text.
+        b: the name of ``b``.
+        alpha: significance level.
+
+    Returns:
+        The mean difference ± its std over seeds, on how many seeds ``a`` is higher, and the
+        verdict: ``p = ... (one-sided), significant at 0.05``, or ``not significant (p = ...,
+        one-sided)`` with, when the seeds are too few for any p below ``alpha``, the design's floor.
+
+    >>> ordering_phrase([0.8] * 5, [0.7] * 5, "good", "random")
+    'good > random: difference +0.100 ± 0.000, good higher on 5 of 5 seeds, p = 0.0312 (one-sided), significant at 0.05'
+    >>> ordering_phrase([0.8] * 4, [0.7] * 4, "good", "random").split("seeds, ", 1)[1]
+    'not significant (p = 0.0625, one-sided; with 4 seeds the smallest possible p is 1/2^4 = 0.0625: this design cannot show significance at 0.05)'
+    """
+    r = paired_sign_flip_test(a_scores, b_scores, alternative="greater")
+    if r.n < 2:
+        return f"{a} > {b}: no test ({r.n} seed{'' if r.n == 1 else 's'} with both scores)"
+    text = (f"{a} > {b}: difference {r.mean_diff:+.3f} ± {r.std_diff:.3f}, {a} higher on {r.n_above} of {r.n} seeds, ")
+    if r.significant(alpha):
+        return text + f"p = {r.p_value:.3g} (one-sided), significant at {alpha:g}"
+    text += f"not significant (p = {r.p_value:.3g}, one-sided"
+    if not r.can_reach(alpha):
+        text += (f"; with {r.n} seeds the smallest possible p is 1/2^{r.n} = {r.min_p:.3g}: this design cannot "
+                 f"show significance at {alpha:g}")
+    return text + ")"
+
+
+def summary_text(scores, chance: dict | None = None, experiments=SUMMARY_EXPERIMENTS) -> str:
+    """The summary paragraph from the per-seed scores: per task, every experiment's mean ± std
+    [95% t interval] (n), ``at chance`` wherever the interval contains the task's chance level,
+    and the paper's orderings good > random > bad tested over seeds (:func:`ordering_phrase`).
+
+    Args:
+        scores: :func:`~.tables.seed_scores` (columns experiment, task, seed, metric, score).
+        chance: task -> ``(chance level, what it is)`` (:func:`~.tables.chance_levels`);
+            a task without one gets no ``at chance`` verdicts and says so.
+        experiments: the experiments stated, in order (those without scores are left out).
+
+    >>> import pandas as pd
+    >>> df = pd.DataFrame({"experiment": ["full"] * 3, "task": ["t"] * 3, "seed": [1, 2, 3],
+    ...                    "metric": ["accuracy"] * 3, "score": [0.80, 0.82, 0.84]})
+    >>> summary_text(df, {"t": (0.5, "majority-class rate")}).split("\\n\\n")[1]
+    't (accuracy; chance 0.500 = majority-class rate): full 0.820 ± 0.020 [0.770, 0.870] (n=3).'
+    """
+    chance = chance or {}
+    parts = [SUMMARY_METHOD]
+    for task in dict.fromkeys(scores["task"]):
+        t = scores[scores["task"] == task]
+        metrics = [m for m in dict.fromkeys(t["metric"]) if isinstance(m, str)]
+        level, what = chance.get(task, (math.nan, "unknown"))
+        head = f"{task} ({metrics[0] if metrics else 'dev metric'}; " + (
+            f"chance {level:.3f} = {what})" if level is not None and math.isfinite(level) else f"chance level {what})")
+        cells = []
+        for exp in experiments:
+            e = t[t["experiment"] == exp]
+            phrase = score_phrase(e["score"].astype(float), level, n_total=len(e)) if len(e) else ""
+            if phrase:
+                cells.append(f"{exp} {phrase}")
+        if not cells:
+            continue
+        text = f"{head}: " + "; ".join(cells) + "."
+        by_seed = t.pivot_table(index="seed", columns="experiment", values="score", aggfunc="first", dropna=False)
+        for kind, chain in ORDERINGS.items():
+            if not all(e in by_seed for e in chain):
+                continue
+            tests = [ordering_phrase(by_seed[hi].astype(float), by_seed[lo].astype(float), _short(hi), _short(lo))
+                     for hi, lo in ((chain[0], chain[1]), (chain[1], chain[2]), (chain[0], chain[2]))]
+            text += f" {kind.capitalize()}, " + "; ".join(tests) + "."
+        parts.append(text)
+    return "\n\n".join(parts)
+
+
 def lottery_summary(store, settings: LotterySettings, prefix: str = "") -> str:
-    """One paragraph with the headline numbers (good/random/bad retrained vs full, per task).
+    """The summary: :func:`summary_text` of the run's per-seed scores, with each task's chance
+    level (:func:`~.tables.chance_levels`).
 
     >>> lottery_summary(RunStore("runs/lottery-offline"), config)  # doctest: +SKIP
-    'Mean dev metric over seeds. offline/movies: full 0.803, good pruned 0.760, ...'
+    'Dev metric per task: mean ± sample std over seeds [95% t interval over seeds] ...'
     """
     scores = seed_scores(store, settings, prefix)
-    main = summarize(scores)
-    parts = []
-    for task in dict.fromkeys(main["task"]):
-        t = main[main["task"] == task].set_index("experiment")["mean"]
-        picks = [(k, t.get(k)) for k in ("full", "good pruned", "good retrained", "random retrained", "bad retrained")]
-        if settings.magnitude.enabled:
-            picks.append(("magnitude good retrained", t.get("magnitude good retrained")))
-        parts.append(f"{task}: " + ", ".join(f"{k} {v:.3f}" for k, v in picks if v is not None and math.isfinite(v)))
-    return "Mean dev metric over seeds. " + "; ".join(parts) + "."
+    experiments = [e for e in SUMMARY_EXPERIMENTS if settings.magnitude.enabled or not e.startswith("magnitude")]
+    return summary_text(scores, chance_levels(settings), experiments)
 
 
 def report(store, config: LotteryConfig):

@@ -131,6 +131,60 @@ def magnitude_flag(r) -> str:
     return "skipped: no_passing_mask" if r.result.get("skipped") else "no_passing_mask"
 
 
+def chance_level(metric: str, labels=None) -> tuple[float, str]:
+    """The score of a model that learned nothing, and what it is: ``(value, description)``.
+
+    accuracy: the majority-class rate of ``labels``; f1: the best constant prediction's F1
+    (binary: of the positive class; else macro over the classes in ``labels``); mcc and the
+    correlations: 0. NaN (unknown) for accuracy and f1 without labels.
+
+    >>> chance_level("accuracy", [0, 1, 1, 1]), chance_level("mcc")
+    ((0.75, 'majority-class rate'), (0.0, 'no correlation'))
+    """
+    if metric in ("accuracy", "f1"):
+        y = np.asarray(labels if labels is not None else [], dtype=np.int64).ravel()
+        y = y[y >= 0]  # unlabelled rows (-1) do not count
+        if y.size == 0:
+            return math.nan, "unknown (no dev labels)"
+        share = np.bincount(y) / y.size
+        if metric == "accuracy":
+            return float(share.max()), "majority-class rate"
+        k = int((share > 0).sum())
+        f1 = 2 * share / (1 + share)  # a constant prediction of class c: F1 2p/(1+p) for c, 0 for the others
+        if share.size <= 2:  # binary: F1 of the positive class (1), as the metric
+            best = float(f1[1]) if share.size == 2 else 0.0
+        else:  # macro over the classes present
+            best = float(f1.max() / max(k, 1))
+        return best, "F1 of the best constant prediction"
+    return 0.0, "no correlation"
+
+
+def chance_levels(settings: LotterySettings) -> dict[str, tuple[float, str]]:
+    """Per reported task (extra dev sets included): :func:`chance_level` on the dev subset every
+    evaluation uses (``train.max_eval_examples`` drawn with ``train.data_seed``). A task whose
+    labels cannot be read gets ``(nan, "unknown ...")``, never an error."""
+    from ...tasks import get_task
+
+    names = [task_name(t) for t in settings.tasks]
+    out = {}
+    for ref in settings.tasks:
+        task = get_task(ref)
+        splits = {task.name: task.validation_split,
+                  **{reported_name(task.name, label, names): split for label, split in extra_splits(ref).items()}}
+        for name, split in splits.items():
+            if task.metric not in ("accuracy", "f1"):
+                out[name] = chance_level(task.metric)
+                continue
+            try:
+                labels = task.load(split, max_examples=settings.train.max_eval_examples,
+                                   seed=settings.train.data_seed).labels
+            except Exception as e:  # noqa: BLE001  (a report of a run whose data moved still works)
+                out[name] = (math.nan, f"unknown (dev labels not readable: {type(e).__name__})")
+                continue
+            out[name] = chance_level(task.metric, labels)
+    return out
+
+
 def _why_nan(r) -> str:
     if r.get("flag") == "no_passing_mask":
         return ("no_passing_mask: no magnitude pruning step kept the dev metric >= threshold x the full model's, "
