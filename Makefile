@@ -7,7 +7,7 @@ HC     := $(VENV)/bin/headcount
 # torch 2.13.0 is the CPU build on this project's machines; elsewhere pip picks the matching build.
 TORCH  ?= torch==2.13.0
 
-.PHONY: env demo test bench bench-gpu data clean
+.PHONY: env demo test bench bench-gpu data docs clean
 
 env: $(VENV)/.installed
 
@@ -15,7 +15,7 @@ $(VENV)/.installed: pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@$(PY) -c "import torch" 2>/dev/null || $(PIP) install -q "$(TORCH)" 2>&1 | grep -v "is ignored" || true
 	@$(PY) -c "import torch" || (echo "error: could not install torch" >&2; exit 2)
-	$(PIP) install -q -e ".[offline,dev,ray,export]" 2>&1 | grep -v "is ignored" || true
+	$(PIP) install -q -e ".[offline,dev,ray,export,docs]" 2>&1 | grep -v "is ignored" || true
 	@$(PY) -c "import headcount, transformers" && touch $@
 
 data: env
@@ -27,6 +27,10 @@ demo: env data
 test: env data
 	$(PY) -m pytest -x tests
 
+# the documentation site into site/ (strict: a broken link or reference is an error)
+docs: env
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
 bench: env
 	$(PY) bench/run_all.py
 
@@ -36,4 +40,4 @@ bench-gpu: env
 	$(PY) bench/run_all.py --device cuda
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs site .pytest_cache

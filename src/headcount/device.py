@@ -20,7 +20,7 @@ Batches are re-packed before they reach the model (:mod:`headcount.tasks.batchin
 lengths are rounded up to a multiple (:func:`pad_multiple`) so that kernels see few distinct
 shapes, and consecutive batches are merged up to a token budget (:func:`default_tokens_per_batch`)
 so that a GPU gets enough work per launch. Both defaults for CUDA are judgement, not measurement
-(see README, "GPUs").
+(see docs/gpus.md).
 """
 
 from __future__ import annotations
@@ -156,7 +156,7 @@ def autocast(device: torch.device, precision: str):
 
 
 def pad_multiple(device: torch.device) -> int:
-    """Padded lengths are rounded up to this multiple (8 on the CPU, 32 on CUDA; see README).
+    """Padded lengths are rounded up to this multiple (8 on the CPU, 32 on CUDA; see docs/gpus.md).
 
     >>> pad_multiple(torch.device("cpu"))
     8

@@ -1,6 +1,6 @@
 """Head and MLP gates installed by hooks (transformers 5 has no ``head_mask``).
 
-Gate semantics (DESIGN.md):
+Gate semantics (docs/design.md):
 - head gate ``g[l, h]`` multiplies head h's context vector before the attention output
   projection of application l (the projection's bias stays);
 - MLP gate ``m[l]`` multiplies the feed-forward output (bias included) before the residual

@@ -19,7 +19,7 @@ from .record import LOCK_NAME, RECORD, Record, first_foreign, matches, refuse_fo
 
 # -- output directories: one guard for every command's --out ---------------------------------------
 #
-# What headcount promises about an --out directory (README, "What headcount promises about your
+# What headcount promises about an --out directory (docs/promises.md, "What headcount promises about your
 # files"): it writes only inside it; a file is headcount's only if the folder's record
 # (``.headcount-out.json``, see :mod:`headcount.record`) lists it, and nothing else is ever
 # replaced or deleted, ``--force`` included; a folder without a record that holds anything is

@@ -1,6 +1,6 @@
 """What headcount owns in a folder: the record ``.headcount-out.json``.
 
-The rule every writer follows (README, "What headcount promises about your files"): **a file or
+The rule every writer follows (docs/promises.md): **a file or
 folder is headcount's only if the record of the folder it sits in lists it**, and, for a file, only
 while its content is what the record says (a SHA-256 for files up to :data:`HASH_LIMIT`, size and
 mtime above). Nothing else is ever replaced or deleted, ``--force`` included: a name headcount

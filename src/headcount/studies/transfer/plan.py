@@ -242,7 +242,7 @@ def transfer_jobs(settings: TransferSettings, prefix: str = "") -> list[Job]:
                 {**base, "name": f"mlm-before-vs-after/{t}/{seed}", "comparison": "mlm-before-vs-after",
                  "a": f"mlm.{corpus}", "b": f"mlmft.{t}.{seed}", "paired": True},
             ]
-            if emb_pre:  # paired by example id like MLM's (the same texts; rows: see the README)
+            if emb_pre:  # paired by example id like MLM's (the same texts; rows: see docs/transfer.md)
                 pairs += [
                     {**base, "name": f"embedding-vs-task/{t}/{seed}", "comparison": "embedding-vs-task",
                      "a": f"emb.{corpus}", "b": f"ft.{t}.{seed}", "paired": own},
