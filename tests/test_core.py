@@ -1,7 +1,7 @@
 """Gates and surgery agree exactly, for every architecture adapter (issue 2, "How we will know").
 
 Every test runs once per row of the architecture table in conftest.py (``arch`` fixture) on
-tiny random models. The gate semantics under test (DESIGN.md): a head gate multiplies the
+tiny random models. The gate semantics under test (docs/design.md): a head gate multiplies the
 head's context vector before the output projection (bias stays); an MLP gate multiplies the
 feed-forward output (bias included) before the residual add and LayerNorm.
 """

@@ -1,4 +1,4 @@
-"""Generic code never names an architecture: only src/headcount/arch/ may (DESIGN.md).
+"""Generic code never names an architecture: only src/headcount/arch/ may (docs/design.md).
 
 What counts as *naming* is what makes code architecture-specific: an identifier (variable,
 attribute, function, class, argument, imported module) or a string literal used as a key,

@@ -31,7 +31,7 @@ from .pipeline import (
     saved_config,
 )
 from .pruning import PruneConfig, PruneResult
-from .scoring import score
+from .scoring import get_scorer, score
 from .surgery import count_parameters, pruning_record, save_pruned, shrink
 from .tasks import get_task
 
@@ -132,7 +132,8 @@ def score_command(model: str, task: str, settings: ScoreSettings, data: DataConf
     objective, method = settings.objective, settings.method
     t = get_task(task)
     m, tok, info = load_for(model, t, objective, seed=data.seed, device=device)
-    if info["head"] == "new" and method not in ("magnitude", "entropy"):
+    scorer = get_scorer(method)
+    if info["head"] == "new" and scorer.needs_loss:
         echo(f"note: {model} has no trained head for {t.name}; scoring with a new, untrained task head "
              "(fine-tune first for task importance)")
     if info["head"] == "fitted":
@@ -144,7 +145,7 @@ def score_command(model: str, task: str, settings: ScoreSettings, data: DataConf
              + (" with the pairs as positives" if info["contrastive"].supervised
                 else f", dropout views seeded by --seed {data.seed}"))
     mark("load")
-    batches = [] if method == "magnitude" else batches_for(t, tok, objective, data, group_by_length=settings.grouped)
+    batches = [] if not scorer.needs_data else batches_for(t, tok, objective, data, group_by_length=settings.grouped)
     mark("data")
     with decoding(m, metric_for(t, objective)):
         s = score(m, batches, method=method, normalize=settings.normalize, device=info["device"],
@@ -179,7 +180,7 @@ def prune_command(model: str, task: str, settings: PruneSettings, loop: PruneCon
     if info["head"] == "new":
         echo(f"note: {model} has no trained head for {t.name}: the metric is that of an untrained head "
              "(fine-tune first: `headcount finetune`)")
-    imp_batches = ([] if method == "magnitude"
+    imp_batches = ([] if not get_scorer(method).needs_data
                    else batches_for(t, tok, objective, importance, split=settings.importance_split,
                                     group_by_length=settings.grouped))
     stop_batches = batches_for(t, tok, objective, stop, split=settings.stop_split or t.validation_split)

@@ -35,11 +35,10 @@ from .evaluation import MLM_METRIC, evaluate_batches, masked_positions_only
 from .heads import MLM_HEAD_MAX_TEXTS, fit_mlm_head
 from .models import load_model, load_tokenizer, resolve
 from .pruning import PruneConfig, iterative_prune
-from .scoring import score
+from .scoring import get_scorer, score
 from .settings import (
     MAX_LENGTH_RANGE,
     OBJECTIVES,
-    PRUNE_METHODS,
     DataConfig,
     PruneSettings,
     ScoreSettings,
@@ -51,7 +50,7 @@ from .tasks import encode, make_batches, mlm_batches, tokenize
 from .tasks.base import subset_indices
 from .tasks.batching import batch_order
 
-__all__ = ["MAX_LENGTH_RANGE", "OBJECTIVES", "PRUNE_METHODS", "DataConfig", "PruneSettings", "ScoreSettings",
+__all__ = ["MAX_LENGTH_RANGE", "OBJECTIVES", "DataConfig", "PruneSettings", "ScoreSettings",
            "batches_for", "check_objective", "decoding", "default_of", "example_order", "has_task_head", "load_for",
            "metric_for", "prune_model", "saved_config", "settings_from", "task_head"]
 
@@ -236,7 +235,7 @@ def prune_model(model, importance_batches, stop_batches, metric: str, *, setting
         return r["score"], r["loss"]
 
     result = iterative_prune(model, score_fn, eval_fn, config or PruneConfig(), progress=progress)
-    accumulated = {"accumulate": accumulate} if method in ("gradient", "ablation") else {}
+    accumulated = {"accumulate": accumulate} if get_scorer(method).accumulations else {}
     result.meta.update({**rt.meta(), "method": method, **accumulated})
     result.mask = result.mask.with_meta(device=str(rt.device), precision=rt.precision, method=method, **accumulated)
     return result

@@ -46,9 +46,9 @@ from torch import nn
 from .atomic import atomic_write_json
 from .errors import HeadcountError
 from .gates import clear_gates, gated, hooks, kept_heads, layout, set_gates
+from .scorers import ScoreContext, Scorer, get_scorer, register_scorer, scorer_names
 from .tasks.base import IGNORE
 
-METHODS = ("gradient", "gradient-token", "ablation", "entropy", "magnitude")
 NORMALIZE = ("none", "layer", "layer+global")
 #: how the ``gradient`` method sums over batches: ``per-batch`` = sum_b |g_b|; ``cumulative`` =
 #: sum_b |sum_{b' <= b} g_b'| (run_bertology, Prasanna et al.: the gate gradient is never zeroed)
@@ -81,10 +81,8 @@ def groups_by_length(order: str, accumulate: str) -> bool:
 
 
 def check_method(method: str) -> str:
-    """``method`` if it is one of :data:`METHODS`, else a one-line error (the one check of it)."""
-    if method not in METHODS:
-        raise HeadcountError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
-    return method
+    """``method`` if a scorer of that name is registered, else a one-line error (the one check of it)."""
+    return get_scorer(method).name
 
 
 def check_normalize(mode: str) -> str:
@@ -234,8 +232,8 @@ def check_accumulate(accumulate: str, method: str = "gradient") -> None:
     (``gradient-token`` sums per-token absolute values: it has no running batch gradient)."""
     if accumulate not in ACCUMULATE:
         raise HeadcountError(f"unknown accumulation {accumulate!r}; choose one of {', '.join(ACCUMULATE)}")
-    if accumulate == "cumulative" and method not in ("gradient", "ablation"):
-        raise HeadcountError(f"accumulate 'cumulative' is defined for the gradient method only, not {method!r}")
+    if accumulate != DEFAULT_ACCUMULATE and accumulate not in get_scorer(method).accumulations:
+        raise HeadcountError(f"accumulate {accumulate!r} is defined for the gradient method only, not {method!r}")
 
 
 def gradient_scores(model: nn.Module, batches, *, per_token: bool = False, keep_per_example: bool = False,
@@ -460,7 +458,7 @@ def score(model: nn.Module, batches=(), method: str = "gradient", normalize: str
     Args:
         model: any model with a registered adapter, with the head for the objective.
         batches: dicts of tensors with ``labels``; ignored by ``magnitude``.
-        method: one of :data:`METHODS`.
+        method: a registered scorer (:func:`headcount.scorers.scorer_names`).
         normalize: one of :data:`NORMALIZE`.
         mask: optional :class:`~headcount.masks.Mask` held fixed while scoring (pruning loop):
             a head it removes scores 0 (gradient methods: its gate is 0 and the scored gate 1).
@@ -488,42 +486,29 @@ def score(model: nn.Module, batches=(), method: str = "gradient", normalize: str
     """
     from .device import runtime
 
-    check_method(method)
+    scorer = get_scorer(method)
     check_normalize(normalize)
     check_accumulate(accumulate, method)
     if contrastive is not None:
         tokens_per_batch = 0  # in-batch negatives: a batch is the unit of the loss, never merged
     rt = runtime(model, device, precision, tokens_per_batch)
-    at = mask if at_mask and method in ("gradient", "gradient-token") else None
+    at = mask if at_mask and scorer.gate_gradient else None
     fixed = (set_gates(model, heads=mask.heads.to(rt.device), mlps=mask.mlps.to(rt.device))
              if mask is not None and at is None else None)
     t0 = time.perf_counter()
     objective = nullcontext()
-    if contrastive is not None and method in ("gradient", "gradient-token", "ablation"):
+    if contrastive is not None and scorer.needs_loss and scorer.needs_data:
         from .embedding import contrastive as contrastive_loss
 
         objective = contrastive_loss(model, contrastive)
-    elif contrastive is not None and method == "entropy":  # attention only: the first texts, no loss
+    elif contrastive is not None and not scorer.needs_loss:  # attention only: the first texts, no loss
         batches = [{k: v for k, v in b.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
                    for b in batches]
+    ctx = ScoreContext(rt=rt, keep_per_example=keep_per_example and scorer.per_example, progress=progress,
+                       accumulate=accumulate, at=at)
     try:
         with objective:
-            if method == "gradient":
-                s = gradient_scores(model, batches, keep_per_example=keep_per_example, progress=progress, rt=rt,
-                                    accumulate=accumulate, at=at)
-            elif method == "gradient-token":
-                s = gradient_scores(model, batches, per_token=True, keep_per_example=keep_per_example,
-                                    progress=progress, rt=rt, at=at)
-            elif method == "ablation":
-                batches = list(batches)
-                s = ablation_scores(model, batches, progress=progress, rt=rt)
-                grad = gradient_scores(model, batches, rt=rt, accumulate=accumulate)
-                s = replace(s, meta={**s.meta, "rank_agreement_with_gradient": rank_agreement(s, grad),
-                                     "accumulate": accumulate})
-            elif method == "entropy":
-                s = entropy_scores(model, batches, progress=progress, rt=rt)
-            else:
-                s = replace(magnitude_scores(model), meta=rt.meta())
+            s = scorer.fn(model, batches, ctx)
     finally:
         if fixed is not None:
             clear_gates(model, fixed)
@@ -541,3 +526,46 @@ def rank_agreement(a: Scores, b: Scores) -> dict:
     if ok.sum() < 3:
         return {"spearman": float("nan"), "kendall": float("nan")}
     return {"spearman": float(spearmanr(x[ok], y[ok])[0]), "kendall": float(kendalltau(x[ok], y[ok])[0])}
+
+
+# -- the built-in scorers: each declared once (the registry: headcount.scorers) -------------------------
+def _gradient(model, batches, ctx: ScoreContext) -> Scores:
+    return gradient_scores(model, batches, keep_per_example=ctx.keep_per_example, progress=ctx.progress, rt=ctx.rt,
+                           accumulate=ctx.accumulate, at=ctx.at)
+
+
+def _gradient_token(model, batches, ctx: ScoreContext) -> Scores:
+    return gradient_scores(model, batches, per_token=True, keep_per_example=ctx.keep_per_example,
+                           progress=ctx.progress, rt=ctx.rt, at=ctx.at)
+
+
+def _ablation(model, batches, ctx: ScoreContext) -> Scores:
+    batches = list(batches)
+    s = ablation_scores(model, batches, progress=ctx.progress, rt=ctx.rt)
+    grad = gradient_scores(model, batches, rt=ctx.rt, accumulate=ctx.accumulate)  # how well the gradient ranks
+    return replace(s, meta={**s.meta, "rank_agreement_with_gradient": rank_agreement(s, grad),
+                            "accumulate": ctx.accumulate})
+
+
+def _entropy(model, batches, ctx: ScoreContext) -> Scores:
+    return entropy_scores(model, batches, progress=ctx.progress, rt=ctx.rt)
+
+
+def _magnitude(model, batches, ctx: ScoreContext) -> Scores:
+    return replace(magnitude_scores(model), meta=ctx.rt.meta())
+
+
+for _s in (
+    Scorer("gradient", _gradient, gate_gradient=True, accumulations=ACCUMULATE, per_example=True,
+           description="Michel et al.'s gate gradient, summed over batches (--accumulate per-batch | cumulative)"),
+    Scorer("gradient-token", _gradient_token, gate_gradient=True, per_example=True,
+           description="Michel et al.'s per-token form: sum over tokens of |dL/dg|"),
+    Scorer("ablation", _ablation, accumulations=ACCUMULATE,
+           description="the exact loss change when one head (MLP) alone is gated off"),
+    Scorer("entropy", _entropy, needs_loss=False, can_prune=False,
+           description="mean attention entropy per head (a description, not an importance)"),
+    Scorer("magnitude", _magnitude, needs_data=False, needs_loss=False,
+           description="Frobenius norm of each head's (MLP's) weights; needs no data"),
+):
+    register_scorer(_s)
+del _s

@@ -21,18 +21,23 @@ from .embedding import EMBEDDING_OBJECTIVES
 from .errors import HeadcountError
 from .scoring import (
     DEFAULT_ACCUMULATE,
-    METHODS,
     check_accumulate,
     check_batch_order,
     check_method,
     check_normalize,
+    get_scorer,
     groups_by_length,
+    scorer_names,
 )
 
 #: ``embedding`` / ``embedding-supervised``: the contrastive objectives of :mod:`headcount.embedding`
 OBJECTIVES = ("task", "mlm", *EMBEDDING_OBJECTIVES)
-#: the importance methods that can drive pruning (entropy ranks heads but has no gate to remove)
-PRUNE_METHODS = tuple(m for m in METHODS if m != "entropy")
+
+
+def prune_methods() -> tuple[str, ...]:
+    """The registered scorers that can drive pruning (entropy ranks heads but is not an importance)."""
+    return scorer_names(can_prune=True)
+
 #: the bounds of a tokenised example's length
 MAX_LENGTH_RANGE = (8, 8192)
 
@@ -196,7 +201,7 @@ class ScoreSettings:
     Attributes:
         objective: ``task`` (the task's loss), ``mlm`` (masked LM on the task's texts),
             ``embedding`` (SimCSE on the task's texts) or ``embedding-supervised`` (pairs as positives).
-        method: one of :data:`~headcount.scoring.METHODS`.
+        method: a registered scorer (:mod:`headcount.scorers`).
         normalize: one of :data:`~headcount.scoring.NORMALIZE` (raw scores by default).
         accumulate: how gradients sum over batches (:data:`~headcount.scoring.ACCUMULATE`).
         batch_order: the order of the batches importance is computed on
@@ -235,7 +240,7 @@ class PruneSettings:
 
     Attributes:
         objective: one of :data:`OBJECTIVES`.
-        method: importance method, one of :data:`PRUNE_METHODS`.
+        method: importance method, a registered scorer that can drive pruning (:func:`prune_methods`).
         normalize: Prasanna et al.'s layer-wise then global normalisation by default.
         accumulate: as :class:`ScoreSettings`.
         batch_order: as :class:`ScoreSettings` (the importance batches; the stop rule's batches
@@ -254,8 +259,8 @@ class PruneSettings:
 
     def __post_init__(self):
         check_objective(self.objective)
-        if check_method(self.method) not in PRUNE_METHODS:
-            raise HeadcountError(f"method {self.method!r} cannot drive pruning; use {', '.join(PRUNE_METHODS)}")
+        if not get_scorer(check_method(self.method)).can_prune:
+            raise HeadcountError(f"method {self.method!r} cannot drive pruning; use {', '.join(prune_methods())}")
         check_normalize(self.normalize)
         check_accumulate(self.accumulate, self.method)
         check_batch_order(self.batch_order)

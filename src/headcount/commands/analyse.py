@@ -15,11 +15,11 @@ from ..device import DEVICE_HELP, PRECISION_HELP, TOKENS_HELP
 from ..fingerprint import run_identity
 from ..io import ACTIVE_OUTS, check_out_path, prepare_out
 from ..pruning import PruneConfig
-from ..scoring import METHODS, NORMALIZE
+from ..scoring import NORMALIZE, scorer_names
 from ..settings import (
     EXAMPLES,
-    PRUNE_METHODS,
     TOKENS_PER_BATCH,
+    prune_methods,
     DataConfig,
     PruneSettings,
     ScoreSettings,
@@ -122,7 +122,7 @@ def score(
     max_examples: int = setting(DataConfig, "max_examples", help="examples to score on"),
     batch_size: int = setting(DataConfig, "batch_size"),
     max_length: int = setting(DataConfig, "max_length"),
-    method: str = setting(ScoreSettings, "method", help=" | ".join(METHODS)),
+    method: str = setting(ScoreSettings, "method", help=" | ".join(scorer_names())),
     normalize: str = setting(ScoreSettings, "normalize", help=" | ".join(NORMALIZE)),
     accumulate: str = typer.Option(None, "--accumulate", help=ACCUMULATE_HELP),
     batch_order: str = setting(ScoreSettings, "batch_order", "--batch-order", help=BATCH_ORDER_HELP),
@@ -170,7 +170,7 @@ def prune(
     step_of: str = setting(PruneConfig, "step_of", help="remaining | total (the anchors: total)"),
     mlps: bool = typer.Option(False, "--mlps", help="also prune MLPs (Prasanna schedule; default: heads only)"),
     one_shot: bool = setting(PruneConfig, "one_shot", "--one-shot", help="score once instead of at every step"),
-    method: str = setting(PruneSettings, "method", help=" | ".join(PRUNE_METHODS)),
+    method: str = setting(PruneSettings, "method", help=" | ".join(prune_methods())),
     normalize: str = setting(PruneSettings, "normalize", help=" | ".join(NORMALIZE)),
     accumulate: str = typer.Option(None, "--accumulate", help=ACCUMULATE_HELP),
     batch_order: str = setting(ScoreSettings, "batch_order", "--batch-order", help=BATCH_ORDER_HELP),

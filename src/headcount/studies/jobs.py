@@ -32,7 +32,7 @@ from ..pipeline import (
     settings_from,
 )
 from ..pruning import PruneConfig
-from ..scoring import score
+from ..scoring import get_scorer, score
 from ..settings import check_objective, default_of
 from ..tasks import get_task
 from ..training import TrainConfig, finetune
@@ -101,11 +101,12 @@ def score_job(params, inputs, workdir: Path, progress) -> dict:
     task = get_task(params["task"])
     data = _data(params)
     model, tokenizer, info = load_for(model_spec(params, inputs), task, how.objective, seed=data.seed)
-    batches = [] if how.method == "magnitude" else batches_for(task, tokenizer, how.objective, data,
+    scorer = get_scorer(how.method)
+    batches = [] if not scorer.needs_data else batches_for(task, tokenizer, how.objective, data,
                                                                group_by_length=how.grouped)
     with decoding(model, metric_for(task, how.objective)):
         s = score(model, batches, method=how.method, normalize=how.normalize,
-                  mask=input_mask(params, inputs), keep_per_example=how.method.startswith("gradient"),
+                  mask=input_mask(params, inputs), keep_per_example=scorer.per_example,
                   accumulate=how.accumulate, progress=lambda i: progress(i, len(batches), "scoring"),
                   contrastive=info.get("contrastive"))
     s = replace(s, meta={**s.meta, "task": task.name, "objective": how.objective,

@@ -142,7 +142,7 @@ class PruningSettings(ConfigSection):
     importance: Literal["validation", "train"] = "validation"
     max_examples: int | None = Field(None, **EXAMPLES.limits())
     batch_size: int = Field(64, **BATCH_SIZE.limits())
-    method: Literal["gradient", "gradient-token"] = "gradient"
+    method: str = "gradient"  # a registered scorer that can drive pruning (headcount.scorers)
     accumulate: Literal["cumulative", "per-batch"] = "cumulative"
     normalize: Literal["none", "layer", "layer+global"] = "layer+global"
     max_steps: int | None = Field(None, **STEPS.limits())
@@ -150,9 +150,16 @@ class PruningSettings(ConfigSection):
 
     @model_validator(mode="after")
     def _accumulate_fits_method(self):
-        if self.accumulate == "cumulative" and self.method != "gradient":
-            raise ValueError(f"accumulate 'cumulative' needs method 'gradient' (got {self.method!r}); "
-                             "use accumulate: per-batch")
+        from ...scoring import check_accumulate, get_scorer, scorer_names
+
+        try:
+            scorer = get_scorer(self.method)
+            check_accumulate(self.accumulate, self.method)
+        except HeadcountError as e:
+            raise ValueError(f"{e}; use accumulate: per-batch" if "accumulate" in str(e) else str(e)) from None
+        if not scorer.can_prune:
+            raise ValueError(f"method {self.method!r} cannot drive pruning; use one of "
+                             f"{', '.join(scorer_names(can_prune=True))}")
         return self
 
 

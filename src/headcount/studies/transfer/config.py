@@ -12,9 +12,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import fields
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import (
+    AfterValidator,
     Field,
     ValidationInfo,
     create_model,
@@ -41,7 +42,22 @@ from ...settings import (
 )
 from ...training import TrainConfig
 
-Method = Literal["gradient", "gradient-token"]
+def _per_example_scorer(name: str) -> str:
+    """A registered scorer with per-example contributions (the paired bootstrap needs them)."""
+    from ...scoring import get_scorer, scorer_names
+
+    try:
+        scorer = get_scorer(name)
+    except HeadcountError as e:
+        raise ValueError(str(e)) from None
+    if not scorer.per_example:
+        raise ValueError(f"method {name!r} gives no per-example contributions, which the transfer study's paired "
+                         f"bootstrap needs; use one of {', '.join(scorer_names(per_example=True))}")
+    return name
+
+
+#: an importance method of the transfer study: any registered scorer with per-example rows
+Method = Annotated[str, AfterValidator(_per_example_scorer)]
 Normalize = Literal["none", "layer"]
 View = Literal["application", "shared"]
 AfterHead = Literal["pretrained", "refit"]
