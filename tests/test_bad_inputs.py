@@ -470,7 +470,7 @@ ROWS = [
                                                     "--gpus-per-job", "-0.5"], "must be a number > 0"),
     Row("data-show-unknown-task", lambda w, d: ["data", "show", "glue/nonesuch"]),
     Row("unknown-option", lambda w, d: ["score", "--colour", "blue"]),
-    # -- round 2 (issue: never lose a user's file or a row): data files -----------------------------------
+    # -- data files: rows dropped or glued (quotes in .tsv), malformed rows -----------------------------------
     # each: (the data file, argv naming a task YAML over it)[1]; the YAML reads the file as train and validation
     Row("data-tsv-tab-in-quotes", lambda w, d: (
         text_file(d, "x.tsv", 'sentence\tlabel\nok\tpositive\n"a\ttab"\tnegative\n'),
@@ -520,7 +520,7 @@ ROWS = [
         text_file((d / "MRPC").mkdir() or d / "MRPC", "msr_paraphrase_train.txt", "Quality\t#1 ID\t#2 ID\t#1 String\n"),
         ["data", "show", "glue/mrpc"])[1],  # HEADCOUNT_GLUE_DIR: the row's folder (the working directory)
         "--path_to_mrpc", patch=lambda mp: mp.setenv("HEADCOUNT_GLUE_DIR", os.getcwd())),
-    # -- round 2: model files and the process (config.json, tokenizer, full disk, Ctrl-C) -------------------
+    # -- model files and the process (config.json, tokenizer, full disk, Ctrl-C) -------------------
     Row("model-config-list", lambda w, d: ["info", M, str(config_text(w, d, b"[1, 2]"))], "holds a list, not a JSON object"),
     Row("model-config-number-score", lambda w, d: score(w, d, model=config_text(w, d, b"3")), "holds a number"),
     Row("model-config-string-shrink", lambda w, d: shrink(w, d, model=config_text(w, d, b'"bert"')), "holds a string"),
@@ -537,7 +537,7 @@ ROWS = [
         w, d, keep=("tokenizer_config.json",), vocab=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"])), "has no vocabulary"),
     Row("shrink-full-disk-weights", lambda w, d: shrink(w, d), "no space left", patch=weights_full_disk),
     # (finetune on a full disk reports progress first: tests/test_process.py)
-    # -- round 2: option and config ranges, study validation ------------------------------------------------
+    # -- option and config ranges, study validation ------------------------------------------------
     Row("finetune-epochs-infinite", lambda w, d: finetune(w, d, "--epochs", "inf"), "epochs must be in (0, 1000], got inf"),
     Row("finetune-epochs-1e308", lambda w, d: finetune(w, d, "--epochs", "1e308"), "epochs must be in (0, 1000]"),
     Row("finetune-epochs-nan", lambda w, d: finetune(w, d, "--epochs", "nan"), "epochs"),
@@ -607,7 +607,7 @@ ROWS = [
     Row("task-yaml-duplicate-key", lambda w, d: score(w, d, task=task_with(d, yaml_extra="name: again\n")),
         "key 'name' appears twice"),
     Row("task-yaml-alias-bomb", lambda w, d: score(w, d, task=task_with(d, yaml_extra=ALIAS_BOMB)), "expands to more than"),
-    # -- round 2: ownership of --out -------------------------------------------------------------------------
+    # -- ownership of --out -------------------------------------------------------------------------
     Row("own-score-users-outputs-force", lambda w, d: score(w, d, "--force", out=users(d, "scores.json", "heads.png")),
         "no record"),
     Row("own-shrink-users-checkpoint-force", lambda w, d: shrink(w, d, out=users(d, "config.json", "model.safetensors"))

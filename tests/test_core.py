@@ -1,4 +1,4 @@
-"""Gates and surgery agree exactly, for every architecture adapter (issue 2, "How we will know").
+"""Gates and surgery agree exactly, for every architecture adapter.
 
 Every test runs once per row of the architecture table in conftest.py (``arch`` fixture) on
 tiny random models. The gate semantics under test (docs/design.md): a head gate multiplies the

@@ -173,7 +173,7 @@ def test_precision_reaches_every_job(tmp_path, monkeypatch, pooled):
 # -------------------------------------------------------------------------------------- demo / study CLI
 def test_demo_takes_device_and_both_commands_print_the_total_time(tmp_path, monkeypatch, capsys):
     """``headcount demo --device X`` reaches the runner like ``headcount study --device X``; both
-    end with the run's wall time (#14: "every model-running job on the GPU; total time printed")."""
+    end with the run's wall time (every model-running job on the GPU; total time printed)."""
     import headcount.api as api
     import headcount.commands.demo as demo_command
     from headcount.runner import RunSummary

@@ -128,7 +128,7 @@ def test_pandas_csv_round_trip_and_na_texts(tmp_path):
 
 
 def test_glue_hub_layout_every_format(tmp_path):
-    """``train.tsv`` (the issue: 195 of 320 rows read) beside validation/test in the other formats."""
+    """``train.tsv`` (quotes that once swallowed rows: 195 of 320 read) beside validation/test in the other formats."""
     d = tmp_path / "sst2"
     d.mkdir()
     train, dev, test = rows_of(TEXTS), rows_of(TEXTS + CSV_ONLY, 48), rows_of(TEXTS + CSV_ONLY, 30)

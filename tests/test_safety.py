@@ -1,4 +1,4 @@
-"""What headcount promises about your files (issue 11): kills, Ctrl-C, locks, --out guards,
+"""What headcount promises about your files: kills, Ctrl-C, locks, --out guards,
 outputs that appear together, content fingerprints, modes and resumed metrics.
 
 Kills are real: a child process runs the CLI with one library function wrapped so that it
@@ -115,7 +115,7 @@ def uninterrupted(world, tmp_path_factory):
 
 def _same_run(m, base):
     assert m["final"] == base["final"] and m["epochs"] == base["epochs"] and m["steps"] == base["steps"]
-    # the whole run's tokens, not only the resumed part (issue 11), and a rate that is not 0
+    # the whole run's tokens, not only the resumed part, and a rate that is not 0
     assert m["train_tokens"] == base["train_tokens"] > 0 and m["tokens_per_s"] > 0
 
 
@@ -192,7 +192,7 @@ def test_finetune_killed_while_writing_resumes_and_matches(capsys, world, uninte
     assert left == [] and not (out / "checkpoints").exists()
     if point == "checkpoint" and step == 6:
         assert m["resumed_from"] == "checkpoint-4"  # the newest complete one, the partial one discarded
-    if point == "final":  # resumed after the last step: 0 steps trained here, the whole run reported (issue 11)
+    if point == "final":  # resumed after the last step: 0 steps trained here, the whole run reported
         assert m["resumed_from"] == "checkpoint-8"
 
 

@@ -1,4 +1,4 @@
-"""Every setting has one declaration (issue 12): the command line reads its defaults from the
+"""Every setting has one declaration: the command line reads its defaults from the
 library, job parameters validate into the library's settings, and the defaults that used to be
 restated (MLM head steps and texts, the ignored label, the masking probability, the resampling
 statistics) appear once in the source.
@@ -189,7 +189,7 @@ def test_each_default_has_one_source(literal, names, home):
     assert [f for f, _ in found] == [home], f"{literal} ({names}) declared in {found}; once, in {home}"
 
 
-# --- the sane range of every numeric option (issue "never lose a user's file or a row", item 8) -------------
+# --- the sane range of every numeric option -------------
 #: positional arguments a command needs before its options are read
 _POSITIONAL = {"study": ["none.yaml"], "data show": ["offline/movies"]}
 #: required options given paths that do not exist (the range check comes first)
