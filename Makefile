@@ -7,7 +7,7 @@ HC     := $(VENV)/bin/headcount
 # torch 2.13.0 is the CPU build on this project's machines; elsewhere pip picks the matching build.
 TORCH  ?= torch==2.13.0
 
-.PHONY: env demo test bench bench-gpu data docs clean
+.PHONY: env demo test bench bench-gpu data docs typecheck clean
 
 env: $(VENV)/.installed
 
@@ -30,6 +30,13 @@ test: env data
 # the documentation site into site/ (strict: a broken link or reference is an error)
 docs: env
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
+# the public API as users call it (hc.score, hc.shrink, ...): mypy on a usage file and on api.py,
+# and a wrong call that must fail (the check is not vacuous)
+MYPY := $(VENV)/bin/mypy --follow-imports=silent --ignore-missing-imports --no-error-summary
+typecheck: env
+	$(MYPY) src/headcount/api.py tests/typecheck/public_api.py
+	@if $(MYPY) tests/typecheck/wrong_call.py >/dev/null; then echo "error: mypy accepted tests/typecheck/wrong_call.py" >&2; exit 1; fi
 
 bench: env
 	$(PY) bench/run_all.py

@@ -13,6 +13,8 @@ The public API, re-exported (loaded lazily so that the command line starts fast)
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 __version__ = "0.1.0"
 
 _EXPORTS = {
@@ -41,6 +43,24 @@ _EXPORTS = {
     "build_report": "report",
     "HeadcountError": "errors",
 }
+
+
+if TYPE_CHECKING:  # what type checkers see (py.typed): the same names, imported eagerly
+    from .api import run_study
+    from .arch import Adapter, Block, get_adapter, register_adapter, supported_model_types
+    from .attention import attention_maps
+    from .errors import HeadcountError
+    from .evaluation import evaluate_batches
+    from .gates import clear_gates, clone_model, gated, layout, set_gates, shared_groups
+    from .masks import Mask
+    from .models import load_model, load_tokenizer
+    from .pruning import PruneConfig, iterative_prune, select_lowest
+    from .report import build_report
+    from .runner import Job, register_study
+    from .scoring import Scores, normalize_scores, score
+    from .surgery import count_parameters, load_pruned, prune_heads, prune_mlps, prune_neurons, save_pruned, shrink
+    from .tasks import compute_metrics, encode, fit_mlm_head, get_task, list_tasks, make_batches, mlm_batches, register_task
+    from .training import TrainConfig, evaluate, finetune
 
 
 def __getattr__(name: str):
