@@ -310,3 +310,22 @@ def test_study_config_resolves_names_and_fails_at_validation(tmp_path):
     (d / "bad2.yaml").write_text("study: glue-ref-test\ntasks: [broken.yaml]\n")
     with pytest.raises(HeadcountError, match="file not found"):  # the task is built while validating
         load_study_config(d / "bad2.yaml")
+
+
+@pytest.mark.parametrize("config", ["cola", "sst2", "mrpc", "qqp", "stsb", "mnli", "qnli", "rte", "wnli"])
+def test_glue_tasks_are_declared_in_the_users_task_yaml_format(config):
+    """One task format: the shipped declaration of each GLUE task (package data) is a task YAML a
+    user could write, and loading it as one gives the task ``get_task`` registers."""
+    from dataclasses import fields
+
+    from headcount.tasks import load_task_yaml
+    from headcount.tasks.glue import SPECS
+
+    path = SPECS / f"glue-{config}.yaml"
+    mine, registered = load_task_yaml(path), get_task(f"glue/{config}")
+    for f in fields(registered):
+        if f.name == "source":
+            assert (mine.source.path, mine.source.config, mine.source.splits()) == \
+                (registered.source.path, registered.source.config, registered.source.splits())
+        else:
+            assert getattr(mine, f.name) == getattr(registered, f.name), f.name

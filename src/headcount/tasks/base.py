@@ -20,6 +20,9 @@ from ..errors import HeadcountError
 from .tables import Table, read_table
 
 KINDS = ("classification", "regression")
+#: the keys of a task YAML file (users' tasks and the shipped GLUE declarations alike; docs/tasks.md)
+TASK_KEYS = ("name", "kind", "files", "hub", "splits", "text", "label", "labels", "metric", "glue", "train_split",
+             "validation_split", "extra_eval", "description")
 CLASSIFICATION_METRICS = ("accuracy", "f1", "mcc")
 REGRESSION_METRICS = ("pearson", "spearman", "pearson_spearman")
 METRICS = CLASSIFICATION_METRICS + REGRESSION_METRICS

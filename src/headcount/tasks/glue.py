@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Mapping
 
 from ..errors import HeadcountError
-from .base import Source, Task
+from .base import TASK_KEYS, Source, Task
 from .glue_local import (
     DOWNLOAD_NAMES,
     GlueFilesSource,
@@ -36,6 +37,10 @@ from .glue_local import (
 from .tables import Table
 
 HUB_ID = "nyu-mll/glue"
+#: where the shipped task declarations are (package data)
+SPECS = Path(__file__).resolve().parent / "specs"
+#: the order ``headcount tasks`` lists them in (the GLUE paper's)
+GLUE_ORDER = ("cola", "sst2", "mrpc", "qqp", "stsb", "mnli", "qnli", "rte", "wnli")
 
 
 @dataclass(frozen=True)
@@ -52,30 +57,25 @@ class GlueSpec:
     extra_eval: tuple[tuple[str, str], ...] = ()
 
 
-#: official sizes of ``nyu-mll/glue`` (same order as ``splits``)
-GLUE: dict[str, GlueSpec] = {
-    "cola": GlueSpec("cola", ("sentence",), ("unacceptable", "acceptable"), "mcc",
-                     sizes=(8551, 1043, 1063), description="grammatical acceptability (Matthews corr.)"),
-    "sst2": GlueSpec("sst2", ("sentence",), ("negative", "positive"), "accuracy",
-                     sizes=(67349, 872, 1821), description="movie review sentence polarity"),
-    "mrpc": GlueSpec("mrpc", ("sentence1", "sentence2"), ("not_equivalent", "equivalent"), "f1",
-                     sizes=(3668, 408, 1725), description="paraphrase (F1 and accuracy)"),
-    "qqp": GlueSpec("qqp", ("question1", "question2"), ("not_duplicate", "duplicate"), "f1",
-                    sizes=(363846, 40430, 390965), description="duplicate questions (F1 and accuracy)"),
-    "stsb": GlueSpec("stsb", ("sentence1", "sentence2"), None, "pearson_spearman",
-                     sizes=(5749, 1500, 1379), description="semantic similarity 0-5 (Pearson and Spearman)"),
-    "mnli": GlueSpec("mnli", ("premise", "hypothesis"), ("entailment", "neutral", "contradiction"), "accuracy",
-                     splits=("train", "validation_matched", "validation_mismatched", "test_matched", "test_mismatched"),
-                     validation="validation_matched", sizes=(392702, 9815, 9832, 9796, 9847),
-                     description="entailment, 3 classes (matched dev set)",
-                     extra_eval=(("mm", "validation_mismatched"),)),
-    "qnli": GlueSpec("qnli", ("question", "sentence"), ("entailment", "not_entailment"), "accuracy",
-                     sizes=(104743, 5463, 5463), description="question-answer entailment"),
-    "rte": GlueSpec("rte", ("sentence1", "sentence2"), ("entailment", "not_entailment"), "accuracy",
-                    sizes=(2490, 277, 3000), description="textual entailment"),
-    "wnli": GlueSpec("wnli", ("sentence1", "sentence2"), ("not_entailment", "entailment"), "accuracy",
-                     sizes=(635, 71, 146), description="Winograd entailment"),
-}
+def _spec(path: Path) -> GlueSpec:
+    """A GLUE task from its declaration (``tasks/specs/glue-*.yaml``, the task YAML format)."""
+    from ..yamlfile import load_yaml_with_lines
+
+    doc, _ = load_yaml_with_lines(path.read_text(encoding="utf-8"), str(path))
+    unknown = sorted(set(doc) - set(TASK_KEYS))
+    if unknown:  # the shipped declarations use the users' format, nothing more
+        raise HeadcountError(f"{path}: unknown key {unknown[0]!r}; keys: {', '.join(TASK_KEYS)}")
+    return GlueSpec(config=doc["hub"]["config"], text=tuple(doc["text"]),
+                    labels=tuple(doc["labels"]) if doc.get("labels") else None, metric=doc["metric"],
+                    splits=tuple(doc["splits"]), validation=doc["validation_split"],
+                    sizes=tuple(int(n) for n in doc["splits"].values()), description=doc.get("description", ""),
+                    extra_eval=tuple((str(k), str(v)) for k, v in (doc.get("extra_eval") or {}).items()))
+
+
+#: the nine GLUE tasks, declared as data in the task YAML format (``tasks/specs/glue-<config>.yaml``:
+#: fields, labels, metric, the hub's splits with their official sizes)
+GLUE: dict[str, GlueSpec] = {spec.config: spec for spec in map(_spec, sorted(SPECS.glob("glue-*.yaml"),
+                                                                             key=lambda p: GLUE_ORDER.index(p.stem[5:])))}
 
 #: registered name -> (GLUE config, validation split); mnli-mm evaluates on the mismatched set
 GLUE_TASKS: dict[str, tuple[str, str]] = {f"glue/{c}": (c, s.validation) for c, s in GLUE.items()}

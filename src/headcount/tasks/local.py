@@ -25,12 +25,11 @@ from pathlib import Path
 
 from ..errors import HeadcountError
 from ..yamlfile import load_yaml_with_lines
-from .base import KINDS, METRICS, FilesSource, Task, distinct_label_names, label_name
+from .base import KINDS, METRICS, TASK_KEYS, FilesSource, Task, distinct_label_names, label_name
 from .glue import GLUE, glue_task
 from .tables import SUFFIXES, read_text
 
-KEYS = ("name", "kind", "files", "text", "label", "labels", "metric", "glue", "train_split",
-        "validation_split", "description")
+KEYS = TASK_KEYS
 
 
 def load_task_yaml(path: str | os.PathLike) -> Task:
@@ -53,6 +52,8 @@ def load_task_yaml(path: str | os.PathLike) -> Task:
     if unknown:
         raise HeadcountError(f"{p}: unknown key {unknown[0]!r}; keys: {', '.join(KEYS)}")
     where = str(p)
+    if "hub" in doc or "splits" in doc or "extra_eval" in doc:
+        return _hub_task(doc, where)
 
     files = doc.get("files")
     if not isinstance(files, dict) or not files:
@@ -131,6 +132,50 @@ def load_task_yaml(path: str | os.PathLike) -> Task:
     return Task(name=name, kind=kind, text_fields=tuple(text), labels=names, metric=metric, source=source,
                 label_field=label, train_split=train_split, validation_split=validation_split,
                 label_ids=bool(doc.get("glue")) and kind == "classification", description=description)
+
+
+def _hub_task(doc: dict, where: str) -> Task:
+    """A task whose rows come from the Hugging Face hub (``hub: {path, config}``), as the shipped
+    GLUE declarations are: ``splits`` names the hub's splits (with their sizes, or null),
+    ``extra_eval`` further dev sets every final model of a study is evaluated on."""
+    from .glue import HubSource
+
+    hub, splits = doc.get("hub"), doc.get("splits")
+    if "files" in doc:
+        raise HeadcountError(f"{where}: a task has `files` (local data) or `hub` with `splits`, not both")
+    if not isinstance(hub, dict) or not isinstance(hub.get("path"), str) or set(hub) - {"path", "config"}:
+        raise HeadcountError(f"{where}: `hub` must be {{path: OWNER/NAME, config: CONFIG}} (config optional)")
+    if not isinstance(splits, dict) or not splits or not all(
+            isinstance(n, int) and not isinstance(n, bool) and n >= 0 or n is None for n in splits.values()):
+        raise HeadcountError(f"{where}: `splits` must map the hub's split names to their sizes (or null)")
+    names = [str(s) for s in splits]
+    extra = doc.get("extra_eval") or {}
+    if not isinstance(extra, dict) or any(str(v) not in names for v in extra.values()):
+        raise HeadcountError(f"{where}: `extra_eval` must map labels to splits of `splits`")
+    kind = doc.get("kind", "classification")
+    if kind not in KINDS:
+        raise HeadcountError(f"{where}: kind must be one of {', '.join(KINDS)}, not {kind!r}")
+    text = doc.get("text")
+    text = [text] if isinstance(text, str) else text
+    if not isinstance(text, list) or not 1 <= len(text) <= 2 or not all(isinstance(t, str) and t for t in text):
+        raise HeadcountError(f"{where}: `text` must name one column or two (a sentence pair), e.g. text: [sentence]")
+    labels = doc.get("labels")
+    if (kind == "classification") != isinstance(labels, list):
+        raise HeadcountError(f"{where}: a hub classification task lists its `labels` (a regression task none)")
+    metric = doc.get("metric", "accuracy" if kind == "classification" else "pearson_spearman")
+    if metric not in METRICS:
+        raise HeadcountError(f"{where}: metric must be one of {', '.join(METRICS)}, not {metric!r}")
+    validation = _split_key(doc, "validation_split", names, where) or next(
+        (s for s in ("validation", "dev", "test") if s in names), "validation")
+    hub_config = hub.get("config")
+    return Task(name=str(doc.get("name") or hub["path"]), kind=kind, text_fields=tuple(text),
+                labels=tuple(label_name(x) for x in labels) if labels else None, metric=metric,
+                source=HubSource(hub["path"], None if hub_config is None else str(hub_config), tuple(names)),
+                label_field=str(doc.get("label", "label")), train_split=_split_key(doc, "train_split", names, where) or "train",
+                validation_split=validation, sizes={s: n for s, n in zip(names, splits.values()) if n is not None} or None,
+                label_ids=True,  # the hub's schema stores class ids (-1: unlabelled)
+                description=str(doc.get("description", f"{hub['path']} (hub)")),
+                extra_eval_splits={str(k): str(v) for k, v in extra.items() if str(v) != validation})
 
 
 def _split_key(doc: dict, key: str, splits: list[str], where: str) -> str | None:
