@@ -15,14 +15,9 @@ import pytest
 SRC = Path(__file__).resolve().parent.parent / "src"
 PACKAGE = "headcount"
 
-#: imports inside functions that close a cycle, each with why it is still there: without them the
-#: graph of every import is acyclic
-LAZY_EDGES_ALLOWED = {
-    # tasks.fit_mlm_head / tasks.mlm.fit_mlm_head: compatibility re-exports of heads.fit_mlm_head
-    # (module __getattr__), while heads builds on tasks.mlm
-    ("headcount.tasks", "headcount.heads"),
-    ("headcount.tasks.mlm", "headcount.heads"),
-}
+#: imports inside functions that close a cycle, each with why it is still there: none (the
+#: compatibility re-exports that needed them are gone); kept so that a future one is argued here
+LAZY_EDGES_ALLOWED: set[tuple[str, str]] = set()
 
 
 def _modules() -> dict[str, tuple[Path, bool]]:

@@ -550,15 +550,13 @@ def test_docstring_examples(module):
     assert result.failed == 0 and result.attempted > 0
 
 
-def test_moved_names_stay_importable_from_headcount_magnitude():
+def test_the_procedures_live_in_magnitude_search_only():
+    """0.x keeps no moved-name shims: the weight-mask primitives and the procedures each have one home."""
     import headcount.magnitude as primitives
-    import headcount.magnitude_search as search
 
     for name in ("MagnitudeConfig", "magnitude_prune", "iterative_magnitude_prune", "prasanna_magnitude_mask"):
-        assert getattr(primitives, name) is getattr(search, name)
+        assert not hasattr(primitives, name)
     assert MagnitudeConfig().procedure == "prasanna" and MagnitudeConfig().rounds == 10
-    with pytest.raises(AttributeError):
-        primitives.no_such_name  # noqa: B018
 
 
 @pytest.mark.parametrize("module", ["headcount.magnitude", "headcount.magnitude_search", "headcount.training"])

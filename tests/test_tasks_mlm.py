@@ -9,10 +9,10 @@ import torch
 import transformers
 
 from headcount.errors import HeadcountError
+from headcount.heads import fit_mlm_head
 from headcount.tasks import (
     TaskData,
     encode,
-    fit_mlm_head,
     get_task,
     make_batches,
     mlm_batches,

@@ -35,7 +35,7 @@ _EXPORTS = {
     "evaluate_batches": "evaluation",
     # tasks and data
     "get_task": "tasks", "list_tasks": "tasks", "register_task": "tasks", "encode": "tasks",
-    "make_batches": "tasks", "compute_metrics": "tasks", "mlm_batches": "tasks", "fit_mlm_head": "tasks",
+    "make_batches": "tasks", "compute_metrics": "tasks", "mlm_batches": "tasks", "fit_mlm_head": "heads",
     # training and magnitude pruning
     "finetune": "training", "evaluate": "training", "TrainConfig": "training",
     # studies
@@ -59,7 +59,8 @@ if TYPE_CHECKING:  # what type checkers see (py.typed): the same names, imported
     from .runner import Job, register_study
     from .scoring import Scores, normalize_scores, score
     from .surgery import count_parameters, load_pruned, prune_heads, prune_mlps, prune_neurons, save_pruned, shrink
-    from .tasks import compute_metrics, encode, fit_mlm_head, get_task, list_tasks, make_batches, mlm_batches, register_task
+    from .heads import fit_mlm_head
+    from .tasks import compute_metrics, encode, get_task, list_tasks, make_batches, mlm_batches, register_task
     from .training import TrainConfig, evaluate, finetune
 
 

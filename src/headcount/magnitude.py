@@ -24,7 +24,6 @@ The procedures that decide how far to prune (the paper's search without retraini
 
 from __future__ import annotations
 
-import importlib
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -375,22 +374,6 @@ def weight_mask_meta(path) -> dict:
         return {k: json.loads(v) for k, v in (f.metadata() or {}).items()}
 
 
-# -- compatibility -------------------------------------------------------------------------------------
-#: Names that moved to :mod:`headcount.magnitude_search` (the procedures), still importable from here.
-_MOVED = ("MagnitudeConfig", "magnitude_prune", "iterative_magnitude_prune", "prasanna_magnitude_mask",
-          "prasanna_magnitude_prune", "MaskSearch", "PROCEDURES", "SCHEDULES")
-
-
-def __getattr__(name: str):
-    """``headcount.magnitude.magnitude_prune`` etc.: looked up in :mod:`headcount.magnitude_search`
-    when first asked for (this module never imports the procedures: they import it)."""
-    if name in _MOVED:
-        value = getattr(importlib.import_module(f"{__package__}.magnitude_search"), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 __all__ = ["VARIANTS", "CONTROLS", "weight_targets", "magnitude_mask", "apply_weight_mask", "masked_weights",
            "remove_weight_mask", "weight_mask_of", "mask_sparsity", "model_sparsity", "save_weight_mask",
-           "load_weight_mask", "weight_mask_meta", "check_sparsity", *_MOVED]
+           "load_weight_mask", "weight_mask_meta", "check_sparsity"]

@@ -143,12 +143,8 @@ def score(
     score_command = _heavy_imports().score_command
     phases("imports")
 
-    settings = {"model": model, "task": task, **asdict(how), **asdict(data)}
-    if accumulate is None:  # only when given: earlier runs keep their identity
-        del settings["accumulate"]
-    if batch_order == "auto":
-        del settings["batch_order"]
-    identity = run_identity(settings, model, task)
+    # the run's identity: every setting as resolved (0.x keeps no earlier versions' identities)
+    identity = run_identity({"model": model, "task": task, **asdict(how), **asdict(data)}, model, task)
     with prepare_out(out, "score", identity=identity, outputs=SCORE_FILES, force=force, echo=typer.echo) as guard:
         summary = score_command(model, task, how, data, guard.staging(), echo=typer.echo, device=device,
                                 precision=precision, tokens_per_batch=tokens_per_batch, mark=phases)
@@ -202,16 +198,9 @@ def prune(
     stop = replace(importance, max_examples=max_eval_examples)
     with _naming_out_on_interrupt(out):  # the imports and the fingerprints take seconds before --out is taken
         prune_command = _heavy_imports().prune_command
-        # the run's identity: the options as given (the same record as earlier versions wrote)
-        settings = dict(model=model, task=task, objective=objective, threshold=threshold, step=step, step_of=step_of,
-                        mlps=mlps, one_shot=one_shot, method=method, normalize=normalize,
-                        importance_split=importance_split, stop_split=stop_split, max_examples=max_examples,
-                        max_eval_examples=max_eval_examples, batch_size=batch_size, max_length=max_length, seed=seed)
-        if accumulate is not None:  # only when given: earlier runs keep their identity
-            settings["accumulate"] = accumulate
-        if batch_order != "auto":
-            settings["batch_order"] = batch_order
-        identity = run_identity(settings, model, task)
+        # the run's identity: every setting as resolved (0.x keeps no earlier versions' identities)
+        identity = run_identity({"model": model, "task": task, **asdict(how), "loop": asdict(loop),
+                                 "importance": asdict(importance), "stop": asdict(stop)}, model, task)
     with prepare_out(out, "prune", identity=identity, outputs=PRUNE_FILES, force=force, echo=typer.echo) as guard:
         result = prune_command(model, task, how, loop, importance, stop, guard.staging(), echo=typer.echo,
                                device=device, precision=precision, tokens_per_batch=tokens_per_batch)

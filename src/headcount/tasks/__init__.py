@@ -10,7 +10,8 @@ The contract (docs/DATA-API.md)::
     compute_metrics(metric, predictions, labels) -> dict  (always has "score")
     mlm_texts(source, max_examples=None, seed=0) -> list[str]
     mlm_batches(texts, tokenizer, *, max_length=128, batch_size=32, seed=0, probability=0.15)
-    fit_mlm_head(model_spec, texts, ...) -> (model, report)
+
+(The masked-LM head fitted on a frozen encoder is :func:`headcount.heads.fit_mlm_head`.)
 """
 
 from .base import METRICS, NO_LABEL, FilesSource, Source, Task, TaskData
@@ -28,15 +29,7 @@ __all__ = [
     "Task", "TaskData", "Source", "FilesSource", "Encoded",
     "get_task", "list_tasks", "register_task", "resolve_task_ref", "glue_task", "offline_task", "load_task_yaml",
     "encode", "tokenize", "make_batches", "compute_metrics",
-    "mlm_texts", "mlm_batches", "mask_tokens", "fit_mlm_head", "has_mlm_head",
+    "mlm_texts", "mlm_batches", "mask_tokens",
     "fetch", "is_fetched", "offline_corpus", "data_root", "cache_root",
 ]
 
-
-def __getattr__(name: str):
-    """``fit_mlm_head``/``has_mlm_head`` live in :mod:`headcount.heads` (it builds on this package)."""
-    if name in ("fit_mlm_head", "has_mlm_head"):
-        from .. import heads
-
-        return getattr(heads, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -167,14 +167,3 @@ def mlm_batches(texts: Sequence[str], tokenizer, *, max_length: int = 128, batch
                                                   probability, ordinary)
         batches.append(b)
     return batches
-
-
-# --------------------------------------------------------------------------- head fitting (moved)
-def __getattr__(name: str):
-    """``fit_mlm_head`` and ``has_mlm_head`` live in :mod:`headcount.heads` (re-exported here for
-    compatibility; imported on first use, since heads.py itself builds on this module)."""
-    if name in ("fit_mlm_head", "has_mlm_head"):
-        from .. import heads
-
-        return getattr(heads, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
