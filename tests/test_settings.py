@@ -140,9 +140,9 @@ ONCE = [
     ("2000", r"texts", "heads.py"),  # MLM head fitting texts
     ("-100", None, "tasks/base.py"),  # the ignored label
     ("0.15", r"prob", "tasks/mlm.py"),  # masking probability
-    ("9999", r"permutation", "analysis/stats.py"),
-    ("0.95", r"level", "analysis/stats.py"),
-    ("1000", r"boot", "analysis/stats.py"),
+    ("9999", r"permutation", "analysis/helpers.py"),
+    ("0.95", r"level", "analysis/helpers.py"),
+    ("1000", r"boot", "analysis/helpers.py"),
     ("2e-5", r"lr", "training.py"),
     ("8192", None, "settings.py"),  # the longest tokenised example
 ]

@@ -1,4 +1,4 @@
-"""headcount.analysis.stats against scipy, the krippendorff package, worked examples and hand computations."""
+"""headcount.analysis against scipy, the krippendorff package, worked examples and hand computations."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import scipy.stats as sps
 
-import headcount.analysis.stats as stats_mod
+import headcount.analysis as analysis_pkg
 from headcount.analysis import (
     bad_control,
     bootstrap_ci,
@@ -48,8 +48,13 @@ def grid(seed: int = 0, shape=(12, 12), integers: bool = False) -> np.ndarray:
 
 
 def test_docstring_examples_run():
-    result = doctest.testmod(stats_mod, optionflags=doctest.ELLIPSIS)
-    assert result.attempted >= 20 and result.failed == 0
+    attempted = 0
+    for mod in (analysis_pkg.helpers, analysis_pkg.correlation, analysis_pkg.resampling, analysis_pkg.permutation,
+                analysis_pkg.agreement, analysis_pkg.subnetworks, analysis_pkg.summaries):
+        result = doctest.testmod(mod, optionflags=doctest.ELLIPSIS)
+        assert result.failed == 0, mod.__name__
+        attempted += result.attempted
+    assert attempted >= 20
 
 
 # --------------------------------------------------------------------------- rank correlation

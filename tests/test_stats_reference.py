@@ -1,4 +1,4 @@
-"""headcount.analysis.stats' honest-statistics procedures against small reference implementations.
+"""headcount.analysis' honest-statistics procedures against small reference implementations.
 
 Each reference below is written here with plain numpy/scipy loops (it does not call the code
 under test) and checked on synthetic data with a known truth:

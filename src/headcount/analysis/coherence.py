@@ -18,17 +18,13 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..errors import HeadcountError
-from .stats import (
-    DEFAULT_FRACTIONS,
-    LEVEL,
-    N_BOOT,
-    N_PERMUTATIONS,
+from .correlation import compare_scores, normalize_layers
+from .helpers import DEFAULT_FRACTIONS, LEVEL, N_BOOT, N_PERMUTATIONS
+from .permutation import permutation_test
+from .resampling import (
     bootstrap_ci,
-    compare_scores,
     hierarchical_ci_from_replicates,
-    normalize_layers,
     paired_bootstrap_ci,
-    permutation_test,
 )
 
 __all__ = ["LAYER_NORM", "VIEWS", "coherence", "pair_seed", "seed_mean_ci", "shared_view", "statistic_range",
@@ -79,7 +75,7 @@ def pair_seed(base: int, name: str) -> int:
     return (int(base) * 1_000_003 + zlib.crc32(name.encode())) % (2 ** 32)
 
 
-#: suffix of the statistics computed on layer-normalised grids (:func:`~headcount.analysis.stats.normalize_layers`)
+#: suffix of the statistics computed on layer-normalised grids (:func:`~headcount.analysis.correlation.normalize_layers`)
 LAYER_NORM = "@layer-norm"
 
 
@@ -105,7 +101,7 @@ def coherence(a, b, contributions: tuple | None = None, *, paired: bool = False,
     Statistics (on ``view_of(grid, view, groups)``): ``spearman``, ``kendall`` (tau-b),
     ``jaccard@F`` (top-F overlap, for each fraction) and ``layer_mass_l1`` (L1 distance of the
     per-layer importance shares, in [0, 2]) on the raw grids; the same but ``layer_mass_l1`` on
-    layer-normalised grids (each row z-scored, :func:`~headcount.analysis.stats.normalize_layers`),
+    layer-normalised grids (each row z-scored, :func:`~headcount.analysis.correlation.normalize_layers`),
     named with the suffix ``@layer-norm``: do the grids order the heads *within* each layer alike,
     with the layers' different means taken out?
 
@@ -121,7 +117,7 @@ def coherence(a, b, contributions: tuple | None = None, *, paired: bool = False,
         contributions: optional ``(per_example_a, per_example_b)``, each ``[n_examples, n_layers,
             n_heads]``: bootstrap over examples (the grids are re-aggregated as sums).
         paired: the two grids come from the same examples: resample them together, matched by
-            ``ids`` (:func:`~headcount.analysis.stats.paired_bootstrap_ci`; id sets that differ are an
+            ``ids`` (:func:`~headcount.analysis.resampling.paired_bootstrap_ci`; id sets that differ are an
             error). Without ids on both sides the bootstrap is unpaired (``pairing`` says so).
         ids: optional ``(ids_a, ids_b)``: the example id of each row of the contributions.
         fractions: top-k fractions for the Jaccard overlap.
@@ -215,7 +211,7 @@ def seed_mean_ci(estimates: Sequence[float], samples: Sequence, statistic: str, 
     """A mean over seeds (pairs) of one statistic, with its hierarchical bootstrap interval.
 
     Seeds are resampled, then one of each drawn seed's example-bootstrap replicates
-    (:func:`~headcount.analysis.stats.hierarchical_ci_from_replicates`, t interval, clipped to
+    (:func:`~headcount.analysis.resampling.hierarchical_ci_from_replicates`, t interval, clipped to
     :func:`statistic_range`). Seeds whose estimate is not finite (a constant grid) are left out
     and counted: ``n`` (seeds given) vs ``n_finite`` (seeds averaged).
 

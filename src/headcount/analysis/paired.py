@@ -39,7 +39,7 @@ import numpy as np
 from scipy import stats as _sps
 
 from ..errors import HeadcountError
-from .stats import LEVEL
+from .helpers import LEVEL
 
 __all__ = ["EXACT_MAX", "PairedResult", "at_chance", "paired_sign_flip_test", "seed_interval"]
 

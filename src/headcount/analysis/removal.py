@@ -18,7 +18,7 @@ from ..errors import HeadcountError
 from ..masks import Mask
 from ..pruning import select_lowest
 from .coherence import view_of
-from .stats import largest_contiguous_passing
+from .summaries import largest_contiguous_passing
 
 __all__ = ["acceptable_deduction", "removal_mask"]
 
@@ -65,7 +65,7 @@ def acceptable_deduction(rows: Sequence[Mapping], threshold: float) -> dict:
     """The largest MLM-quality loss at which the fine-tuned pruned model keeps ``threshold`` of the full score.
 
     A level counts only when it and every lower level are acceptable
-    (:func:`~headcount.analysis.stats.largest_contiguous_passing`): a noisy curve whose 40% level
+    (:func:`~headcount.analysis.summaries.largest_contiguous_passing`): a noisy curve whose 40% level
     passes after 30% failed does not make 40% acceptable. Among the levels up to that one, the
     row with the largest loss increase is returned.
 

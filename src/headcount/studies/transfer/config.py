@@ -23,7 +23,7 @@ from pydantic import (
     model_validator,
 )
 
-from ...analysis.stats import DEFAULT_FRACTIONS, LEVEL, N_BOOT, N_PERMUTATIONS
+from ...analysis.helpers import DEFAULT_FRACTIONS, LEVEL, N_BOOT, N_PERMUTATIONS
 from ...errors import HeadcountError
 from ...heads import MLM_HEAD_MAX_TEXTS, MLM_HEAD_STEPS
 from ...pipeline import DataConfig

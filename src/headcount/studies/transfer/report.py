@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from ...analysis.paired import at_chance, seed_interval
-from ...analysis.stats import LEVEL
+from ...analysis.helpers import LEVEL
 from ...report import ReportContent, ReportFigure, ReportTable, Section
 from ...report.format import finite, nan_runs, seed_cell
 from .config import TransferConfig, TransferSettings

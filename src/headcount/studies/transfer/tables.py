@@ -13,7 +13,7 @@ import pandas as pd
 from scipy.stats import rankdata
 
 from ...analysis.removal import acceptable_deduction
-from ...analysis.stats import largest_contiguous_passing
+from ...analysis.summaries import largest_contiguous_passing
 from ..extra_eval import extra_splits
 from .config import TransferSettings
 from .plan import Names, plan_of
@@ -159,7 +159,7 @@ def prunability_table(curves: pd.DataFrame, threshold: float) -> pd.DataFrame:
 
     ``removable_fraction``: the largest level such that at it and every lower level the mean
     score over replicates stays at or above ``threshold`` x the full model's
-    (:func:`~headcount.analysis.stats.largest_contiguous_passing`; 0 when the lowest level fails);
+    (:func:`~headcount.analysis.summaries.largest_contiguous_passing`; 0 when the lowest level fails);
     ``removable_fraction_raw``: the largest passing level, ignoring failures below it. Both are NaN
     (n/a) when the full model's metric is (e.g. a correlation metric on constant labels): nothing
     can be compared with it, which is not "nothing removable".
