@@ -24,7 +24,7 @@ from headcount.device import (
 )
 from headcount.errors import HeadcountError
 from headcount.evaluation import MLM_METRIC, evaluate_batches, masked_positions_only
-from headcount.runner.executors import DevicePool, LocalExecutor
+from headcount.runner.local import DevicePool, LocalExecutor
 from headcount.scoring import score
 from headcount.tasks.batching import pack_batches
 

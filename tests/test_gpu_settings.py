@@ -25,7 +25,8 @@ from headcount.runner import (
     register_study,
 )
 from headcount.runner.config import config_hash
-from headcount.runner.executors import LocalExecutor, ray_gpus
+from headcount.runner.local import LocalExecutor
+from headcount.runner.ray_executor import ray_gpus
 from headcount.runner.study import run_study
 from headcount.studies.lottery import LotterySettings, lottery_jobs
 from headcount.studies.transfer import TransferSettings
@@ -73,7 +74,8 @@ def test_gpus_per_job_reaches_the_ray_executor_from_the_cli_and_the_api(tmp_path
     RayExecutor asking X GPUs per model job (no Ray needed: the executor's check stops the run)."""
     import headcount.commands.demo as demo_command
     from headcount.api import run_study as api_run_study
-    from headcount.runner.executors import GPUS_PER_JOB, make_executor
+    from headcount.runner.executors import make_executor
+    from headcount.runner.ray_executor import GPUS_PER_JOB
 
     seen = []
 

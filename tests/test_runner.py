@@ -413,7 +413,7 @@ def test_study_types_come_from_entry_points_built_in_and_plugin(tmp_path, monkey
 
 
 @pytest.mark.parametrize("module", ["runner.jobs", "runner.store", "runner.config", "runner.registry",
-                                    "runner.executors", "runner.study", "report.content", "report.html",
+                                    "runner.execution", "runner.study", "report.content", "report.html",
                                     "report.build"])
 def test_docstring_examples_run(module):
     import doctest

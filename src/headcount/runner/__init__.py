@@ -13,7 +13,10 @@ from .config import (
     load_study_config,
     parse_study_config,
 )
-from .executors import Executor, LocalExecutor, RayExecutor, make_executor
+from .execution import Executor
+from .executors import make_executor
+from .local import LocalExecutor
+from .ray_executor import RayExecutor
 from .jobs import (
     Job,
     JobResult,

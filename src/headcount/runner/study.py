@@ -31,7 +31,9 @@ import yaml
 from ..atomic import atomic_write_json, atomic_write_text
 from ..errors import HeadcountError
 from .config import LoadedConfig, StudyConfig, config_hash, load_study_config
-from .executors import Executor, Reporter, make_executor
+from .execution import Executor
+from .executors import make_executor
+from .progress import Reporter
 from .jobs import Plan, headcount_version, resolve_function
 from .registry import get_study_type
 from .store import CONFIG, FORMAT, MANIFEST, PLAN, RunStore, check_run_dir, utcnow
