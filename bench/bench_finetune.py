@@ -6,7 +6,7 @@ words, median ~27), same hyper-parameters (batch 32, lr 2e-5, max length 128), t
 optimizer steps (batches drawn from the epoch each side would run).
 
 - baseline: the tokenizer pads every example to 128 tokens, `default_data_collator`, random order;
-- headcount: `headcount.training.finetune` (dynamic padding, length-grouped batches).
+- headcount: `headcount.train.finetune` (dynamic padding, length-grouped batches).
 
 Throughput = real (non-padding) training tokens per second of training (evaluation excluded).
 Target: headcount >= 1.5x the baseline. One run each; prints the ratio.
@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 import transformers
 
-from headcount.training import TrainConfig, finetune, use_bf16
+from headcount.train import TrainConfig, finetune, use_bf16
 
 BATCH = 32
 MAX_LENGTH = 128

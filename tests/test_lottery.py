@@ -53,7 +53,7 @@ from headcount.studies.lottery import (
 )
 from headcount.studies.lottery.published import PRASANNA_2020, published
 from headcount.studies.lottery.tables import paper_table
-from headcount.training import TrainConfig
+from headcount.train import TrainConfig
 
 _one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
 
@@ -387,7 +387,7 @@ def test_no_passing_magnitude_mask_is_a_flagged_nan_row_and_its_controls_are_ski
     from headcount.studies.lottery import magnitude_job
     from headcount.studies.lottery.report import no_passing_sentence
     from headcount.studies.lottery.tables import nan_table, seed_scores
-    from headcount.training import finetune
+    from headcount.train import finetune
 
     train = {"lr": 0.01, "batch_size": 16, "epochs": 1, "max_length": 32, "max_train_examples": 64,
              "max_eval_examples": 32, "save_steps": 1000}

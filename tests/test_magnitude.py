@@ -36,7 +36,7 @@ from headcount.magnitude_search import (
     prasanna_magnitude_prune,
 )
 from headcount.models import load_model
-from headcount.training import TrainConfig, finetune
+from headcount.train import TrainConfig, finetune
 
 FAST = TrainConfig(lr=1e-2, batch_size=16, epochs=2, save_steps=4, max_train_examples=128, max_eval_examples=64,
                    use_cpu=True)
@@ -541,7 +541,7 @@ def test_rewind_to_an_early_checkpoint(world, tmp_path):
     assert r["rewind"] == "step 3"
 
 
-@pytest.mark.parametrize("module", ["training", "magnitude", "magnitude_search"])
+@pytest.mark.parametrize("module", ["train.config", "magnitude", "magnitude_search"])
 def test_docstring_examples(module):
     import doctest
     import importlib
@@ -559,7 +559,7 @@ def test_the_procedures_live_in_magnitude_search_only():
     assert MagnitudeConfig().procedure == "prasanna" and MagnitudeConfig().rounds == 10
 
 
-@pytest.mark.parametrize("module", ["headcount.magnitude", "headcount.magnitude_search", "headcount.training"])
+@pytest.mark.parametrize("module", ["headcount.magnitude", "headcount.magnitude_search", "headcount.train"])
 def test_each_module_imports_alone(module):
     """A fresh interpreter imports each alone (no partially initialised module from a cycle)."""
     import subprocess

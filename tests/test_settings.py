@@ -28,7 +28,7 @@ from headcount.settings import (
     default_of,
     settings_from,
 )
-from headcount.training import TrainConfig
+from headcount.train import TrainConfig
 
 SRC = Path(__file__).resolve().parent.parent / "src" / "headcount"
 
@@ -103,7 +103,7 @@ def test_an_option_takes_whatever_its_class_declares():
 def test_default_of_reads_dataclasses_pydantic_models_and_functions():
     from pydantic import BaseModel
 
-    from headcount.training import finetune
+    from headcount.train import finetune
 
     class Model(BaseModel):
         n: int = 3
@@ -143,7 +143,7 @@ ONCE = [
     ("9999", r"permutation", "analysis/helpers.py"),
     ("0.95", r"level", "analysis/helpers.py"),
     ("1000", r"boot", "analysis/helpers.py"),
-    ("2e-5", r"lr", "training.py"),
+    ("2e-5", r"lr", "train/config.py"),
     ("8192", None, "settings.py"),  # the longest tokenised example
 ]
 

@@ -1,4 +1,4 @@
-"""Fine-tuning and structured retraining (headcount.training) on a tiny model and a learnable task."""
+"""Fine-tuning and structured retraining (headcount.train) on a tiny model and a learnable task."""
 
 from __future__ import annotations
 
@@ -12,13 +12,7 @@ from headcount.errors import HeadcountError
 from headcount.masks import Mask
 from headcount.models import load_model
 from headcount.surgery import load_pruned
-from headcount.training import (
-    DynamicPadding,
-    LengthGroupedEpochSampler,
-    TrainConfig,
-    evaluate,
-    finetune,
-)
+from headcount.train import DynamicPadding, LengthGroupedEpochSampler, TrainConfig, evaluate, finetune
 
 #: learns the has-"good" task to 100% in 96 steps (~3 s on 2 CPU cores). Every seed 1-20 reaches 100%
 #: by epoch 5 of 8; the former lr=1e-2, 3 epochs stayed at chance for half of the seeds, so whether
@@ -101,7 +95,7 @@ def test_structured_retraining_keeps_heads_removed(world, tmp_path):
 
 
 def test_structured_retraining_starts_from_the_pretrained_weights(world, tmp_path):
-    from headcount.training import prepare_model
+    from headcount.train import prepare_model
 
     pre = load_model(world["pre"], head="base")
     mask = Mask.full(2, 4).without_heads([(0, 0)])
@@ -147,7 +141,7 @@ def test_a_saved_tokenizer_is_the_same_file_whatever_it_tokenized_before(world, 
     from training_helpers import make_tokenizer
 
     from headcount.surgery import save_pruned, shrink
-    from headcount.training import _save_model
+    from headcount.train.finetuning import _save_model
 
     tok = make_tokenizer(tmp_path / "tok")
     model = load_model(world["pre"], head="classification", num_labels=2)

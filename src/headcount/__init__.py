@@ -37,7 +37,7 @@ _EXPORTS = {
     "get_task": "tasks", "list_tasks": "tasks", "register_task": "tasks", "encode": "tasks",
     "make_batches": "tasks", "compute_metrics": "tasks", "mlm_batches": "tasks", "fit_mlm_head": "heads",
     # training and magnitude pruning
-    "finetune": "training", "evaluate": "training", "TrainConfig": "training",
+    "finetune": "train", "evaluate": "train", "TrainConfig": "train",
     # studies
     "run_study": "api", "register_study": "runner", "Job": "runner",
     "build_report": "report",
@@ -61,7 +61,7 @@ if TYPE_CHECKING:  # what type checkers see (py.typed): the same names, imported
     from .surgery import count_parameters, load_pruned, prune_heads, prune_mlps, prune_neurons, save_pruned, shrink
     from .heads import fit_mlm_head
     from .tasks import compute_metrics, encode, get_task, list_tasks, make_batches, mlm_batches, register_task
-    from .training import TrainConfig, evaluate, finetune
+    from .train import TrainConfig, evaluate, finetune
 
 
 def __getattr__(name: str):

@@ -61,7 +61,9 @@ from .magnitude import (
 )
 from .settings import METRIC_SHARE, RATE, ROUNDS, STEP_NUMBER, check_bounds
 from .tasks import encode
-from .training import TrainConfig, _as_task, _use_cpu, evaluate, finetune, use_bf16
+from .train import TrainConfig, evaluate, finetune, use_bf16
+from .train.config import _use_cpu
+from .train.data import _as_task
 
 PROCEDURES = ("prasanna", "imp")
 SCHEDULES = ("remaining", "original")
@@ -390,7 +392,7 @@ def prasanna_magnitude_prune(model_spec: str, task, *, config: MagnitudeConfig |
        weights, a new head with the same seed) -> the reported ``metric``.
 
     When no step passes: ``no_passing_mask: true``, ``metric``/``sparsity`` null, no mask file,
-    nothing retrained. Resumable (each fine-tuning is a :func:`~headcount.training.finetune` folder).
+    nothing retrained. Resumable (each fine-tuning is a :func:`~headcount.train.finetune` folder).
 
     Returns:
         The summary written to ``magnitude.json``: procedure, full_metric (the full fine-tuning),
@@ -506,13 +508,13 @@ def iterative_magnitude_prune(model_spec: str, task, *, config: MagnitudeConfig 
     When no round passes: ``no_passing_mask: true``, ``metric``/``sparsity`` null and no
     ``weight_mask.safetensors`` (earlier versions reported the full model at sparsity 0).
 
-    Everything is resumable: each round is a :func:`~headcount.training.finetune` folder.
+    Everything is resumable: each round is a :func:`~headcount.train.finetune` folder.
 
     Args:
         model_spec: the pre-trained model (the rewind target).
         task: task name, YAML path or object.
         config: :class:`MagnitudeConfig`.
-        train: :class:`~headcount.training.TrainConfig` for every fine-tuning.
+        train: :class:`~headcount.train.TrainConfig` for every fine-tuning.
         seed: training seed (and the random control's).
         out_dir: output folder: ``weight_mask.safetensors`` (the last passing mask), ``trace.csv``,
             ``magnitude.json``, ``full/``, ``round_XX/``.

@@ -14,8 +14,8 @@ from ..launch import launch_rank
 from ..magnitude import check_sparsity
 from ..magnitude_search import MagnitudeConfig, check_procedure, magnitude_prune
 from ..settings import SEED
-from ..training import TrainConfig
-from ..training import finetune as finetune_model
+from ..train import TrainConfig
+from ..train import finetune as finetune_model
 from . import app, bounded, setting
 from .core import MODEL_HELP
 

@@ -35,7 +35,7 @@ from ..pruning import PruneConfig
 from ..scoring import get_scorer, score
 from ..settings import check_objective, default_of
 from ..tasks import get_task
-from ..training import TrainConfig, finetune
+from ..train import TrainConfig, finetune
 
 
 def model_spec(params: dict, inputs: dict) -> str:
@@ -70,7 +70,7 @@ def finetune_job(params, inputs, workdir: Path, progress) -> dict:
 
     params: model, task, seed, train (TrainConfig fields), mask_mode ("prune" | "gate"),
     optional weight_mask from an upstream ``weight_mask`` job (its weight_mask.safetensors).
-    Unset ones take :func:`headcount.training.finetune`'s defaults. Writes ``model/`` and ``metrics.json``.
+    Unset ones take :func:`headcount.train.finetune`'s defaults. Writes ``model/`` and ``metrics.json``.
     """
     weight_mask = inputs["weight_mask"].path("weight_mask.safetensors") if "weight_mask" in inputs else None
     given = {k: params[k] for k in ("mask_mode", "seed") if params.get(k) is not None}

@@ -32,7 +32,7 @@ The modules: :mod:`.config` (settings, job parameters), :mod:`.plan` (settings -
 :mod:`.jobs` (the job functions), :mod:`.tables`, :mod:`.figures` and :mod:`.report` (the report
 from saved results). The maths lives elsewhere: :mod:`headcount.pruning` (the loop),
 :mod:`headcount.magnitude_search` (the magnitude procedures) on :mod:`headcount.magnitude`
-(weight masks and their controls), :mod:`headcount.training` (retraining),
+(weight masks and their controls), :mod:`headcount.train` (retraining),
 :mod:`headcount.analysis` (controls, stability, overlap, super-survivors, pattern classes).
 
 Composable: :func:`lottery_jobs` returns the jobs of a :class:`LotterySettings` under a name

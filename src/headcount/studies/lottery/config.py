@@ -1,6 +1,6 @@
 """The settings of a lottery study (pydantic models), and the parameters of its jobs.
 
-One declaration per setting: the training settings are :class:`headcount.training.TrainConfig`'s
+One declaration per setting: the training settings are :class:`headcount.train.TrainConfig`'s
 fields and the magnitude settings :class:`headcount.magnitude_search.MagnitudeConfig`'s (their types
 and defaults, read from those classes); the pattern CNN's defaults are those of
 :func:`headcount.analysis.patterns.train_pattern_cnn`. Each job function validates its
@@ -42,7 +42,7 @@ from ...settings import (
     STEPS,
 )
 from ...tasks import get_task
-from ...training import TrainConfig
+from ...train import TrainConfig
 
 #: How a random subnetwork is drawn: as many heads and MLPs as the good one (``uniform``) or
 #: each kept with p = the good subnetwork's kept fraction (``bernoulli``, the paper's draw).
@@ -51,7 +51,7 @@ RandomDraw = Literal["uniform", "bernoulli"]
 #: Side of the fixed-size mean attention maps (at least 8 cells).
 MapSide = Annotated[int, Field(ge=8, le=MAP_SIDE.high)]
 
-#: :class:`headcount.training.TrainConfig` fields a lottery config exposes under ``train``.
+#: :class:`headcount.train.TrainConfig` fields a lottery config exposes under ``train``.
 TRAIN_FIELDS: tuple[str, ...] = (
     "lr", "batch_size", "epochs", "max_length", "weight_decay", "warmup", "max_grad_norm", "max_train_examples",
     "max_eval_examples", "eval_batch_size", "max_steps", "gradient_accumulation_steps", "data_seed", "bf16",
@@ -91,7 +91,7 @@ def _check(build, values: dict) -> None:
 
 class TrainSettings(create_model("TrainFields", __base__=ConfigSection, **fields_of(TrainConfig, TRAIN_FIELDS))):
     """Fine-tuning / retraining hyper-parameters: the :data:`TRAIN_FIELDS` of
-    :class:`headcount.training.TrainConfig`, with its defaults and checks.
+    :class:`headcount.train.TrainConfig`, with its defaults and checks.
 
     Defaults are Prasanna et al.'s: lr 2e-5, batch 32, 3 epochs, max length 128, no weight
     decay, no warm-up, clipping at 1.0. ``max_train_examples`` / ``max_eval_examples`` take
@@ -108,7 +108,7 @@ class TrainSettings(create_model("TrainFields", __base__=ConfigSection, **fields
         return self
 
     def config(self) -> TrainConfig:
-        """The :class:`headcount.training.TrainConfig` of these settings."""
+        """The :class:`headcount.train.TrainConfig` of these settings."""
         return TrainConfig(**self.model_dump())
 
 

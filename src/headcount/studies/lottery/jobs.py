@@ -1,7 +1,7 @@
 """The job functions of the lottery study (the runner's signature: ``(params, inputs, workdir,
 progress) -> dict``). Orchestration only: each validates its params (:mod:`.config`), loads
 what it needs, calls the maths (:mod:`headcount.analysis`, :mod:`headcount.magnitude`,
-:mod:`headcount.training`) and writes its files.
+:mod:`headcount.train`) and writes its files.
 """
 
 from __future__ import annotations

@@ -40,7 +40,7 @@ from ...settings import (
     SEED,
     STEPS,
 )
-from ...training import TrainConfig
+from ...train import TrainConfig
 
 def _per_example_scorer(name: str) -> str:
     """A registered scorer with per-example contributions (the paired bootstrap needs them)."""
@@ -70,7 +70,7 @@ _DATA_DEFAULTS = {f.name: f.default for f in fields(DataConfig)}
 # =============================================================================================
 # settings (the YAML)
 # =============================================================================================
-#: :class:`headcount.training.TrainConfig` fields a transfer config may set under ``train``
+#: :class:`headcount.train.TrainConfig` fields a transfer config may set under ``train``
 TRAIN_FIELDS: tuple[str, ...] = (
     "lr", "batch_size", "epochs", "max_length", "weight_decay", "warmup", "max_grad_norm", "eval_each_epoch", "bf16",
     "group_by_length", "max_train_examples", "max_eval_examples", "eval_batch_size", "max_steps",
@@ -80,7 +80,7 @@ TRAIN_FIELDS: tuple[str, ...] = (
 
 class TrainSettings(create_model("TransferTrainFields", __base__=ConfigSection,
                                  **fields_of(TrainConfig, TRAIN_FIELDS, optional=True))):
-    """Fine-tuning settings: the :data:`TRAIN_FIELDS` of :class:`headcount.training.TrainConfig`
+    """Fine-tuning settings: the :data:`TRAIN_FIELDS` of :class:`headcount.train.TrainConfig`
     (their types read from it); unset = its default."""
 
     def values(self) -> dict:
@@ -88,7 +88,7 @@ class TrainSettings(create_model("TransferTrainFields", __base__=ConfigSection,
         return {k: v for k, v in self.model_dump().items() if v is not None}
 
     def config(self) -> TrainConfig:
-        """The :class:`~headcount.training.TrainConfig` these settings give (its defaults where unset)."""
+        """The :class:`~headcount.train.TrainConfig` these settings give (its defaults where unset)."""
         return TrainConfig(**self.values())
 
     @model_validator(mode="after")

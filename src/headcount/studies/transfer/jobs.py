@@ -29,7 +29,7 @@ from ...pipeline import batches_for, load_for
 from ...scoring import score
 from ...surgery import count_parameters, save_tokenizer
 from ...tasks import encode, get_task, make_batches
-from ...training import prepare_model
+from ...train import prepare_model
 from ..jobs import load_per_example, model_spec, save_per_example, step_messages
 from .config import (
     CoherenceParams,
