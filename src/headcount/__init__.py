@@ -41,6 +41,7 @@ _EXPORTS = {
     # studies
     "run_study": "api", "register_study": "runner", "Job": "runner",
     "build_report": "report",
+    "explore": "explorer",
     "HeadcountError": "errors",
 }
 
@@ -51,6 +52,7 @@ if TYPE_CHECKING:  # what type checkers see (py.typed): the same names, imported
     from .attention import attention_maps
     from .errors import HeadcountError
     from .evaluation import evaluate_batches
+    from .explorer import explore
     from .gates import clear_gates, clone_model, gated, layout, set_gates, shared_groups
     from .masks import Mask
     from .models import load_model, load_tokenizer

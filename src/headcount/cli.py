@@ -21,6 +21,7 @@ from .commands import patterns  # noqa: F401  (patterns train, patterns syntheti
 from .commands import analyse  # noqa: F401  (score, prune)
 from .commands import demo  # noqa: F401  (demo)
 from .commands import export  # noqa: F401  (export)
+from .commands import explore  # noqa: F401  (explore)
 from .errors import HeadcountError
 from .io import ACTIVE_OUTS, io_error_message
 
