@@ -4,15 +4,17 @@
 from __future__ import annotations
 
 import errno
+import glob
 import os
 import shutil
 import socket
 import stat
 import tempfile
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 
-from .atomic import SESSION, _usual_mode, atomic_write_bytes, tmp_prefix
+from .atomic import SESSION, TMP_PREFIX, _usual_mode, atomic_write_bytes, tmp_prefix
 from .errors import HeadcountError
 from .launch import refuse_launcher
 from .record import LOCK_NAME, RECORD, Record, first_foreign, matches, refuse_foreign
@@ -91,6 +93,35 @@ def lock_session(directory: Path, name: str = LOCK_NAME) -> str | None:
         return None
     parts = text.removeprefix(_LOCK_TEXT).split()
     return parts[1] if text.startswith(_LOCK_TEXT) and len(parts) > 1 and parts[0] == "session" else None
+
+
+@contextmanager
+def file_lock(path: Path, command: str):
+    """Hold ``.headcount.lock.NAME`` beside a one-file output ``path`` (see :func:`lock_file`); removed after.
+
+    The lock is the record of a one-file output: a run killed while writing leaves it, with its
+    session, and the next run removes that session's temporary files (``.headcount-tmp.<session>.NAME.*``).
+    """
+    path = Path(path)
+    name = f"{LOCK_NAME}.{path.name}"
+    killed = lock_session(path.parent, name)
+    try:
+        fd = lock_file(path.parent, f"headcount {command}", name=name)
+    except HeadcountError as e:
+        if "in use" in str(e):
+            raise HeadcountError(f"{path} is being written by another headcount process ({path.parent / name} is held)") from None
+        raise
+    try:
+        if killed:  # a killed run's temporary files (its session is in the lock it left)
+            for p in path.parent.glob(f"{TMP_PREFIX}{killed}.{glob.escape(path.name)}.*"):
+                p.unlink(missing_ok=True)
+        yield
+    finally:
+        try:  # removed while held: a process that opened it before waits on a file nobody will hold
+            (path.parent / name).unlink()  # and is refused (LOCK_NB); one that comes later makes a new one
+        except OSError:
+            pass
+        unlock_file(fd)
 
 
 def unlock_file(fd: int | None) -> None:

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import glob
 import os
 import shutil
-from contextlib import contextmanager
 from pathlib import Path
 
 import typer
@@ -14,45 +12,13 @@ from ..atomic import atomic_write_bytes
 from ..errors import HeadcountError
 from ..export import FORMATS, ExportSettings, check_opset
 from ..fingerprint import run_identity
-from ..io import ACTIVE_OUTS, prepare_out
+from ..io import ACTIVE_OUTS, file_lock, prepare_out
 from ..settings import TOLERANCE
 from . import app, bounded, setting
 from .core import MODEL_HELP, SHRINK_FILES
 
 FORMAT_HELP = "onnx: one .onnx file (onnxruntime) | hf: a plain transformers checkpoint directory (when one can describe the model)"
 OUT_HELP = "the .onnx file (--format onnx) or the checkpoint directory (--format hf)"
-
-
-# -- one output file: the promises of an --out directory, for a file ---------------------------
-@contextmanager
-def _file_lock(path: Path):
-    """Hold ``.headcount.lock.NAME`` beside ``path`` (see :func:`headcount.io.lock_file`); removed after.
-
-    The lock is the record of a one-file output: a run killed while writing leaves it, with its
-    session, and the next run removes that session's temporary files (``.headcount-tmp.<session>.NAME.*``).
-    """
-    from ..io import lock_file, lock_session, unlock_file
-    from ..record import LOCK_NAME, TMP_PREFIX
-
-    name = f"{LOCK_NAME}.{path.name}"
-    killed = lock_session(path.parent, name)
-    try:
-        fd = lock_file(path.parent, "headcount export", name=name)
-    except HeadcountError as e:
-        if "in use" in str(e):
-            raise HeadcountError(f"{path} is being written by another headcount process ({path.parent / name} is held)") from None
-        raise
-    try:
-        if killed:
-            for p in path.parent.glob(f"{TMP_PREFIX}{killed}.{glob.escape(path.name)}.*"):
-                p.unlink(missing_ok=True)
-        yield
-    finally:
-        try:  # removed while held: a process that opened it before waits on a file nobody will hold
-            (path.parent / name).unlink()  # and is refused (LOCK_NB); one that comes later makes a new one
-        except OSError:
-            pass
-        unlock_file(fd)
 
 
 def _check_onnx_out(out: Path, identity: dict, force: bool, echo=typer.echo) -> Path:
@@ -94,7 +60,7 @@ def _export_onnx(model_spec: str, out: Path, opset: int, tolerance: float, force
         raise HeadcountError(f"cannot create the folder of --out {out}: {e.strerror}") from None
     ok = False
     try:
-        with _file_lock(path):
+        with file_lock(path, "export"):
             ACTIVE_OUTS.append(path)
             model = load_for_export(model_spec)
             marker = json.dumps({"command": "export", "identity": identity})

@@ -9,17 +9,14 @@ and, unless ``force``, one of the same identity (the same run or model and setti
 
 from __future__ import annotations
 
-import glob
 import hashlib
 import json
 import shutil
-from contextlib import contextmanager
 from pathlib import Path
 
-from ..atomic import TMP_PREFIX, atomic_write_text
+from ..atomic import atomic_write_text
 from ..errors import HeadcountError
-from ..io import ACTIVE_OUTS, lock_file, lock_session, unlock_file
-from ..record import LOCK_NAME
+from ..io import ACTIVE_OUTS, file_lock
 from .page import marker
 
 
@@ -53,29 +50,6 @@ def check_out(out, identity: str | None, force: bool, echo=None) -> Path:
     return path
 
 
-@contextmanager
-def _file_lock(path: Path):
-    name = f"{LOCK_NAME}.{path.name}"
-    killed = lock_session(path.parent, name)
-    try:
-        fd = lock_file(path.parent, "headcount explore", name=name)
-    except HeadcountError as e:
-        if "in use" in str(e):
-            raise HeadcountError(f"{path} is being written by another headcount process ({path.parent / name} is held)") from None
-        raise
-    try:
-        if killed:  # a killed run's temporary files (its session is in the lock it left)
-            for p in path.parent.glob(f"{TMP_PREFIX}{killed}.{glob.escape(path.name)}.*"):
-                p.unlink(missing_ok=True)
-        yield
-    finally:
-        try:
-            (path.parent / name).unlink()
-        except OSError:
-            pass
-        unlock_file(fd)
-
-
 def write_page(out, text: str, identity: str | None = None, force: bool = False, echo=None) -> Path:
     """Write the page ``text`` to ``out`` (see the module docstring); returns the path."""
     path = check_out(out, identity, force, echo)
@@ -86,7 +60,7 @@ def write_page(out, text: str, identity: str | None = None, force: bool = False,
         raise HeadcountError(f"cannot create the folder of --out {out}: {e.strerror}") from None
     ok = False
     try:
-        with _file_lock(path):
+        with file_lock(path, "explore"):
             ACTIVE_OUTS.append(path)
             check_out(out, identity, force=True)  # nobody put another file there meanwhile
             atomic_write_text(path, text)
