@@ -96,32 +96,48 @@ def lock_session(directory: Path, name: str = LOCK_NAME) -> str | None:
 
 
 @contextmanager
-def file_lock(path: Path, command: str):
-    """Hold ``.headcount.lock.NAME`` beside a one-file output ``path`` (see :func:`lock_file`); removed after.
+def one_file_out(path: Path, command: str, option: str = "--out"):
+    """The guard of a one-file output (``export --format onnx``, ``explore``): create its folder,
+    hold ``.headcount.lock.NAME`` beside it (see :func:`lock_file`; removed after), and on failure
+    remove the folders it created. The caller checks the file itself (a file headcount did not
+    write is never replaced) before and again inside the block, and writes it atomically.
 
     The lock is the record of a one-file output: a run killed while writing leaves it, with its
     session, and the next run removes that session's temporary files (``.headcount-tmp.<session>.NAME.*``).
     """
     path = Path(path)
+    created = next((d for d in [path.parent, *path.parent.parents][::-1] if not d.exists()), None)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise HeadcountError(f"cannot create the folder of {option} {path}: {e.strerror}") from None
     name = f"{LOCK_NAME}.{path.name}"
-    killed = lock_session(path.parent, name)
+    ok = False
     try:
-        fd = lock_file(path.parent, f"headcount {command}", name=name)
-    except HeadcountError as e:
-        if "in use" in str(e):
-            raise HeadcountError(f"{path} is being written by another headcount process ({path.parent / name} is held)") from None
-        raise
-    try:
-        if killed:  # a killed run's temporary files (its session is in the lock it left)
-            for p in path.parent.glob(f"{TMP_PREFIX}{killed}.{glob.escape(path.name)}.*"):
-                p.unlink(missing_ok=True)
-        yield
+        killed = lock_session(path.parent, name)
+        try:
+            fd = lock_file(path.parent, f"headcount {command}", name=name)
+        except HeadcountError as e:
+            if "in use" in str(e):
+                raise HeadcountError(f"{path} is being written by another headcount process "
+                                     f"({path.parent / name} is held)") from None
+            raise
+        try:
+            if killed:  # a killed run's temporary files (its session is in the lock it left)
+                for p in path.parent.glob(f"{TMP_PREFIX}{killed}.{glob.escape(path.name)}.*"):
+                    p.unlink(missing_ok=True)
+            ACTIVE_OUTS.append(path)
+            yield path
+            ok = True
+        finally:
+            try:  # removed while held: a process that opened it before waits on a file nobody will hold
+                (path.parent / name).unlink()  # and is refused (LOCK_NB); one that comes later makes a new one
+            except OSError:
+                pass
+            unlock_file(fd)
     finally:
-        try:  # removed while held: a process that opened it before waits on a file nobody will hold
-            (path.parent / name).unlink()  # and is refused (LOCK_NB); one that comes later makes a new one
-        except OSError:
-            pass
-        unlock_file(fd)
+        if not ok and created is not None:
+            shutil.rmtree(created, ignore_errors=True)
 
 
 def unlock_file(fd: int | None) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 
 import typer
@@ -12,7 +11,7 @@ from ..atomic import atomic_write_bytes
 from ..errors import HeadcountError
 from ..export import FORMATS, ExportSettings, check_opset
 from ..fingerprint import run_identity
-from ..io import ACTIVE_OUTS, file_lock, prepare_out
+from ..io import one_file_out, prepare_out
 from ..settings import TOLERANCE
 from . import app, bounded, setting
 from .core import MODEL_HELP, SHRINK_FILES
@@ -53,24 +52,12 @@ def _export_onnx(model_spec: str, out: Path, opset: int, tolerance: float, force
     require_onnx()
     identity = run_identity({"model": model_spec, "format": "onnx", "opset": opset}, model_spec)
     path = _check_onnx_out(out, identity, force)
-    created = next((d for d in [path.parent, *path.parent.parents][::-1] if not d.exists()), None)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise HeadcountError(f"cannot create the folder of --out {out}: {e.strerror}") from None
-    ok = False
-    try:
-        with file_lock(path, "export"):
-            ACTIVE_OUTS.append(path)
-            model = load_for_export(model_spec)
-            marker = json.dumps({"command": "export", "identity": identity})
-            data, rows = export_onnx(model, opset=opset, tolerance=tolerance, metadata={"headcount": marker})
-            _check_onnx_out(out, identity, force=True, echo=None)  # nobody put another file there meanwhile
-            atomic_write_bytes(path, data)
-            ok = True
-    finally:
-        if not ok and created is not None:
-            shutil.rmtree(created, ignore_errors=True)
+    with one_file_out(path, "export"):
+        model = load_for_export(model_spec)
+        marker = json.dumps({"command": "export", "identity": identity})
+        data, rows = export_onnx(model, opset=opset, tolerance=tolerance, metadata={"headcount": marker})
+        _check_onnx_out(out, identity, force=True, echo=None)  # nobody put another file there meanwhile
+        atomic_write_bytes(path, data)
     from ..export import input_names
     from ..surgery import pruning_record
 

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 from pathlib import Path
 
 from ..atomic import atomic_write_text
 from ..errors import HeadcountError
-from ..io import ACTIVE_OUTS, file_lock
+from ..io import one_file_out
 from .page import marker
 
 
@@ -53,19 +52,7 @@ def check_out(out, identity: str | None, force: bool, echo=None) -> Path:
 def write_page(out, text: str, identity: str | None = None, force: bool = False, echo=None) -> Path:
     """Write the page ``text`` to ``out`` (see the module docstring); returns the path."""
     path = check_out(out, identity, force, echo)
-    created = next((d for d in [path.parent, *path.parent.parents][::-1] if not d.exists()), None)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise HeadcountError(f"cannot create the folder of --out {out}: {e.strerror}") from None
-    ok = False
-    try:
-        with file_lock(path, "explore"):
-            ACTIVE_OUTS.append(path)
-            check_out(out, identity, force=True)  # nobody put another file there meanwhile
-            atomic_write_text(path, text)
-            ok = True
-    finally:
-        if not ok and created is not None:
-            shutil.rmtree(created, ignore_errors=True)
+    with one_file_out(path, "explore"):
+        check_out(out, identity, force=True)  # nobody put another file there meanwhile
+        atomic_write_text(path, text)
     return path
