@@ -109,6 +109,7 @@ def test_device_pool_hands_out_each_device_once():
         DevicePool([])
 
 
+@pytest.mark.slow
 def test_pooled_local_run_equals_the_sequential_one(tmp_path, monkeypatch):
     """Two worker processes (a fake pool of two CPU 'devices') give the same job files as one
     process; each job's meta.json names its device."""

@@ -42,6 +42,7 @@ def world(tmp_path_factory):
     return root
 
 
+@pytest.mark.slow
 def test_torchrun_trains_one_model_on_two_processes_and_rank_0_writes_it(world):
     single = _finetune(world, world / "single")
     assert single.returncode == 0, single.stderr[-2000:]

@@ -154,6 +154,7 @@ def test_precision_is_validated_and_not_part_of_the_config_identity():
         parse_study_config("study: test_gpu_settings:probe\nprecision: fp16\n")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("pooled", [False, True], ids=["in-process", "pooled"])
 def test_precision_reaches_every_job(tmp_path, monkeypatch, pooled):
     monkeypatch.delenv("HEADCOUNT_PRECISION", raising=False)

@@ -226,6 +226,7 @@ patterns: {max_examples: 16, size: 16, cnn: {maps: labelled/maps.safetensors, la
     return summary, RunStore(root / "run")
 
 
+@pytest.mark.slow
 def test_study_runs_to_a_report_with_the_main_table(run):
     summary, store = run
     assert summary.report is not None and summary.report.is_file() and not summary.failed

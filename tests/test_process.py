@@ -85,6 +85,7 @@ def test_ctrl_c_while_torch_is_imported(how, world, tmp_path):
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["module", "script"])
 def test_ctrl_c_during_the_command(how, world, tmp_path):
     """SIGINT once fine-tuning has taken its --out: the command's own message, as its last line

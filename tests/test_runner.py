@@ -201,6 +201,7 @@ def test_run_dir_guards(tmp_path):
         holder.unlock()
 
 
+@pytest.mark.slow
 def test_sigkill_mid_job_resumes_to_identical_results(tmp_path, reference_run, count_dir):
     cfg = write_config(tmp_path)
     run = tmp_path / "run"
@@ -258,6 +259,7 @@ def test_progress_shows_jobs_with_eta_and_steps_inside_jobs(tmp_path, monkeypatc
     assert "done  make-3" in text
 
 
+@pytest.mark.slow
 def test_ray_executor_gives_the_same_results_as_local(tmp_path, reference_run, monkeypatch):
     pytest.importorskip("ray")
     monkeypatch.setenv("TOY_SLEEP", "0.3")  # long enough for step updates to reach the driver

@@ -172,6 +172,7 @@ def test_shrink_output_is_recognised_and_force_says_what_it_replaces(capsys, wor
 
 
 # -- 2/8. kills during checkpoint and model writes; temp files cleaned on the next run ------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize("point,step", [("checkpoint", 6), ("final", 0)])
 def test_finetune_killed_while_writing_resumes_and_matches(capsys, world, uninterrupted, tmp_path, point, step):
     out = tmp_path / "ft"
@@ -196,6 +197,7 @@ def test_finetune_killed_while_writing_resumes_and_matches(capsys, world, uninte
         assert m["resumed_from"] == "checkpoint-8"
 
 
+@pytest.mark.slow
 def test_shrink_killed_before_its_output_is_complete(capsys, world, tmp_path):
     out = tmp_path / "small"
     r = child(["shrink", "--model", world["clf"], "--mask", str(world["mask"]), "--out", str(out)],
@@ -209,6 +211,7 @@ def test_shrink_killed_before_its_output_is_complete(capsys, world, tmp_path):
 
 
 # -- 3. Ctrl-C ---------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_ctrl_c_exits_130_with_one_line_and_keeps_the_checkpoints(capsys, world, tmp_path):
     out = tmp_path / "ft"
     slow = [a if a != "2" or i != 1 else "40" for i, a in enumerate(FT)]  # 40 epochs: time to press Ctrl-C
@@ -440,6 +443,7 @@ def test_hub_retry_warnings_are_silenced(capsys):
     assert hub_logging.get_verbosity() == logging.ERROR
 
 
+@pytest.mark.slow
 def test_magnitude_killed_in_a_checkpoint_resumes_and_matches(capsys, world, tmp_path):
     args = ["magnitude", "--model", world["pre"], "--task", world["task"], *FT, "--epochs", "1", "--sparsity", "0.5"]
     r = child([*args, "--out", str(tmp_path / "a")])

@@ -375,6 +375,7 @@ def run(tmp_path_factory):
     return root, summary
 
 
+@pytest.mark.slow
 def test_the_study_runs_end_to_end_with_every_table_and_figure(run):
     root, summary = run
     out = root / "run"
