@@ -269,3 +269,29 @@ def test_force_says_what_it_replaces_only_when_it_replaces(w, tmp_path):
     assert {k: v for k, v in tree(out).items() if k != LOCK_NAME} == {k: v for k, v in before.items() if k != LOCK_NAME}
     code, stdout, err = cli([*argv(w, "shrink", out, other=True), "--force"])
     assert code == 0 and "--force: replacing the earlier shrink run" in stdout, err
+
+
+def test_explore_keeps_the_users_files_beside_its_page(w, tmp_path):
+    """`headcount explore` writes one file, like an ONNX export: a user's file at --out (or a lock
+    file with the user's text) is never replaced, --force included; a killed run's temporary file
+    (its session named in the lock it left) is removed by the next run."""
+    folder = tmp_path / "pages"
+    folder.mkdir()
+    planted = plant(folder, ["explore.html", ".headcount.lock.other.html"], [])
+    (folder / ".headcount.lock.mine.html").write_text("the user's notes\n")
+    planted[".headcount.lock.mine.html"] = hashlib.sha256(b"the user's notes\n").hexdigest()
+    before = tree(tmp_path)
+    base = ["explore", "--model", w["clf"], "--task", w["task"], "--examples", "2", "--device", "cpu"]
+    for extra in ([], ["--force"]):
+        code, _, err = cli([*base, "--out", folder / "explore.html", *extra])
+        assert code == 2 and "was not written by `headcount explore`" in err, err
+        code, _, err = cli([*base, "--out", folder / "mine.html", *extra])
+        assert code == 2 and "not headcount's lock" in err, err
+    assert tree(tmp_path) == before
+    (folder / ".headcount.lock.new.html").write_text("headcount lock: session 12345678 pid 1 on h since t\n")
+    (folder / ".headcount-tmp.12345678.new.html.abcdefgh.tmp").write_text("half\n")
+    code, _, err = cli([*base, "--out", folder / "new.html"])
+    assert code == 0, err
+    assert not (folder / ".headcount-tmp.12345678.new.html.abcdefgh.tmp").exists()
+    assert not (folder / ".headcount.lock.new.html").exists() and (folder / "new.html").is_file()
+    kept(folder, planted)
