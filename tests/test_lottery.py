@@ -246,6 +246,14 @@ def test_study_runs_to_a_report_with_the_main_table(run):
     sup = pd.read_csv(results / "lottery_super_survivors_tidy.csv")
     assert sorted(set(sup["experiment"])) == sorted(SUPER_EXPERIMENTS) and (sup["n"] == 2).all()
     html = summary.report.read_text()
+    # the explorer page beside the report, from saved results only, linked from its top
+    explore = summary.run_dir / "explore.html"
+    assert explore.is_file() and 'href="explore.html"' in html
+    from headcount.explorer.page import page_data
+
+    page = page_data(explore.read_text(encoding="utf-8"))
+    assert page["layers"] == 2 and page["heads"] == 4 and not page.get("attention")
+    assert any(q["name"].startswith("kept: prune/") for q in page["quantities"]) or page["quantities"]
     for name in ("lottery_main_wide", "lottery_scores", "lottery_survivors", "lottery_overlap", "lottery_pattern_mix",
                  "lottery_pattern_grid", "lottery_stability", "lottery_paper_structured", "lottery_paper_magnitude"):
         assert name in html

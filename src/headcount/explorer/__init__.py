@@ -65,7 +65,7 @@ class Explorer:
 
 
 def explore(run=None, *, model: str | None = None, task: str | None = None, scores=(), masks=(), texts=None,
-            examples: int = DEFAULT_EXAMPLES, job: str | None = None, device=None) -> Explorer:
+            examples: int = DEFAULT_EXAMPLES, job: str | None = None, device=None, attention: bool = True) -> Explorer:
     """The explorer of a run directory (``run``) or of a ``model`` on a ``task``.
 
     Args:
@@ -78,6 +78,7 @@ def explore(run=None, *, model: str | None = None, task: str | None = None, scor
         job: with ``run``: the finetune job whose model gives the attention (default: the first
             finished one that kept its model).
         device: where the model runs (``auto``, ``cpu``, ``cuda:N``; default ``$HEADCOUNT_DEVICE``).
+        attention: with ``run``: False leaves the attention examples out (no model is loaded).
 
     Returns:
         An :class:`Explorer` (``.save(path)``; a notebook shows it).
@@ -92,7 +93,7 @@ def explore(run=None, *, model: str | None = None, task: str | None = None, scor
     if run is not None:
         if scores or masks or texts is not None:
             raise HeadcountError("--scores, --mask and --text go with --model; a run directory has its own results")
-        page = from_run(run, examples=examples, job=job, device=device)
+        page = from_run(run, examples=examples, job=job, device=device, attention=attention)
         settings = {"run": str(Path(run).expanduser().resolve()), "examples": examples, "job": job}
     else:
         assert model is not None

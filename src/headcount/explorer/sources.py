@@ -81,7 +81,8 @@ def _layout_of(results) -> tuple[int, int] | None:
     return None
 
 
-def from_run(run, *, examples: int = DEFAULT_EXAMPLES, job: str | None = None, device=None) -> dict:
+def from_run(run, *, examples: int = DEFAULT_EXAMPLES, job: str | None = None, device=None,
+             attention: bool = True) -> dict:
     """The page model of a run directory (a transfer or lottery study, or any study whose jobs
     write ``scores.json``, ``mask.json`` or ``patterns.json``).
 
@@ -90,7 +91,8 @@ def from_run(run, *, examples: int = DEFAULT_EXAMPLES, job: str | None = None, d
     of one family at several ``level`` params), pattern classes (``patterns.json``: rules, CNN).
     Attention: the model of the finetune job ``job`` (default: the first finished one that kept
     its ``model/`` and had no mask) on ``examples`` dev examples of its task; none, with a note,
-    when the run kept no such model.
+    when the run kept no such model, or ``attention=False`` (the report's page: it reads saved
+    results only, never a model).
 
     Raises:
         HeadcountError: not a run directory, or one without a finished score, mask or pattern result.
@@ -138,8 +140,11 @@ def from_run(run, *, examples: int = DEFAULT_EXAMPLES, job: str | None = None, d
     if any((r.dir / "trace.csv").is_file() for r in results):
         page["notes"].append("The pruning traces (trace.csv) say how many heads each step kept, not which: "
                              "each seed's final mask is shown, not the step that removed a head.")
-    model_job = _model_job(store, results, job)
-    if model_job is None:
+    model_job = _model_job(store, results, job) if attention else None
+    if not attention:
+        page["notes"].append("No attention examples on this page (the report reads saved results only): "
+                             "`headcount explore RUN --out explore-full.html` adds them.")
+    elif model_job is None:
         page["notes"].append("No attention examples: the run keeps no fine-tuned model (a finetune job's model/ folder).")
     else:
         task = model_job.params.get("task")

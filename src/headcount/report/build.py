@@ -135,9 +135,26 @@ def build_report(run_dir: str | os.PathLike, *, loaded=None, store=None) -> Path
     files[f"results/{SUMMARY_FILE}"] = json.dumps(summary_record(content), indent=1, ensure_ascii=False).encode("utf-8")
     for name, png in pngs.items():
         files[f"figures/{name}.png"] = png
+    explorer = _explorer_page(run_dir)
+    if explorer is not None:  # linked from the top of the report
+        files["explore.html"] = explorer.encode("utf-8")
+        page = page.replace("</h1>", '</h1>\n<p class="explore-link"><a href="explore.html">Explore the heads</a>: '
+                            "every score grid, survival across seeds and pattern class on one page "
+                            "(<code>headcount explore RUN</code> adds attention examples)</p>", 1)
     files["report.html"] = page.encode("utf-8")
     publish(run_dir, files, store.record)
     return run_dir / "report.html"
+
+
+def _explorer_page(run_dir: Path) -> str | None:
+    """The explorer page of a run from its saved results only (no model, no attention), or None
+    when the run has no score, mask or pattern results (a study type without them)."""
+    from ..explorer import explore
+
+    try:
+        return explore(run_dir, attention=False).html()
+    except HeadcountError:
+        return None
 
 
 def publish(run_dir: Path, files: dict[str, bytes], record) -> None:

@@ -58,7 +58,7 @@ CONFIG = "study.yaml"
 PLAN = "plan.json"
 FORMAT = 1
 #: what a study and its report write at the top of a run directory (the record lists them)
-OUTPUTS = (CONFIG, MANIFEST, PLAN, "jobs", "logs", "history", "report.html", "results", "figures")
+OUTPUTS = (CONFIG, MANIFEST, PLAN, "jobs", "logs", "history", "report.html", "explore.html", "results", "figures")
 
 
 def read_json(path: Path, what: str = "", kind: type = dict):

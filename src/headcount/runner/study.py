@@ -117,7 +117,7 @@ def _archive(store: RunStore, old: dict) -> Path:
     n = 1 + sum(1 for _ in hist.iterdir())
     dest = hist / f"{n:03d}-{old.get('config_hash', 'unknown')}"
     dest.mkdir()
-    report_files = [k for k in rec.files if k == "report.html" or k.split("/")[0] in ("results", "figures")]
+    report_files = [k for k in rec.files if k in ("report.html", "explore.html") or k.split("/")[0] in ("results", "figures")]
     for name in (CONFIG, PLAN, *sorted(report_files)):
         src = store.root / name
         if src.is_file() and not src.is_symlink() and (name in (CONFIG, PLAN) or rec.owns(name)):
