@@ -32,6 +32,8 @@ def test_the_site_builds_strictly_with_every_page(site):
     for page in ("index.html", "promises/index.html", "lottery/index.html", "transfer/index.html",
                  "design/index.html", "extending/index.html", "reference/api/index.html"):
         assert (site / page).is_file(), page
+    # the README's command table is included into the start page: no link there may point into docs/
+    assert 'href="docs/' not in (site / "index.html").read_text(encoding="utf-8")
     api = (site / "reference/api/index.html").read_text(encoding="utf-8")
     assert "load_pruned" in api and "permutation" in (site / "statistics/index.html").read_text(encoding="utf-8")
 
