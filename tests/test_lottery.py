@@ -120,12 +120,12 @@ def test_jobs_compose_under_a_prefix_with_the_same_keys(world):
     good_pruned = names["good-pruned/has-good/seed1"]
     assert good_pruned.inputs["model"].key == full.key  # no retraining: the fine-tuned weights
     assert good_pruned.inputs["mask"].name == "prune/has-good/seed1"
-    # magnitude: the paper's procedure by default; IMP's params (and keys) have no procedure
+    # magnitude: the paper's procedure by default; the procedure is in every magnitude job's params
     good = names["magnitude/good/has-good/seed1"]
     assert good.params["magnitude"]["procedure"] == "prasanna" and good.inputs["full"].key == full.key
     assert names["magnitude/bad/has-good/seed1"].inputs["match"].key == good.key
     imp = {j.name: j for j in lottery_jobs(_settings(world, magnitude={"procedure": "imp"}))}
-    assert "procedure" not in imp["magnitude/good/has-good/seed1"].params["magnitude"]
+    assert imp["magnitude/good/has-good/seed1"].params["magnitude"]["procedure"] == "imp"
     assert imp["magnitude/good/has-good/seed1"].key != good.key
     assert imp["finetune/has-good/seed1"].key == full.key
     off = lottery_jobs(_settings(world, magnitude={"enabled": False}, patterns={"enabled": False},
@@ -385,10 +385,10 @@ def test_train_and_magnitude_settings_are_the_library_configs_fields():
         MagnitudeSettings(rate=1.5)  # MagnitudeConfig's own check
     with pytest.raises(ValueError, match="procedure"):
         MagnitudeSettings(procedure="lth")
-    # a job's params without a procedure are IMP's (planned before procedures existed: same keys)
+    # a job's params validate into the same settings, with the same defaults (no earlier versions' meanings)
     params = {"model": "m", "task": "t", "seed": 1, "train": {}, "magnitude": {"rounds": 3}, "control": "good",
               "keep_models": False}
-    assert MagnitudeParams.model_validate(params).magnitude.config().procedure == "imp"
+    assert MagnitudeParams.model_validate(params).magnitude.config().procedure == "prasanna"
 
 
 def test_no_passing_magnitude_mask_is_a_flagged_nan_row_and_its_controls_are_skipped(world, tmp_path, monkeypatch):

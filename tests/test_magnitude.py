@@ -443,8 +443,8 @@ def test_lottery_magnitude_jobs_carry_at_cap_so_that_only_their_keys_change(worl
     # the default is the reference's, and it is in the params: new keys for the magnitude jobs, and only those
     assert all(ref[n].params["magnitude"]["at_cap"] == "reference" and ref[n].key != last[n].key for n in mag)
     assert all(ref[n].key == last[n].key for n in ref if n not in mag)
-    # "last" leaves it out: the params (hence keys) the jobs had before at_cap existed; absent means "last"
-    assert all("at_cap" not in last[n].params["magnitude"] for n in mag)
+    # both are in the params, resolved (0.x keeps no earlier versions' keys)
+    assert all(last[n].params["magnitude"]["at_cap"] == "last" for n in mag)
     assert [MagnitudeParams.model_validate(j[mag[0]].params).magnitude.config().at_cap for j in (ref, last)] == [
         "reference", "last"]
     # IMP does not read it: never in its params, its keys the same either way

@@ -268,9 +268,7 @@ def _read_summary(path: Path) -> dict:
 
 
 def _identity(model_spec, task, seed, config: MagnitudeConfig, train, match) -> dict:
-    """What decides a run's folder (``magnitude_run.json``); ``procedure`` only when it is not
-    ``imp``, so that IMP folders written before it existed still resume; ``at_cap`` only for
-    prasanna and when it is not ``last`` (the behaviour of folders written before it existed)."""
+    """What decides a run's folder (``magnitude_run.json``): every setting that changes the result."""
     ident = {"model": str(model_spec), "model_fingerprint": model_fingerprint(model_spec),
              "task": task.name, "task_fingerprint": task_fingerprint(task),
              "seed": int(seed), "control": config.control,
@@ -279,11 +277,9 @@ def _identity(model_spec, task, seed, config: MagnitudeConfig, train, match) -> 
              "match": str(match) if match is not None else None,
              "match_fingerprint": (path_fingerprint(Path(match) / "weight_mask.safetensors")
                                    if match and (Path(match) / "weight_mask.safetensors").is_file() else None),
-             "train": json.loads(json.dumps(train.identity()))}
-    if config.procedure != "imp":
-        ident["procedure"] = config.procedure
-    if config.procedure == "prasanna" and config.at_cap != "last":  # absent: "last", as before at_cap existed
-        ident["at_cap"] = config.at_cap
+             "train": json.loads(json.dumps(train.identity())), "procedure": config.procedure,
+             # at_cap is read by the paper's procedure only: recorded there
+             **({"at_cap": config.at_cap} if config.procedure == "prasanna" else {})}
     return ident
 
 

@@ -412,16 +412,6 @@ class RetrainParams(ConfigSection):
     keep_model: bool
 
 
-class MagnitudeJobSettings(MagnitudeSettings):
-    """:class:`MagnitudeSettings` as a magnitude job's params carry them: ``procedure`` absent
-    means ``imp`` (IMP jobs keep the params, hence the keys, they had before procedures existed);
-    ``at_cap`` absent means ``last``, the behaviour before it existed (IMP jobs, which do not read
-    it, and prasanna jobs with ``at_cap: last`` keep their keys)."""
-
-    procedure: str = "imp"
-    at_cap: str = "last"
-
-
 class MagnitudeParams(ConfigSection):
     """``lottery.magnitude``: the pre-trained ``model``, ``task``, ``seed``, ``train``,
     ``magnitude`` settings, the ``control`` and ``keep_models``."""
@@ -430,7 +420,7 @@ class MagnitudeParams(ConfigSection):
     task: str
     seed: int
     train: TrainSettings
-    magnitude: MagnitudeJobSettings
+    magnitude: MagnitudeSettings
     control: Literal["good", "random", "bad"]
     keep_models: bool
 

@@ -150,10 +150,8 @@ def lottery_jobs(settings: LotterySettings, prefix: str = "") -> list[Job]:
                 jobs += [retrain, *extra_eval_jobs(task, eval_data, retrain, splits=extra)]
             if s.magnitude.enabled:
                 m = s.magnitude
-                # IMP params leave ``procedure`` out: the keys its jobs had before procedures existed; ``at_cap``
-                # only when it is not ``last`` (the behaviour before it existed; IMP does not read it)
-                drop = ("procedure", "at_cap") if m.procedure == "imp" else ("at_cap",) if m.at_cap == "last" else ()
-                mag = m.model_dump(mode="json", exclude={"enabled", *drop})
+                # every setting the procedure reads, resolved (IMP does not read at_cap)
+                mag = m.model_dump(mode="json", exclude={"enabled", *(("at_cap",) if m.procedure == "imp" else ())})
                 base = {"model": s.model, "task": task, "seed": seed, "train": train, "magnitude": mag,
                         "keep_models": s.keep_models}
                 good = Job(job_name(prefix, "magnitude", "good", tname, tag), "lottery.magnitude",
