@@ -95,6 +95,41 @@ def lock_session(directory: Path, name: str = LOCK_NAME) -> str | None:
     return parts[1] if text.startswith(_LOCK_TEXT) and len(parts) > 1 and parts[0] == "session" else None
 
 
+def first_missing(path: Path) -> Path | None:
+    """The outermost folder of ``path`` (itself included) that does not exist yet: what creating
+    ``path`` makes, and what a run that fails early removes again. None when ``path`` exists."""
+    path = Path(path)
+    return next((d for d in [*reversed(path.parents), path] if not d.exists()), None)
+
+
+def check_file_out(out, command: str, marker_of, identity=None, force: bool = False, echo=None,
+                   example: str = "out.file") -> Path:
+    """Refuse a one-file ``--out`` that is a directory, a link, a file headcount did not write
+    (``marker_of(path)`` -> its headcount marker dict, None when it has none), or, unless
+    ``force``, the output of another identity (``identity`` None: not checked); return it as a Path.
+    """
+    if out is None or str(out).strip() == "":
+        raise HeadcountError("--out must name a file (got an empty string)")
+    path = Path(out).expanduser()
+    if path.is_dir():
+        raise HeadcountError(f"--out {out} is a directory; `headcount {command}` writes one file "
+                             f"(e.g. {Path(out) / example})")
+    if path.exists() or path.is_symlink():
+        if path.is_symlink() or not path.is_file():
+            raise HeadcountError(f"--out {out} is not a plain file; refusing to replace it")
+        mark = marker_of(path)
+        if mark is None:
+            raise HeadcountError(f"--out {out} exists and was not written by `headcount {command}`; "
+                                 "refusing to overwrite it (choose another file)")
+        if identity is not None and mark.get("identity") != identity:
+            if not force:
+                raise HeadcountError(f"--out {out} holds a different `headcount {command}` output (another run or "
+                                     "settings); use another --out, or --force to replace it")
+            if echo is not None:
+                echo(f"--force: replacing the earlier `headcount {command}` output in {out}")
+    return path
+
+
 @contextmanager
 def one_file_out(path: Path, command: str, option: str = "--out"):
     """The guard of a one-file output (``export --format onnx``, ``explore``): create its folder,
@@ -106,7 +141,7 @@ def one_file_out(path: Path, command: str, option: str = "--out"):
     session, and the next run removes that session's temporary files (``.headcount-tmp.<session>.NAME.*``).
     """
     path = Path(path)
-    created = next((d for d in [path.parent, *path.parent.parents][::-1] if not d.exists()), None)
+    created = first_missing(path.parent)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -271,8 +306,8 @@ class OutDir:
             shutil.rmtree(self._staging, ignore_errors=True)
             self._staging = None
         try:
-            if not self._committed and self._fd is not None and not self._only_ours():
-                self.seal()  # direct writers (finetune, magnitude), finished or not
+            if self._direct and self._fd is not None and not self._only_ours():
+                self.seal()  # direct writers (finetune, magnitude), finished or not; staged ones commit
         except OSError:  # pragma: no cover - best effort: the claims stay
             pass
         if failed:
@@ -332,11 +367,7 @@ def prepare_out(out, command: str, *, identity=None, outputs=(), force: bool = F
     path = check_out_path(out)
     if not distributed:
         refuse_launcher(f"headcount {command}")
-    created = None
-    for d in [path, *path.parents]:
-        if d.exists():
-            break
-        created = d
+    created = first_missing(path)
     try:
         path.mkdir(parents=True, exist_ok=True)
     except FileExistsError:

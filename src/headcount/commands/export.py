@@ -11,7 +11,7 @@ from ..atomic import atomic_write_bytes
 from ..errors import HeadcountError
 from ..export import FORMATS, ExportSettings, check_opset
 from ..fingerprint import run_identity
-from ..io import one_file_out, prepare_out
+from ..io import check_file_out, one_file_out, prepare_out
 from ..settings import TOLERANCE
 from . import app, bounded, setting
 from .core import MODEL_HELP, SHRINK_FILES
@@ -25,23 +25,7 @@ def _check_onnx_out(out: Path, identity: dict, force: bool, echo=typer.echo) -> 
     ``--force``) an earlier export of other settings."""
     from ..export import onnx_marker
 
-    path = Path(out).expanduser()
-    if path.is_dir():
-        raise HeadcountError(f"--out {out} is a directory; --format onnx writes one file (e.g. {Path(out) / 'model.onnx'})")
-    if path.exists() or path.is_symlink():
-        if path.is_symlink() or not path.is_file():
-            raise HeadcountError(f"--out {out} is not a plain file; refusing to replace it")
-        marker = onnx_marker(path)
-        if marker is None:
-            raise HeadcountError(f"--out {out} exists and was not written by `headcount export`; "
-                                 "refusing to overwrite it (choose another file)")
-        if marker.get("identity") != identity:
-            if not force:
-                raise HeadcountError(f"--out {out} holds a different `headcount export` (other model or settings); "
-                                     "use another --out, or --force to replace it")
-            if echo is not None:
-                echo(f"--force: replacing the earlier export in {out}")
-    return path
+    return check_file_out(out, "export", onnx_marker, identity, force, echo, example="model.onnx")
 
 
 def _export_onnx(model_spec: str, out: Path, opset: int, tolerance: float, force: bool) -> None:

@@ -14,8 +14,7 @@ import json
 from pathlib import Path
 
 from ..atomic import atomic_write_text
-from ..errors import HeadcountError
-from ..io import one_file_out
+from ..io import check_file_out, one_file_out
 from .page import marker
 
 
@@ -24,29 +23,15 @@ def identity_of(settings: dict) -> str:
     return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+def _page_marker(path: Path) -> dict | None:
+    with open(path, "rb") as f:
+        return marker(f.read(512))
+
+
 def check_out(out, identity: str | None, force: bool, echo=None) -> Path:
     """Refuse an ``--out`` that is a directory, a link, a file headcount did not write, or (without
     ``force``) the page of another run or settings; return it as a Path."""
-    path = Path(out).expanduser()
-    if str(out).strip() == "":
-        raise HeadcountError("--out must name a file (got an empty string)")
-    if path.is_dir():
-        raise HeadcountError(f"--out {out} is a directory; the explorer is one file (e.g. {Path(out) / 'explore.html'})")
-    if path.exists() or path.is_symlink():
-        if path.is_symlink() or not path.is_file():
-            raise HeadcountError(f"--out {out} is not a plain file; refusing to replace it")
-        with open(path, "rb") as f:
-            mark = marker(f.read(512))
-        if mark is None:
-            raise HeadcountError(f"--out {out} exists and was not written by `headcount explore`; "
-                                 "refusing to overwrite it (choose another file)")
-        if identity is not None and mark.get("identity") != identity:
-            if not force:
-                raise HeadcountError(f"--out {out} holds the explorer of another run or settings; "
-                                     "use another --out, or --force to replace it")
-            if echo is not None:
-                echo(f"--force: replacing the earlier explorer page in {out}")
-    return path
+    return check_file_out(out, "explore", _page_marker, identity, force, echo, example="explore.html")
 
 
 def write_page(out, text: str, identity: str | None = None, force: bool = False, echo=None) -> Path:

@@ -39,7 +39,7 @@ import pandas as pd
 
 from ..atomic import atomic_write_json, atomic_write_text, tmp_prefix
 from ..errors import HeadcountError
-from ..io import ACTIVE_OUTS, lock_file, unlock_file
+from ..io import ACTIVE_OUTS, first_missing, lock_file, unlock_file
 from ..launch import refuse_launcher
 from ..record import LOCK_NAME, Record, first_foreign, refuse_foreign
 from .jobs import Job, JobResult, Plan, headcount_version
@@ -356,7 +356,7 @@ class RunStore:
         if fcntl is None or self._lock_fd is not None:
             return
         refuse_launcher("headcount study")  # every rank would run the whole study in one directory
-        created = next((d for d in [*reversed(self.root.parents), self.root] if not d.exists()), None)
+        created = first_missing(self.root)
         try:
             self.root.mkdir(parents=True, exist_ok=True)
         except OSError as e:
