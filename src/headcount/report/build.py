@@ -173,7 +173,9 @@ def publish(run_dir: Path, files: dict[str, bytes], record) -> None:
     if rec is None:  # run directories always have one (RunStore.lock); a bare folder: record what we write
         rec = Record(run_dir, "study")
     refuse_foreign(run_dir, rec.in_the_way(sorted(files)), what="the run directory")
-    for d in ("results", "figures"):
+    from ..runner.store import REPORT_DIRS, REPORT_PAGES, is_report_file
+
+    for d in REPORT_DIRS:
         if (run_dir / d).is_symlink() or (run_dir / d).exists() and not (run_dir / d).is_dir():
             raise HeadcountError(f"{run_dir / d} is not a directory; move it away")
     rec.join_session()  # before this process makes temporary files here
@@ -181,7 +183,7 @@ def publish(run_dir: Path, files: dict[str, bytes], record) -> None:
     rec.write()  # claimed before written: a kill leaves them listed, and the next report replaces them
     for rel, data in files.items():
         atomic_write_bytes(run_dir / rel, data)
-    stale = [k for k in rec.files if k.split("/")[0] in ("results", "figures") and "/" in k and k not in files]
+    stale = [k for k in rec.files if is_report_file(k) and k not in REPORT_PAGES and k not in files]
     for rel in stale:
         if rec.owns(rel):
             (run_dir / rel).unlink(missing_ok=True)

@@ -59,6 +59,14 @@ PLAN = "plan.json"
 FORMAT = 1
 #: what a study and its report write at the top of a run directory (the record lists them)
 OUTPUTS = (CONFIG, MANIFEST, PLAN, "jobs", "logs", "history", "report.html", "explore.html", "results", "figures")
+#: the report's pages, and its folders of tables and figures (files the report writes, one by one)
+REPORT_PAGES = ("report.html", "explore.html")
+REPORT_DIRS = ("results", "figures")
+
+
+def is_report_file(rel: str) -> bool:
+    """Whether ``rel`` (a path relative to the run directory) is a file the report writes."""
+    return rel in REPORT_PAGES or ("/" in rel and rel.split("/")[0] in REPORT_DIRS)
 
 
 def read_json(path: Path, what: str = "", kind: type = dict):
@@ -472,4 +480,4 @@ def job_meta(started: float, finished: float, executor: str, host: str | None = 
     }
 
 
-__all__ = ["RunStore", "check_run_dir", "OUTPUTS", "pack_dir", "unpack_files", "job_meta", "utcnow", "DONE", "RESULT", "META", "RESERVED"]
+__all__ = ["RunStore", "check_run_dir", "is_report_file", "OUTPUTS", "pack_dir", "unpack_files", "job_meta", "utcnow", "DONE", "RESULT", "META", "RESERVED"]

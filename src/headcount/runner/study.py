@@ -36,7 +36,7 @@ from .executors import make_executor
 from .progress import Reporter
 from .jobs import Plan, headcount_version, resolve_function
 from .registry import get_study_type
-from .store import CONFIG, FORMAT, MANIFEST, PLAN, RunStore, check_run_dir, utcnow
+from .store import CONFIG, FORMAT, MANIFEST, PLAN, RunStore, check_run_dir, is_report_file, utcnow
 
 #: what draws a finished run's report: ``(run_dir, *, loaded, store) -> path of the page``
 ReportFn = Callable[..., "Path | None"]
@@ -117,7 +117,7 @@ def _archive(store: RunStore, old: dict) -> Path:
     n = 1 + sum(1 for _ in hist.iterdir())
     dest = hist / f"{n:03d}-{old.get('config_hash', 'unknown')}"
     dest.mkdir()
-    report_files = [k for k in rec.files if k in ("report.html", "explore.html") or k.split("/")[0] in ("results", "figures")]
+    report_files = [k for k in rec.files if is_report_file(k)]
     for name in (CONFIG, PLAN, *sorted(report_files)):
         src = store.root / name
         if src.is_file() and not src.is_symlink() and (name in (CONFIG, PLAN) or rec.owns(name)):
@@ -217,6 +217,7 @@ def run_study(
     with exe.session() if needs_executor else nullcontext(), store:
         manifest_path = out / MANIFEST
         now = utcnow()
+        replaced = None  # the manifest of another config that --force moves to history/
         if manifest_path.is_file():
             old = store.manifest  # a corrupt manifest is one error line, not a traceback
             if old.get("config_hash") != loaded.hash:
@@ -226,14 +227,15 @@ def run_study(
                         f"{old.get('config_hash')}; this one is {loaded.hash}): use another --out, or --force "
                         "to reuse its finished jobs (nothing is deleted)"
                     )
-                store.begin()
-                _archive(store, old)
+                replaced = old
                 manifest = _new_manifest(loaded, now, previous=old.get("config_hash"))
             else:
                 manifest = old
         else:
             manifest = _new_manifest(loaded, now)
         store.begin()  # from here on the run writes: its outputs and session go into the record first
+        if replaced is not None:
+            _archive(store, replaced)
         manifest.update(last_run=now, headcount_version=headcount_version(), executor=exe.name,
                         versions=versions())
         atomic_write_json(manifest_path, manifest)
