@@ -35,7 +35,7 @@ docs: env
 # and a wrong call that must fail (the check is not vacuous)
 MYPY := $(VENV)/bin/mypy --follow-imports=silent --ignore-missing-imports --no-error-summary
 typecheck: env
-	$(MYPY) src/headcount/api.py tests/typecheck/public_api.py
+	$(MYPY) src/headcount/cli/api.py tests/typecheck/public_api.py
 	@if $(MYPY) tests/typecheck/wrong_call.py >/dev/null; then echo "error: mypy accepted tests/typecheck/wrong_call.py" >&2; exit 1; fi
 
 bench: env

@@ -133,7 +133,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    from headcount.device import resolve_device, trainer_settings
+    from headcount.runtime.device import resolve_device, trainer_settings
 
     where = trainer_settings(args.device, args.precision)  # use_cpu, bf16 (cuda:N: the only visible GPU)
     device = resolve_device("cpu" if where["use_cpu"] else "cuda:0")

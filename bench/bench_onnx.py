@@ -3,7 +3,7 @@
 Models: built as in ``bench_pruned_speed.py``: BERT-base sized (``BertConfig()``: 12 layers, 12
 heads of 64, hidden 768, intermediate 3072), random weights, bare encoder (``BertModel``); pruned:
 6 of the 12 heads removed in every layer and the MLP removed in 6 of the 12 layers
-(``headcount.surgery``). Both are exported by ``headcount.export.export_onnx`` (the code behind
+(``headcount.core.surgery``). Both are exported by ``headcount.core.export.export_onnx`` (the code behind
 ``headcount export``: eager attention, opset 17, dynamic axes, checked against PyTorch), then run
 by onnxruntime (CPU provider, graph optimisations on, ``--threads`` intra-op threads) on batch x
 sequence random tokens without padding.
@@ -36,8 +36,8 @@ import transformers
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_pruned_speed import half_pruned_pair, model_flops  # noqa: E402  (the same models and FLOP count)
 
-from headcount.gates import layout  # noqa: E402
-from headcount.surgery import count_parameters  # noqa: E402
+from headcount.core.gates import layout  # noqa: E402
+from headcount.core.surgery import count_parameters  # noqa: E402
 
 
 def eager(model):
@@ -60,11 +60,11 @@ def main(argv=None) -> dict | None:
     try:
         import onnxruntime as ort
 
-        from headcount.export import export_onnx
+        from headcount.core.export import export_onnx
     except ImportError:
         print("bench_onnx: skipped: needs onnx and onnxruntime (pip install 'headcount[export]')")
         return None
-    from headcount.device import resolve_device
+    from headcount.runtime.device import resolve_device
 
     device = resolve_device(args.device)
     providers = ["CPUExecutionProvider"]

@@ -4,7 +4,7 @@ Model: BERT-base sized (``BertConfig()``: 12 layers, 12 heads of 64, hidden 768,
 3072), random weights, bare encoder (``BertModel``), default attention implementation.
 Input: batch 32 x 128 tokens, no padding. CPU (or ``--device cuda``, ``--precision bf16``),
 ``torch.inference_mode()``, torch threads = all cores. Pruned: 6 of the 12 heads removed in every layer and the MLP removed in 6 of the 12
-layers, by ``headcount.surgery`` (the model keeps its idle gate hooks, as a loaded pruned
+layers, by ``headcount.core.surgery`` (the model keeps its idle gate hooks, as a loaded pruned
 checkpoint does).
 
 Measured speed-up = unpruned latency / pruned latency (best of the timed runs, the two models
@@ -28,8 +28,8 @@ import time
 import torch
 import transformers
 
-from headcount.gates import layout
-from headcount.surgery import count_parameters, prune_heads, prune_mlps
+from headcount.core.gates import layout
+from headcount.core.surgery import count_parameters, prune_heads, prune_mlps
 
 TARGET = 0.9
 
@@ -94,7 +94,7 @@ def main(argv=None) -> dict:
     p.add_argument("--precision", default=None, help="fp32 | bf16 (autocast) | auto (default: fp32, and bf16 too on a GPU)")
     p.add_argument("--batch", type=int, default=None, help="batch size (default 32; quick: 8)")
     args = p.parse_args(argv)
-    from headcount.device import resolve_device, resolve_precision
+    from headcount.runtime.device import resolve_device, resolve_precision
 
     if args.precision is None:  # a GPU: both precisions (fp32 and bf16 autocast); the CPU: fp32
         both = resolve_device(args.device).type == "cuda"

@@ -25,11 +25,11 @@ import time
 import torch
 import transformers
 
-from headcount.evaluation import evaluate_batches
-from headcount.gates import gated, layout
-from headcount.masks import Mask
-from headcount.pruning import PruneConfig, iterative_prune, select_lowest
-from headcount.scoring import score
+from headcount.core.gates import gated, layout
+from headcount.core.masks import Mask
+from headcount.data.evaluation import evaluate_batches
+from headcount.importance.pruning import PruneConfig, iterative_prune, select_lowest
+from headcount.importance.scoring import score
 
 #: bf16 dense tensor-core peak (FLOP/s) by device-name fragment; --peak overrides
 BF16_PEAK = {"H200": 989e12, "H100": 989e12, "GH200": 989e12, "A100": 312e12, "L40S": 362e12, "A10": 125e12,
@@ -142,7 +142,7 @@ def score_flops(model, batches):
 
 
 def main(argv=None):
-    from headcount.device import resolve_device
+    from headcount.runtime.device import resolve_device
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
@@ -217,7 +217,7 @@ def main(argv=None):
         base_eval(model, mask)
         for _ in range(steps):
             s = baseline_scores(model, padded, mask)
-            from headcount.scoring import normalize_scores
+            from headcount.importance.scores import normalize_scores
 
             h, _ = normalize_scores(s, torch.zeros(s.shape[0]), "layer+global")
             mask = Mask(select_lowest(h, mask.heads, int(0.1 * mask.heads.numel())), mask.mlps)

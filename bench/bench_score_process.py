@@ -98,8 +98,8 @@ def build_inputs(root: Path, n: int) -> tuple[Path, Path, Path, list[str]]:
     import transformers
 
     transformers.utils.logging.disable_progress_bar()
-    from headcount.models import offline_model_dir
-    from headcount.tasks import get_task
+    from headcount.core.models import offline_model_dir
+    from headcount.data.tasks import get_task
 
     offline = offline_model_dir()
     ckpt = root / "ckpt"
@@ -148,7 +148,7 @@ def main(argv=None) -> int:
     ap.add_argument("--keep", action="store_true", help="keep the temp folder (printed)")
     args = ap.parse_args(argv)
     repeats = 1 if args.quick else args.repeats
-    from headcount.device import resolve_device
+    from headcount.runtime.device import resolve_device
 
     device = str(resolve_device(args.device))
     hc = Path(sys.executable).with_name("headcount")

@@ -30,7 +30,7 @@ def _where(spec: str) -> str:
     import torch
     import transformers
 
-    from headcount.device import device_name, resolve_device, resolve_precision
+    from headcount.runtime.device import device_name, resolve_device, resolve_precision
 
     dev = resolve_device(spec)
     name = device_name(dev)

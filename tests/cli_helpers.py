@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from headcount.cli import main
+from headcount.cli.app import main
 
 
 def run_cli(capsys, *argv) -> tuple[int, str, str]:

@@ -13,7 +13,7 @@ Everything here is offline and fast (a tiny model builds in a few milliseconds).
 or take the ``arch`` fixture, which runs a test once per row of :data:`ARCHS`.
 
 Adding an architecture = one :class:`Arch` row in :data:`ARCHS` (plus its adapter under
-``src/headcount/arch/``).
+``src/headcount/core/arch/``).
 
 Sizes are chosen so that shape mix-ups fail loudly: 4 heads of size 8 (hidden 32), an
 intermediate size of 37 (not a multiple of anything), 3 layers (4 applications for ALBERT).

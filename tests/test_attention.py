@@ -1,4 +1,4 @@
-"""Per-head attention probabilities on demand (headcount.attention), for every adapter."""
+"""Per-head attention probabilities on demand (headcount.core.attention), for every adapter."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import pytest
 import torch
 from conftest import HEADS, clone, tiny_batch, tiny_model
 
-from headcount.attention import attention_maps
-from headcount.gates import gated, layout, shared_groups
-from headcount.surgery import prune_heads
+from headcount.core.attention import attention_maps
+from headcount.core.gates import gated, layout, shared_groups
+from headcount.core.surgery import prune_heads
 
 
 def maps_of(model, batch):

@@ -21,8 +21,8 @@ from typing import Callable
 import pytest
 from training_helpers import make_checkpoint, make_task, one_thread
 
-from headcount.cli import main
-from headcount.record import Record
+from headcount.cli.app import main
+from headcount.runtime.record import Record
 
 _one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
 
@@ -214,7 +214,7 @@ def study_config(d, text: str) -> Path:
 
 
 def demo_config(d, old: str, new: str) -> Path:
-    from headcount.commands.demo import config_dir
+    from headcount.cli.commands.demo import config_dir
 
     return study_config(d, (config_dir() / "demo.yaml").read_text().replace(old, new))
 
@@ -226,12 +226,12 @@ ALIAS_BOMB = "lol0: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + "".joi
 
 def full_disk(monkeypatch):
     """Every atomic write fails as on a full disk."""
-    import headcount.atomic
+    import headcount.runtime.atomic
 
     def fail(path, data):
         raise OSError(errno.ENOSPC, "No space left on device", str(path))
 
-    monkeypatch.setattr(headcount.atomic, "atomic_write_bytes", fail)
+    monkeypatch.setattr(headcount.runtime.atomic, "atomic_write_bytes", fail)
 
 
 #: what safetensors 0.8 raises when the disk fills while it writes the weights (a SafetensorError, not an OSError)

@@ -14,10 +14,10 @@ import transformers
 from cli_helpers import run_cli
 from conftest import outputs, save_tiny, tiny_batch, tiny_model
 
-from headcount.gates import gated
-from headcount.masks import Mask
-from headcount.models import load_model
-from headcount.surgery import count_parameters, load_pruned
+from headcount.core.gates import gated
+from headcount.core.masks import Mask
+from headcount.core.models import load_model
+from headcount.core.surgery import count_parameters, load_pruned
 
 HEADCOUNT = Path(sys.executable).parent / "headcount"
 

@@ -6,14 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from headcount.runner import load_study_config
-from headcount.runner.registry import get_study_type
+from headcount.experiments.runner import load_study_config
+from headcount.experiments.runner.registry import get_study_type
 
 CONFIGS = sorted((Path(__file__).resolve().parent.parent / "configs").glob("*.yaml"))
 
 
 def test_configs_are_shipped_inside_the_package():
-    from headcount.commands.demo import config_dir
+    from headcount.cli.commands.demo import config_dir
 
     assert (config_dir() / "demo.yaml").is_file() and (config_dir() / "demo-full.yaml").is_file()
     names = {p.name for p in CONFIGS}
@@ -23,7 +23,7 @@ def test_configs_are_shipped_inside_the_package():
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
 def test_config_validates_and_expands(path):
-    from headcount.tasks import is_fetched
+    from headcount.data.tasks import is_fetched
 
     if "offline" in path.read_text() and not is_fetched():
         pytest.skip("offline data not fetched (make test fetches it)")
@@ -35,7 +35,7 @@ def test_config_validates_and_expands(path):
 
 
 def test_demo_prefixes_both_parts():
-    from headcount.tasks import is_fetched
+    from headcount.data.tasks import is_fetched
 
     if not is_fetched():
         pytest.skip("offline data not fetched (make test fetches it)")

@@ -25,8 +25,7 @@ from conftest import (
     tiny_model,
 )
 
-from headcount.errors import HeadcountError
-from headcount.gates import (
+from headcount.core.gates import (
     clear_gates,
     gated,
     hooks,
@@ -35,9 +34,9 @@ from headcount.gates import (
     set_gates,
     shared_groups,
 )
-from headcount.masks import Mask
-from headcount.models import load_model
-from headcount.surgery import (
+from headcount.core.masks import Mask
+from headcount.core.models import load_model
+from headcount.core.surgery import (
     count_parameters,
     load_pruned,
     prune_heads,
@@ -47,6 +46,7 @@ from headcount.surgery import (
     save_pruned,
     shrink,
 )
+from headcount.runtime.errors import HeadcountError
 
 ATOL = 1e-5
 VISIBLE = 1e-3  # a gate that removes something must move the outputs at least this much
@@ -564,7 +564,7 @@ def test_mask_json_round_trip(tmp_path):
 def test_layout_is_frozen_and_installs_no_hooks(arch):
     import dataclasses
 
-    from headcount.arch import Layout
+    from headcount.core.arch import Layout
 
     model = tiny_model(arch)
     grid = layout(model)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import headcount.studies.demo as demo
-from headcount.report import Section
+import headcount.experiments.studies.demo as demo
+from headcount.experiments.report import Section
 
 
 def test_both_parts_main_sections_come_first(monkeypatch):
@@ -25,8 +25,8 @@ def test_demo_reports_open_with_the_illustration_notice():
     """Both demo profiles say plainly, first, that their numbers illustrate the pipeline only."""
     from importlib.resources import files
 
-    from headcount.runner import load_study_config
+    from headcount.experiments.runner import load_study_config
 
     for name in ("demo.yaml", "demo-full.yaml"):
-        loaded = load_study_config(files("headcount") / "configs" / name)
+        loaded = load_study_config(files("headcount.experiments") / "configs" / name)
         assert loaded.config.notice == demo.NOTICE and "illustrate the pipeline only" in demo.NOTICE

@@ -1,4 +1,4 @@
-"""The device rule (headcount.device), packing batches to a token budget, bf16 rank equivalence,
+"""The device rule (headcount.runtime.device), packing batches to a token budget, bf16 rank equivalence,
 and the study runner's device pool; all on the CPU (CUDA counts are faked where needed)."""
 
 from __future__ import annotations
@@ -11,7 +11,11 @@ import torch
 import transformers
 from conftest import tiny_batch, tiny_model
 
-from headcount.device import (
+from headcount.data.evaluation import MLM_METRIC, evaluate_batches, masked_positions_only
+from headcount.data.tasks.batching import pack_batches
+from headcount.experiments.runner.local import DevicePool, LocalExecutor
+from headcount.importance.scoring import score
+from headcount.runtime.device import (
     default_tokens_per_batch,
     job_environment,
     pad_multiple,
@@ -22,11 +26,7 @@ from headcount.device import (
     runtime,
     trainer_settings,
 )
-from headcount.errors import HeadcountError
-from headcount.evaluation import MLM_METRIC, evaluate_batches, masked_positions_only
-from headcount.runner.local import DevicePool, LocalExecutor
-from headcount.scoring import score
-from headcount.tasks.batching import pack_batches
+from headcount.runtime.errors import HeadcountError
 
 
 # --- the rule -----------------------------------------------------------------------------------
@@ -75,7 +75,7 @@ def test_place_keeps_the_model_where_it_is_unless_told(monkeypatch):
 def test_unavailable_device_is_one_error_line_exit_2(tmp_path, capsys):
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
-    from headcount.cli import main
+    from headcount.cli.app import main
 
     with pytest.raises(SystemExit) as e:
         main(["score", "--device", "cuda:0", "--out", str(tmp_path / "s")])
@@ -115,7 +115,7 @@ def test_pooled_local_run_equals_the_sequential_one(tmp_path, monkeypatch):
     process; each job's meta.json names its device."""
     import toy_study  # noqa: F401  (registers the toy study type)
 
-    from headcount.runner import run_study
+    from headcount.experiments.runner import run_study
 
     monkeypatch.setenv("TOY_COUNT_DIR", str(tmp_path))
     cfg = tmp_path / "toy.yaml"
@@ -228,7 +228,7 @@ def test_bf16_autocast_scores_are_rank_equivalent_to_fp32():
 
 
 def test_attention_maps_come_back_where_the_inputs_were():
-    from headcount.attention import attention_maps
+    from headcount.core.attention import attention_maps
 
     model = tiny_model("bert")
     batch = tiny_batch(model)
@@ -244,8 +244,8 @@ needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CU
 
 @needs_gpu
 def test_gpu_scores_evaluation_and_maps_match_the_cpu():
-    from headcount.attention import attention_maps
-    from headcount.masks import Mask
+    from headcount.core.attention import attention_maps
+    from headcount.core.masks import Mask
 
     model = tiny_model("bert")
     batches = _cls_batches(model)
@@ -286,7 +286,7 @@ def test_gpu_bf16_scores_are_rank_equivalent():
     assert spearmanr(fp32.heads.flatten().numpy(), bf16.heads.flatten().numpy())[0] >= 0.99
 
 
-@pytest.mark.parametrize("module", ["device", "tasks.batching"])
+@pytest.mark.parametrize("module", ["runtime.device", "data.tasks.batching"])
 def test_docstring_examples_run(module):
     import doctest
     import importlib
@@ -298,7 +298,7 @@ def test_docstring_examples_run(module):
 def test_study_device_in_config_and_on_the_command_line(tmp_path):
     import toy_study  # noqa: F401
 
-    from headcount.runner import parse_study_config, run_study
+    from headcount.experiments.runner import parse_study_config, run_study
 
     base = "study: toy_study:toy\nvalues: [1]\nsteps: 1\nfactor: 2.0\n"
     with pytest.raises(HeadcountError, match=r"line 5: 'device'.*auto, cpu, cuda or cuda:N"):

@@ -16,9 +16,9 @@ import pytest
 import transformers
 from training_helpers import make_checkpoint, make_task
 
-from headcount.device import trainer_settings
-from headcount.errors import HeadcountError
-from headcount.launch import launch_rank
+from headcount.runtime.device import trainer_settings
+from headcount.runtime.errors import HeadcountError
+from headcount.runtime.launch import launch_rank
 
 #: a global batch of 16 at lr 3e-3 for 8 epochs learns the task on every seed 1-20 by epoch 5 (lr 5e-3 for 6
 #: epochs stayed at chance on 4 seeds of 20: whether seed 1 learnt rested on a trajectory that kernels change)

@@ -12,7 +12,7 @@ from cli_helpers import run_cli
 from conftest import tiny_batch, tiny_model
 from training_helpers import make_checkpoint, make_task, one_thread
 
-from headcount.embedding import (
+from headcount.data.embedding import (
     Contrastive,
     contrastive,
     embed,
@@ -25,7 +25,7 @@ from headcount.embedding import (
     two_views,
     view_metrics,
 )
-from headcount.scoring import score
+from headcount.importance.scoring import score
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -174,7 +174,7 @@ def test_label_free_metric_is_perfect_on_identical_views():
 
 
 def test_similarity_agreement_is_perfect_for_the_same_model_and_falls_with_gates_off():
-    from headcount.masks import Mask
+    from headcount.core.masks import Mask
 
     model = _dropout_model()
     batches = _batches(model, 2)
@@ -239,8 +239,8 @@ def test_cli_score_embedding_supervised(setup, tmp_path, capsys):
 def test_example_ids_follow_the_embedding_batches_rows(setup):
     from transformers import AutoTokenizer
 
-    from headcount.pipeline import DataConfig, batches_for, example_order
-    from headcount.tasks import get_task, tokenize
+    from headcount.data.tasks import get_task, tokenize
+    from headcount.importance.pipeline import DataConfig, batches_for, example_order
 
     ckpt, task, pairs = setup
     tok = AutoTokenizer.from_pretrained(str(ckpt))
@@ -266,8 +266,8 @@ def test_example_ids_follow_the_embedding_batches_rows(setup):
 
 def test_supervised_gradient_token_and_ablation_run_on_pairs(setup):
 
-    from headcount.pipeline import DataConfig, batches_for, load_for
-    from headcount.tasks import get_task
+    from headcount.data.tasks import get_task
+    from headcount.importance.pipeline import DataConfig, batches_for, load_for
 
     ckpt, _, pairs = setup
     t = get_task(str(pairs))
@@ -320,8 +320,8 @@ def test_cli_supervised_on_a_single_text_task_is_refused(setup, tmp_path, capsys
 
 # ---------------------------------------------------------------------------------- the transfer study
 def _plan(**kw):
-    from headcount.runner import Plan
-    from headcount.studies import transfer as T
+    from headcount.experiments.runner import Plan
+    from headcount.experiments.studies import transfer as T
 
     settings = T.TransferSettings(tasks=["offline/movies", "offline/tweets"], seeds=[1, 2], **kw)
     return {j.name: j for j in Plan(T.transfer_jobs(settings)).jobs}
@@ -348,7 +348,7 @@ def test_transfer_plan_adds_embedding_jobs_only_when_asked():
 def test_transfer_objectives_must_include_mlm():
     from pydantic import ValidationError
 
-    from headcount.studies import transfer as T
+    from headcount.experiments.studies import transfer as T
 
     with pytest.raises(ValidationError, match="objectives must include mlm"):
         T.TransferSettings(tasks=["offline/movies"], objectives=["embedding"])
@@ -376,7 +376,7 @@ stats: {{n_boot: 20, n_permutations: 19}}
 def test_transfer_study_reports_mlm_embedding_and_task_side_by_side(tmp_path):
     import pandas as pd
 
-    from headcount.api import run_study
+    from headcount.experiments import run_study
 
     model = make_checkpoint(tmp_path / "pre", seed=0, hidden_dropout_prob=0.1)
     make_task(tmp_path / "good", n_train=64, n_dev=32)

@@ -1,4 +1,4 @@
-"""The head explorer (headcount.explorer, `headcount explore`): the page model against its inputs
+"""The head explorer (headcount.experiments.explorer, `headcount explore`): the page model against its inputs
 (a model and a task with score and mask files, a tiny lottery run, a tiny transfer run), the
 attention byte encoding and the page size, the one-file output rules, bad input, and the page in
 headless Chromium (network off): one cell per head, a click fills the detail panel with the
@@ -21,10 +21,10 @@ from test_report_browser import WIDTH, _run_browser, chromium
 from training_helpers import make_checkpoint, make_task, one_thread
 
 import headcount as hc
-from headcount.errors import HeadcountError
-from headcount.explorer import data as D
-from headcount.explorer.page import page_data
-from headcount.runner import RunStore
+from headcount.experiments.explorer import data as D
+from headcount.experiments.explorer.page import page_data
+from headcount.experiments.runner import RunStore
+from headcount.runtime.errors import HeadcountError
 
 _one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
 
@@ -76,7 +76,7 @@ def world(tmp_path_factory):
 
 
 def _study(world, name: str, config: str) -> Path:
-    from headcount.api import run_study
+    from headcount.experiments import run_study
 
     (world["root"] / f"{name}.yaml").write_text(config)
     summary = run_study(world["root"] / f"{name}.yaml", world["root"] / name, quiet=True)
@@ -160,7 +160,7 @@ def test_seed_groups_give_means_and_survival():
 
 def test_pattern_classes_of_the_rules_and_of_the_cnn():
     from headcount.analysis.patterns import CLASSES
-    from headcount.explorer.sources import _pattern_quantities
+    from headcount.experiments.explorer.sources import _pattern_quantities
 
     page = D.new_page(1, 2, "t", {})
     ids = [[[0, 1]], [[0, 3]], [[2, 3]]]  # [examples, layers, heads]: the CNN's class of each
@@ -178,9 +178,9 @@ def test_pattern_classes_of_the_rules_and_of_the_cnn():
 def test_the_page_of_a_model_and_task_holds_the_files_and_the_attention(world, model_page, capsys):
     import torch
 
-    from headcount.attention import attention_maps
-    from headcount.models import load_model, load_tokenizer
-    from headcount.tasks import get_task
+    from headcount.core.attention import attention_maps
+    from headcount.core.models import load_model, load_tokenizer
+    from headcount.data.tasks import get_task
 
     out, argv = model_page
     code, stdout, err = run_cli(capsys, *argv)
@@ -265,9 +265,9 @@ def test_the_page_of_a_transfer_run_holds_its_scores_means_and_removal_levels(tr
 def test_in_a_notebook_the_explorer_shows_inline_and_saves(world, tmp_path):
     import importlib
 
-    package = importlib.import_module("headcount.explorer")
+    package = importlib.import_module("headcount.experiments.explorer")
     ex = hc.explore(model=world["pre"], task=world["task"], examples=2)
-    assert hc.explore is package.explore  # the function (the package is headcount.explorer)
+    assert hc.explore is package.explore  # the function (the package is headcount.experiments.explorer)
     shown = ex._repr_html_()
     assert shown.startswith('<iframe srcdoc="&lt;!DOCTYPE html&gt;') and "&quot;" in shown and "<script" not in shown
     path = ex.save(tmp_path / "e.html")

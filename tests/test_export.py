@@ -19,20 +19,20 @@ import transformers
 from cli_helpers import run_cli
 from conftest import ARCH_IDS, NUM_LABELS, VOCAB, save_tiny, tiny_model
 
-from headcount.errors import HeadcountError
-from headcount.gates import layout
-from headcount.surgery import (
+from headcount.core.gates import layout
+from headcount.core.surgery import (
     load_pruned,
     prune_heads,
     prune_mlps,
     prune_neurons,
     save_pruned,
 )
+from headcount.runtime.errors import HeadcountError
 
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 
-from headcount import export as ex  # noqa: E402  (after the skip: needs the export extra)
+from headcount.core import export as ex  # noqa: E402  (after the skip: needs the export extra)
 
 TOL = 1e-4
 
@@ -132,8 +132,8 @@ def test_a_model_with_every_head_removed_exports_without_the_mask():
 def test_gates_left_on_shared_layers_are_in_the_onnx_graph():
     """ALBERT with groups, a head masked at one depth of a shared layer only: shrink keeps it as a
     persistent gate, the export traces it in; a plain config cannot describe it."""
-    from headcount.masks import Mask
-    from headcount.surgery import shrink
+    from headcount.core.masks import Mask
+    from headcount.core.surgery import shrink
 
     model = eager(tiny_model("albert-groups"))
     n_layers, n_heads = layout(model)

@@ -17,13 +17,13 @@ import pytest
 from test_glue_local import download_lines, splits_of
 from training_helpers import WORDS, make_checkpoint, make_task, one_thread
 
-from headcount.evaluation import evaluate_batches
-from headcount.pipeline import DataConfig, batches_for, load_for, metric_for
-from headcount.runner import Plan, RunStore
-from headcount.studies.lottery import LotterySettings, lottery_jobs
-from headcount.studies.transfer import TransferSettings
-from headcount.studies.transfer.plan import transfer_jobs
-from headcount.tasks import get_task
+from headcount.data.evaluation import evaluate_batches
+from headcount.data.tasks import get_task
+from headcount.experiments.runner import Plan, RunStore
+from headcount.experiments.studies.lottery import LotterySettings, lottery_jobs
+from headcount.experiments.studies.transfer import TransferSettings
+from headcount.experiments.studies.transfer.plan import transfer_jobs
+from headcount.importance.pipeline import DataConfig, batches_for, load_for, metric_for
 
 _one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
 
@@ -142,7 +142,7 @@ super_survivors: {{enabled: false}}
 
 
 def test_lottery_study_reports_matched_and_mismatched_from_the_same_models(glue_dir):
-    from headcount.api import run_study
+    from headcount.experiments import run_study
 
     (glue_dir / "study.yaml").write_text(LOTTERY.format(model=make_checkpoint(glue_dir / "pre")))
     summary = run_study(glue_dir / "study.yaml", glue_dir / "run", quiet=True)
@@ -198,7 +198,7 @@ stats: {{n_boot: 10, n_permutations: 9}}
 
 
 def test_transfer_study_reports_matched_and_mismatched_from_the_same_models(glue_dir):
-    from headcount.api import run_study
+    from headcount.experiments import run_study
 
     (glue_dir / "study.yaml").write_text(TRANSFER.format(model=make_checkpoint(glue_dir / "pre")))
     summary = run_study(glue_dir / "study.yaml", glue_dir / "run", quiet=True)

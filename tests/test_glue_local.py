@@ -15,11 +15,11 @@ import pandas as pd
 import pytest
 from pydantic import field_validator
 
-from headcount.errors import HeadcountError
-from headcount.runner import StudyConfig, load_study_config, register_study
-from headcount.runner.config import task_ref
-from headcount.tasks import get_task, resolve_task_ref
-from headcount.tasks.glue import HubSource
+from headcount.data.tasks import get_task, resolve_task_ref
+from headcount.data.tasks.glue import HubSource
+from headcount.experiments.runner import StudyConfig, load_study_config, register_study
+from headcount.experiments.runner.config import task_ref
+from headcount.runtime.errors import HeadcountError
 
 
 @pytest.fixture(autouse=True)
@@ -195,7 +195,7 @@ def test_task_yaml_over_download_files(tmp_path):
 
 # --------------------------------------------------------------------------- missing or ambiguous splits
 def run_cli(argv, capsys) -> tuple[int, list[str]]:
-    from headcount.cli import main
+    from headcount.cli.app import main
 
     with pytest.raises(SystemExit) as e:
         main(argv)
@@ -318,8 +318,8 @@ def test_glue_tasks_are_declared_in_the_users_task_yaml_format(config):
     user could write, and loading it as one gives the task ``get_task`` registers."""
     from dataclasses import fields
 
-    from headcount.tasks import load_task_yaml
-    from headcount.tasks.glue import SPECS
+    from headcount.data.tasks import load_task_yaml
+    from headcount.data.tasks.glue import SPECS
 
     path = SPECS / f"glue-{config}.yaml"
     mine, registered = load_task_yaml(path), get_task(f"glue/{config}")

@@ -14,8 +14,7 @@ import torch
 from cli_helpers import run_cli
 from training_helpers import make_checkpoint, make_task, one_thread
 
-from headcount.errors import HeadcountError
-from headcount.runner import (
+from headcount.experiments.runner import (
     Job,
     Plan,
     RayExecutor,
@@ -24,13 +23,14 @@ from headcount.runner import (
     parse_study_config,
     register_study,
 )
-from headcount.runner.config import config_hash
-from headcount.runner.local import LocalExecutor
-from headcount.runner.ray_executor import ray_gpus
-from headcount.runner.study import run_study
-from headcount.studies.lottery import LotterySettings, lottery_jobs
-from headcount.studies.transfer import TransferSettings
-from headcount.studies.transfer.plan import transfer_jobs
+from headcount.experiments.runner.config import config_hash
+from headcount.experiments.runner.local import LocalExecutor
+from headcount.experiments.runner.ray_executor import ray_gpus
+from headcount.experiments.runner.study import run_study
+from headcount.experiments.studies.lottery import LotterySettings, lottery_jobs
+from headcount.experiments.studies.transfer import TransferSettings
+from headcount.experiments.studies.transfer.plan import transfer_jobs
+from headcount.runtime.errors import HeadcountError
 
 _one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
 
@@ -72,10 +72,10 @@ def test_model_jobs_ask_for_a_gpu_when_the_cluster_has_gpus():
 def test_gpus_per_job_reaches_the_ray_executor_from_the_cli_and_the_api(tmp_path, monkeypatch, capsys):
     """``headcount study/demo --executor ray --gpus-per-job X`` and ``run_study(gpus_per_job=X)`` build a
     RayExecutor asking X GPUs per model job (no Ray needed: the executor's check stops the run)."""
-    import headcount.commands.demo as demo_command
-    from headcount.api import run_study as api_run_study
-    from headcount.runner.executors import make_executor
-    from headcount.runner.ray_executor import GPUS_PER_JOB
+    import headcount.cli.commands.demo as demo_command
+    from headcount.experiments import run_study as api_run_study
+    from headcount.experiments.runner.executors import make_executor
+    from headcount.experiments.runner.ray_executor import GPUS_PER_JOB
 
     seen = []
 
@@ -177,9 +177,9 @@ def test_precision_reaches_every_job(tmp_path, monkeypatch, pooled):
 def test_demo_takes_device_and_both_commands_print_the_total_time(tmp_path, monkeypatch, capsys):
     """``headcount demo --device X`` reaches the runner like ``headcount study --device X``; both
     end with the run's wall time (every model-running job on the GPU; total time printed)."""
-    import headcount.api as api
-    import headcount.commands.demo as demo_command
-    from headcount.runner import RunSummary
+    import headcount.cli.commands.demo as demo_command
+    import headcount.experiments as api
+    from headcount.experiments.runner import RunSummary
 
     monkeypatch.setattr(demo_command, "is_fetched", lambda: True)
     seen = {}
@@ -206,7 +206,7 @@ def test_demo_takes_device_and_both_commands_print_the_total_time(tmp_path, monk
 
 
 def test_demo_refuses_a_device_that_is_not_there(tmp_path, monkeypatch, capsys):
-    import headcount.commands.demo as demo_command
+    import headcount.cli.commands.demo as demo_command
 
     monkeypatch.setattr(demo_command, "is_fetched", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
@@ -217,8 +217,8 @@ def test_demo_refuses_a_device_that_is_not_there(tmp_path, monkeypatch, capsys):
 
 # -------------------------------------------------------------------------------------- head fit
 def test_head_fit_trains_on_the_device_rules_device(tmp_path, monkeypatch):
-    import headcount.heads as heads
-    import headcount.studies.transfer.jobs as transfer_jobs_module
+    import headcount.data.heads as heads
+    import headcount.experiments.studies.transfer.jobs as transfer_jobs_module
 
     seen = []
     real_place = heads.place

@@ -1,4 +1,4 @@
-"""headcount.heads: heads fitted on a frozen encoder whose outputs are replayed.
+"""headcount.data.heads: heads fitted on a frozen encoder whose outputs are replayed.
 
 What could go wrong: the replayed output is not what the head reads (loss differs from the full
 model's), a module's ``forward`` is reassigned (hooks of other libraries break), the encoder moves,
@@ -13,8 +13,9 @@ from conftest import tiny_batch, tiny_model
 from training_helpers import make_checkpoint, sentences
 from transformers.modeling_outputs import BaseModelOutput, BaseModelOutputWithPooling
 
-from headcount.errors import HeadcountError
-from headcount.heads import fit_mlm_head, fit_task_head, replaying_encoder
+from headcount.data.heads import fit_task_head, replaying_encoder
+from headcount.data.mlm_head import fit_mlm_head
+from headcount.runtime.errors import HeadcountError
 
 ARCHS = ["bert", "albert", "distilbert", "deberta-v2"]
 
@@ -101,7 +102,7 @@ def test_fit_task_head_restores_flags_when_it_fails():
 
 
 def test_fit_mlm_head_replays_without_patching_and_leaves_the_encoder(tmp_path, monkeypatch):
-    import headcount.heads as heads
+    import headcount.data.mlm_head as heads
 
     ckpt = make_checkpoint(tmp_path / "pre", seed=0)
     calls = []

@@ -1,4 +1,4 @@
-"""The lottery study (headcount.studies.lottery): config, jobs, subnetwork rules, end to end.
+"""The lottery study (headcount.experiments.studies.lottery): config, jobs, subnetwork rules, end to end.
 
 The maths (controls, stability statistics, pattern rules) is tested in test_stats.py and
 test_patterns.py; here: that the study wires it as Prasanna et al. do, that every subnetwork
@@ -29,18 +29,16 @@ from headcount.analysis.patterns import (
     save_labelled_maps,
     synthetic_attention_maps,
 )
-from headcount.api import run_study
-from headcount.errors import HeadcountError
-from headcount.magnitude_search import MagnitudeConfig
-from headcount.masks import Mask
-from headcount.runner import (
+from headcount.core.masks import Mask
+from headcount.experiments import run_study
+from headcount.experiments.runner import (
     JobResult,
     RunStore,
     get_study_type,
     no_progress,
     parse_study_config,
 )
-from headcount.studies.lottery import (
+from headcount.experiments.studies.lottery import (
     EXPERIMENTS,
     SUPER_EXPERIMENTS,
     LotterySettings,
@@ -51,9 +49,11 @@ from headcount.studies.lottery import (
     retrain_job,
     subnetwork_job,
 )
-from headcount.studies.lottery.published import PRASANNA_2020, published
-from headcount.studies.lottery.tables import paper_table
+from headcount.experiments.studies.lottery.published import PRASANNA_2020, published
+from headcount.experiments.studies.lottery.tables import paper_table
+from headcount.runtime.errors import HeadcountError
 from headcount.train import TrainConfig
+from headcount.train.magnitude_search import MagnitudeConfig
 
 _one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
 
@@ -112,7 +112,7 @@ def test_jobs_compose_under_a_prefix_with_the_same_keys(world):
     assert {j.key for j in plain} == {j.key for j in prefixed}  # names are not part of keys
     names = {j.name: j for j in plain}
     full = names["finetune/has-good/seed1"]
-    assert full.fn == "headcount.studies.jobs:finetune_job" and set(full.params) == {"model", "task", "seed", "train"}
+    assert full.fn == "headcount.experiments.studies.jobs:finetune_job" and set(full.params) == {"model", "task", "seed", "train"}
     # retraining starts from the pre-trained weights: the model is a parameter, not the full run
     for kind in ("good", "random", "bad"):
         retrain = names[f"retrain/{kind}/has-good/seed2"]
@@ -249,7 +249,7 @@ def test_study_runs_to_a_report_with_the_main_table(run):
     # the explorer page beside the report, from saved results only, linked from its top
     explore = summary.run_dir / "explore.html"
     assert explore.is_file() and 'href="explore.html"' in html
-    from headcount.explorer.page import page_data
+    from headcount.experiments.explorer.page import page_data
 
     page = page_data(explore.read_text(encoding="utf-8"))
     assert page["layers"] == 2 and page["heads"] == 4 and not page.get("attention")
@@ -277,7 +277,7 @@ def test_study_runs_to_a_report_with_the_main_table(run):
 
 
 def test_the_report_lists_nan_runs_and_controls_drawn_empty(run, world):
-    from headcount.studies.lottery.tables import nan_table, seed_scores, summarize
+    from headcount.experiments.studies.lottery.tables import nan_table, seed_scores, summarize
 
     summary, store = run
     settings = parse_study_config((world["root"] / "study.yaml").read_text(), base_dir=world["root"]).config
@@ -374,7 +374,7 @@ def test_job_params_are_validated_into_their_models(tmp_path):
 
 
 def test_train_and_magnitude_settings_are_the_library_configs_fields():
-    from headcount.studies.lottery.config import MagnitudeParams
+    from headcount.experiments.studies.lottery.config import MagnitudeParams
 
     train, mag = TrainSettings(), MagnitudeSettings()
     assert all(getattr(train, k) == getattr(TrainConfig(), k) for k in TrainSettings.model_fields)
@@ -392,10 +392,10 @@ def test_train_and_magnitude_settings_are_the_library_configs_fields():
 
 
 def test_no_passing_magnitude_mask_is_a_flagged_nan_row_and_its_controls_are_skipped(world, tmp_path, monkeypatch):
-    import headcount.magnitude_search as ms
-    from headcount.studies.lottery import magnitude_job
-    from headcount.studies.lottery.report import no_passing_sentence
-    from headcount.studies.lottery.tables import nan_table, seed_scores
+    import headcount.train.magnitude_prune as ms
+    from headcount.experiments.studies.lottery import magnitude_job
+    from headcount.experiments.studies.lottery.report import no_passing_sentence
+    from headcount.experiments.studies.lottery.tables import nan_table, seed_scores
     from headcount.train import finetune
 
     train = {"lr": 0.01, "batch_size": 16, "epochs": 1, "max_length": 32, "max_train_examples": 64,
@@ -463,7 +463,7 @@ def test_paper_table_sets_the_runs_numbers_beside_the_published_ones():
 
 @pytest.mark.parametrize("module", ["config", "plan", "jobs", "tables", "published"])
 def test_docstring_examples_run(module):
-    result = doctest.testmod(importlib.import_module(f"headcount.studies.lottery.{module}"), optionflags=doctest.ELLIPSIS)
+    result = doctest.testmod(importlib.import_module(f"headcount.experiments.studies.lottery.{module}"), optionflags=doctest.ELLIPSIS)
     assert result.attempted >= 2 and result.failed == 0
 
 

@@ -1,5 +1,5 @@
-"""Magnitude pruning: the weight-mask primitives (headcount.magnitude), the procedures
-(headcount.magnitude_search: the paper's search without retraining, IMP with rewinding), the CLI."""
+"""Magnitude pruning: the weight-mask primitives (headcount.importance.magnitude), the procedures
+(headcount.train.magnitude_search and magnitude_prune: the paper's search without retraining, IMP with rewinding), the CLI."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ import torch
 import transformers
 from training_helpers import make_checkpoint, make_task, one_thread, stop_after
 
-from headcount.cli import main
-from headcount.errors import HeadcountError
-from headcount.magnitude import (
+from headcount.cli.app import main
+from headcount.core.models import load_model
+from headcount.importance.magnitude import (
     apply_weight_mask,
     load_weight_mask,
     magnitude_mask,
@@ -28,15 +28,10 @@ from headcount.magnitude import (
     weight_mask_of,
     weight_targets,
 )
-from headcount.magnitude_search import (
-    MagnitudeConfig,
-    check_procedure,
-    magnitude_prune,
-    prasanna_magnitude_mask,
-    prasanna_magnitude_prune,
-)
-from headcount.models import load_model
+from headcount.runtime.errors import HeadcountError
 from headcount.train import TrainConfig, finetune
+from headcount.train.magnitude_search import MagnitudeConfig, check_procedure, prasanna_magnitude_mask
+from headcount.train.magnitude_prune import magnitude_prune, prasanna_magnitude_prune
 
 FAST = TrainConfig(lr=1e-2, batch_size=16, epochs=2, save_steps=4, max_train_examples=128, max_eval_examples=64,
                    use_cpu=True)
@@ -426,8 +421,8 @@ def test_prasanna_end_to_end_retrains_the_kept_mask_once_from_pretrained(world, 
 
 
 def test_lottery_magnitude_jobs_carry_at_cap_so_that_only_their_keys_change(world):
-    from headcount.studies.lottery import lottery_jobs
-    from headcount.studies.lottery.config import (
+    from headcount.experiments.studies.lottery import lottery_jobs
+    from headcount.experiments.studies.lottery.config import (
         LotterySettings,
         MagnitudeParams,
         MagnitudeSettings,
@@ -541,7 +536,7 @@ def test_rewind_to_an_early_checkpoint(world, tmp_path):
     assert r["rewind"] == "step 3"
 
 
-@pytest.mark.parametrize("module", ["train.config", "magnitude", "magnitude_search"])
+@pytest.mark.parametrize("module", ["train.config", "importance.magnitude", "train.magnitude_search"])
 def test_docstring_examples(module):
     import doctest
     import importlib
@@ -551,15 +546,20 @@ def test_docstring_examples(module):
 
 
 def test_the_procedures_live_in_magnitude_search_only():
-    """0.x keeps no moved-name shims: the weight-mask primitives and the procedures each have one home."""
-    import headcount.magnitude as primitives
+    """0.x keeps no moved-name shims: the weight-mask primitives, the searches and the runs each have one home."""
+    import headcount.importance.magnitude as primitives
+
+    import headcount.train.magnitude_search as search
 
     for name in ("MagnitudeConfig", "magnitude_prune", "iterative_magnitude_prune", "prasanna_magnitude_mask"):
         assert not hasattr(primitives, name)
+    for name in ("magnitude_prune", "iterative_magnitude_prune", "prasanna_magnitude_prune"):
+        assert not hasattr(search, name)
     assert MagnitudeConfig().procedure == "prasanna" and MagnitudeConfig().rounds == 10
 
 
-@pytest.mark.parametrize("module", ["headcount.magnitude", "headcount.magnitude_search", "headcount.train"])
+@pytest.mark.parametrize("module", ["headcount.importance.magnitude", "headcount.train.magnitude_search",
+                                    "headcount.train.magnitude_prune", "headcount.train"])
 def test_each_module_imports_alone(module):
     """A fresh interpreter imports each alone (no partially initialised module from a cycle)."""
     import subprocess

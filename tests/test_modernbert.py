@@ -21,17 +21,17 @@ from conftest import (
 )
 from test_cli_core import assert_one_error_line, run_cli, write_mask
 
-from headcount.arch import Block, get_adapter, grouped_rows
-from headcount.attention import attention_maps
-from headcount.errors import HeadcountError
-from headcount.gates import gated, hooks, layout
-from headcount.surgery import (
+from headcount.core.arch import Block, get_adapter, grouped_rows
+from headcount.core.attention import attention_maps
+from headcount.core.gates import gated, hooks, layout
+from headcount.core.surgery import (
     count_parameters,
     load_pruned,
     prune_heads,
     prune_mlps,
     prune_neurons,
 )
+from headcount.runtime.errors import HeadcountError
 
 ATOL = 1e-5
 
@@ -178,7 +178,7 @@ def test_cli_shrink_info_and_bad_mask(capsys, tmp_path):
 
 # --- known gaps in generic code outside this task's files (strict: they fail once fixed) -----------
 def test_magnitude_scores_sum_a_heads_rows_in_every_part_of_a_fused_projection():
-    from headcount.scoring import magnitude_scores
+    from headcount.importance.scoring import magnitude_scores
 
     model = tiny_model("modernbert-bias")
     block = hooks(model).blocks[0]
@@ -191,7 +191,7 @@ def test_magnitude_scores_sum_a_heads_rows_in_every_part_of_a_fused_projection()
 
 
 def test_task_head_fit_sees_what_a_mean_pooling_head_reads():
-    from headcount.heads import fit_task_head
+    from headcount.data.heads import fit_task_head
 
     model = tiny_model("modernbert-bias")  # classifier_pooling="mean"
     batches = [tiny_batch(model, seed=i, labels=True) for i in range(2)]

@@ -1,4 +1,4 @@
-"""Generic code never names an architecture: only src/headcount/arch/ may (docs/design.md).
+"""Generic code never names an architecture: only src/headcount/core/arch/ may (docs/design.md).
 
 What counts as *naming* is what makes code architecture-specific: an identifier (variable,
 attribute, function, class, argument, imported module) or a string literal used as a key,
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "headcount"
-ARCH_DIR = SRC / "arch"
+ARCH_DIR = SRC / "core" / "arch"
 NAMES = {"bert", "roberta", "albert", "distilbert", "electra", "deberta", "xlm", "modernbert"}
 
 _TOKEN = re.compile(r"[A-Za-z][A-Za-z0-9]*")  # words, split at "_", "-", ".", ...
@@ -107,11 +107,11 @@ def f(model, deberta_scale=1):
 
 def test_there_is_generic_code_to_check():
     names = {p.name for p in generic_files()}
-    assert {"gates.py", "surgery.py", "masks.py", "models.py", "cli.py", "attention.py"} <= names
+    assert {"gates.py", "surgery.py", "masks.py", "models.py", "app.py", "attention.py"} <= names
 
 
 @pytest.mark.parametrize("path", generic_files(), ids=lambda p: str(p.relative_to(SRC)))
 def test_generic_code_names_no_architecture(path):
     hits = code_names(path.read_text(encoding="utf-8"))
     bad = [f"{path.relative_to(SRC)}:{line}: {text!r} names {sorted(found)}" for line, text, found in hits]
-    assert not bad, "architecture names outside src/headcount/arch/:\n" + "\n".join(bad)
+    assert not bad, "architecture names outside src/headcount/core/arch/:\n" + "\n".join(bad)

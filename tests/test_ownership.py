@@ -27,14 +27,13 @@ import shutil
 from pathlib import Path
 
 import pytest
+import toy_study  # noqa: F401  (registers the toy study type)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-import toy_study  # noqa: F401  (registers the toy study type)
 from training_helpers import make_checkpoint, make_task, one_thread
 
-from headcount.cli import main
-from headcount.record import LOCK_NAME, RECORD, Record
+from headcount.cli.app import main
+from headcount.runtime.record import LOCK_NAME, RECORD, Record
 
 _one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
 

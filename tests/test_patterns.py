@@ -34,8 +34,8 @@ from headcount.analysis.patterns import (
     train_pattern_cnn,
 )
 from headcount.analysis.patterns.labels import label_ids
-from headcount.cli import main
-from headcount.errors import HeadcountError
+from headcount.cli.app import main
+from headcount.runtime.errors import HeadcountError
 
 
 @pytest.mark.parametrize("module", ["features", "layout", "synthetic", "cnn", "labels"])

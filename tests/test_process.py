@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from training_helpers import make_checkpoint, make_task, one_thread
 
-from headcount.cli import main
+from headcount.cli.app import main
 
 _one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
 
@@ -112,7 +112,7 @@ def test_ctrl_c_during_the_command(how, world, tmp_path):
 
 def test_the_entry_module_imports_nothing_heavy():
     """The Ctrl-C handling is in place before torch, transformers, pandas or typer load."""
-    code = ("import sys, headcount.entry; "
+    code = ("import sys, headcount.cli.entry; "
             "print(sorted(m for m in ('torch', 'transformers', 'pandas', 'numpy', 'typer') if m in sys.modules))")
     proc = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stdout + proc.stderr
@@ -120,9 +120,9 @@ def test_the_entry_module_imports_nothing_heavy():
 
 def test_console_script_and_module_use_the_entry():
     if SCRIPT.is_file():
-        assert "headcount.entry import main" in SCRIPT.read_text()
+        assert "headcount.cli.entry import main" in SCRIPT.read_text()
     main_py = Path(__file__).resolve().parent.parent / "src" / "headcount" / "__main__.py"
-    assert "from headcount.entry import" in main_py.read_text() and "headcount.cli" not in main_py.read_text()
+    assert "from headcount.cli.entry import" in main_py.read_text() and "headcount.cli.app" not in main_py.read_text()
 
 
 # -- a reader that goes away ----------------------------------------------------------------------------
@@ -138,11 +138,11 @@ def test_closed_pipe_ends_quietly(tmp_path):
 
 
 def test_closed_pipe_outside_a_command():
-    code = ("import headcount.cli as c\n"
+    code = ("import headcount.cli.app as c\n"
             "def broken(argv=None):\n"
             "    raise BrokenPipeError(32, 'Broken pipe')\n"
             "c.main = broken\n"
-            "from headcount.entry import main\n"
+            "from headcount.cli.entry import main\n"
             "main()\n")
     proc = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=120)
     assert (proc.returncode, proc.stderr) == (128 + signal.SIGPIPE, "")
@@ -220,7 +220,7 @@ def test_full_disk_while_saving_weights(command, world, tmp_path, capsys, monkey
 def test_environment_errors_wrapped_by_libraries():
     """A full disk is recognised through a library's wrapper (as the cause, or named in the
     message); anything else stays a bug."""
-    from headcount.cli import _environment_message
+    from headcount.cli.app import _environment_message
 
     full = OSError(errno.ENOSPC, "No space left on device", "/x/model.safetensors")
     try:

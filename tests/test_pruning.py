@@ -6,10 +6,10 @@ import pytest
 import torch
 from conftest import tiny_batch, tiny_model
 
-from headcount.errors import HeadcountError
-from headcount.masks import Mask
-from headcount.pruning import PruneConfig, iterative_prune, select_lowest
-from headcount.scoring import Scores
+from headcount.core.masks import Mask
+from headcount.importance.pruning import PruneConfig, iterative_prune, select_lowest
+from headcount.importance.scores import Scores
+from headcount.runtime.errors import HeadcountError
 
 
 def test_select_lowest_is_pure_and_deterministic():
@@ -81,7 +81,7 @@ def test_prasanna_schedule_joint_then_heads_then_mlps():
 
 def test_layer_can_lose_all_heads_and_loop_runs_on_real_model():
     """Real scoring and evaluation on a tiny model, physically shrinking between steps."""
-    from headcount.scoring import score
+    from headcount.importance.scoring import score
 
     model = tiny_model("bert")
     batches = [tiny_batch(model, batch=6, seq=8, seed=i, labels=True) for i in range(2)]
@@ -89,7 +89,7 @@ def test_layer_can_lose_all_heads_and_loop_runs_on_real_model():
     def ev(m, mask):
         with torch.no_grad():
             losses = []
-            from headcount.gates import gated
+            from headcount.core.gates import gated
 
             with gated(m, heads=mask.heads, mlps=mask.mlps):
                 losses = [float(m(**b).loss) for b in batches]
@@ -261,7 +261,7 @@ def test_prasanna_schedule_with_real_importance_matches_the_reference_loop():
     against ``score(..., accumulate="cumulative", at_mask=True)`` in the loop (no shrinking)."""
     from test_scoring import _reference_cumulative
 
-    from headcount.scoring import score
+    from headcount.importance.scoring import score
 
     model = tiny_model("bert")  # 3 layers x 4 heads
     batches = [tiny_batch(model, batch=3, seq=8, seed=i, labels=True) for i in range(3)]

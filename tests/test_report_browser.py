@@ -107,8 +107,8 @@ def _wide_report(store, config):
     import numpy as np
     import pandas as pd
 
-    from headcount.report import ReportContent, ReportTable, Section, new_figure
-    from headcount.report.format import seed_cell
+    from headcount.experiments.report import ReportContent, ReportTable, Section, new_figure
+    from headcount.experiments.report.format import seed_cell
 
     stats = ["Spearman", "Kendall", "top-10% Jaccard (chance 0.05)", "top-25% Jaccard (chance 0.14)",
              "top-50% Jaccard (chance 0.33)", "layer-mass L1", "Spearman, layer-normalised",
@@ -137,7 +137,7 @@ def _wide_report(store, config):
 
 
 def _wide_expand(config):
-    from headcount.runner import Job
+    from headcount.experiments.runner import Job
 
     return [Job("one", "toy", "toy_study:make", {"label": "one", "value": 1, "steps": 2, "seed": 0})]
 
@@ -147,8 +147,8 @@ def pages(tmp_path_factory) -> dict[str, Path]:
     """report.html of the toy study (tests/toy_study.py) and of a study with a wide report."""
     import toy_study  # noqa: F401  (registers the toy study type)
 
-    from headcount.api import run_study
-    from headcount.runner import StudyConfig, register_study
+    from headcount.experiments import run_study
+    from headcount.experiments.runner import StudyConfig, register_study
 
     class WideConfig(StudyConfig):
         pass

@@ -16,18 +16,12 @@ import pandas as pd
 import pytest
 from scipy import stats as sps
 
-import headcount.studies.transfer as T
+import headcount.experiments.studies.transfer as T
 from headcount.analysis import at_chance, paired_sign_flip_test, seed_interval
-from headcount.studies.lottery.report import ordering_phrase, score_phrase, summary_text
-from headcount.studies.lottery.tables import chance_level, chance_levels
-from headcount.studies.transfer.report import (
-    coherence_sentence,
-    deduction_sentence,
-    mlm_caveat,
-    prunability_sentence,
-    transfer_summary,
-)
-from headcount.studies.transfer.tables import prunability_table
+from headcount.experiments.studies.lottery.report import ordering_phrase, score_phrase, summary_text
+from headcount.experiments.studies.lottery.tables import chance_level, chance_levels
+from headcount.experiments.studies.transfer.summary import coherence_sentence, deduction_sentence, mlm_caveat, prunability_sentence, transfer_summary
+from headcount.experiments.studies.transfer.tables import prunability_table
 
 SEEDS = (1337, 42, 86, 71, 166)
 

@@ -10,15 +10,15 @@ import pandas as pd
 import pytest
 import toy_study  # noqa: F401  (registers the toy study type: its make job is reused below)
 
-from headcount.report import ReportContent, ReportTable, Section, new_figure
-from headcount.report.format import seed_cell
-from headcount.report.terminal import (
+from headcount.experiments.report import ReportContent, ReportTable, Section, new_figure
+from headcount.experiments.report.format import seed_cell
+from headcount.experiments.report.terminal import (
     SUMMARY_FILE,
     column_groups,
     print_tables,
     summary_record,
 )
-from headcount.runner import Job, StudyConfig, register_study
+from headcount.experiments.runner import Job, StudyConfig, register_study
 
 STATS = ["Spearman", "Kendall", "top-10% Jaccard (chance 0.05)", "top-25% Jaccard (chance 0.14)",
          "top-50% Jaccard (chance 0.33)", "layer-mass L1", "Spearman, layer-normalised",
@@ -80,7 +80,7 @@ def test_a_wide_table_prints_in_column_groups_within_100_columns_with_blank_miss
 
 
 def test_summary_record_cells_are_the_html_cells():
-    from headcount.report.html import _table_html
+    from headcount.experiments.report.html import _table_html
 
     record = summary_record(content())
     table = record["tables"][0]
@@ -109,7 +109,7 @@ register_study("terminal-main", MainConfig, _expand, _report, replace=True)
 
 
 def test_study_and_report_commands_print_the_main_table(tmp_path, capsys):
-    from headcount.cli import main
+    from headcount.cli.app import main
 
     (tmp_path / "s.yaml").write_text("study: terminal-main\nvalue: 3\n")
     run = tmp_path / "run"
@@ -127,7 +127,7 @@ def test_study_and_report_commands_print_the_main_table(tmp_path, capsys):
 
 
 def test_no_summary_file_prints_nothing(tmp_path):
-    from headcount.report import print_summary
+    from headcount.experiments.report import print_summary
 
     assert print_summary(tmp_path) is False
 
@@ -142,8 +142,8 @@ def test_a_notice_comes_first_in_the_terminal_and_the_html(tmp_path):
     """A report's notice (the demo's "illustrate the pipeline only") is printed before the tables."""
     from rich.console import Console
 
-    from headcount.report import print_summary
-    from headcount.report.html import render_html
+    from headcount.experiments.report import print_summary
+    from headcount.experiments.report.html import render_html
 
     c = content()
     c.notice = "**These numbers illustrate the pipeline only.** Cite nothing."

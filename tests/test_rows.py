@@ -20,8 +20,8 @@ import pandas as pd
 import pytest
 from test_glue_local import FOLDERS, dataset, write_download
 
-from headcount.errors import HeadcountError
-from headcount.tasks import get_task, tables
+from headcount.data.tasks import get_task, tables
+from headcount.runtime.errors import HeadcountError
 
 
 @pytest.fixture(autouse=True)
@@ -286,7 +286,7 @@ def test_raw_mrpc_files_say_what_to_run(tmp_path, capsys, monkeypatch):
     assert "found no data files (the folder holds: msr_paraphrase_test.txt, msr_paraphrase_train.txt)" in message
     assert f"download_glue_data.py --data_dir OUT --tasks MRPC --path_to_mrpc {d}" in message
     assert "train.tsv, dev.tsv and test.tsv" in message and "\n" not in message
-    from headcount.cli import main
+    from headcount.cli.app import main
 
     monkeypatch.setenv("HEADCOUNT_GLUE_DIR", str(tmp_path))  # the folder found as MRPC/
     with pytest.raises(SystemExit) as code:
@@ -296,7 +296,7 @@ def test_raw_mrpc_files_say_what_to_run(tmp_path, capsys, monkeypatch):
 
 
 def test_cli_refuses_a_swallowing_tsv_row_in_one_line(tmp_path, capsys):
-    from headcount.cli import main
+    from headcount.cli.app import main
 
     write(tmp_path / "train.tsv", tsv_text(rows_of(TEXTS, 20)))
     write(tmp_path / "dev.tsv", tsv_text([("ok", "pos"), ('a "tab\tinside', "neg")]))

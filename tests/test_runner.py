@@ -15,10 +15,10 @@ import pandas as pd
 import pytest
 import toy_study  # noqa: F401  (registers the toy study type)
 
-from headcount.api import run_study
-from headcount.errors import HeadcountError
-from headcount.runner import Job, JobsFailed, Plan, RunStore, parse_study_config
-from headcount.runner.store import DONE
+from headcount.experiments import run_study
+from headcount.experiments.runner import Job, JobsFailed, Plan, RunStore, parse_study_config
+from headcount.experiments.runner.store import DONE
+from headcount.runtime.errors import HeadcountError
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
@@ -98,7 +98,7 @@ def test_study_settings_change_only_the_jobs_that_read_them():
 
 
 def test_version_is_part_of_every_key(monkeypatch):
-    import headcount.runner.jobs as jobs
+    import headcount.experiments.runner.jobs as jobs
 
     before = Job("a", "toy", "toy_study:make", {"x": 1}).key
     monkeypatch.setattr(jobs, "headcount_version", lambda: "99.0")
@@ -138,7 +138,7 @@ def test_local_run_results_and_no_rerun(tmp_path, count_dir):
 
 
 def test_other_config_is_refused_and_force_reruns_only_what_changed(tmp_path, count_dir, capsys):
-    from headcount.cli import main
+    from headcount.cli.app import main
 
     run = tmp_path / "run"
     run_study(write_config(tmp_path), run, quiet=True)
@@ -274,7 +274,7 @@ def test_ray_executor_gives_the_same_results_as_local(tmp_path, reference_run, m
 
 
 def test_unreachable_ray_address_is_one_line_exit_2(tmp_path, capsys):
-    from headcount.cli import main
+    from headcount.cli.app import main
 
     run = tmp_path / "run"
     with pytest.raises(SystemExit) as e:
@@ -314,7 +314,7 @@ def test_report_has_every_figure_table_and_the_context(reference_run):
 def test_report_command_redraws_from_saved_results(reference_run, tmp_path, capsys):
     import shutil
 
-    from headcount.cli import main
+    from headcount.cli.app import main
 
     run = tmp_path / "copy"
     shutil.copytree(reference_run, run)
@@ -339,14 +339,14 @@ def test_report_command_waits_for_no_one_and_races_no_study(reference_run, tmp_p
     import sys
     import textwrap
 
-    from headcount.cli import main
+    from headcount.cli.app import main
 
     run = tmp_path / "copy"
     shutil.copytree(reference_run, run)
     before = (run / "report.html").read_bytes()
     holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         import sys, time
-        from headcount.runner.store import RunStore
+        from headcount.experiments.runner.store import RunStore
         with RunStore({str(run)!r}):
             print("locked", flush=True)
             sys.stdin.readline()
@@ -365,7 +365,7 @@ def test_report_command_waits_for_no_one_and_races_no_study(reference_run, tmp_p
 
 
 def test_report_refuses_an_unfinished_run(tmp_path, monkeypatch):
-    from headcount.report import build_report
+    from headcount.experiments.report import build_report
 
     monkeypatch.setenv("TOY_FAIL", "square")
     run = tmp_path / "run"
@@ -378,7 +378,7 @@ def test_report_refuses_an_unfinished_run(tmp_path, monkeypatch):
 
 # --- registry, docs -------------------------------------------------------------------------------
 def test_registry_refuses_a_conflicting_registration():
-    from headcount.runner import get_study_type, register_study
+    from headcount.experiments.runner import get_study_type, register_study
 
     toy = get_study_type("toy")
     assert register_study("toy", toy_study.ToyConfig, toy_study.expand).report is toy.report  # re-import: fine
@@ -392,12 +392,12 @@ def test_study_types_come_from_entry_points_built_in_and_plugin(tmp_path, monkey
     registers its type) is found the same way; a broken one is one error line."""
     from importlib.metadata import EntryPoint
 
-    from headcount.runner import get_study_type, registry, study_types
+    from headcount.experiments.runner import get_study_type, registry, study_types
 
     assert {"transfer", "lottery", "demo"} <= set(study_types())  # headcount's own entry points
     assert get_study_type("lottery").name == "lottery"
     (tmp_path / "plugin_study.py").write_text(
-        "from headcount.runner import StudyConfig, register_study\n"
+        "from headcount.experiments.runner import StudyConfig, register_study\n"
         "class Cfg(StudyConfig):\n    n: int = 1\n"
         "register_study('plugin-x', Cfg, lambda c: [])\n")
     (tmp_path / "broken_study.py").write_text("raise RuntimeError('half-installed')\n")
@@ -414,9 +414,11 @@ def test_study_types_come_from_entry_points_built_in_and_plugin(tmp_path, monkey
         get_study_type("broken")
 
 
-@pytest.mark.parametrize("module", ["runner.jobs", "runner.store", "runner.config", "runner.registry",
-                                    "runner.execution", "runner.study", "report.content", "report.html",
-                                    "report.build"])
+@pytest.mark.parametrize("module", ["experiments.runner.jobs", "experiments.runner.store",
+                                    "experiments.runner.config", "experiments.runner.registry",
+                                    "experiments.runner.execution", "experiments.runner.study",
+                                    "experiments.report.content", "experiments.report.html",
+                                    "experiments.report.build"])
 def test_docstring_examples_run(module):
     import doctest
     import importlib

@@ -23,8 +23,8 @@ import torch
 from cli_helpers import run_cli
 from training_helpers import make_checkpoint, make_task, one_thread
 
-from headcount.errors import HeadcountError
-from headcount.io import LOCK_NAME, OUT_MARKER, lock_file, unlock_file
+from headcount.runtime.errors import HeadcountError
+from headcount.runtime.io import LOCK_NAME, OUT_MARKER, lock_file, unlock_file
 
 _one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
 
@@ -63,13 +63,13 @@ elif point == "final":  # the final model's weights half written
         return out
     transformers.PreTrainedModel.save_pretrained = save
 elif point == "shrink":  # the pruned checkpoint staged, not yet renamed into --out
-    import headcount.surgery as S
+    import headcount.core.surgery as S
     orig_pruned = S.save_pruned
     def save_pruned(*a, **k):
         orig_pruned(*a, **k)
         die()
     S.save_pruned = save_pruned
-from headcount.cli import main
+from headcount.cli.app import main
 main(sys.argv[1:])
 """
 
@@ -243,12 +243,12 @@ def test_ctrl_c_in_process_keeps_earlier_results(capsys, world, tmp_path, monkey
     assert run_cli(capsys, "score", "--model", world["clf"], "--task", world["task"], "--method", "magnitude",
                    "--out", out)[0] == 0
     before = snapshot(out)
-    import headcount.api
+    import headcount.cli.api
 
     def interrupted(*args, **kw):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(headcount.api, "score_command", interrupted)
+    monkeypatch.setattr(headcount.cli.api, "score_command", interrupted)
     code, _, err = run_cli(capsys, "score", "--model", world["clf"], "--task", world["task"], "--method", "magnitude",
                            "--out", out)
     assert "interrupted" in one_error(code, err, status=130)
@@ -257,12 +257,12 @@ def test_ctrl_c_in_process_keeps_earlier_results(capsys, world, tmp_path, monkey
 
 # -- 4. content fingerprints -----------------------------------------------------------------------------------
 def test_edited_data_or_rewritten_checkpoint_is_another_run(capsys, world, tmp_path):
-    from headcount.runner.jobs import Job
+    from headcount.experiments.runner.jobs import Job
 
     root = tmp_path / "w"
     task = make_task(root / "task", n_train=64, n_dev=32)
     pre = make_checkpoint(root / "pre")
-    key = Job("ft", "finetune", "headcount.studies.jobs:finetune_job", {"model": str(pre), "task": str(task)}).key
+    key = Job("ft", "finetune", "headcount.experiments.studies.jobs:finetune_job", {"model": str(pre), "task": str(task)}).key
     out = tmp_path / "ft"
     assert run_cli(capsys, "finetune", "--model", pre, "--task", task, *FT, "--out", out)[0] == 0
     # flip the validation labels under the same file name
@@ -272,11 +272,11 @@ def test_edited_data_or_rewritten_checkpoint_is_another_run(capsys, world, tmp_p
                                           for r in rows[1:]]) + "\n")
     code, _, err = run_cli(capsys, "finetune", "--model", pre, "--task", task, *FT, "--out", out)
     assert "different run" in one_error(code, err) and "task_fingerprint" in err
-    key2 = Job("ft", "finetune", "headcount.studies.jobs:finetune_job", {"model": str(pre), "task": str(task)}).key
+    key2 = Job("ft", "finetune", "headcount.experiments.studies.jobs:finetune_job", {"model": str(pre), "task": str(task)}).key
     assert key2 != key
     # a checkpoint rewritten at the same path
     make_checkpoint(pre, seed=5)
-    key3 = Job("ft", "finetune", "headcount.studies.jobs:finetune_job", {"model": str(pre), "task": str(task)}).key
+    key3 = Job("ft", "finetune", "headcount.experiments.studies.jobs:finetune_job", {"model": str(pre), "task": str(task)}).key
     assert key3 not in (key, key2)
     # score: the same settings on changed data are a different run too
     s = tmp_path / "s"
@@ -287,7 +287,7 @@ def test_edited_data_or_rewritten_checkpoint_is_another_run(capsys, world, tmp_p
 
 
 def test_fingerprints_are_cached_by_size_and_mtime(tmp_path, monkeypatch):
-    import headcount.fingerprint as F
+    import headcount.data.fingerprint as F
 
     f = tmp_path / "w.bin"
     f.write_bytes(b"a" * 1000)
@@ -319,7 +319,7 @@ def test_every_command_locks_its_out(capsys, world, tmp_path):
 
 
 def test_lock_is_never_followed_through_a_link(capsys, world, tmp_path):
-    from headcount.runner.store import RunStore
+    from headcount.experiments.runner.store import RunStore
 
     victim = tmp_path / "victim.txt"
     victim.write_text("do not touch\n")
@@ -345,12 +345,12 @@ def test_a_failed_write_leaves_the_earlier_set_intact(capsys, world, tmp_path, m
     assert run_cli(capsys, "score", "--model", world["clf"], "--task", world["task"], "--method", "magnitude",
                    "--out", out)[0] == 0
     before = snapshot(out)
-    import headcount.plots
+    import headcount.analysis.plots
 
     def full_disk(*a, **k):
         raise OSError(errno.ENOSPC, "No space left on device", str(out / "heads.png"))
 
-    monkeypatch.setattr(headcount.plots, "head_heatmap", full_disk)
+    monkeypatch.setattr(headcount.analysis.plots, "head_heatmap", full_disk)
     code, _, err = run_cli(capsys, "score", "--model", world["clf"], "--task", world["task"], "--method", "entropy",
                            "--max-examples", "8", "--out", out, "--force")
     assert "no space left" in one_error(code, err)
@@ -381,8 +381,8 @@ def test_a_finished_magnitude_run_is_not_replaced_by_a_bad_threshold(capsys, wor
 
 
 def test_study_seed_below_zero_is_refused(tmp_path):
-    from headcount.commands.demo import config_dir
-    from headcount.runner.config import load_study_config
+    from headcount.cli.commands.demo import config_dir
+    from headcount.experiments.runner.config import load_study_config
 
     text = (config_dir() / "demo.yaml").read_text()
     assert "seeds: [1]" in text
@@ -457,16 +457,16 @@ def test_magnitude_killed_in_a_checkpoint_resumes_and_matches(capsys, world, tmp
     a, b = (json.loads((d / "magnitude.json").read_text()) for d in (tmp_path / "a", out))
     for k in ("full_metric", "metric", "sparsity", "pruned", "total", "round"):
         assert a[k] == b[k], k
-    from headcount.magnitude import load_weight_mask
+    from headcount.importance.magnitude import load_weight_mask
 
     ma, mb = load_weight_mask(tmp_path / "a"), load_weight_mask(out)
     assert ma.keys() == mb.keys() and all(torch.equal(ma[k], mb[k]) for k in ma)
 
 
 def test_api_save_never_deletes_a_folder_it_did_not_write(tmp_path):
-    from headcount.masks import Mask
-    from headcount.models import load_model
-    from headcount.surgery import save_pruned, shrink
+    from headcount.core.masks import Mask
+    from headcount.core.models import load_model
+    from headcount.core.surgery import save_pruned, shrink
 
     v = tmp_path / "v"
     v.mkdir()
@@ -506,7 +506,7 @@ def test_ctrl_c_in_a_study_exits_130_and_the_same_command_resumes(capsys, tmp_pa
 
 
 def test_a_file_rewritten_in_place_with_its_mtime_restored_is_hashed_again(tmp_path, monkeypatch):
-    import headcount.fingerprint as F
+    import headcount.data.fingerprint as F
 
     monkeypatch.setenv("HEADCOUNT_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(F, "_MEMORY", {})

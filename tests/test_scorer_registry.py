@@ -11,11 +11,11 @@ import torch
 from cli_helpers import run_cli
 from training_helpers import make_checkpoint, make_task, one_thread
 
-from headcount.errors import HeadcountError
-from headcount.gates import layout
-from headcount.runner import parse_study_config
-from headcount.scorers import Scorer, get_scorer, register_scorer, scorer_names, unregister_scorer
-from headcount.scoring import Scores
+from headcount.core.gates import layout
+from headcount.experiments.runner import parse_study_config
+from headcount.importance.scorers import Scorer, get_scorer, register_scorer, scorer_names, unregister_scorer
+from headcount.importance.scores import Scores
+from headcount.runtime.errors import HeadcountError
 
 _one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
 CALLS = []
@@ -61,7 +61,7 @@ def test_score_and_prune_take_a_registered_method(registered, world, tmp_path, c
 
 
 def test_a_study_config_takes_it_and_its_prune_job_runs_it(registered, world, tmp_path):
-    from headcount.studies.jobs import prune_job
+    from headcount.experiments.studies.jobs import prune_job
 
     text = (f"study: lottery\nmodel: {world['clf']}\ntasks: [{world['task']}]\nseeds: [1]\n"
             "pruning: {method: depth-first, accumulate: per-batch, threshold: 0.01}\nmagnitude: {enabled: false}\n"

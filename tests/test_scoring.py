@@ -9,9 +9,10 @@ import pytest
 import torch
 from conftest import ARCH_IDS, tiny_batch, tiny_model
 
-from headcount.gates import gated, layout
-from headcount.masks import Mask
-from headcount.scoring import Scores, normalize_scores, score
+from headcount.core.gates import gated, layout
+from headcount.core.masks import Mask
+from headcount.importance.scoring import score
+from headcount.importance.scores import Scores, normalize_scores
 
 
 def _batches(model, n=3, size=4, seq=9):
@@ -124,8 +125,8 @@ def test_shared_layer_scores_nonzero_at_every_depth():
 
 def test_masked_scoring_and_pruned_model_agree():
     """Scores with a mask held fixed equal scores on the physically shrunk model (kept heads)."""
-    from headcount.gates import clone_model
-    from headcount.surgery import shrink
+    from headcount.core.gates import clone_model
+    from headcount.core.surgery import shrink
 
     model = tiny_model("bert")
     batches = _batches(model)
@@ -158,7 +159,7 @@ def test_scores_json_round_trip(tmp_path):
 
 
 def test_bad_method():
-    from headcount.errors import HeadcountError
+    from headcount.runtime.errors import HeadcountError
 
     with pytest.raises(HeadcountError):
         score(tiny_model("bert"), [], method="nope")
@@ -216,8 +217,8 @@ def test_cumulative_equals_reference_loop_without_zero_grad():
 def test_accumulation_is_over_the_batches_as_given_whatever_the_token_budget(accumulate):
     model = tiny_model("bert")
     batches = _ragged_batches(model)
-    from headcount.device import runtime
-    from headcount.tasks.batching import pack_batches
+    from headcount.data.tasks.batching import pack_batches
+    from headcount.runtime.device import runtime
 
     alone = score(model, batches, accumulate=accumulate, tokens_per_batch=0)
     pad = runtime(model).pad_multiple
@@ -247,7 +248,7 @@ def test_at_mask_takes_the_gradient_at_the_masks_gate_values():
 
 
 def test_accumulate_is_checked():
-    from headcount.errors import HeadcountError
+    from headcount.runtime.errors import HeadcountError
 
     model = tiny_model("bert")
     with pytest.raises(HeadcountError, match="accumulat"):
@@ -265,7 +266,7 @@ def test_cli_accumulate_is_recorded_and_checked(tmp_path, capsys):
 
     from training_helpers import make_checkpoint, make_task
 
-    from headcount.cli import main
+    from headcount.cli.app import main
 
     ckpt = make_checkpoint(tmp_path / "clf", head="classification")
     task = make_task(tmp_path / "task", n_train=48, n_dev=32)
@@ -301,9 +302,9 @@ def test_cumulative_importance_takes_the_split_in_file_order_as_the_reference_do
     example; the length-grouped order (what per-batch keeps) gives other numbers."""
     from training_helpers import make_checkpoint, make_task
 
-    from headcount.pipeline import batches_for, load_for
-    from headcount.settings import DataConfig, ScoreSettings
-    from headcount.tasks import get_task
+    from headcount.data.tasks import get_task
+    from headcount.importance.pipeline import batches_for, load_for
+    from headcount.importance.settings import DataConfig, ScoreSettings
 
     ckpt = make_checkpoint(tmp_path / "clf", head="classification")
     task = get_task(str(make_task(tmp_path / "task", n_train=8, n_dev=22)))

@@ -16,19 +16,19 @@ from pathlib import Path
 import pytest
 import typer
 
-import headcount.settings
-from headcount.cli import app
-from headcount.errors import HeadcountError
-from headcount.magnitude_search import MagnitudeConfig
-from headcount.pruning import PruneConfig
-from headcount.settings import (
+import headcount.importance.settings
+from headcount.cli.app import app
+from headcount.importance.pruning import PruneConfig
+from headcount.importance.settings import (
     DataConfig,
     PruneSettings,
     ScoreSettings,
     default_of,
     settings_from,
 )
+from headcount.runtime.errors import HeadcountError
 from headcount.train import TrainConfig
+from headcount.train.magnitude_search import MagnitudeConfig
 
 SRC = Path(__file__).resolve().parent.parent / "src" / "headcount"
 
@@ -89,7 +89,7 @@ def test_cli_defaults_are_read_from_the_library(command, callback):
 
 def test_an_option_takes_whatever_its_class_declares():
     """The option's default *is* the class's: another class, another default; no copy is kept."""
-    from headcount.commands import setting
+    from headcount.cli.commands import setting
 
     @dataclasses.dataclass(frozen=True)
     class Toy:
@@ -129,22 +129,22 @@ def test_job_params_validate_into_the_settings():
 
 
 def test_settings_docstring_examples_run():
-    result = doctest.testmod(headcount.settings, optionflags=doctest.ELLIPSIS)
+    result = doctest.testmod(headcount.importance.settings, optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0
 
 
 # --- literals that used to be restated: one line of source each ----------------------------------------
 #: (literal, a regex one of the line's names matches, the one file that declares it)
 ONCE = [
-    ("300", r"steps", "heads.py"),  # MLM head fitting steps
-    ("2000", r"texts", "heads.py"),  # MLM head fitting texts
-    ("-100", None, "tasks/base.py"),  # the ignored label
-    ("0.15", r"prob", "tasks/mlm.py"),  # masking probability
+    ("300", r"steps", "data/mlm_head.py"),  # MLM head fitting steps
+    ("2000", r"texts", "data/mlm_head.py"),  # MLM head fitting texts
+    ("-100", None, "data/tasks/base.py"),  # the ignored label
+    ("0.15", r"prob", "data/tasks/mlm.py"),  # masking probability
     ("9999", r"permutation", "analysis/helpers.py"),
     ("0.95", r"level", "analysis/helpers.py"),
     ("1000", r"boot", "analysis/helpers.py"),
     ("2e-5", r"lr", "train/config.py"),
-    ("8192", None, "settings.py"),  # the longest tokenised example
+    ("8192", None, "importance/settings.py"),  # the longest tokenised example
 ]
 
 
@@ -171,8 +171,8 @@ def literal_lines(literal: str, name_pattern: str | None) -> list[tuple[str, int
 
 
 def test_literal_finder_sees_code_but_not_strings_or_comments():
-    assert ("heads.py", _line_of("heads.py", "MLM_HEAD_STEPS = ")) in literal_lines("300", r"steps")
-    assert all(f != "tasks/mlm.py" or "0.15 * n" not in _text(f, line) for f, line in literal_lines("0.15", None))
+    assert ("data/mlm_head.py", _line_of("data/mlm_head.py", "MLM_HEAD_STEPS = ")) in literal_lines("300", r"steps")
+    assert all(f != "data/tasks/mlm.py" or "0.15 * n" not in _text(f, line) for f, line in literal_lines("0.15", None))
 
 
 def _text(rel: str, line: int) -> str:
@@ -231,7 +231,7 @@ def test_every_numeric_option_is_bounded(command, flag, is_float, has_model, nee
     """inf, nan (a float) or +-10^12 (an int) for any numeric option: one error line that names the
     option, exit 2, before anything is written (the model given does not exist: a command that
     did not check the value first would name the model instead)."""
-    from headcount.cli import main
+    from headcount.cli.app import main
 
     monkeypatch.chdir(tmp_path)
     base = [*command.split(), *_POSITIONAL.get(command, [])] + (["--model", "/nonexistent/model"] if has_model else [])
@@ -249,7 +249,7 @@ def test_every_numeric_option_is_bounded(command, flag, is_float, has_model, nee
 
 
 def test_bounds_refuse_what_is_not_a_finite_number_in_range():
-    from headcount.settings import EPOCHS, SEED, Bound
+    from headcount.importance.settings import EPOCHS, SEED, Bound
 
     assert EPOCHS.contains(0.5) and EPOCHS.contains(1000) and not EPOCHS.contains(0) and not EPOCHS.contains(1000.5)
     for bad in (float("inf"), float("nan"), 1e308, True, "3", None):

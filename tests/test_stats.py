@@ -39,7 +39,7 @@ from headcount.analysis import (
     top_k_mask,
     top_k_overlap,
 )
-from headcount.errors import HeadcountError
+from headcount.runtime.errors import HeadcountError
 
 
 def grid(seed: int = 0, shape=(12, 12), integers: bool = False) -> np.ndarray:

@@ -24,7 +24,7 @@ from headcount.analysis import (
     paired_bootstrap_ci,
     permutation_test,
 )
-from headcount.errors import HeadcountError
+from headcount.runtime.errors import HeadcountError
 
 N_LAYERS, N_HEADS = 12, 12
 

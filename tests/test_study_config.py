@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import toy_study  # noqa: F401  (registers the "toy" study type)
 
-from headcount.errors import HeadcountError
-from headcount.runner import load_study_config, parse_study_config
-from headcount.runner.config import load_yaml_with_lines
+from headcount.experiments.runner import load_study_config, parse_study_config
+from headcount.experiments.runner.config import load_yaml_with_lines
+from headcount.runtime.errors import HeadcountError
 
 GOOD = """\
 study: toy_study:toy
@@ -97,7 +97,7 @@ def test_unsafe_yaml_tags_are_refused():
 def test_unknown_study_type_suggests_the_closest():
     import toy_study as t
 
-    from headcount.runner import register_study
+    from headcount.experiments.runner import register_study
 
     register_study("toy", t.ToyConfig, t.expand, t.report)
     msg = error_of("study: tyo\nvalues: [1]\n")
@@ -115,7 +115,7 @@ def test_line_map_records_keys_and_items():
 
 
 def test_cli_bad_config_exits_2_with_one_line(tmp_path, capsys):
-    from headcount.cli import main
+    from headcount.cli.app import main
 
     cfg = tmp_path / "bad.yaml"
     cfg.write_text(GOOD.replace("steps: 3", "steps: [3]"))
@@ -133,7 +133,7 @@ def test_a_study_types_own_seeds_validator_runs_beside_the_bases():
     both run: the base's has another name, so neither shadows the other."""
     from pydantic import ValidationError, field_validator
 
-    from headcount.runner import StudyConfig
+    from headcount.experiments.runner import StudyConfig
 
     class Cfg(StudyConfig):
         seeds: list[int] = [1]
@@ -154,7 +154,7 @@ def test_a_study_types_own_seeds_validator_runs_beside_the_bases():
 
 @pytest.mark.parametrize("study", ["transfer", "lottery"])
 def test_an_empty_model_is_refused_not_read_as_the_configs_folder(study, tmp_path):
-    from headcount.runner.config import parse_study_config
+    from headcount.experiments.runner.config import parse_study_config
 
     text = f"study: {study}\nmodel: ''\ntasks: [offline/movies]\n"
     with pytest.raises(HeadcountError, match=r"line 2: 'model'.*must not be empty"):
@@ -190,8 +190,9 @@ def test_aliases_that_stay_small_are_read():
 def test_a_task_yaml_uses_the_same_loader(tmp_path):
     import time
 
-    from headcount.tasks import load_task_yaml
     from training_helpers import make_task
+
+    from headcount.data.tasks import load_task_yaml
 
     path = make_task(tmp_path / "t", n_train=8, n_dev=4)
     text = path.read_text()
@@ -223,7 +224,7 @@ def test_numbers_are_finite_numbers_and_seeds_fit_32_bits(old, new, needle):
 
 @pytest.mark.parametrize("study", ["transfer", "lottery"])
 def test_a_model_path_that_is_not_there_is_refused_and_hub_ids_pass(study, tmp_path):
-    from headcount.tasks import is_fetched
+    from headcount.data.tasks import is_fetched
 
     if not is_fetched():
         pytest.skip("offline data not fetched (make test fetches it)")
@@ -254,8 +255,8 @@ def test_a_model_path_that_is_not_there_is_refused_and_hub_ids_pass(study, tmp_p
     ("lottery", "super_survivors: {retrain: false}", "super_survivors: {retrain: false, draw_seed: 4294967296}", "draw_seed"),
 ])
 def test_study_values_are_bounded(study, old, new, needle):
-    from headcount.commands.demo import config_dir
-    from headcount.tasks import is_fetched
+    from headcount.cli.commands.demo import config_dir
+    from headcount.data.tasks import is_fetched
 
     if not is_fetched():
         pytest.skip("offline data not fetched (make test fetches it)")

@@ -20,7 +20,7 @@ from headcount.analysis import (
     super_survivors,
 )
 from headcount.analysis.subnetworks import cross_task_overlap, seed_stability
-from headcount.errors import HeadcountError
+from headcount.runtime.errors import HeadcountError
 
 
 def test_docstring_examples_run():

@@ -15,8 +15,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from headcount.errors import HeadcountError
-from headcount.tasks import compute_metrics, get_task, list_tasks
+from headcount.data.tasks import compute_metrics, get_task, list_tasks
+from headcount.runtime.errors import HeadcountError
 
 
 @pytest.fixture(autouse=True)
@@ -294,7 +294,7 @@ def test_metric_bad_input():
 
 # --------------------------------------------------------------------------- bad input
 def run_cli(argv, capsys) -> tuple[int, str]:
-    from headcount.cli import main
+    from headcount.cli.app import main
 
     with pytest.raises(SystemExit) as e:
         main(argv)
@@ -378,7 +378,7 @@ def test_unknown_split_and_bad_max_examples(tmp_path):
 
 
 def test_cli_tasks_lists_every_task(capsys):
-    from headcount.cli import main
+    from headcount.cli.app import main
 
     assert main(["tasks"]) == 0
     out = capsys.readouterr().out

@@ -8,9 +8,8 @@ import pytest
 import torch
 import transformers
 
-from headcount.errors import HeadcountError
-from headcount.heads import fit_mlm_head
-from headcount.tasks import (
+from headcount.data.mlm_head import fit_mlm_head
+from headcount.data.tasks import (
     TaskData,
     encode,
     get_task,
@@ -19,6 +18,7 @@ from headcount.tasks import (
     mlm_texts,
     tokenize,
 )
+from headcount.runtime.errors import HeadcountError
 
 SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 WORDS = ("the a cat dog bird sat ran flew on under over mat log tree big small red blue and then it was "

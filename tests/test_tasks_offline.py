@@ -12,14 +12,14 @@ import time
 import numpy as np
 import pytest
 
-from headcount.errors import HeadcountError
-from headcount.tasks import get_task, is_fetched, offline
-from headcount.tasks.offline import (
+from headcount.data.tasks import get_task, is_fetched, offline
+from headcount.data.tasks.offline import (
     VADER_ARCHIVE,
     fetch,
     offline_corpus,
     vader_dir,
 )
+from headcount.runtime.errors import HeadcountError
 
 needs_data = pytest.mark.skipif(not is_fetched(), reason="offline data not fetched: run `headcount data fetch`")
 
@@ -79,7 +79,7 @@ def test_fetch_rejects_an_archive_with_the_wrong_checksum(tmp_path):
 
 
 def test_cli_fetch_error_is_one_line(tmp_path, capsys, monkeypatch):
-    from headcount.cli import main
+    from headcount.cli.app import main
 
     monkeypatch.setattr(subprocess, "run", lambda cmd, **kw: subprocess.CompletedProcess(cmd, 1, "", "ERROR: x\n"))
     with pytest.raises(SystemExit) as e:
@@ -158,8 +158,8 @@ def test_offline_rules():
 @pytest.mark.offline_data
 @needs_data
 def test_offline_loading_is_fast_and_pairs_have_token_types():
-    from headcount.models import load_tokenizer
-    from headcount.tasks import base, encode, make_batches
+    from headcount.core.models import load_tokenizer
+    from headcount.data.tasks import base, encode, make_batches
 
     get_task("offline/pairs").load("train")  # first time: parse and check
     offline._clear_caches()

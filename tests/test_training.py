@@ -8,10 +8,10 @@ import pytest
 import torch
 from training_helpers import make_checkpoint, make_task, one_thread, stop_after
 
-from headcount.errors import HeadcountError
-from headcount.masks import Mask
-from headcount.models import load_model
-from headcount.surgery import load_pruned
+from headcount.core.masks import Mask
+from headcount.core.models import load_model
+from headcount.core.surgery import load_pruned
+from headcount.runtime.errors import HeadcountError
 from headcount.train import DynamicPadding, LengthGroupedEpochSampler, TrainConfig, evaluate, finetune
 
 #: learns the has-"good" task to 100% in 96 steps (~3 s on 2 CPU cores). Every seed 1-20 reaches 100%
@@ -140,7 +140,7 @@ def test_a_saved_tokenizer_is_the_same_file_whatever_it_tokenized_before(world, 
     import transformers
     from training_helpers import make_tokenizer
 
-    from headcount.surgery import save_pruned, shrink
+    from headcount.core.surgery import save_pruned, shrink
     from headcount.train.finetuning import _save_model
 
     tok = make_tokenizer(tmp_path / "tok")

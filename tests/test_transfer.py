@@ -1,4 +1,4 @@
-"""The transfer study (headcount.studies.transfer): statistics, masks, MLM forward, and a whole
+"""The transfer study (headcount.experiments.studies.transfer): statistics, masks, MLM forward, and a whole
 study on a tiny checkpoint with two local tasks, run with the local executor."""
 
 from __future__ import annotations
@@ -13,18 +13,18 @@ from conftest import tiny_batch, tiny_model
 from scipy import stats as sps
 from training_helpers import WORDS, make_checkpoint, make_task, one_thread
 
-from headcount.api import run_study
-from headcount.errors import HeadcountError
-from headcount.evaluation import IGNORE, masked_positions_only
-from headcount.gates import gated, layout
-from headcount.runner import (
+from headcount.core.gates import gated, layout
+from headcount.data.evaluation import IGNORE, masked_positions_only
+from headcount.experiments import run_study
+from headcount.experiments.runner import (
     Plan,
     RunStore,
     load_study_config,
     no_progress,
     parse_study_config,
 )
-from headcount.studies import transfer as T
+from headcount.experiments.studies import transfer as T
+from headcount.runtime.errors import HeadcountError
 
 _one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
 
@@ -111,7 +111,7 @@ def test_acceptable_deduction_stops_at_the_first_unacceptable_level():
 
 
 def test_removable_fraction_stops_at_the_first_failing_level():
-    from headcount.studies.transfer.tables import prunability_table
+    from headcount.experiments.studies.transfer.tables import prunability_table
 
     def curve(order, scores):  # two replicates per level: the mean decides
         return [{"task": "t", "objective": "task", "view": "application", "order": order, "replicate": r,
@@ -179,7 +179,7 @@ def test_seed_mean_ci_averages_finite_seeds_and_counts_the_others():
 
 
 def test_nan_cells_say_how_many_seeds_gave_a_number():
-    from headcount.report.format import nan_runs, seed_cell
+    from headcount.experiments.report.format import nan_runs, seed_cell
 
     assert seed_cell(0.345, float("nan"), n=1, n_total=2, digits=3) == "0.345 (n=1 of 2)"
     assert seed_cell(0.3, 0.01, 0.2, 0.4, n=2, n_total=2) == "0.30 ± 0.01 [0.20, 0.40]"
@@ -190,7 +190,7 @@ def test_nan_cells_say_how_many_seeds_gave_a_number():
 
 
 def test_the_report_lists_the_runs_that_produced_nan():
-    from headcount.studies.transfer.report import main_pruning, nan_table
+    from headcount.experiments.studies.transfer.report import main_pruning, nan_table
 
     settings = T.TransferSettings(tasks=["offline/movies"], seeds=[1, 2])
     ft = pd.DataFrame({"task": ["movies", "movies"], "seed": [1, 2], "metric": ["pearson"] * 2,
@@ -213,12 +213,9 @@ def test_the_report_lists_the_runs_that_produced_nan():
 
 
 def test_removable_shares_are_n_a_and_listed_when_the_full_metric_is_nan():
-    from headcount.studies.transfer.report import (
-        main_pruning,
-        nan_table,
-        transfer_summary,
-    )
-    from headcount.studies.transfer.tables import prunability_table
+    from headcount.experiments.studies.transfer.report import main_pruning, nan_table
+    from headcount.experiments.studies.transfer.summary import transfer_summary
+    from headcount.experiments.studies.transfer.tables import prunability_table
 
     nan = float("nan")
     settings = T.TransferSettings(tasks=["offline/movies"], seeds=[1, 2])
@@ -482,8 +479,8 @@ def test_bootstrap_contributions_add_up_to_the_scores(run):
 def test_example_ids_follow_the_batches_rows(run):
     from transformers import AutoTokenizer
 
-    from headcount.pipeline import DataConfig, batches_for, example_order
-    from headcount.tasks import get_task, tokenize
+    from headcount.data.tasks import get_task, tokenize
+    from headcount.importance.pipeline import DataConfig, batches_for, example_order
 
     root, _ = run
     task, tok = get_task(str(root / "good" / "task.yaml")), AutoTokenizer.from_pretrained(str(root / "pre"))
@@ -523,7 +520,7 @@ def test_report_sections_compose_under_a_prefix(run):
 def test_the_before_after_figure_accepts_a_mean_an_ulp_outside_its_range(run):
     # three seeds with the same score: np.mean gives 0.1 + 1 ulp > max. The offline run's report
     # crashed on it in matplotlib ("'yerr' must not contain negative values").
-    from headcount.studies.transfer.figures import figures
+    from headcount.experiments.studies.transfer.figures import figures
 
     root, _ = run
     loaded = load_study_config(root / "study.yaml")
@@ -581,8 +578,8 @@ def test_docstring_examples_run():
     import importlib
 
     attempted = 0
-    for name in ("", ".config", ".plan", ".jobs", ".tables", ".figures", ".report"):
-        module = importlib.import_module(f"headcount.studies.transfer{name}")
+    for name in ("", ".config", ".params", ".plan", ".jobs", ".tables", ".figures", ".summary", ".report"):
+        module = importlib.import_module(f"headcount.experiments.studies.transfer{name}")
         result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
         assert result.failed == 0, name
         attempted += result.attempted
@@ -593,8 +590,8 @@ def test_docstring_examples_run():
 
 
 def test_every_job_validates_its_params_and_refuses_unknown_ones():
-    from headcount.studies.transfer import config as C
-    from headcount.studies.transfer.plan import JOBS
+    from headcount.experiments.studies.transfer import params as C
+    from headcount.experiments.studies.transfer.plan import JOBS
 
     models = {"layout_job": C.LayoutParams, "mlm_score_job": C.MlmScoreParams, "head_fit_job": C.HeadFitParams,
               "mask_job": C.MaskParams, "curve_job": C.CurveParams, "coherence_job": C.CoherenceParams}

@@ -24,8 +24,8 @@ from typing import Literal
 
 import pandas as pd
 
-from headcount.report import ReportContent, Section, new_figure
-from headcount.runner import ConfigSection, Job, StudyConfig, register_study
+from headcount.experiments.report import ReportContent, Section, new_figure
+from headcount.experiments.runner import ConfigSection, Job, StudyConfig, register_study
 
 HERE = "toy_study"
 

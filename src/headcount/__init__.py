@@ -19,51 +19,68 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     # models and architectures
-    "load_model": "models", "load_tokenizer": "models",
-    "get_adapter": "arch", "register_adapter": "arch", "supported_model_types": "arch", "Adapter": "arch",
-    "Block": "arch",
+    "load_model": "core.models", "load_tokenizer": "core.models",
+    "get_adapter": "core.arch", "register_adapter": "core.arch", "supported_model_types": "core.arch", "Adapter": "core.arch",
+    "Block": "core.arch",
     # gates, attention, surgery, masks
-    "gated": "gates", "set_gates": "gates", "clear_gates": "gates", "layout": "gates", "clone_model": "gates",
-    "shared_groups": "gates",
-    "attention_maps": "attention",
-    "shrink": "surgery", "prune_heads": "surgery", "prune_mlps": "surgery", "prune_neurons": "surgery",
-    "save_pruned": "surgery", "load_pruned": "surgery", "count_parameters": "surgery",
-    "Mask": "masks",
+    "gated": "core.gates", "set_gates": "core.gates", "clear_gates": "core.gates", "layout": "core.gates", "clone_model": "core.gates",
+    "shared_groups": "core.gates",
+    "attention_maps": "core.attention",
+    "shrink": "core.surgery", "prune_heads": "core.surgery", "prune_mlps": "core.surgery", "prune_neurons": "core.surgery",
+    "save_pruned": "core.surgery", "load_pruned": "core.surgery", "count_parameters": "core.surgery",
+    "Mask": "core.masks",
     # importance and pruning
-    "score": "scoring", "Scores": "scoring", "normalize_scores": "scoring",
-    "iterative_prune": "pruning", "PruneConfig": "pruning", "select_lowest": "pruning",
-    "evaluate_batches": "evaluation",
+    "score": "importance.scoring", "Scores": "importance.scores", "normalize_scores": "importance.scores",
+    "iterative_prune": "importance.pruning", "PruneConfig": "importance.pruning", "select_lowest": "importance.pruning",
+    "evaluate_batches": "data.evaluation",
     # tasks and data
-    "get_task": "tasks", "list_tasks": "tasks", "register_task": "tasks", "encode": "tasks",
-    "make_batches": "tasks", "compute_metrics": "tasks", "mlm_batches": "tasks", "fit_mlm_head": "heads",
+    "get_task": "data.tasks", "list_tasks": "data.tasks", "register_task": "data.tasks", "encode": "data.tasks",
+    "make_batches": "data.tasks", "compute_metrics": "data.tasks", "mlm_batches": "data.tasks", "fit_mlm_head": "data.mlm_head",
     # training and magnitude pruning
     "finetune": "train", "evaluate": "train", "TrainConfig": "train",
     # studies
-    "run_study": "api", "register_study": "runner", "Job": "runner",
-    "build_report": "report",
-    "explore": "explorer",
-    "HeadcountError": "errors",
+    "run_study": "experiments", "register_study": "experiments.runner", "Job": "experiments.runner",
+    "build_report": "experiments.report",
+    "explore": "experiments.explorer",
+    "HeadcountError": "runtime.errors",
 }
 
 
 if TYPE_CHECKING:  # what type checkers see (py.typed): the same names, imported eagerly
-    from .api import run_study
-    from .arch import Adapter, Block, get_adapter, register_adapter, supported_model_types
-    from .attention import attention_maps
-    from .errors import HeadcountError
-    from .evaluation import evaluate_batches
-    from .explorer import explore
-    from .gates import clear_gates, clone_model, gated, layout, set_gates, shared_groups
-    from .masks import Mask
-    from .models import load_model, load_tokenizer
-    from .pruning import PruneConfig, iterative_prune, select_lowest
-    from .report import build_report
-    from .runner import Job, register_study
-    from .scoring import Scores, normalize_scores, score
-    from .surgery import count_parameters, load_pruned, prune_heads, prune_mlps, prune_neurons, save_pruned, shrink
-    from .heads import fit_mlm_head
-    from .tasks import compute_metrics, encode, get_task, list_tasks, make_batches, mlm_batches, register_task
-    from .train import TrainConfig, evaluate, finetune
+    from headcount.core.arch import Adapter, Block, get_adapter, register_adapter, supported_model_types
+    from headcount.core.attention import attention_maps
+    from headcount.core.gates import clear_gates, clone_model, gated, layout, set_gates, shared_groups
+    from headcount.core.masks import Mask
+    from headcount.core.models import load_model, load_tokenizer
+    from headcount.core.surgery import (
+        count_parameters,
+        load_pruned,
+        prune_heads,
+        prune_mlps,
+        prune_neurons,
+        save_pruned,
+        shrink,
+    )
+    from headcount.data.evaluation import evaluate_batches
+    from headcount.data.mlm_head import fit_mlm_head
+    from headcount.data.tasks import (
+        compute_metrics,
+        encode,
+        get_task,
+        list_tasks,
+        make_batches,
+        mlm_batches,
+        register_task,
+    )
+    from headcount.experiments import run_study
+    from headcount.experiments.explorer import explore
+    from headcount.experiments.report import build_report
+    from headcount.experiments.runner import Job, register_study
+    from headcount.importance.pruning import PruneConfig, iterative_prune, select_lowest
+    from headcount.importance.scoring import score
+    from headcount.importance.scores import Scores, normalize_scores
+    from headcount.runtime.errors import HeadcountError
+    from headcount.train import TrainConfig, evaluate, finetune
 
 
 def __getattr__(name: str):

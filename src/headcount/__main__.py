@@ -1,4 +1,4 @@
-# headcount.entry imports nothing heavy before its Ctrl-C handler is in place
-from headcount.entry import main
+# headcount.cli.entry imports nothing heavy before its Ctrl-C handler is in place
+from headcount.cli.entry import main
 
 raise SystemExit(main())

@@ -13,12 +13,15 @@ take a ``seed`` and are deterministic for it; an undefined statistic is ``nan``,
   of subnetworks across seeds and tasks;
 - :mod:`.summaries`: pruning curves, values across seeds; :mod:`.paired`: paired tests over seeds;
 - :mod:`.coherence`, :mod:`.removal`: the transfer study's analyses built on these;
-  :mod:`.patterns`: attention pattern classes.
+  :mod:`.patterns`: attention pattern classes; :mod:`.plots`: figures drawn from saved results.
 
 Everything public is importable from ``headcount.analysis``.
+
+May import: :mod:`headcount.importance`, :mod:`headcount.core`, :mod:`headcount.runtime` (not
+:mod:`headcount.train`, its sibling layer).
 """
 
-from . import (
+from headcount.analysis import (
            agreement,
            correlation,
            helpers,
@@ -28,14 +31,14 @@ from . import (
            subnetworks,
            summaries,
 )
-from .agreement import *  # noqa: F401,F403
-from .correlation import *  # noqa: F401,F403
-from .helpers import *  # noqa: F401,F403
-from .paired import PairedResult, at_chance, paired_sign_flip_test, seed_interval  # noqa: F401  (claims over seeds)
-from .permutation import *  # noqa: F401,F403
-from .resampling import *  # noqa: F401,F403
-from .subnetworks import *  # noqa: F401,F403
-from .summaries import *  # noqa: F401,F403
+from headcount.analysis.agreement import *  # noqa: F401,F403
+from headcount.analysis.correlation import *  # noqa: F401,F403
+from headcount.analysis.helpers import *  # noqa: F401,F403
+from headcount.analysis.paired import PairedResult, at_chance, paired_sign_flip_test, seed_interval  # noqa: F401  (claims over seeds)
+from headcount.analysis.permutation import *  # noqa: F401,F403
+from headcount.analysis.resampling import *  # noqa: F401,F403
+from headcount.analysis.subnetworks import *  # noqa: F401,F403
+from headcount.analysis.summaries import *  # noqa: F401,F403
 
 __all__ = [name for m in (helpers, correlation, resampling, permutation, agreement, subnetworks, summaries)
            for name in m.__all__]

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats as _sps
 
-from ..errors import HeadcountError
-from .helpers import _mask01, _np
+from headcount.analysis.helpers import _mask01, _np
+from headcount.runtime.errors import HeadcountError
 
 # --------------------------------------------------------------------------- mask stability
 

@@ -3,7 +3,7 @@
 Pure functions on arrays (no models). A grid is ``[n_layers, n_heads]`` importance, higher =
 more important; for a model with shared layers (ALBERT) a row is one *application* of a
 layer, and the ``shared`` view sums the rows of each group of applications that run the same
-physical layer (the groups of :func:`headcount.gates.shared_groups`).
+physical layer (the groups of :func:`headcount.core.gates.shared_groups`).
 
 Used by the transfer study (Chiang & Chen 2021) to compare MLM and task importance; nothing here
 is specific to it.
@@ -17,15 +17,15 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..errors import HeadcountError
-from .correlation import compare_scores, normalize_layers
-from .helpers import DEFAULT_FRACTIONS, LEVEL, N_BOOT, N_PERMUTATIONS
-from .permutation import permutation_test
-from .resampling import (
+from headcount.analysis.correlation import compare_scores, normalize_layers
+from headcount.analysis.helpers import DEFAULT_FRACTIONS, LEVEL, N_BOOT, N_PERMUTATIONS
+from headcount.analysis.permutation import permutation_test
+from headcount.analysis.resampling import (
     bootstrap_ci,
     hierarchical_ci_from_replicates,
     paired_bootstrap_ci,
 )
+from headcount.runtime.errors import HeadcountError
 
 __all__ = ["LAYER_NORM", "VIEWS", "coherence", "pair_seed", "seed_mean_ci", "shared_view", "statistic_range",
            "view_of"]

@@ -14,8 +14,8 @@ from typing import Literal
 import numpy as np
 from scipy import stats as _sps
 
-from ..errors import HeadcountError
-from .helpers import DEFAULT_FRACTIONS, _is_constant, _np, _paired_flat
+from headcount.analysis.helpers import DEFAULT_FRACTIONS, _is_constant, _np, _paired_flat
+from headcount.runtime.errors import HeadcountError
 
 # --------------------------------------------------------------------------- rank correlation
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import HeadcountError
+from headcount.runtime.errors import HeadcountError
 
 #: Fractions of components compared by :func:`top_k_overlap` by default (top 10%, 25%, 50%).
 DEFAULT_FRACTIONS: tuple[float, ...] = (0.1, 0.25, 0.5)

@@ -38,8 +38,8 @@ from typing import Literal
 import numpy as np
 from scipy import stats as _sps
 
-from ..errors import HeadcountError
-from .helpers import LEVEL
+from headcount.analysis.helpers import LEVEL
+from headcount.runtime.errors import HeadcountError
 
 __all__ = ["EXACT_MAX", "PairedResult", "at_chance", "paired_sign_flip_test", "seed_interval"]
 

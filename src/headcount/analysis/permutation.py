@@ -14,9 +14,9 @@ from typing import Literal
 import numpy as np
 from scipy import stats as _sps
 
-from ..errors import HeadcountError
-from .correlation import _CORRELATIONS, kendall_tau, spearman
-from .helpers import N_PERMUTATIONS, Seed, _is_constant, _np, _paired_flat, _rng
+from headcount.analysis.correlation import _CORRELATIONS, kendall_tau, spearman
+from headcount.analysis.helpers import N_PERMUTATIONS, Seed, _is_constant, _np, _paired_flat, _rng
+from headcount.runtime.errors import HeadcountError
 
 # --------------------------------------------------------------------------- permutation test
 

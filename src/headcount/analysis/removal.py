@@ -14,11 +14,11 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import torch
 
-from ..errors import HeadcountError
-from ..masks import Mask
-from ..pruning import select_lowest
-from .coherence import view_of
-from .summaries import largest_contiguous_passing
+from headcount.analysis.coherence import view_of
+from headcount.analysis.summaries import largest_contiguous_passing
+from headcount.core.masks import Mask
+from headcount.importance.pruning import select_lowest
+from headcount.runtime.errors import HeadcountError
 
 __all__ = ["acceptable_deduction", "removal_mask"]
 
@@ -35,7 +35,7 @@ def removal_mask(grid, fraction: float, *, view: str = "application", groups=Non
         normalize: ``layer`` divides each row (layer / group) by its L2 norm first; ``none``.
 
     Returns:
-        A :class:`headcount.masks.Mask` over ``[n_layers, n_heads]`` (MLPs kept).
+        A :class:`headcount.core.masks.Mask` over ``[n_layers, n_heads]`` (MLPs kept).
 
     >>> removal_mask([[1.0, 5.0], [2.0, 3.0]], 0.5, normalize="none").heads.tolist()
     [[0.0, 1.0], [0.0, 1.0]]

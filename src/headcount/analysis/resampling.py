@@ -15,8 +15,8 @@ from typing import Literal
 import numpy as np
 from scipy import stats as _sps
 
-from ..errors import HeadcountError
-from .helpers import LEVEL, N_BOOT, Seed, _check_resampling, _np, _rng
+from headcount.analysis.helpers import LEVEL, N_BOOT, Seed, _check_resampling, _np, _rng
+from headcount.runtime.errors import HeadcountError
 
 # --------------------------------------------------------------------------- bootstrap
 

@@ -14,10 +14,10 @@ from typing import Literal
 
 import numpy as np
 
-from ..errors import HeadcountError
-from .agreement import mask_stability, pairwise_jaccard
-from .correlation import jaccard
-from .helpers import Seed, _mask01, _np, _rng
+from headcount.analysis.agreement import mask_stability, pairwise_jaccard
+from headcount.analysis.correlation import jaccard
+from headcount.analysis.helpers import Seed, _mask01, _np, _rng
+from headcount.runtime.errors import HeadcountError
 
 __all__ = ["always_pruned", "bad_control", "draw_controls", "random_control", "super_bad_control", "super_controls", "super_random_control", "super_survivors", "cross_task_overlap", "seed_stability"]
 

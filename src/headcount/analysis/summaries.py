@@ -8,8 +8,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..errors import HeadcountError
-from .helpers import _np
+from headcount.analysis.helpers import _np
+from headcount.runtime.errors import HeadcountError
 
 # --------------------------------------------------------------------------- pruning curves
 

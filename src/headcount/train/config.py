@@ -7,8 +7,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from ..device import resolve_device
-from ..settings import (
+from headcount.importance.settings import (
     ACCUMULATION,
     BATCH_SIZE,
     EPOCHS,
@@ -22,6 +21,7 @@ from ..settings import (
     WEIGHT_DECAY,
     check_bounds,
 )
+from headcount.runtime.device import resolve_device
 
 MASK_MODES = ("prune", "gate")
 
@@ -83,7 +83,7 @@ class TrainConfig:
     logging_steps: int = 50
     use_cpu: bool = False
 
-    #: the sane range of each numeric field (:mod:`headcount.settings`): the command line and the
+    #: the sane range of each numeric field (:mod:`headcount.importance.settings`): the command line and the
     #: study configs build a TrainConfig, so this one check is theirs too
     BOUNDS = {"lr": LEARNING_RATE, "batch_size": BATCH_SIZE, "epochs": EPOCHS, "max_length": MAX_LENGTH,
               "weight_decay": WEIGHT_DECAY, "warmup": WARMUP, "max_grad_norm": GRAD_NORM,

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import torch
 
-from .. import tasks
-from ..errors import HeadcountError
-from .config import TrainConfig
+from headcount.data import tasks
+from headcount.runtime.errors import HeadcountError
+from headcount.train.config import TrainConfig
 
 
 def _tasks():  # the tasks package (looked up late: tests replace its registry)
@@ -31,7 +31,7 @@ class EncodedDataset(torch.utils.data.Dataset):
 
     def __init__(self, encoded):
         self.examples = encoded
-        lengths = getattr(encoded, "lengths", None)  # headcount.tasks.Encoded stores them
+        lengths = getattr(encoded, "lengths", None)  # headcount.data.tasks.Encoded stores them
         self.lengths = ([int(x) for x in lengths] if lengths is not None
                         else [len(encoded[i]["input_ids"]) for i in range(len(encoded))])
 
@@ -44,7 +44,7 @@ class EncodedDataset(torch.utils.data.Dataset):
 
 class DynamicPadding:
     """Collate examples into a batch padded to its longest example (the same batch format as
-    ``headcount.tasks.make_batches``): ``input_ids``, ``attention_mask``, ``token_type_ids`` (when
+    ``headcount.data.tasks.make_batches``): ``input_ids``, ``attention_mask``, ``token_type_ids`` (when
     the examples have them) ``[batch, seq]`` and ``labels`` ``[batch]``.
 
     Args:

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import torch
 
-from ..errors import HeadcountError
-from ..evaluation import evaluate_batches
-from ..masks import Mask
-from .data import _as_task, _tasks
+from headcount.core.masks import Mask
+from headcount.data.evaluation import evaluate_batches
+from headcount.runtime.errors import HeadcountError
+from headcount.train.data import _as_task, _tasks
 
 
 def evaluate(model, task_or_data, *, tokenizer=None, split: str | None = None, metric: str | None = None,
@@ -21,7 +21,7 @@ def evaluate(model, task_or_data, *, tokenizer=None, split: str | None = None, m
         model: a model that returns ``loss`` and ``logits`` for batches with ``labels``.
         task_or_data: a task (name, YAML path or object: its ``split``, default the validation
             split, is loaded), a ``TaskData`` (encoded with ``tokenizer``), an encoded split
-            (``headcount.tasks.encode`` output; ``metric`` needed), or a list of prepared batches.
+            (``headcount.data.tasks.encode`` output; ``metric`` needed), or a list of prepared batches.
         tokenizer: needed for a task or ``TaskData``; default: loaded from ``model.name_or_path``.
         split: which split of a task.
         metric: the metric name (default: the task's).
@@ -30,7 +30,7 @@ def evaluate(model, task_or_data, *, tokenizer=None, split: str | None = None, m
         max_examples: a subset of the split, drawn with ``seed``.
         seed: the subset's seed.
         mask: a head/MLP mask applied as gates during the evaluation.
-        device / precision / tokens_per_batch: where and how it runs (:mod:`headcount.device`;
+        device / precision / tokens_per_batch: where and how it runs (:mod:`headcount.runtime.device`;
             default: where the model is, auto precision, the device's token budget).
 
     Returns:
@@ -51,7 +51,7 @@ def evaluate(model, task_or_data, *, tokenizer=None, split: str | None = None, m
         if hasattr(encoded, "texts") and hasattr(encoded, "task"):  # TaskData
             metric = metric or encoded.task.metric
             if tokenizer is None:
-                from ..models import load_tokenizer
+                from headcount.core.models import load_tokenizer
 
                 tokenizer = load_tokenizer(getattr(model, "name_or_path", None) or getattr(model.config, "_name_or_path", ""))
             encoded = T.encode(encoded, tokenizer, max_length=max_length)

@@ -14,22 +14,22 @@ from pathlib import Path
 
 import torch
 
-from ..atomic import atomic_dir, atomic_write_json
-from ..device import pad_multiple
-from ..errors import HeadcountError
-from ..fingerprint import model_fingerprint, task_fingerprint
-from ..gates import set_gates
-from ..launch import launch_rank
-from ..magnitude import (
+from headcount.core.gates import set_gates
+from headcount.core.masks import Mask
+from headcount.data.fingerprint import model_fingerprint, task_fingerprint
+from headcount.importance.magnitude import (
     apply_weight_mask,
     load_weight_mask,
     mask_sparsity,
     remove_weight_mask,
 )
-from ..masks import Mask
-from .config import MASK_MODES, TrainConfig
-from .data import DynamicPadding, _as_task, _datasets
-from .trainer import (
+from headcount.runtime.atomic import atomic_dir, atomic_write_json
+from headcount.runtime.device import pad_multiple
+from headcount.runtime.errors import HeadcountError
+from headcount.runtime.launch import launch_rank
+from headcount.train.config import MASK_MODES, TrainConfig
+from headcount.train.data import DynamicPadding, _as_task, _datasets
+from headcount.train.trainer import (
     CLOCK_FILE,
     _epochs,
     _make_clock_callback,
@@ -88,14 +88,14 @@ def prepare_model(model_spec: str, task, *, mask=None, mask_mode: str = "prune",
     """
     import transformers
 
-    from ..models import load_model, load_tokenizer
-    from ..surgery import count_parameters, shrink
+    from headcount.core.models import load_model, load_tokenizer
+    from headcount.core.surgery import count_parameters, shrink
 
     task = _as_task(task)
     mask = _as_mask(mask)
     if mask_mode not in MASK_MODES:
         raise HeadcountError(f"unknown mask mode {mask_mode!r}; choose one of {', '.join(MASK_MODES)}")
-    from ..pipeline import task_head
+    from headcount.importance.pipeline import task_head
 
     info = task_head(model_spec, task)
     transformers.set_seed(seed)  # a new head's initialisation depends on the seed only
@@ -136,7 +136,7 @@ def _identity(model_spec, task, seed, config, mask, mask_mode, weight_mask_diges
 
 
 def _save_model(model, tokenizer, path: Path, extra: dict) -> None:
-    from ..surgery import RECORD, pruning_record, save_pruned, save_tokenizer
+    from headcount.core.surgery import RECORD, pruning_record, save_pruned, save_tokenizer
 
     gates = getattr(model, "headcount_fixed_gates", None)
     if gates is not None:  # gate mode: the fixed gates travel in the pruning record
@@ -159,7 +159,7 @@ def finetune(model_spec: str, task, *, mask=None, mask_mode: str = "prune", weig
 
     Structured retraining = pass ``mask``: it is applied to the weights as loaded (the
     pre-trained ones) before training; ``mask_mode="prune"`` removes the heads/MLPs physically
-    (the checkpoint is a pruned one, see :func:`~headcount.surgery.load_pruned`), ``"gate"`` keeps
+    (the checkpoint is a pruned one, see :func:`~headcount.core.surgery.load_pruned`), ``"gate"`` keeps
     the shapes and holds the gates at 0 (recorded in the checkpoint, restored on load).
     Magnitude retraining = pass ``weight_mask`` (names -> bool, or a ``weight_mask.safetensors``).
 
@@ -169,10 +169,10 @@ def finetune(model_spec: str, task, *, mask=None, mask_mode: str = "prune", weig
 
     Args:
         model_spec: hub id, local checkpoint directory, or ``"offline"``.
-        task: a task name, task YAML path, or a :class:`headcount.tasks.Task`.
-        mask: a :class:`~headcount.masks.Mask`, its dict, or a ``mask.json`` path.
+        task: a task name, task YAML path, or a :class:`headcount.data.tasks.Task`.
+        mask: a :class:`~headcount.core.masks.Mask`, its dict, or a ``mask.json`` path.
         mask_mode: ``"prune"`` (physical) or ``"gate"`` (fixed gates).
-        weight_mask: a magnitude mask (see :mod:`headcount.magnitude`) or its file.
+        weight_mask: a magnitude mask (see :mod:`headcount.importance.magnitude`) or its file.
         seed: seeds the head initialisation, data order and dropout.
         config: hyper-parameters (default :class:`TrainConfig`).
         out_dir: the run's folder.

@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..atomic import atomic_write_json
-from .config import TrainConfig, _use_cpu, use_bf16
-from .data import EncodedDataset, LengthGroupedEpochSampler, _FixedOrder, _tasks
+from headcount.runtime.atomic import atomic_write_json
+from headcount.train.config import TrainConfig, _use_cpu, use_bf16
+from headcount.train.data import EncodedDataset, LengthGroupedEpochSampler, _FixedOrder, _tasks
 
 
 def _trainer_class():

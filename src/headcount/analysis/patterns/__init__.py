@@ -37,7 +37,7 @@ Modules: :mod:`.features` (classes, features, rules), :mod:`.layout` (fixed-size
 over examples), :mod:`.synthetic`, :mod:`.cnn`, :mod:`.labels` (labelled data files).
 """
 
-from .cnn import (
+from headcount.analysis.patterns.cnn import (
     ARCHITECTURES,
     PRASANNA_MIN_SIZE,
     PatternCNN,
@@ -47,7 +47,7 @@ from .cnn import (
     save_pattern_cnn,
     train_pattern_cnn,
 )
-from .features import (
+from headcount.analysis.patterns.features import (
     BLOCK_MIN,
     BLOCK_MIN_ENTROPY,
     CLASSES,
@@ -61,8 +61,8 @@ from .features import (
     pattern_distribution,
     pattern_features,
 )
-from .labels import load_labelled_maps, save_labelled_maps
-from .layout import (
+from headcount.analysis.patterns.labels import load_labelled_maps, save_labelled_maps
+from headcount.analysis.patterns.layout import (
     AttentionMaps,
     StructureMeans,
     center_pad,
@@ -70,7 +70,7 @@ from .layout import (
     mean_attention_maps,
     resample_attention,
 )
-from .synthetic import SyntheticMaps, synthetic_attention_maps
+from headcount.analysis.patterns.synthetic import SyntheticMaps, synthetic_attention_maps
 
 __all__ = [
     "ARCHITECTURES",

@@ -29,11 +29,11 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from ...atomic import atomic_path, atomic_write_json
-from ...errors import HeadcountError
-from .features import CLASSES, MAP_SIZE, _check_square, _to_numpy
-from .labels import label_ids
-from .layout import center_pad
+from headcount.analysis.patterns.features import CLASSES, MAP_SIZE, _check_square, _to_numpy
+from headcount.analysis.patterns.labels import label_ids
+from headcount.analysis.patterns.layout import center_pad
+from headcount.runtime.atomic import atomic_path, atomic_write_json
+from headcount.runtime.errors import HeadcountError
 
 #: The CNN architectures: the paper's (default) and headcount's earlier small net.
 ARCHITECTURES: tuple[str, ...] = ("prasanna", "small")
@@ -254,7 +254,7 @@ def train_pattern_cnn(
         architecture: ``prasanna`` (the paper's net) or ``small`` (see the module text).
         size: side the maps are padded to; default the largest map's (``prasanna``: at least 32;
             ``small``: needs a side divisible by 4).
-        device: where to train (a :func:`headcount.device.resolve_device` spec); default the CPU
+        device: where to train (a :func:`headcount.runtime.device.resolve_device` spec); default the CPU
             (deterministic); None = ``$HEADCOUNT_DEVICE``, else the GPU when there is one. The model
             comes back on the CPU.
 
@@ -271,7 +271,7 @@ def train_pattern_cnn(
     >>> metrics["n_train"] + metrics["n_heldout"], model.size
     (20, 32)
     """
-    from ...device import resolve_device
+    from headcount.runtime.device import resolve_device
 
     if architecture not in ARCHITECTURES:
         raise HeadcountError(f"unknown CNN architecture {architecture!r}; use one of {', '.join(ARCHITECTURES)}")

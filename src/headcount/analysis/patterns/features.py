@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ...errors import HeadcountError
+from headcount.runtime.errors import HeadcountError
 
 #: The five pattern classes of Kovaleva et al. (2019); a label's index is its class id.
 CLASSES: tuple[str, ...] = ("vertical", "diagonal", "vertical+diagonal", "block", "heterogeneous")

@@ -12,10 +12,10 @@ import numpy as np
 from safetensors import SafetensorError
 from safetensors.numpy import load_file, save_file
 
-from ...atomic import atomic_path, atomic_write_json, atomic_write_text
-from ...errors import HeadcountError
-from .features import CLASSES, _to_numpy
-from .layout import center_pad
+from headcount.analysis.patterns.features import CLASSES, _to_numpy
+from headcount.analysis.patterns.layout import center_pad
+from headcount.runtime.atomic import atomic_path, atomic_write_json, atomic_write_text
+from headcount.runtime.errors import HeadcountError
 
 #: Label spellings read as ``vertical`` (Kovaleva et al.'s three vertical classes).
 _VERTICAL_VARIANTS: tuple[str, ...] = tuple(f"{n}{sep}vertical" for n in ("single", "double", "multiple")

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ...errors import HeadcountError
-from .features import MAP_SIZE, PatternClassification, classify_patterns
+from headcount.analysis.patterns.features import MAP_SIZE, PatternClassification, classify_patterns
+from headcount.runtime.errors import HeadcountError
 
 
 def center_pad(maps, size: int):

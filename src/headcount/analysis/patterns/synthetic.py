@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ...errors import HeadcountError
-from .features import CLASSES, DIAGONAL_OFFSETS, MAP_SIZE, _runs, _specials
+from headcount.analysis.patterns.features import CLASSES, DIAGONAL_OFFSETS, MAP_SIZE, _runs, _specials
+from headcount.runtime.errors import HeadcountError
 
 
 @dataclass(frozen=True)
