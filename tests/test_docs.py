@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_report_browser import chromium, inspect
+from browser_helpers import chromium, inspect
 
 REPO = Path(__file__).resolve().parent.parent
 

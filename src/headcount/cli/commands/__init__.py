@@ -18,7 +18,7 @@ app = typer.Typer(
 def setting(cls, field: str, *names: str, **kwargs):
     """A typer option whose default is the one ``cls`` (a settings dataclass or pydantic model)
     declares for ``field``: the command line never restates a library default. The option
-    remembers where its default comes from (``tests/test_settings.py`` checks every option).
+    remembers where its default comes from (``tests/importance/test_settings.py`` checks every option).
     """
     option = typer.Option(default_of(cls, field), *names, **kwargs)
     option.headcount_setting = (cls, field)

@@ -536,7 +536,7 @@ ROWS = [
     Row("model-vocab-only-special", lambda w, d: score(w, d, model=no_tokenizer(
         w, d, keep=("tokenizer_config.json",), vocab=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"])), "has no vocabulary"),
     Row("shrink-full-disk-weights", lambda w, d: shrink(w, d), "no space left", patch=weights_full_disk),
-    # (finetune on a full disk reports progress first: tests/test_process.py)
+    # (finetune on a full disk reports progress first: tests/cli/test_process.py)
     # -- option and config ranges, study validation ------------------------------------------------
     Row("finetune-epochs-infinite", lambda w, d: finetune(w, d, "--epochs", "inf"), "epochs must be in (0, 1000], got inf"),
     Row("finetune-epochs-1e308", lambda w, d: finetune(w, d, "--epochs", "1e308"), "epochs must be in (0, 1000]"),

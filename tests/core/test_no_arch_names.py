@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-SRC = Path(__file__).resolve().parents[1] / "src" / "headcount"
+SRC = Path(__file__).resolve().parents[2] / "src" / "headcount"
 ARCH_DIR = SRC / "core" / "arch"
 NAMES = {"bert", "roberta", "albert", "distilbert", "electra", "deberta", "xlm", "modernbert"}
 

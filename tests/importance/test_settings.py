@@ -30,7 +30,7 @@ from headcount.runtime.errors import HeadcountError
 from headcount.train import TrainConfig
 from headcount.train.magnitude_search import MagnitudeConfig
 
-SRC = Path(__file__).resolve().parent.parent / "src" / "headcount"
+SRC = Path(__file__).resolve().parents[2] / "src" / "headcount"
 
 #: the library's settings classes a command-line option may stand for
 SOURCES = (TrainConfig, MagnitudeConfig, PruneConfig, DataConfig, ScoreSettings, PruneSettings)

@@ -20,7 +20,7 @@ from headcount.experiments.runner import Job, JobsFailed, Plan, RunStore, parse_
 from headcount.experiments.runner.store import DONE
 from headcount.runtime.errors import HeadcountError
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]  # tests/: toy_study.py and the helpers
 REPO = TESTS.parent
 
 CONFIG = """\

@@ -19,7 +19,7 @@ from conftest import (
     tiny_batch,
     tiny_model,
 )
-from test_cli_core import assert_one_error_line, run_cli, write_mask
+from cli_helpers import assert_one_error_line, run_cli, write_mask
 
 from headcount.core.arch import Block, get_adapter, grouped_rows
 from headcount.core.attention import attention_maps

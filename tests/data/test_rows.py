@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from test_glue_local import FOLDERS, dataset, write_download
+from glue_helpers import FOLDERS, dataset, write_download
 
 from headcount.data.tasks import get_task, tables
 from headcount.runtime.errors import HeadcountError

@@ -14,7 +14,7 @@ import random
 import numpy as np
 import pandas as pd
 import pytest
-from test_glue_local import download_lines, splits_of
+from glue_helpers import download_lines, splits_of
 from training_helpers import WORDS, make_checkpoint, make_task, one_thread
 
 from headcount.data.evaluation import evaluate_batches

@@ -313,7 +313,7 @@ def test_config_validation_names_the_key_and_line(tmp_path):
 def test_shipped_configs_are_valid(name):
     from pathlib import Path
 
-    loaded = load_study_config(Path(__file__).resolve().parents[1] / "configs" / f"{name}.yaml")
+    loaded = load_study_config(Path(__file__).resolve().parents[2] / "configs" / f"{name}.yaml")
     plan = Plan(T.expand(loaded.config))
     assert {"layout", "coherence"} <= set(plan.names) and len(plan) > 10
 
@@ -419,7 +419,7 @@ def test_the_study_runs_end_to_end_with_every_table_and_figure(run):
     ft = pd.read_csv(out / "results" / "finetune.csv")
     store = RunStore(out)
     # each row holds its fine-tuning job's own final score (whether the tiny model learns a cue in 6
-    # epochs rests on a trajectory that other CPU kernels change; tests/test_training.py checks learning)
+    # epochs rests on a trajectory that other CPU kernels change; tests/train/test_training.py checks learning)
     own = [store.result(T.Names().finetune(t, s)).result["final"]["score"] for t, s in zip(ft["task"], ft["seed"])]
     assert len(ft) == 4 and ft["fine_tuned"].tolist() == pytest.approx(own) and ft["fine_tuned"].between(0, 1).all()
     # the head-only job trained only the classifier: its encoder equals the pre-trained one

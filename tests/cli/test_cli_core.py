@@ -11,22 +11,17 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
-from cli_helpers import run_cli
-from conftest import outputs, save_tiny, tiny_batch, tiny_model
 
 from headcount.core.gates import gated
 from headcount.core.masks import Mask
 from headcount.core.models import load_model
 from headcount.core.surgery import count_parameters, load_pruned
 
+from cli_helpers import assert_one_error_line, run_cli, write_mask
+from conftest import outputs, save_tiny, tiny_batch, tiny_model
+
+
 HEADCOUNT = Path(sys.executable).parent / "headcount"
-
-
-def assert_one_error_line(code, err):
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert code == 2, err
-    assert len(lines) == 1 and lines[0].startswith("error: "), err
-    assert "Traceback" not in err
 
 
 @pytest.fixture
@@ -41,11 +36,6 @@ def gpt2_dir(tmp_path) -> Path:
     cfg = transformers.GPT2Config(n_embd=16, n_layer=1, n_head=2, vocab_size=50, n_positions=16,
                                   bos_token_id=0, eos_token_id=0)
     return save_tiny(transformers.GPT2LMHeadModel(cfg), tmp_path / "gpt2")
-
-
-def write_mask(path: Path, heads, mlps) -> Path:
-    path.write_text(json.dumps({"heads": heads, "mlps": mlps}))
-    return path
 
 
 # --- bad input ---------------------------------------------------------------------------------------

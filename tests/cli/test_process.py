@@ -121,7 +121,7 @@ def test_the_entry_module_imports_nothing_heavy():
 def test_console_script_and_module_use_the_entry():
     if SCRIPT.is_file():
         assert "headcount.cli.entry import main" in SCRIPT.read_text()
-    main_py = Path(__file__).resolve().parent.parent / "src" / "headcount" / "__main__.py"
+    main_py = Path(__file__).resolve().parents[2] / "src" / "headcount" / "__main__.py"
     assert "from headcount.cli.entry import" in main_py.read_text() and "headcount.cli.app" not in main_py.read_text()
 
 

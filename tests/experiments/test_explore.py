@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from cli_helpers import run_cli
-from test_report_browser import WIDTH, _run_browser, chromium
+from browser_helpers import WIDTH, _run_browser, chromium
 from training_helpers import make_checkpoint, make_task, one_thread
 
 import headcount as hc

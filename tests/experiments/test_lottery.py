@@ -269,7 +269,7 @@ def test_study_runs_to_a_report_with_the_main_table(run):
         cell = paper.loc[paper["task"] == task, "random"].item()
         assert cell == f"{row['mean'].item():.2f} ± {row['std'].item():.2f}"
     # the full row is the mean of the fine-tuning jobs' own scores (whether the tiny task is learnt in 3
-    # epochs rests on a trajectory that other CPU kernels change; tests/test_training.py checks learning)
+    # epochs rests on a trajectory that other CPU kernels change; tests/train/test_training.py checks learning)
     for task in tasks:
         own = [store.result(f"finetune/{task}/seed{s}").result["final"]["score"] for s in (1, 2)]
         full = main[(main["experiment"] == "full") & (main["task"] == task)]["mean"].item()

@@ -9,7 +9,7 @@ import pytest
 from headcount.experiments.runner import load_study_config
 from headcount.experiments.runner.registry import get_study_type
 
-CONFIGS = sorted((Path(__file__).resolve().parent.parent / "configs").glob("*.yaml"))
+CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.yaml"))
 
 
 def test_configs_are_shipped_inside_the_package():

@@ -7,95 +7,18 @@ measurements into the DOM, which ``chromium --headless --dump-dom`` prints.
 
 Run as a script to take a screenshot of the top of a report (docs/report-top.png):
 
-    python tests/test_report_browser.py runs/demo/report.html docs/report-top.png
+    python tests/experiments/test_report_browser.py runs/demo/report.html docs/report-top.png
 """
 
 from __future__ import annotations
 
-import json
 import os
-import re
-import shutil
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
 
-WIDTH = 1280
-
-# Flags for a quiet, offline, throw-away browser (no sandbox: CI runs as root).
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--disable-extensions", "--hide-scrollbars", "--mute-audio"]
-
-# Measures the page after it loaded: images, page width (raw tables folded and unfolded), cells,
-# shown tables wider than their box. Written as JSON into <pre id="hc-check">.
-PROBE = """<script>
-window.addEventListener("load", function () {
-  var doc = document.documentElement;
-  var imgs = Array.from(document.images);
-  var r = {images: imgs.length, innerWidth: window.innerWidth,
-           broken: imgs.filter(function (i) { return !(i.complete && i.naturalWidth > 0); })
-                       .map(function (i) { return i.alt; }),
-           scrollWidth: doc.scrollWidth};
-  r.bad_cells = Array.from(document.querySelectorAll("td, th"))
-      .map(function (c) { return c.textContent.trim(); })
-      .filter(function (t) { return ["None", "nan", "NaN", "<NA>", "NaT"].indexOf(t) >= 0; });
-  r.scrolling_tables = Array.from(document.querySelectorAll("div.table"))
-      .filter(function (d) { return d.closest("details") === null && d.scrollWidth > d.clientWidth + 1; })
-      .map(function (d) { return d.id; });
-  document.querySelectorAll("details").forEach(function (d) { d.open = true; });
-  r.details = document.querySelectorAll("details").length;
-  r.scrollWidth_unfolded = doc.scrollWidth;
-  var pre = document.createElement("pre"); pre.id = "hc-check"; pre.textContent = JSON.stringify(r);
-  document.body.appendChild(pre);
-});
-</script>"""
-
-
-def chromium() -> str | None:
-    """The Chromium executable: $HEADCOUNT_CHROMIUM, else chromium / chromium-browser / google-chrome on PATH."""
-    env = os.environ.get("HEADCOUNT_CHROMIUM")
-    if env:
-        return env
-    return next((p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None)
-
-
-def _run_browser(args: list[str], timeout: float = 90) -> str:
-    exe = chromium()
-    with tempfile.TemporaryDirectory(prefix="hc-chromium-") as profile:
-        proc = subprocess.run([exe, *FLAGS, f"--user-data-dir={profile}", *args], capture_output=True,
-                              text=True, timeout=timeout, stdin=subprocess.DEVNULL)
-    if proc.returncode != 0:
-        raise RuntimeError(f"chromium failed ({proc.returncode}): {proc.stderr[-2000:]}")
-    return proc.stdout
-
-
-def inspect(page: Path, width: int = WIDTH) -> dict:
-    """Open ``page`` (with :data:`PROBE` added) in a ``width`` px window; the probe's measurements."""
-    page = Path(page)
-    probe = page.with_name(f".probe-{page.name}")  # beside the page: relative links resolve alike
-    probe.write_text(page.read_text(encoding="utf-8").replace("</body>", PROBE + "</body>"), encoding="utf-8")
-    try:
-        dom = _run_browser([f"--window-size={width},1000", "--virtual-time-budget=10000", "--dump-dom",
-                            probe.resolve().as_uri()])
-    finally:
-        probe.unlink()
-    m = re.search(r'<pre id="hc-check">(.*?)</pre>', dom, re.S)
-    assert m, f"the probe did not run; page starts: {dom[:300]!r}"
-    return json.loads(m.group(1).replace("&quot;", '"').replace("&lt;", "<").replace("&gt;", ">")
-                      .replace("&amp;", "&"))
-
-
-def screenshot(page: Path, out: Path, width: int = WIDTH, height: int = 1000) -> Path:
-    """A PNG of the top ``width`` x ``height`` px of ``page``."""
-    out = Path(out).resolve()
-    _run_browser([f"--window-size={width},{height}", "--virtual-time-budget=10000", f"--screenshot={out}",
-                  Path(page).resolve().as_uri()])
-    return out
-
+from browser_helpers import WIDTH, chromium, inspect, screenshot
 
 needs_chromium = pytest.mark.skipif(chromium() is None, reason="no Chromium installed (apt-get install chromium)")
 
@@ -145,10 +68,10 @@ def _wide_expand(config):
 @pytest.fixture(scope="module")
 def pages(tmp_path_factory) -> dict[str, Path]:
     """report.html of the toy study (tests/toy_study.py) and of a study with a wide report."""
-    import toy_study  # noqa: F401  (registers the toy study type)
-
     from headcount.experiments import run_study
     from headcount.experiments.runner import StudyConfig, register_study
+
+    import toy_study  # noqa: F401  (registers the toy study type)
 
     class WideConfig(StudyConfig):
         pass
@@ -207,7 +130,7 @@ def test_chromium_is_found_where_ci_installs_it():
         pytest.fail("CI has no Chromium: .ci/run should install it (apt-get install chromium)")
 
 
-if __name__ == "__main__":  # python tests/test_report_browser.py REPORT.html OUT.png
+if __name__ == "__main__":  # python tests/experiments/test_report_browser.py REPORT.html OUT.png
     if len(sys.argv) != 3 or chromium() is None:
-        sys.exit("usage: python tests/test_report_browser.py REPORT.html OUT.png (needs chromium)")
+        sys.exit("usage: python tests/experiments/test_report_browser.py REPORT.html OUT.png (needs chromium)")
     print(screenshot(Path(sys.argv[1]), Path(sys.argv[2]), height=1150))  # the summary and the first table
