@@ -19,9 +19,9 @@ from headcount.runtime.errors import HeadcountError
 def krippendorff_alpha_nominal(data) -> float:
     """Krippendorff's alpha for nominal data (any number of categories, missing values allowed).
 
-    Computed from the coincidence matrix (Krippendorff 2011, "Computing Krippendorff's
-    Alpha-Reliability"): ``alpha = 1 - (n - 1) * sum_{c != k} o_ck / sum_{c != k} n_c n_k``,
-    where only units with at least two values are pairable.
+    The ``krippendorff`` package's ``alpha`` (level ``nominal``); headcount adds only the cases the
+    package refuses or divides by zero on, which read ``nan`` here: fewer than two categories, or
+    no unit with two values, among the values that can be paired.
 
     Args:
         data: ``[n_raters, n_units]`` (raters = seeds, units = heads / MLPs; trailing dims are
@@ -34,31 +34,17 @@ def krippendorff_alpha_nominal(data) -> float:
     >>> krippendorff_alpha_nominal([[1, 1, 0, 0], [1, 1, 0, 1]])
     0.5333333333333333
     """
+    import krippendorff  # the package (a runtime dependency); imported here: scipy-heavy, not needed at start-up
+
     d = _np(data)
     if d.ndim < 2:
         raise HeadcountError(f"expected [n_raters, n_units], got shape {d.shape}")
-    d = d.reshape(d.shape[0], -1)
+    d = d.reshape(d.shape[0], -1).astype(np.float64)
     present = np.isfinite(d)
-    values = np.unique(d[present])
-    if values.size < 2:
+    pairable = present.sum(axis=0) >= 2  # [n_units]: units with at least two values
+    if np.unique(d[:, pairable][present[:, pairable]]).size < 2:
         return math.nan
-    # counts[u, c]: how many raters gave unit u the value c
-    counts = np.stack([((d == v) & present).sum(axis=0) for v in values], axis=1).astype(np.float64)
-    m_u = counts.sum(axis=1)
-    pairable = m_u >= 2
-    counts, m_u = counts[pairable], m_u[pairable]
-    if counts.shape[0] == 0:
-        return math.nan
-    # coincidences: o = sum_u (n_u n_u^T - diag(n_u)) / (m_u - 1)
-    w = counts / (m_u - 1)[:, None]
-    o = w.T @ counts - np.diag(w.sum(axis=0))  # [n_values, n_values]
-    n_c = o.sum(axis=1)
-    n = n_c.sum()
-    observed = o.sum() - np.trace(o)
-    expected = n_c.sum() ** 2 - (n_c**2).sum()
-    if expected <= 0:
-        return math.nan
-    return float(1.0 - (n - 1) * observed / expected)
+    return float(krippendorff.alpha(reliability_data=np.where(present, d, np.nan), level_of_measurement="nominal"))
 
 
 @dataclass(frozen=True)
