@@ -228,6 +228,17 @@ def test_the_page_of_a_lottery_run_holds_its_masks_survival_and_patterns(lottery
     masks = [store.result(f"prune/has-good/seed{s}").result["mask"] for s in (1, 2)]
     for s, m in zip((1, 2), masks):
         assert q[f"kept: prune/has-good/seed{s}"]["heads"] == m["heads"]
+        # the step that removed each head, read back against the saved mask and its trace
+        steps = q[f"removed at step: prune/has-good/seed{s}"]
+        saved = np.asarray(m["removed_at_step"]["heads"])
+        assert steps["kind"] == "step" and np.array_equal(np.isnan(_grid(steps)), saved == 0)
+        assert np.array_equal(_grid(steps)[saved > 0], saved[saved > 0])
+        assert np.array_equal(saved == 0, np.asarray(m["heads"]) == 1)
+        trace = store.result(f"prune/has-good/seed{s}").result["trace"]
+        accepted = [row for row in trace if row["accepted"]]
+        for before, row in zip(accepted, accepted[1:]):  # each accepted step removed the heads its row lost
+            assert (saved == row["step"]).sum() == before["heads_kept"] - row["heads_kept"]
+    assert not any("earlier headcount" in n for n in page["notes"])
     survival = q["kept by k of 2 seeds: prune/has-good/seed*"]
     assert np.array_equal(_grid(survival), np.add(masks[0]["heads"], masks[1]["heads"])) and survival["n"] == 2
     rules = q["pattern (rules): patterns/has-good/seed1"]

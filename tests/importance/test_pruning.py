@@ -77,6 +77,14 @@ def test_prasanna_schedule_joint_then_heads_then_mlps():
     ]
     assert (r.mask.n_heads_kept, r.mask.n_mlps_kept) == (5, 2)
     assert r.mask.meta["metric"] == 9
+    # which accepted step removed each head and MLP: scores 0..11, lowest first; joint step 1 took
+    # heads 0-2 and MLP 0 (MLP scores are 0, 1, 2), heads-only steps 3-6 took heads 3..6 one each
+    removed = r.mask.meta["removed_at_step"]
+    assert removed["heads"] == [[1, 1, 1, 3], [4, 5, 6, 0], [0, 0, 0, 0]]
+    assert removed["mlps"] == [1, 0, 0]
+    kept = torch.tensor(removed["heads"]) == 0
+    assert torch.equal(kept.float(), r.mask.heads) and torch.equal((torch.tensor(removed["mlps"]) == 0).float(), r.mask.mlps)
+    assert r.mask.to_dict()["removed_at_step"] == removed  # mask.json carries it
 
 
 def test_layer_can_lose_all_heads_and_loop_runs_on_real_model():

@@ -26,6 +26,10 @@ passing one; and a physically shrunk working copy (``shrink``) scores heads alre
 0 where the reference's gate gradient at 0 still counts in the layer-wise L2 norm (use
 ``shrink=False`` for the reference's normalisation).
 
+The returned mask's metadata ``removed_at_step`` says which accepted step removed each head
+(``heads``: ``[n_layers, n_heads]``) and MLP (``mlps``: ``[n_layers]``); 0 = kept (or removed
+before ``start``). The explorer shows it; ``mask.json`` carries it.
+
 ``step_of="total"`` makes a step a fraction of all heads, as both anchors do
 (int(0.1 x 144) = 14 for BERT-base); ``"remaining"`` a fraction of the heads still kept.
 Importance is recomputed at every step, or once (``one_shot``, Michel et al.).
@@ -181,6 +185,9 @@ def iterative_prune(
         phases = [("heads", True, False, 0)]
     scores, scored_for, carried = None, None, False  # the latest importance and the mask it was computed on
     step = 0
+    # the accepted step that removed each head [n_layers, n_heads] and MLP [n_layers]; 0: not removed here
+    removed_heads = torch.zeros(n_layers, n_heads, dtype=torch.long)
+    removed_mlps = torch.zeros(n_layers, dtype=torch.long)
     for i, (phase, prune_heads_now, half, mlps_per_step) in enumerate(phases):
         while config.max_steps is None or step < config.max_steps:
             if scores is None or not (config.one_shot or carried or scored_for == mask):
@@ -210,13 +217,16 @@ def iterative_prune(
                     # from the failed step's importance, not from a fresh scoring of the passing mask
                     scores, scored_for, carried = score_fn(working, candidate), candidate, True
                 break
+            removed_heads[(mask.heads > 0) & (candidate.heads == 0)] = step
+            removed_mlps[(mask.mlps > 0) & (candidate.mlps == 0)] = step
             mask = candidate
             if config.shrink:  # what is gone for good is cut out of the working copy
                 h, m, _ = removable(working, mask)
                 prune_mlps(working, m)
                 prune_heads(working, h)
     meta = {"threshold": config.threshold, "full_metric": full_metric, "metric": _last_accepted(trace),
-            "schedule": config.schedule, "step": config.step, "step_of": config.step_of, "one_shot": config.one_shot}
+            "schedule": config.schedule, "step": config.step, "step_of": config.step_of, "one_shot": config.one_shot,
+            "removed_at_step": {"heads": removed_heads.tolist(), "mlps": removed_mlps.tolist()}}
     return PruneResult(mask=mask.with_meta(**meta), full_metric=full_metric, trace=trace)
 
 

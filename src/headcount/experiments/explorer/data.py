@@ -14,7 +14,8 @@ Layout of the dict (``FORMAT`` 1)::
 
 Quantity kinds: ``score`` (an importance grid), ``mean`` (of a score grid over seeds), ``mask``
 (1 kept, 0 removed), ``survival`` (kept by k of ``n`` masks), ``level`` (the smallest pruning
-level that removed the head; null: none did), ``pattern`` (an index into ``categories``).
+level that removed the head; null: none did), ``step`` (the iterative pruning step that removed
+the head; null: kept), ``pattern`` (an index into ``categories``).
 Values that are not finite are null.
 
 Attention (:func:`encode_attention`): per head, one byte string over the examples; for each
@@ -49,8 +50,8 @@ BUDGET_BYTES = 3_400_000
 #: ``--examples``: how many dev examples the attention panel shows
 EXAMPLES_SHOWN = Bound(1, MAX_EXAMPLES, integer=True)
 
-KINDS = ("score", "mean", "mask", "survival", "level", "pattern")
-NUMERIC = ("score", "mean", "survival", "level")
+KINDS = ("score", "mean", "mask", "survival", "level", "step", "pattern")
+NUMERIC = ("score", "mean", "survival", "level", "step")
 _SEED = re.compile(r"(^|/)seed(\d+)(?=/|$)")
 
 
@@ -184,9 +185,22 @@ def add_levels(page: dict, family: str, masks: dict[float, dict]) -> None:
     add_quantity(page, f"removed at level: {family}", heads, mlps, kind="level")
 
 
+def add_steps(page: dict, name: str, removed_at_step: dict) -> None:
+    """The iterative pruning step that removed each head and MLP (``removed_at_step`` of a
+    ``mask.json``: ``{"heads": [L][H], "mlps": [L]}``, 0 = kept), as a ``step`` quantity."""
+    L, H = page["layers"], page["heads"]
+    heads = _grid(removed_at_step.get("heads"), L, H, name).astype(float)
+    mlps = removed_at_step.get("mlps")
+    mlps = None if mlps is None else _grid(mlps, L, None, name).astype(float)
+    heads[heads == 0] = np.nan
+    if mlps is not None:
+        mlps[mlps == 0] = np.nan
+    add_quantity(page, f"removed at step: {name}", heads, mlps, kind="step")
+
+
 def _text(q: dict, value, rank, total: int) -> list:
     if value is None:
-        return ["n/a" if q["kind"] != "level" else "kept at every level", None]
+        return [{"level": "kept at every level", "step": "kept"}.get(q["kind"], "n/a"), None]
     kind = q["kind"]
     if kind == "mask":
         text = "kept" if value else "removed"
@@ -196,6 +210,8 @@ def _text(q: dict, value, rank, total: int) -> list:
         text = q["categories"][int(value)]
     elif kind == "level":
         text = f"removed at {value:g}"
+    elif kind == "step":
+        text = f"removed at step {int(value)}"
     else:
         text = f"{value:.4g}"
     return [text, None if rank is None else f"{rank} of {total}"]

@@ -10,7 +10,7 @@ SCRIPT = r"""
 "use strict";
 var D = JSON.parse(document.getElementById("hc-data").textContent);
 var L = D.layers, H = D.heads, Q = D.quantities, A = D.attention;
-var NUMERIC = {score: 1, mean: 1, survival: 1, level: 1};
+var NUMERIC = {score: 1, mean: 1, survival: 1, level: 1, step: 1};
 var VIRIDIS = ["#440154", "#482878", "#3e4989", "#31688e", "#26828e", "#1f9e89", "#35b779", "#6ece58", "#b5de2b", "#fde725"];
 var CATS = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#bab0ac"];
 var hasMlp = Q.some(function (q) { return q.mlps !== null; });
@@ -129,7 +129,7 @@ function legend(side, q, ext) {
     var bar = el("span", {"class": "bar"});
     bar.style.background = "linear-gradient(to right," + VIRIDIS.join(",") + ")";
     box.appendChild(bar);
-    box.appendChild(el("span", {}, fmt(ext[1]) + (q.kind === "level" ? " (grey: never removed)" : "")));
+    box.appendChild(el("span", {}, fmt(ext[1]) + (q.kind === "level" || q.kind === "step" ? " (grey: never removed)" : "")));
   }
   if (q.mlps && q.kind !== "mask" && q.kind !== "pattern") box.appendChild(el("span", {"class": "note"}, "MLP column: its own scale"));
 }

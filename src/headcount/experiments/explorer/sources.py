@@ -15,6 +15,7 @@ from headcount.experiments.explorer.data import (
     EXAMPLES_SHOWN,
     MAX_TOKENS,
     add_levels,
+    add_steps,
     add_quantity,
     add_seed_summaries,
     attention_block,
@@ -130,6 +131,8 @@ def from_run(run, *, examples: int = DEFAULT_EXAMPLES, job: str | None = None, d
                 families.setdefault(family, {})[level] = m
             else:
                 add_quantity(page, f"kept: {r.name}", m.get("heads"), m.get("mlps"), kind="mask", key=r.name)
+                if isinstance(m.get("removed_at_step"), dict):  # iterative pruning (the lottery's good masks)
+                    add_steps(page, r.name, m["removed_at_step"])
         if (r.dir / "patterns.json").is_file():
             _pattern_quantities(page, r.name, _read_json(r.dir / "patterns.json", "patterns"))
     for family, masks in families.items():
@@ -137,9 +140,10 @@ def from_run(run, *, examples: int = DEFAULT_EXAMPLES, job: str | None = None, d
     add_seed_summaries(page)
     if left_out:
         page["notes"].append(f"{left_out} masks drawn as random or bad controls are left out.")
-    if any((r.dir / "trace.csv").is_file() for r in results):
-        page["notes"].append("The pruning traces (trace.csv) say how many heads each step kept, not which: "
-                             "each seed's final mask is shown, not the step that removed a head.")
+    if any((r.dir / "mask.json").is_file() and "removed_at_step" not in _read_json(r.dir / "mask.json", "mask")
+           and (r.dir / "trace.csv").is_file() for r in results):
+        page["notes"].append("Some pruned masks were written by an earlier headcount: they record their final heads, "
+                             "not the pruning step that removed each head.")
     model_job = _model_job(store, results, job) if attention else None
     if not attention:
         page["notes"].append("No attention examples on this page (the report reads saved results only): "
