@@ -1,0 +1,67 @@
+"""Shared pieces of the statistics modules: the resampling defaults (declared once), seeds, array checks.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from headcount.runtime.errors import HeadcountError
+
+#: Fractions of components compared by :func:`top_k_overlap` by default (top 10%, 25%, 50%).
+DEFAULT_FRACTIONS: tuple[float, ...] = (0.1, 0.25, 0.5)
+#: defaults of the resampling statistics, declared once (the functions here, the coherence
+#: analysis and the study configs read them): bootstrap resamples, permutations (9999 + the
+#: observed one: p-values in steps of 1e-4), two-sided confidence level
+N_BOOT = 1000
+N_PERMUTATIONS = 9999
+LEVEL = 0.95
+
+Seed = int | np.random.Generator | np.random.SeedSequence
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _np(x) -> np.ndarray:
+    """A float64 numpy copy of an array-like or a (possibly grad-requiring, GPU) torch tensor."""
+    if hasattr(x, "detach"):  # torch tensor, without importing torch here
+        x = x.detach().cpu().numpy()
+    return np.asarray(x, dtype=np.float64)
+
+
+def _check_resampling(level: float, n_boot: int) -> None:
+    """The checks every bootstrap shares: a confidence level in (0, 1), at least one resample."""
+    if not 0 < level < 1:
+        raise HeadcountError(f"level must be in (0, 1), got {level}")
+    if n_boot < 1:
+        raise HeadcountError(f"n_boot must be >= 1, got {n_boot}")
+
+
+def _rng(seed: Seed) -> np.random.Generator:
+    if isinstance(seed, np.random.Generator):
+        return seed
+    return np.random.default_rng(seed)
+
+
+def _paired_flat(a, b) -> tuple[np.ndarray, np.ndarray]:
+    """Flatten two grids of the same shape and drop positions where either is not finite."""
+    a, b = _np(a), _np(b)
+    if a.shape != b.shape:
+        raise HeadcountError(f"score grids differ in shape: {a.shape} vs {b.shape}")
+    a, b = a.ravel(), b.ravel()
+    ok = np.isfinite(a) & np.isfinite(b)
+    return a[ok], b[ok]
+
+
+def _is_constant(x: np.ndarray) -> bool:
+    return x.size == 0 or bool(np.all(x == x[0]))
+
+
+def _mask01(masks, name: str = "masks") -> np.ndarray:
+    m = _np(masks)
+    if m.size and not np.all((m == 0) | (m == 1)):
+        raise HeadcountError(f"{name} must contain only 0 and 1 (1 = kept)")
+    return m.astype(np.int64)
+
+
+__all__ = ["DEFAULT_FRACTIONS", "LEVEL", "N_BOOT", "N_PERMUTATIONS"]

@@ -1,0 +1,183 @@
+"""Functions behind the CLI that are not a single module's verb.
+
+A command (:mod:`headcount.cli.commands`) builds the settings objects from its options (each option's
+default read from the object that declares it) and calls one function here with them.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+from headcount.analysis import plots
+from headcount.core.arch import get_adapter
+from headcount.core.gates import layout
+from headcount.core.masks import Mask
+from headcount.core.models import load_model, load_tokenizer
+from headcount.core.surgery import count_parameters, pruning_record, save_pruned, shrink
+from headcount.data.tasks import get_task
+from headcount.importance.pipeline import (
+    DataConfig,
+    PruneSettings,
+    ScoreSettings,
+    batches_for,
+    decoding,
+    has_task_head,
+    load_for,
+    metric_for,
+    prune_model,
+    saved_config,
+)
+from headcount.importance.pruning import PruneConfig, PruneResult
+from headcount.importance.scoring import get_scorer, score
+from headcount.runtime.atomic import atomic_write_text
+from headcount.runtime.device import check_spec, device_name, resolve_device, resolve_precision
+from headcount.runtime.errors import HeadcountError
+
+
+def describe(model_spec: str) -> dict:
+    """What ``headcount info`` prints: sizes, parameters and what is pruned."""
+    model = load_model(model_spec, head="base")
+    grid = layout(model)
+    n_layers, n_heads = grid
+    rec = pruning_record(model) or {}
+    removed_heads = sum(len(x) for x in rec.get("removed_heads", []))
+    return {
+        "model": model_spec,
+        "type": model.config.model_type,
+        "adapter": type(get_adapter(model)).__name__,
+        "layers": n_layers,
+        "heads": f"{n_heads} per layer, head size {grid.head_dim}",
+        "shared layers": (f"yes: {len(grid.groups)} physical layer(s) for {n_layers} applications" if grid.shared
+                          else "no"),
+        "parameters": f"{count_parameters(model):,}",
+        "heads kept": f"{n_layers * n_heads - removed_heads}/{n_layers * n_heads}",
+        "MLPs kept": f"{n_layers - len(rec.get('removed_mlps', []))}/{n_layers}",
+        "residual gates": "yes" if rec.get("gates") else "no",
+        "device": _where(),
+    }
+
+
+def _on(meta: dict) -> str:
+    """``cpu, fp32`` or ``cuda:0 (NVIDIA H200), bf16`` from a result's device metadata."""
+    name = meta.get("device_name", "cpu")
+    return f"{meta['device']}{f' ({name})' if name != 'cpu' else ''}, {meta['precision']}"
+
+
+def _where() -> str:
+    """The device and precision commands would run on here (the device rule, :mod:`headcount.runtime.device`)."""
+    dev = resolve_device(None)
+    name = device_name(dev)
+    return f"{dev}{f' ({name})' if name != 'cpu' else ''}, {resolve_precision(None, dev)}"
+
+
+def shrink_checkpoint(model_spec: str, mask_path, out) -> dict:
+    """Load a model, physically remove what the mask removes, save a reloadable checkpoint."""
+    mask = Mask.load(mask_path)
+    model = load_model(model_spec, head="classification" if has_task_head(model_spec) else _saved_head(model_spec))
+    mask.check_model(model)
+    before = count_parameters(model)
+    shrink(model, mask)
+    try:
+        tokenizer = load_tokenizer(model_spec)
+    except HeadcountError:
+        tokenizer = None
+    save_pruned(model, out, tokenizer=tokenizer, extra={"parameters_before": before, "mask": str(mask_path)})
+    return json.loads((Path(out) / "headcount.json").read_text())
+
+
+def _saved_head(model_spec: str) -> str:
+    """The head shrink keeps when it is not a classifier: "mlm" for a masked-LM checkpoint, else "base"."""
+    cfg = saved_config(model_spec)
+    return "mlm" if cfg is not None and any(a.endswith("ForMaskedLM") for a in (cfg.architectures or [])) else "base"
+
+
+def _echo_none(*args, **kwargs):
+    pass
+
+
+def score_command(model: str, task: str, settings: ScoreSettings, data: DataConfig, out, *, echo=_echo_none,
+                  device=None, precision=None, tokens_per_batch=None, mark=_echo_none) -> dict:
+    """``headcount score``: load, batch, score, write ``scores.json`` and ``heads.png``.
+
+    ``settings`` and ``data`` are validated when built (a bad method is refused before any load);
+    ``device`` / ``precision`` / ``tokens_per_batch``: where it runs (:mod:`headcount.runtime.device`).
+    ``mark(phase)`` is called at the end of each phase (``load``, ``data``, ``score``, ``write``):
+    the command's ``HEADCOUNT_TIMING`` line.
+    """
+    check_spec(device, precision)  # an unavailable device or precision: refused before loading
+    objective, method = settings.objective, settings.method
+    t = get_task(task)
+    m, tok, info = load_for(model, t, objective, seed=data.seed, device=device)
+    scorer = get_scorer(method)
+    if info["head"] == "new" and scorer.needs_loss:
+        echo(f"note: {model} has no trained head for {t.name}; scoring with a new, untrained task head "
+             "(fine-tune first for task importance)")
+    if info["head"] == "fitted":
+        r = info["mlm_head"]
+        echo(f"note: {model} has no masked-LM head; fitted one on the frozen encoder "
+             f"(MLM loss {r.get('loss', float('nan')):.3f}, accuracy {r.get('accuracy', float('nan')):.3f})")
+    if "contrastive" in info:
+        echo(f"note: {objective} objective: {info['pooling']} pooling, SimCSE loss"
+             + (" with the pairs as positives" if info["contrastive"].supervised
+                else f", dropout views seeded by --seed {data.seed}"))
+    mark("load")
+    batches = [] if not scorer.needs_data else batches_for(t, tok, objective, data, group_by_length=settings.grouped)
+    mark("data")
+    with decoding(m, metric_for(t, objective)):
+        s = score(m, batches, method=method, normalize=settings.normalize, device=info["device"],
+                  precision=precision, tokens_per_batch=tokens_per_batch, accumulate=settings.accumulate,
+                  contrastive=info.get("contrastive"))
+    mark("score")
+    echo(f"scored on {_on(s.meta)}")
+    meta = {"objective": objective, "task": t.name, "model": model, "split": data.split or t.train_split,
+            "head": info["head"]}
+    if "mlm_head" in info:
+        meta["mlm_head"] = info["mlm_head"]
+    s = replace(s, meta={**s.meta, **meta})
+    out = Path(out)
+    s.save(out / "scores.json")
+    plots.head_heatmap(s.to_dict(), out / "heads.png", title=f"{method} importance, {objective}: {t.name}")
+    mark("write")
+    return {**s.to_dict(), "seconds": s.meta.get("seconds", 0.0)}
+
+
+def prune_command(model: str, task: str, settings: PruneSettings, loop: PruneConfig, importance: DataConfig,
+                  stop: DataConfig, out, *, echo=_echo_none, device=None, precision=None,
+                  tokens_per_batch=None) -> PruneResult:
+    """``headcount prune``: iterative pruning; writes ``mask.json``, ``trace.csv``, ``curve.png``.
+
+    ``importance`` / ``stop``: the examples importance and the stop rule are computed on (their
+    splits: ``settings.importance_split`` / ``settings.stop_split``, else train / validation).
+    """
+    check_spec(device, precision)  # an unavailable device or precision: refused before loading
+    objective, method = settings.objective, settings.method
+    t = get_task(task)
+    m, tok, info = load_for(model, t, objective, seed=importance.seed, device=device)
+    if info["head"] == "new":
+        echo(f"note: {model} has no trained head for {t.name}: the metric is that of an untrained head "
+             "(fine-tune first: `headcount finetune`)")
+    imp_batches = ([] if not get_scorer(method).needs_data
+                   else batches_for(t, tok, objective, importance, split=settings.importance_split,
+                                    group_by_length=settings.grouped))
+    stop_batches = batches_for(t, tok, objective, stop, split=settings.stop_split or t.validation_split)
+    metric = metric_for(t, objective)
+
+    def progress(row):
+        echo(f"step {row['step']:>3} {row['phase']:<6} heads {row['heads_kept']:>4} mlps {row['mlps_kept']:>3} "
+             f"{metric} {row['metric']:.4f} {'ok' if row['accepted'] else 'below threshold'}")
+
+    result = prune_model(m, imp_batches, stop_batches, metric, settings=settings, config=loop, progress=progress,
+                         device=info["device"], precision=precision, tokens_per_batch=tokens_per_batch,
+                         contrastive=info.get("contrastive"))
+    echo(f"pruned on {_on(result.meta)}")
+    out = Path(out)
+    mask = result.mask.with_meta(model=model, task=t.name, objective=objective, metric_name=metric, method=method,
+                                 normalize=settings.normalize)
+    mask.save(out / "mask.json")
+    atomic_write_text(out / "trace.csv", result.trace_csv())
+    plots.prune_curve(result.trace, loop.threshold * result.full_metric, out / "curve.png",
+                title=f"{t.name} ({objective}): {metric} vs heads kept")
+    result.mask = mask
+    return result

@@ -1,0 +1,184 @@
+"""What an architecture adapter tells the generic code.
+
+An adapter is the only place that knows attribute paths such as
+``encoder.layer[i].attention.self.query``. Generic code (gates, surgery, scoring) sees
+:class:`Block` objects: one per *application* of a transformer layer, in execution order.
+ALBERT applies one shared layer at every depth, so its blocks repeat the same modules.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+
+@dataclass(frozen=True)
+class Block:
+    """One application of a transformer layer.
+
+    Attributes:
+        layer: the module that runs once per application (its pre-hook tells the gates
+            which application is running).
+        attention: the module whose ``forward`` is replaced when every head is removed.
+        head_projections: linears whose *output rows* are grouped by head
+            (query, key, value, and relative-position projections where they exist).
+        out_projection: the linear whose *input columns* are grouped by head;
+            head gates multiply its input (the per-head context vectors).
+        ffn_in: the feed-forward input projection (rows = neurons).
+        ffn_out: the feed-forward output projection (columns = neurons); MLP gates multiply
+            its output, bias included.
+        head_chunks: per entry of ``head_projections``, how many head-grouped parts its rows
+            hold, one after the other (default: 1 each). A fused query/key/value projection
+            is 3 parts of ``[n_heads * head_dim]`` rows; removing a head removes its rows in
+            every part.
+        ffn_in_chunks: how many neuron-indexed parts the rows of ``ffn_in`` hold (default 1).
+            A gated feed-forward block (GLU: ``act(x W_in) * (x W_gate)``) fused into one
+            linear is 2 parts of ``[intermediate]`` rows; removing neuron i removes row i of
+            every part.
+    """
+
+    layer: nn.Module
+    attention: nn.Module
+    head_projections: tuple[nn.Linear, ...]
+    out_projection: nn.Linear
+    ffn_in: nn.Linear
+    ffn_out: nn.Linear
+    head_chunks: tuple[int, ...] = ()
+    ffn_in_chunks: int = 1
+
+    def __post_init__(self):
+        if self.head_chunks and len(self.head_chunks) != len(self.head_projections):
+            raise ValueError("head_chunks needs one entry per head projection")
+
+    def head_parts(self) -> list[tuple[nn.Linear, int]]:
+        """``(projection, parts)`` for every head projection (parts = head-grouped chunks of rows)."""
+        chunks = self.head_chunks or (1,) * len(self.head_projections)
+        return list(zip(self.head_projections, chunks))
+
+    def head_rows(self, positions: list[int], n_kept: int, head_dim: int) -> list[tuple[nn.Linear, torch.Tensor]]:
+        """``(projection, row indices)`` of the heads at ``positions`` (of the ``n_kept`` heads the
+        projections hold now), for every head projection: what surgery keeps, what a per-head
+        weight norm sums over."""
+        return [(proj, grouped_rows(positions, head_dim, n_kept, chunks)) for proj, chunks in self.head_parts()]
+
+    def ffn_in_rows(self, positions: list[int], n_kept: int) -> torch.Tensor:
+        """Rows of ``ffn_in`` of the neurons at ``positions`` (of the ``n_kept`` it holds now)."""
+        return grouped_rows(positions, 1, n_kept, self.ffn_in_chunks)
+
+
+def grouped_rows(positions: list[int], width: int, n_groups: int, chunks: int = 1) -> torch.Tensor:
+    """Row indices of the groups at ``positions`` in a linear whose rows are laid out as
+    ``[chunks, n_groups, width]`` (a head: width = head_dim; a neuron: width = 1).
+
+    >>> grouped_rows([1], width=2, n_groups=3, chunks=2).tolist()   # rows of group 1 in both chunks
+    [2, 3, 8, 9]
+    """
+    return torch.tensor([c * n_groups * width + p * width + j
+                         for c in range(chunks) for p in positions for j in range(width)], dtype=torch.long)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How many layers and heads: the grid that gates, scores and masks are indexed by.
+
+    Read from the config and the module tree (no hooks are installed). It unpacks as
+    ``(n_layers, n_heads)``, the shape of a head gate grid.
+
+    Attributes:
+        n_layers: applications of a transformer layer, in execution order (ALBERT: its one
+            shared layer counts once per depth).
+        n_heads: heads per application in the architecture (surgery removes some, never
+            renumbers: removed heads keep their index in the grid).
+        head_dim: size of one head's context vector.
+        groups: applications grouped by the physical layer they run, ``((0,), (1,), ...)``;
+            ALBERT: one group of every application.
+
+    >>> n_layers, n_heads = Layout(6, 12, 32, tuple((i,) for i in range(6)))
+    >>> (n_layers, n_heads)
+    (6, 12)
+    """
+
+    n_layers: int
+    n_heads: int
+    head_dim: int
+    groups: tuple[tuple[int, ...], ...]
+
+    def __iter__(self):
+        return iter((self.n_layers, self.n_heads))
+
+    def __getitem__(self, i: int) -> int:
+        return (self.n_layers, self.n_heads)[i]
+
+    def __len__(self) -> int:
+        return 2
+
+    @property
+    def shared(self) -> bool:
+        """Some physical layer runs at more than one depth (ALBERT)."""
+        return len(self.groups) != self.n_layers
+
+
+class Adapter:
+    """Base class: subclasses name the model types they serve and where the modules are."""
+
+    #: ``config.model_type`` values this adapter serves.
+    model_types: tuple[str, ...] = ()
+
+    # --- sizes (from the config) -------------------------------------------------------
+    def num_heads(self, config) -> int:
+        return int(config.num_attention_heads)
+
+    def head_dim(self, config) -> int:
+        return int(getattr(config, "attention_head_size", 0) or config.hidden_size // self.num_heads(config))
+
+    def intermediate_size(self, config) -> int:
+        return int(config.intermediate_size)
+
+    # --- module paths ------------------------------------------------------------------
+    def base(self, model: nn.Module) -> nn.Module:
+        """The bare encoder model (``BertModel`` inside ``BertForSequenceClassification``)."""
+        return getattr(model, "base_model", model)
+
+    def encoder(self, model: nn.Module) -> nn.Module:
+        """The module whose forward runs every block once (its pre-hook resets counters)."""
+        raise NotImplementedError
+
+    def blocks(self, model: nn.Module) -> list[Block]:
+        """One :class:`Block` per application, in execution order."""
+        raise NotImplementedError
+
+    def layout(self, model: nn.Module) -> Layout:
+        """The model's :class:`Layout` (from its config and module tree; nothing is installed)."""
+        groups: dict[int, list[int]] = {}
+        blocks = self.blocks(model)
+        for app, block in enumerate(blocks):
+            groups.setdefault(id(block.layer), []).append(app)
+        return Layout(len(blocks), self.num_heads(model.config), self.head_dim(model.config),
+                      tuple(tuple(g) for g in groups.values()))
+
+    # --- what surgery needs to change besides weights ---------------------------------
+    def set_num_heads(self, attention: nn.Module, n_heads: int, head_dim: int) -> None:
+        """Update the attention module's head-count attributes after surgery."""
+        for name in ("num_attention_heads", "n_heads"):
+            if hasattr(attention, name):
+                setattr(attention, name, n_heads)
+        if hasattr(attention, "all_head_size"):
+            attention.all_head_size = n_heads * head_dim
+
+    def task_head_reads_all_positions(self, model: nn.Module) -> bool:
+        """Whether the sequence-classification head reads every position (e.g. mean pooling)
+        rather than only the first one and the pooled output (BERT-style heads: False).
+
+        Tells :func:`headcount.data.heads.fit_task_head` what to cache of the frozen encoder's output.
+        """
+        return False
+
+    def attention_without_heads(self, attention: nn.Module, hidden_states: torch.Tensor, *args, **kwargs):
+        """Forward of an attention module with no head left (gate semantics: every g = 0).
+
+        Default: the module returns the per-head context ``[batch, seq, 0]`` and no weights;
+        the output projection that follows then yields its bias.
+        """
+        return hidden_states.new_zeros(*hidden_states.shape[:-1], 0), None

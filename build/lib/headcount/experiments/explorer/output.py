@@ -1,0 +1,43 @@
+"""Writing an explorer page: one file, with the promises of an ``--out`` directory (docs/promises.md).
+
+The page is written atomically (the old file or the complete new one, never half), under a
+lock beside it (``.headcount.lock.<name>``, held with flock, removed after; a run killed while
+writing leaves it, and the next run removes that run's temporary files). An existing file is
+replaced only when it is an explorer page (its marker line, :func:`headcount.experiments.explorer.page.marker`),
+and, unless ``force``, one of the same identity (the same run or model and settings).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from headcount.experiments.explorer.page import marker
+from headcount.runtime.atomic import atomic_write_text
+from headcount.runtime.io import check_file_out, one_file_out
+
+
+def identity_of(settings: dict) -> str:
+    """A short digest of what a page shows (its settings, paths resolved)."""
+    return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _page_marker(path: Path) -> dict | None:
+    with open(path, "rb") as f:
+        return marker(f.read(512))
+
+
+def check_out(out, identity: str | None, force: bool, echo=None) -> Path:
+    """Refuse an ``--out`` that is a directory, a link, a file headcount did not write, or (without
+    ``force``) the page of another run or settings; return it as a Path."""
+    return check_file_out(out, "explore", _page_marker, identity, force, echo, example="explore.html")
+
+
+def write_page(out, text: str, identity: str | None = None, force: bool = False, echo=None) -> Path:
+    """Write the page ``text`` to ``out`` (see the module docstring); returns the path."""
+    path = check_out(out, identity, force, echo)
+    with one_file_out(path, "explore"):
+        check_out(out, identity, force=True)  # nobody put another file there meanwhile
+        atomic_write_text(path, text)
+    return path

@@ -1,0 +1,148 @@
+"""The explorer page: one self-contained HTML file (inline style, script and data; nothing is
+fetched, so it opens from disk with the network off).
+
+The page model (:mod:`.data`) travels as JSON in ``<script type="application/json"
+id="hc-data">`` (``<``, ``>`` and ``&`` escaped as ``\\u003c``...: no text of the data can end the
+tag); :func:`page_data` reads it back. The second line of the file marks it as headcount's
+(:func:`marker`): a later run replaces only a file that carries it.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+
+from headcount.experiments.explorer.script import SCRIPT
+
+MARKER = "<!-- headcount explore "
+_MARKER = re.compile(r"\A<!DOCTYPE html>\n<!-- headcount explore (\{.*?\}) -->\n")
+_DATA = re.compile(r'<script type="application/json" id="hc-data">(.*?)</script>', re.DOTALL)
+
+STYLE = """
+:root { --cell: 22px; --ink: #1a202c; --muted: #5a6473; --line: #cbd2db; --accent: #d9480f; }
+* { box-sizing: border-box; }
+body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; color: var(--ink); margin: 0 auto;
+       padding: 12px 16px 40px; max-width: 1260px; }
+h1 { font-size: 20px; margin: 4px 0; } h2 { font-size: 16px; margin: 8px 0; }
+.sub, .note, #scatter-info, #attn-info, #heat-info, #marked-info { color: var(--muted); font-size: 13px; }
+.notes { margin: 4px 0 8px; padding-left: 18px; color: var(--muted); }
+.row { display: flex; flex-wrap: wrap; gap: 18px; align-items: flex-start; }
+.panel { border: 1px solid var(--line); border-radius: 6px; padding: 8px 10px; background: #fff; }
+label.pick { display: block; font-weight: 600; margin-bottom: 6px; }
+label.pick select { display: block; font-weight: normal; max-width: 360px; margin-top: 2px; font-size: 13px; }
+.grid { display: grid; gap: 2px; align-items: center; }
+.grid .colhead, .grid .rowhead, .grid .corner { font-size: 11px; color: var(--muted); text-align: center; }
+.cell { width: var(--cell); height: var(--cell); padding: 0; border: 1px solid rgba(0,0,0,.08); border-radius: 3px;
+        cursor: pointer; background: #eee; }
+.cell.mlp { border-radius: 50%; margin-left: 4px; }
+.cell.none { background: repeating-linear-gradient(45deg, #f3f4f6, #f3f4f6 3px, #d1d5db 3px, #d1d5db 5px) !important; }
+.cell:focus-visible { outline: 3px solid #111; outline-offset: 1px; }
+.cell.selected { outline: 3px solid var(--accent); outline-offset: 1px; }
+.cell.marked { box-shadow: inset 0 0 0 3px #fff, inset 0 0 0 5px var(--accent); }
+.legend { display: flex; flex-wrap: wrap; gap: 6px 10px; align-items: center; font-size: 12px; margin-top: 6px; max-width: 360px; }
+.legend .bar { display: inline-block; width: 120px; height: 10px; border-radius: 2px; }
+.legend .swatch { display: inline-block; width: 12px; height: 12px; border-radius: 2px; margin-right: 4px; vertical-align: -2px; }
+.panel.scatter { width: 362px; } #views[hidden] { display: none; }
+#scatter { background: #fff; user-select: none; }
+#scatter text { font-size: 11px; fill: var(--muted); } #scatter .axis { font-size: 12px; fill: var(--ink); }
+#scatter .frame { fill: #fafbfc; stroke: var(--line); }
+#scatter circle { fill: #4e79a7; fill-opacity: .65; stroke: #fff; cursor: pointer; }
+#scatter circle.marked { fill: var(--accent); fill-opacity: .9; }
+#scatter circle.selected { stroke: #111; stroke-width: 2.5; r: 6; }
+#scatter .brush { fill: rgba(217,72,15,.1); stroke: var(--accent); stroke-dasharray: 3 2; }
+#detail { margin-top: 16px; }
+#detail-table { border-collapse: collapse; font-size: 13px; margin: 4px 0 12px; }
+#detail-table th, #detail-table td { border-bottom: 1px solid #eef0f3; padding: 3px 10px 3px 0; text-align: left;
+                                      vertical-align: top; }
+#detail-table td:first-child { max-width: 560px; overflow-wrap: anywhere; }
+.scroll { max-height: 560px; overflow: auto; border: 1px solid #eef0f3; }
+#lines line { stroke: #1f4e79; stroke-width: 2; } #lines .tok { font: 12px ui-monospace, monospace; fill: var(--ink); }
+#heat { width: 384px; height: 384px; image-rendering: pixelated; border: 1px solid var(--line); }
+figure { margin: 0; }
+"""
+
+BODY = """<header>
+<h1>{title}</h1>
+<p class="sub">{subtitle}</p>
+{notes}
+</header>
+<noscript><p>This page needs JavaScript (inline, nothing is fetched) to draw the grids.</p></noscript>
+<main>
+<div class="row">
+  <section class="panel" aria-labelledby="qa-label">
+    <label class="pick" id="qa-label">Left grid (x of the scatter)<select id="qa"></select></label>
+    <div class="grid" id="grid-a" role="group" aria-label="heads by layer, left grid: arrow keys move, Enter or Space selects"></div>
+    <div class="legend" id="legend-a"></div>
+  </section>
+  <section class="panel" aria-labelledby="qb-label">
+    <label class="pick" id="qb-label">Right grid (y of the scatter)<select id="qb"></select></label>
+    <div class="grid" id="grid-b" role="group" aria-label="heads by layer, right grid: arrow keys move, Enter or Space selects"></div>
+    <div class="legend" id="legend-b"></div>
+  </section>
+  <section class="panel scatter" aria-label="scatter of the two quantities">
+    <svg id="scatter" width="340" height="340" role="img" aria-label="scatter: one point per head"></svg>
+    <p id="scatter-info"></p><p id="marked-info" aria-live="polite"></p>
+  </section>
+</div>
+<section id="detail" class="panel" aria-live="polite">
+  <h2 id="detail-title">Select a head (click a cell, or Tab to a grid, arrow keys and Enter)</h2>
+  <table id="detail-table" hidden><thead><tr><th>quantity</th><th>value</th><th>rank</th></tr></thead><tbody></tbody></table>
+  <p id="attn-label"></p>
+  <label>Example <select id="ex"></select></label> <span id="attn-info"></span>
+  <div class="row" id="views" hidden style="margin-top:8px">
+    <div class="scroll"><svg id="lines" width="360" height="10" role="img" aria-label="attention lines: queries on the left, keys on the right"></svg></div>
+    <figure><canvas id="heat" width="1" height="1" aria-label="attention heat map: rows are queries, columns keys"></canvas>
+      <figcaption id="heat-info"></figcaption></figure>
+  </div>
+</section>
+</main>"""
+
+
+def _json_for_script(obj) -> str:
+    text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+def render(page: dict, identity: str | None = None) -> str:
+    """The HTML of a page model (``identity``: a short digest of what produced it, in the marker line)."""
+    src = page.get("source", {})
+    if src.get("kind") == "run":
+        subtitle = f"Run directory {src.get('run')} ({src.get('study')} study)"
+    else:
+        subtitle = f"Model {src.get('model')} on task {src.get('task')}"
+    subtitle += f"; {page['layers']} layers x {page['heads']} heads, {len(page['quantities'])} quantities."
+    notes = "".join(f"<li>{html.escape(n)}</li>" for n in page.get("notes", []))
+    body = BODY.format(title=html.escape(page["title"]), subtitle=html.escape(subtitle),
+                       notes=f'<ul class="notes">{notes}</ul>' if notes else "")
+    cell = 22 if page["heads"] <= 16 else 16
+    mark = json.dumps({"identity": identity or "", "format": page.get("format")})
+    return (f"<!DOCTYPE html>\n{MARKER}{mark} -->\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
+            f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n"
+            f"<meta name=\"generator\" content=\"headcount explore\">\n"
+            f"<title>{html.escape(page['title'])} - headcount explorer</title>\n"
+            f"<style>{STYLE}:root {{ --cell: {cell}px; }}</style>\n</head>\n<body>\n{body}\n"
+            f"<script type=\"application/json\" id=\"hc-data\">{_json_for_script(page)}</script>\n"
+            f"<script>{SCRIPT}</script>\n</body>\n</html>\n")
+
+
+def marker(head: str | bytes) -> dict | None:
+    """The marker of an explorer page (from its first bytes), None for any other file."""
+    if isinstance(head, bytes):
+        head = head.decode("utf-8", errors="replace")
+    m = _MARKER.match(head)
+    if m is None:
+        return None
+    try:
+        data = json.loads(m.group(1))
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def page_data(text: str) -> dict:
+    """The page model inside an explorer page's HTML (what the tests check)."""
+    m = _DATA.search(text)
+    if m is None:
+        raise ValueError("no page data in this HTML")
+    return json.loads(m.group(1))

@@ -1,0 +1,281 @@
+"""Where an explorer page's numbers come from: a run directory (:func:`from_run`) or a model and
+a task with optional score and mask files (:func:`from_model`); and the attention examples
+(:func:`attention_examples`) both compute with :func:`headcount.core.attention.attention_maps`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from headcount.experiments.explorer.data import (
+    DEFAULT_EXAMPLES,
+    EXAMPLES_SHOWN,
+    MAX_TOKENS,
+    add_levels,
+    add_steps,
+    add_quantity,
+    add_seed_summaries,
+    attention_block,
+    finish,
+    new_page,
+)
+from headcount.runtime.errors import HeadcountError
+
+#: parameters that mark a mask as a drawn control (random or bad), not a result to explore
+_CONTROLS = {"kind": ("random", "bad"), "order": ("random",)}
+
+
+def _read_json(path: Path, what: str):
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise HeadcountError(f"{what} {path} does not exist") from None
+    except (OSError, ValueError, UnicodeDecodeError) as e:
+        raise HeadcountError(f"{what} {path} is unreadable ({type(e).__name__})") from None
+
+
+def _is_control(params: dict) -> bool:
+    return any(params.get(k) in values for k, values in _CONTROLS.items())
+
+
+def _pattern_quantities(page: dict, name: str, patterns: dict) -> None:
+    from headcount.analysis.patterns import CLASSES
+
+    labels = np.asarray(patterns.get("labels") or [], dtype=object)
+    if labels.size:
+        cats = list(CLASSES) + sorted({str(v) for v in labels.ravel()} - set(CLASSES))
+        add_quantity(page, f"pattern (rules): {name}", [[cats.index(str(v)) for v in row] for row in labels],
+                     kind="pattern", categories=cats)
+    ids = patterns.get("cnn_example_ids")
+    if ids:  # [examples, layers, heads]: the commonest class over the examples
+        cats = list(patterns.get("cnn_classes") or CLASSES)
+        arr = np.asarray(ids, dtype=int)
+        counts = np.stack([(arr == c).sum(0) for c in range(len(cats))])
+        add_quantity(page, f"pattern (CNN, commonest over {arr.shape[0]} examples): {name}", counts.argmax(0),
+                     kind="pattern", categories=cats)
+
+
+_FILES = ("scores.json", "mask.json", "patterns.json")
+
+
+def _results(store) -> list:
+    """The finished jobs (plan order) that wrote a grid, or that may hold a model: only their
+    ``result.json`` is read (a large study has many results the page does not need)."""
+    out = []
+    for e in store.plan["jobs"]:
+        d = store.job_dir(e["key"])
+        if store.is_done(e["key"]) and (e["kind"] == "finetune" or any((d / f).is_file() for f in _FILES)):
+            out.append(store.load(e["key"], e["name"]))
+    return out
+
+
+def _layout_of(results) -> tuple[int, int] | None:
+    for r in results:
+        for file, key in (("scores.json", "heads"), ("mask.json", "heads"), ("patterns.json", "labels")):
+            if (r.dir / file).is_file():
+                grid = np.asarray(_read_json(r.dir / file, "result file").get(key) or [], dtype=object)
+                if grid.ndim == 2 and grid.size:
+                    return grid.shape
+    return None
+
+
+def from_run(run, *, examples: int = DEFAULT_EXAMPLES, job: str | None = None, device=None,
+             attention: bool = True) -> dict:
+    """The page model of a run directory (a transfer or lottery study, or any study whose jobs
+    write ``scores.json``, ``mask.json`` or ``patterns.json``).
+
+    Score grids (each job's ``scores.json``), masks (``mask.json``; drawn random/bad controls
+    left out), survival across seeds, the smallest pruning level that removed each head (masks
+    of one family at several ``level`` params), pattern classes (``patterns.json``: rules, CNN).
+    Attention: the model of the finetune job ``job`` (default: the first finished one that kept
+    its ``model/`` and had no mask) on ``examples`` dev examples of its task; none, with a note,
+    when the run kept no such model, or ``attention=False`` (the report's page: it reads saved
+    results only, never a model).
+
+    Raises:
+        HeadcountError: not a run directory, or one without a finished score, mask or pattern result.
+    """
+    from headcount.experiments.runner import RunStore
+
+    EXAMPLES_SHOWN.check(examples, "--examples")
+    root = Path(run).expanduser()
+    if not root.is_dir():
+        raise HeadcountError(f"{run} is not a directory (give a study's run directory)")
+    store = RunStore(root)
+    study = store.manifest.get("study", "study")
+    results = _results(store)
+    shape = _layout_of(results)
+    if shape is None:
+        raise HeadcountError(f"{run} has no finished score, mask or pattern results to explore "
+                             f"({sum(store.is_done(e['key']) for e in store.plan['jobs'])} of its {len(store.plan['jobs'])} jobs "
+                             "finished); run the study first")
+    page = new_page(*shape, title=f"{_run_name(store) or root.name} ({study} study)",
+                    source={"kind": "run", "run": str(root), "study": study})
+    families: dict[str, dict[float, dict]] = {}
+    left_out = 0
+    for r in results:
+        if (r.dir / "scores.json").is_file():
+            s = _read_json(r.dir / "scores.json", "scores")
+            add_quantity(page, r.name, s.get("heads"), s.get("mlps"), kind="score")
+        if (r.dir / "mask.json").is_file():
+            m = _read_json(r.dir / "mask.json", "mask")
+            if _is_control(r.params):
+                left_out += 1
+            elif isinstance(r.params.get("level"), (int, float)):
+                level = float(r.params["level"])
+                tail = f"{level:g}"
+                family = r.name[:-len(tail)] + "*" if r.name.endswith(tail) else f"{r.name} (levels)"
+                families.setdefault(family, {})[level] = m
+            else:
+                add_quantity(page, f"kept: {r.name}", m.get("heads"), m.get("mlps"), kind="mask", key=r.name)
+                if isinstance(m.get("removed_at_step"), dict):  # iterative pruning (the lottery's good masks)
+                    add_steps(page, r.name, m["removed_at_step"])
+        if (r.dir / "patterns.json").is_file():
+            _pattern_quantities(page, r.name, _read_json(r.dir / "patterns.json", "patterns"))
+    for family, masks in families.items():
+        add_levels(page, family, masks)
+    add_seed_summaries(page)
+    if left_out:
+        page["notes"].append(f"{left_out} masks drawn as random or bad controls are left out.")
+    if any((r.dir / "mask.json").is_file() and "removed_at_step" not in _read_json(r.dir / "mask.json", "mask")
+           and (r.dir / "trace.csv").is_file() for r in results):
+        page["notes"].append("Some pruned masks were written by an earlier headcount: they record their final heads, "
+                             "not the pruning step that removed each head.")
+    model_job = _model_job(store, results, job) if attention else None
+    if not attention:
+        page["notes"].append("No attention examples on this page (the report reads saved results only): "
+                             "`headcount explore RUN --out explore-full.html` adds them.")
+    elif model_job is None:
+        page["notes"].append("No attention examples: the run keeps no fine-tuned model (a finetune job's model/ folder).")
+    else:
+        task = model_job.params.get("task")
+        ex = attention_examples(str(model_job.dir / "model"), task, examples=examples, device=device,
+                                layout=(page["layers"], page["heads"]))
+        page["attention"] = attention_block(f"{model_job.name} on {ex['n']} dev examples of {ex['task']}",
+                                            ex["tokens"], ex["maps"], ex["note"])
+        add_quantity(page, f"attention entropy: {model_job.name}", ex["entropy"], kind="score")
+    return finish(page)
+
+
+def _run_name(store) -> str | None:
+    """The ``name:`` of the run's config, if it has one."""
+    from headcount.runtime.yamlfile import load_yaml_with_lines
+
+    try:
+        doc, _ = load_yaml_with_lines(store.config_text, "study.yaml")
+    except HeadcountError:  # the title falls back to the folder's name
+        return None
+    return str(doc["name"]) if isinstance(doc, dict) and doc.get("name") else None
+
+
+def _model_job(store, results, job: str | None):
+    if job is not None:
+        r = store.result(job)  # unknown or unfinished: one line, with suggestions
+        if not (r.dir / "model").is_dir() or "task" not in r.params:
+            raise HeadcountError(f"job {job!r} kept no model with a task (its folder has no model/)")
+        return r
+    for r in results:
+        if r.kind == "finetune" and (r.dir / "model").is_dir() and "task" in r.params \
+                and not set(r.meta.get("inputs", {})) & {"mask", "weight_mask"}:
+            return r
+    return None
+
+
+def from_model(model: str, task: str, *, scores=(), masks=(), texts=None, examples: int = DEFAULT_EXAMPLES,
+               device=None) -> dict:
+    """The page model of a model on a task: attention on ``examples`` dev examples (or on ``texts``),
+    and the grids of the given ``scores.json`` and ``mask.json`` files.
+
+    Raises:
+        HeadcountError: a file that cannot be read or does not fit the model, an empty text.
+    """
+    EXAMPLES_SHOWN.check(examples, "--examples")
+    files = [(Path(p), "score") for p in scores] + [(Path(p), "mask") for p in masks]
+    loaded = [(p, kind, _read_json(p, "scores file" if kind == "score" else "mask file")) for p, kind in files]
+    for p, kind, d in loaded:
+        if not isinstance(d, dict) or not isinstance(d.get("heads"), list):
+            raise HeadcountError(f"{p} is not a {'scores' if kind == 'score' else 'mask'} file (no 'heads' grid)")
+    ex = attention_examples(model, task, examples=examples, texts=texts, device=device)
+    n_layers, n_heads = ex["layout"]
+    page = new_page(n_layers, n_heads, title=f"{Path(model).name or model} on {ex['task']}",
+                    source={"kind": "model", "model": str(model), "task": str(task)})
+    for p, kind, d in loaded:
+        add_quantity(page, f"{'kept: ' if kind == 'mask' else ''}{p}", d["heads"], d.get("mlps"), kind=kind)
+    add_seed_summaries(page)
+    what = f"{ex['n']} of your texts" if texts is not None else f"{ex['n']} dev examples of {ex['task']}"
+    page["attention"] = attention_block(f"{Path(model).name or model} on {what}", ex["tokens"], ex["maps"], ex["note"])
+    if not loaded:
+        page["notes"].append("No score or mask files given (--scores, --mask): the grid shows each head's "
+                             "attention entropy on the examples.")
+    add_quantity(page, "attention entropy (nats, mean over queries and examples)", ex["entropy"], kind="score")
+    return finish(page)
+
+
+def _texts(task, texts, examples: int) -> tuple[list[tuple[str, ...]], int]:
+    if texts is not None:
+        texts = [(t,) if isinstance(t, str) else tuple(t) for t in texts]
+        if not texts:
+            raise HeadcountError("no texts given")
+        for i, t in enumerate(texts):
+            if not all(isinstance(s, str) for s in t) or not "".join(t).strip():
+                raise HeadcountError(f"text {i + 1} is empty")
+        if len(texts) > EXAMPLES_SHOWN.high:
+            raise HeadcountError(f"{len(texts)} texts given; the explorer shows at most {int(EXAMPLES_SHOWN.high)}")
+        return texts, 0
+    data = task.load(task.validation_split, max_examples=examples, seed=0)
+    kept = [t for t in data.texts if "".join(t).strip()]
+    if not kept:
+        raise HeadcountError(f"the {task.validation_split} examples of task {task.name} are empty texts")
+    return kept, len(data.texts) - len(kept)
+
+
+def attention_examples(model: str, task, *, examples: int = DEFAULT_EXAMPLES, texts=None, device=None,
+                       layout: tuple[int, int] | None = None) -> dict:
+    """Attention of ``model`` on ``examples`` dev examples of ``task`` (or on ``texts``), each cut
+    to :data:`MAX_TOKENS` tokens: ``{"tokens", "maps" ([layers, heads, n, n] per example, NaN for
+    a pruned head), "entropy" [layers, heads], "layout", "task", "n", "note"}``.
+
+    Raises:
+        HeadcountError: an unknown task, a model that cannot be loaded, an empty text, or a model
+            whose grid is not ``layout``.
+    """
+    import torch
+
+    from headcount.core.attention import attention_maps
+    from headcount.core.gates import hooks, kept_heads
+    from headcount.core.gates import layout as grid_of
+    from headcount.data.tasks import get_task
+    from headcount.importance.pipeline import load_for
+    from headcount.runtime.device import model_device
+
+    task = get_task(task) if isinstance(task, (str, Path)) else task
+    chosen, skipped = _texts(task, texts, examples)
+    net, tokenizer, _ = load_for(str(model), task, "task", device=device)
+    net.eval()
+    n_layers, n_heads = grid_of(net)
+    if layout is not None and tuple(layout) != (n_layers, n_heads):
+        raise HeadcountError(f"the model {model} has {n_layers} x {n_heads} heads, the run's results {layout[0]} x {layout[1]}")
+    blocks = hooks(net).blocks
+    tokens, maps, entropy = [], [], np.zeros((n_layers, n_heads))
+    dev = model_device(net)
+    for t in chosen:
+        enc = tokenizer(*t, truncation=True, max_length=MAX_TOKENS, return_tensors="pt")
+        batch = {k: v.to(dev) for k, v in enc.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
+        with torch.no_grad():
+            per_layer = attention_maps(net, **batch)
+        n = int(batch["input_ids"].shape[1])
+        full = np.full((n_layers, n_heads, n, n), np.nan, dtype=np.float32)
+        for i, m in enumerate(per_layer):
+            kept = kept_heads(blocks[i].out_projection, n_heads)
+            full[i, kept] = m[0].float().cpu().numpy()
+        tokens.append(tokenizer.convert_ids_to_tokens(enc["input_ids"][0].tolist()))
+        maps.append(full)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            entropy += -np.nansum(np.where(full > 0, full * np.log(full), 0.0), -1).mean(-1) / len(chosen)
+    entropy[np.isnan(maps[0]).any(axis=(2, 3))] = np.nan
+    note = f"{skipped} empty examples left out." if skipped else None
+    return {"tokens": tokens, "maps": maps, "entropy": entropy, "layout": (n_layers, n_heads), "task": task.name,
+            "n": len(chosen), "note": note}

@@ -1,0 +1,74 @@
+"""The demo study: a quick transfer part and a quick lottery part on the offline default.
+
+``headcount demo`` runs ``configs/demo.yaml`` (quick profile) or ``configs/demo-full.yaml``.
+Orchestration only: the jobs and report sections are those of :mod:`.transfer` and
+:mod:`.lottery`, under the name prefixes ``transfer/`` and ``lottery/``; jobs that the two parts
+share (same kind and settings, e.g. the same fine-tuning) run once.
+"""
+
+from __future__ import annotations
+
+from headcount.experiments.runner import Job, StudyConfig, register_study
+from headcount.experiments.studies.lottery import LotterySettings, lottery_jobs, lottery_sections, lottery_summary
+from headcount.experiments.studies.transfer import (
+    TransferSettings,
+    transfer_jobs,
+    transfer_sections,
+    transfer_summary,
+    transfer_tables,
+)
+
+PARTS = ("transfer", "lottery")
+
+#: The first line of every demo report and terminal summary: a demo trains a few dozen steps on a
+#: few hundred examples, far from convergence, so its numbers must not be read as results.
+NOTICE = ("**These numbers illustrate the pipeline only.** A demo fine-tunes for a few dozen steps on a "
+          "few hundred examples with one or two seeds, far from convergence: cite nothing from it. For "
+          "results, run `configs/lottery-offline.yaml` and `configs/transfer-offline.yaml` (sized to "
+          "converge) or the GLUE configs.")
+
+
+class DemoConfig(StudyConfig):
+    """``study: demo``: an optional ``transfer`` part and an optional ``lottery`` part.
+
+    ``notice`` opens the report (default :data:`NOTICE`).
+
+    >>> DemoConfig(study="demo").transfer is None
+    True
+    """
+
+    transfer: TransferSettings | None = None
+    lottery: LotterySettings | None = None
+    notice: str = NOTICE
+
+
+def expand(config: DemoConfig) -> list[Job]:
+    """The jobs of both parts (``transfer/...``, ``lottery/...``)."""
+    jobs: list[Job] = []
+    if config.transfer is not None:
+        jobs += transfer_jobs(config.transfer, prefix="transfer/")
+    if config.lottery is not None:
+        jobs += lottery_jobs(config.lottery, prefix="lottery/")
+    return jobs
+
+
+def report(store, config: DemoConfig):
+    """Both parts' summaries and sections, transfer first, under the demo's notice."""
+    from headcount.experiments.report import ReportContent
+
+    summary, parts = [], []
+    if config.transfer is not None:
+        tables = transfer_tables(store, config.transfer, prefix="transfer/")
+        summary.append(transfer_summary(tables, config.transfer))
+        parts.append(transfer_sections(store, config.transfer, prefix="transfer/", tables=tables))
+    if config.lottery is not None:
+        summary.append(lottery_summary(store, config.lottery, prefix="lottery/"))
+        parts.append(lottery_sections(store, config.lottery, prefix="lottery/"))
+    # Each part opens with its main tables: put every part's first section on top, then the rest,
+    # so that a reader sees both studies' main numbers before any figure.
+    sections = [part[0] for part in parts if part] + [s for part in parts for s in part[1:]]
+    return ReportContent(summary="\n\n".join(s for s in summary if s), sections=sections, notice=config.notice)
+
+
+register_study("demo", DemoConfig, expand, report,
+               description="the quick offline demo: a transfer part and a lottery part")

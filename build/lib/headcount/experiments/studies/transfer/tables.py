@@ -1,0 +1,266 @@
+"""The transfer study's tables: saved results -> tidy pandas DataFrames (and small helpers on them).
+
+:func:`transfer_tables` reads every finished job of a transfer part through :class:`.plan.Names`;
+the figures (:mod:`.figures`) and the report (:mod:`.report`) are drawn from its output only.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+from scipy.stats import rankdata
+
+from headcount.analysis.removal import acceptable_deduction
+from headcount.analysis.summaries import largest_contiguous_passing
+from headcount.experiments.studies.extra_eval import extra_splits
+from headcount.experiments.studies.transfer.config import TransferSettings
+from headcount.experiments.studies.transfer.plan import Names, plan_of
+
+
+def artifact(prefix: str) -> str:
+    """A report-name prefix from a job-name prefix (``"transfer/"`` -> ``"transfer-"``)."""
+    return "".join(c if c.isalnum() or c in "_.-" else "-" for c in prefix)
+
+
+def transfer_tables(store, settings: TransferSettings, prefix: str = "") -> dict:
+    """The tidy tables of a finished transfer part, read from saved results (pandas DataFrames).
+
+    Keys: ``layout`` (the layout job's result, a dict), ``mlm`` (the MLM head and the
+    pre-trained model's MLM quality per text source), ``coherence``, ``coherence_summary``, ``layer_mass``, ``head_scores``, ``finetune``,
+    ``curves``, ``prunability``, ``before_after``, ``acceptable_deduction``,
+    ``acceptable_deduction_summary`` (the last three empty when ``before_after`` is off).
+    A task with extra dev sets (MNLI mismatched, label ``mm``) adds ``fine_tuned_<label>`` to
+    ``finetune`` (the fine-tuned models on that split) and ``before_after`` rows
+    ``prune (<order>) then fine-tune (<label>)`` (the pruned-then-fine-tuned models on it);
+    blank (NaN) for the other tasks and for jobs not run.
+
+    >>> tables = transfer_tables(RunStore("runs/transfer-offline"), config)   # doctest: +SKIP
+    """
+    n, p = Names(prefix), plan_of(settings)
+    coh = store.result(n.coherence())
+    coherence_df = pd.DataFrame(coh.result["rows"])
+    for col in ("p_value_global", "grids", "pairing"):  # results saved before these columns
+        if col not in coherence_df:
+            coherence_df[col] = None
+    summary = coherence_summary(coherence_df, coh.result.get("seed_means"))
+
+    scores = []
+
+    def add_scores(result, kind, task, seed):
+        d = result.load_json("scores.json")
+        for layer, row in enumerate(d["heads"]):
+            for head, v in enumerate(row):
+                scores.append({"kind": kind, "task": task, "seed": seed, "layer": layer, "head": head, "score": v})
+
+    mlm_rows = []
+    for c in p["corpora"]:
+        job = store.result(n.mlm_pre(c))
+        add_scores(job, "mlm-pre-trained", c, None)
+        head = job.result.get("mlm_head") or {}
+        mlm_rows.append({"corpus": c, "texts": p["corpora"][c], "head": job.result.get("head"),
+                         "head_heldout_loss": head.get("loss"), "head_heldout_accuracy": head.get("accuracy")})
+        if p["embedding"]:  # the second pre-training objective's grid on the same texts
+            add_scores(store.result(n.embedding_pre(c)), "embedding-pre-trained", c, None)
+    def extra_score(name: str, label: str) -> float:
+        """The score of job ``name``'s model on the extra dev set ``label`` (NaN when not run)."""
+        job = n.extra(name, label)
+        if not store.has(job):
+            return float("nan")
+        v = store.result(job).result.get("score")
+        return float("nan") if v is None else float(v)
+
+    extras = {t: extra_splits(p["tasks"][t]) for t in p["ids"]}
+    ft_rows, curve_rows = [], []
+    for t in p["ids"]:
+        for seed in p["seeds"]:
+            add_scores(store.result(n.task_after(t, seed)), "task-fine-tuned", t, seed)
+            add_scores(store.result(n.task_before(t, seed)), "task-pre-trained", t, seed)
+            add_scores(store.result(n.mlm_after(t, seed)), "mlm-fine-tuned", t, seed)
+            f, h = store.result(n.finetune(t, seed)).result, store.result(n.head_fit(t, seed)).result
+            ft_rows.append({"task": t, "seed": seed, "metric": f["metric"], "fine_tuned": f["final"]["score"],
+                            "head_only": h["final"]["score"], "train_seconds": f["train_seconds"],
+                            "head_fit_seconds": h["train_seconds"], "n_train": f["n_train"], "n_eval": f["n_eval"],
+                            **{f"fine_tuned_{label}": extra_score(n.finetune(t, seed), label) for label in extras[t]}})
+            cur = store.result(n.curve(t, seed)).result
+            curve_rows += [{"task": t, "seed": seed, **r} for r in cur["rows"]]
+        if p["embedding"]:
+            curve_rows += [{"task": t, "seed": None, **r} for r in store.result(n.embedding_curve(t)).result["rows"]]
+        cur = store.result(n.mlm_curve(t)).result
+        curve_rows += [{"task": t, "seed": None, **r} for r in cur["rows"]]
+        for r in mlm_rows:
+            if r["corpus"] == p["corpus_of"][t]:
+                r.update(validation_loss=cur["full"]["loss"], validation_accuracy=cur["full"]["score"],
+                         validation_masked_tokens=cur["full"].get("n_masked"))
+    curves = pd.DataFrame(curve_rows)
+
+    prunability = prunability_table(curves, settings.before_after.threshold)
+
+    ba_rows, ad_rows, ad_summary = [], [], []
+    if p["ba_levels"]:
+        ftd = pd.DataFrame(ft_rows)
+        for t in p["ids"]:
+            full = float(ftd[(ftd["task"] == t) & ftd["seed"].isin(p["ba_seeds"])]["fine_tuned"].mean())
+            c = curves[curves["task"] == t]
+            mlm_c = c[(c["objective"] == "mlm") & (c["order"] == "mlm") & (c["view"] == settings.before_after.view)]
+            if mlm_c.empty:  # a model without shared layers: the application view stands for both
+                mlm_c = c[(c["objective"] == "mlm") & (c["order"] == "mlm") & (c["view"] == "application")]
+            mlm_full = mlm_c[mlm_c["fraction"] == 0].iloc[0]
+            task_c = c[(c["objective"] == "task") & (c["view"] == "application")]
+            orders = ["mlm"] + (["random"] if settings.before_after.random_control else [])
+            for level in p["ba_levels"]:
+                pruned_first = {}
+                for order in orders:
+                    vals = [store.result(n.pruned_finetune(t, seed, order, level)).result["final"]["score"]
+                            for seed in p["ba_seeds"]]
+                    ok = [v for v in vals if v is not None and math.isfinite(v)]  # a NaN run is counted, not averaged
+                    pruned_first[order] = float(np.mean(ok)) if ok else float("nan")
+                    ba_rows.append({"task": t, "level": level, "setting": f"prune ({order}) then fine-tune",
+                                    "score": pruned_first[order], "score_min": float(np.min(ok)) if ok else float("nan"),
+                                    "score_max": float(np.max(ok)) if ok else float("nan"), "full": full,
+                                    "score_std": _std(ok), "n": len(ok), "n_total": len(vals)})
+                    for label in extras[t]:  # the same pruned-then-fine-tuned models on the extra dev set
+                        vals = [extra_score(n.pruned_finetune(t, seed, order, level), label) for seed in p["ba_seeds"]]
+                        ok = [v for v in vals if math.isfinite(v)]
+                        full_x = ftd[(ftd["task"] == t) & ftd["seed"].isin(p["ba_seeds"])][f"fine_tuned_{label}"]
+                        ba_rows.append({"task": t, "level": level, "setting": f"prune ({order}) then fine-tune ({label})",
+                                        "score": float(np.mean(ok)) if ok else float("nan"),
+                                        "score_min": float(np.min(ok)) if ok else float("nan"),
+                                        "score_max": float(np.max(ok)) if ok else float("nan"),
+                                        "full": float(full_x.mean()), "score_std": _std(ok), "n": len(ok),
+                                        "n_total": len(vals)})
+                for order in ("task", "mlm"):
+                    v = task_c[(task_c["order"] == order) & np.isclose(task_c["fraction"], level)]["score"]
+                    ba_rows.append({"task": t, "level": level, "setting": f"fine-tune then prune ({order})",
+                                    "score": float(v.mean()), "score_min": float(v.min()), "score_max": float(v.max()),
+                                    "full": float(task_c[task_c["fraction"] == 0]["score"].mean()),
+                                    "score_std": _std(v.dropna()), "n": int(v.count()), "n_total": len(v)})
+                m = mlm_c[np.isclose(mlm_c["fraction"], level)].iloc[0]
+                rel = pruned_first["mlm"] / full if full else float("nan")
+                ad_rows.append({"task": t, "level": level, "mlm_loss": float(m["loss"]), "mlm_accuracy": float(m["score"]),
+                                "mlm_loss_increase": float(m["loss"] - mlm_full["loss"]),
+                                "mlm_accuracy_drop": float(mlm_full["score"] - m["score"]),
+                                "fine_tuned_score": pruned_first["mlm"], "full_score": full, "relative_score": rel,
+                                # n/a (blank), not False, when a score is undefined
+                                "acceptable": bool(rel >= settings.before_after.threshold) if math.isfinite(rel) else None})
+            best = acceptable_deduction([r for r in ad_rows if r["task"] == t], threshold=settings.before_after.threshold)
+            # full_score NaN (no seed's full metric defined): the deduction is n/a, not "none acceptable"
+            ad_summary.append({"task": t, "threshold": settings.before_after.threshold, **best, "full_score": full})
+    return {"layout": store.result(n.layout()).result, "mlm": pd.DataFrame(mlm_rows), "coherence": coherence_df,
+            "coherence_summary": summary, "layer_mass": pd.DataFrame(coh.result["layer_mass"]),
+            "head_scores": pd.DataFrame(scores), "finetune": pd.DataFrame(ft_rows), "curves": curves,
+            "prunability": prunability, "before_after": pd.DataFrame(ba_rows),
+            "acceptable_deduction": pd.DataFrame(ad_rows), "acceptable_deduction_summary": pd.DataFrame(ad_summary)}
+
+
+def prunability_table(curves: pd.DataFrame, threshold: float) -> pd.DataFrame:
+    """Per curve (task, objective, view, order): how much can be removed, the score at 50%, the area.
+
+    ``removable_fraction``: the largest level such that at it and every lower level the mean
+    score over replicates stays at or above ``threshold`` x the full model's
+    (:func:`~headcount.analysis.summaries.largest_contiguous_passing`; 0 when the lowest level fails);
+    ``removable_fraction_raw``: the largest passing level, ignoring failures below it. Both are NaN
+    (n/a) when the full model's metric is (e.g. a correlation metric on constant labels): nothing
+    can be compared with it, which is not "nothing removable".
+
+    >>> c = pd.DataFrame({"task": "t", "objective": "task", "view": "application", "order": "mlm",
+    ...                   "fraction": [0.0, 0.2, 0.4, 0.6], "score": [1.0, 0.95, 0.5, 0.92]})
+    >>> prunability_table(c, 0.9)[["removable_fraction", "removable_fraction_raw"]].iloc[0].tolist()
+    [0.2, 0.6]
+    """
+    prun = []
+    for (t, objective, view, order), g in curves.groupby(["task", "objective", "view", "order"], sort=False):
+        full = g[g["fraction"] == 0]["score"].mean()
+        mean = g.groupby("fraction")["score"].mean()
+        passes = [bool(v >= threshold * full) for v in mean.values]
+        ok = [float(f) for f, good in zip(mean.index, passes) if good]
+        # the largest level such that it and every lower one pass; the raw curve's maximum beside it
+        removable = largest_contiguous_passing(list(mean.index), passes)
+        removable, raw = (removable if removable is not None else 0.0), (max(ok) if ok else 0.0)
+        if not math.isfinite(full):  # no full metric (e.g. constant labels under Pearson): n/a, not "0% removable"
+            removable = raw = math.nan
+        prun.append({"task": t, "objective": objective, "view": view, "order": order, "full": full,
+                     "removable_fraction": removable, "removable_fraction_raw": raw,
+                     "score_at_50": float(mean.get(0.5, np.nan)), "auc": float(np.trapezoid(mean.values, mean.index))})
+    return pd.DataFrame(prun)
+
+
+KEYS = ["comparison", "view", "task", "task_b", "statistic"]
+
+
+def coherence_summary(rows: pd.DataFrame, seed_means: list | None) -> pd.DataFrame:
+    """Coherence over the pairs (seeds) of each comparison, view and task.
+
+    ``estimate``: the mean over the pairs with a finite estimate (``n_finite`` of ``n``);
+    ``estimate_min``/``_max`` their range; ``low``/``high``: the hierarchical bootstrap interval
+    over seeds and examples of the coherence job (``seed_means``; for results saved before it,
+    each pair's bounds averaged: ``ci`` says which); ``p_value_max`` and ``p_value_global_max``:
+    the largest within-layer (default test) and global permutation p-value over the pairs.
+    """
+    num = rows.assign(estimate=pd.to_numeric(rows["estimate"], errors="coerce"),
+                      p_value=pd.to_numeric(rows["p_value"], errors="coerce"),
+                      p_value_global=pd.to_numeric(rows["p_value_global"], errors="coerce"),
+                      low=pd.to_numeric(rows["low"], errors="coerce"), high=pd.to_numeric(rows["high"], errors="coerce"))
+    summary = (num.groupby(KEYS, dropna=False, sort=False)
+               .agg(estimate=("estimate", "mean"), estimate_min=("estimate", "min"), estimate_max=("estimate", "max"),
+                    low=("low", "mean"), high=("high", "mean"), p_value_max=("p_value", "max"),
+                    p_value_global_max=("p_value_global", "max"), chance=("chance", "first"),
+                    n=("estimate", "size"), n_finite=("estimate", "count"), grids=("grids", "first"))
+               .reset_index())
+    summary["ci"] = "each pair's bounds averaged"
+    if seed_means:
+        h = pd.DataFrame(seed_means)
+        h = h.assign(_key=_keys(h))[["_key", "low", "high", "interval"]]
+        summary = summary.drop(columns=["low", "high"]).assign(_key=_keys(summary)).merge(h, on="_key", how="left")
+        summary = summary.drop(columns=["_key"])
+        summary["ci"] = np.where(summary["interval"].notna(),
+                                 "hierarchical bootstrap (" + summary["interval"].astype(str) + ")", "")
+        summary = summary.drop(columns=["interval"])
+    return summary
+
+
+def _keys(df: pd.DataFrame) -> pd.Series:
+    """One text key per row from the :data:`KEYS` columns (None and NaN alike: no task_b)."""
+    def text(v) -> str:
+        return "" if v is None or (isinstance(v, float) and math.isnan(v)) else str(v)
+
+    return df[KEYS].apply(lambda r: "\x1f".join(text(v) for v in r), axis=1)
+
+
+def _std(values) -> float:
+    """Sample standard deviation over seeds (NaN with fewer than two)."""
+    v = np.asarray(values, dtype=np.float64)
+    return float(np.std(v, ddof=1)) if v.size > 1 else float("nan")
+
+
+def rank01(grid) -> np.ndarray:
+    """Percentile ranks in [0, 1] (the scale every coherence statistic sees)."""
+    g = np.asarray(grid, dtype=np.float64)
+    r = rankdata(g.ravel())
+    return ((r - 1) / max(r.size - 1, 1)).reshape(g.shape)
+
+
+def grid_of(scores, kind, task, seed=None) -> np.ndarray:
+    """The ``[n_layers, n_heads]`` percentile-rank grid of one kind of score (mean over seeds) from ``head_scores``."""
+    d = scores[(scores["kind"] == kind) & (scores["task"] == task)]
+    if seed is not None:
+        d = d[d["seed"] == seed]
+    if d.empty:
+        return np.zeros((0, 0))
+    grids = [g.pivot(index="layer", columns="head", values="score").to_numpy()
+             for _, g in d.groupby("seed", dropna=False)]
+    return np.mean([rank01(g) for g in grids], axis=0)
+
+
+def stat_rows(summary, comparison, statistic, view="application", **where):
+    """The rows of ``coherence_summary`` for one comparison and statistic (optionally filtered further)."""
+    d = summary[(summary["comparison"] == comparison) & (summary["statistic"] == statistic) & (summary["view"] == view)]
+    for k, v in where.items():
+        d = d[d[k] == v]
+    return d
+
+
+def fmt(x, digits=2) -> str:
+    """A number for text: ``digits`` decimals, ``n/a`` for None or non-finite."""
+    return "n/a" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:.{digits}f}"

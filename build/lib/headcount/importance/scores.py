@@ -1,0 +1,163 @@
+"""The Scores value and the options of scoring, each checked once.
+
+:class:`Scores`: head importance ``[n_layers, n_heads]`` and MLP importance ``[n_layers]`` of one
+model for one objective (+ optional per-example rows ``[n_examples, n_layers, n_heads]``), with
+JSON I/O; :func:`normalize_scores` (Prasanna et al.'s per-layer L2 then global min-max); the
+accumulation, normalisation and batch-order options (:data:`ACCUMULATE`, :data:`NORMALIZE`,
+:data:`BATCH_ORDERS`) with their checks. The scorers that compute scores are in :mod:`.scoring`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import torch
+
+from headcount.importance.scorers import get_scorer
+from headcount.runtime.atomic import atomic_write_json
+from headcount.runtime.errors import HeadcountError
+
+NORMALIZE = ("none", "layer", "layer+global")
+#: how the ``gradient`` method sums over batches: ``per-batch`` = sum_b |g_b|; ``cumulative`` =
+#: sum_b |sum_{b' <= b} g_b'| (run_bertology, Prasanna et al.: the gate gradient is never zeroed)
+ACCUMULATE = ("per-batch", "cumulative")
+#: the library's default (the CLI and the study configs read it from here)
+DEFAULT_ACCUMULATE = "per-batch"
+#: the order of the importance batches: ``file`` = the examples in the split's order, fixed-size
+#: batches (run_bertology's and Prasanna et al.'s ``SequentialSampler``); ``length`` = grouped by
+#: length, longest first (less padding); ``auto`` = ``file`` for ``cumulative`` (its running
+#: gradient depends on which examples share a batch and on the batches' order, so only the
+#: reference's order gives the reference's scores), ``length`` otherwise (``per-batch`` is
+#: headcount's own accumulation: no reference order to follow)
+BATCH_ORDERS = ("auto", "length", "file")
+
+
+def check_batch_order(order: str) -> str:
+    if order not in BATCH_ORDERS:
+        raise HeadcountError(f"unknown batch order {order!r}; choose one of {', '.join(BATCH_ORDERS)}")
+    return order
+
+
+def groups_by_length(order: str, accumulate: str) -> bool:
+    """Whether importance batches are grouped by length (``order`` ``auto`` resolved by ``accumulate``).
+
+    >>> groups_by_length("auto", "cumulative"), groups_by_length("auto", "per-batch")
+    (False, True)
+    """
+    check_batch_order(order)
+    return order == "length" or (order == "auto" and accumulate != "cumulative")
+
+
+def check_method(method: str) -> str:
+    """``method`` if a scorer of that name is registered, else a one-line error (the one check of it)."""
+    return get_scorer(method).name
+
+
+def check_normalize(mode: str) -> str:
+    """``mode`` if it is one of :data:`NORMALIZE`, else a one-line error (the one check of it)."""
+    if mode not in NORMALIZE:
+        raise HeadcountError(f"unknown normalisation {mode!r}; choose one of {', '.join(NORMALIZE)}")
+    return mode
+
+
+@dataclass(frozen=True)
+class Scores:
+    """Importance scores of one model for one objective.
+
+    Attributes:
+        heads: ``[n_layers, n_heads]``.
+        mlps: ``[n_layers]``.
+        per_example: optional ``[n_examples, n_layers, n_heads]`` head contributions (gradient
+            methods): each example's |dL_b/dg_example|, its share of its batch's score. For
+            ``gradient-token`` the rows sum exactly to ``heads``; for ``gradient`` per-batch (the
+            absolute value of a batch sum) to an upper bound; for ``cumulative`` they are still
+            each example's share of its own batch's gradient (a running sum has no per-example
+            decomposition). Used for bootstrap statistics.
+    """
+
+    heads: torch.Tensor
+    mlps: torch.Tensor
+    method: str = "gradient"
+    normalize: str = "none"
+    n_examples: int = 0
+    n_tokens: int = 0
+    meta: dict = field(default_factory=dict)
+    per_example: torch.Tensor | None = None
+
+    def normalized(self, mode: str) -> "Scores":
+        heads, mlps = normalize_scores(self.heads, self.mlps, mode)
+        return replace(self, heads=heads, mlps=mlps, normalize=mode)
+
+    def to_dict(self) -> dict:
+        return {
+            "heads": self.heads.tolist(),
+            "mlps": self.mlps.tolist(),
+            "method": self.method,
+            "normalize": self.normalize,
+            "n_examples": int(self.n_examples),
+            "n_tokens": int(self.n_tokens),
+            **self.meta,
+        }
+
+    def save(self, path) -> Path:
+        return atomic_write_json(path, self.to_dict())
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Scores":
+        known = {"heads", "mlps", "method", "normalize", "n_examples", "n_tokens"}
+        return cls(
+            heads=torch.tensor(d["heads"], dtype=torch.float32),
+            mlps=torch.tensor(d.get("mlps") or [0.0] * len(d["heads"]), dtype=torch.float32),
+            method=d.get("method", "gradient"),
+            normalize=d.get("normalize", "none"),
+            n_examples=int(d.get("n_examples", 0)),
+            n_tokens=int(d.get("n_tokens", 0)),
+            meta={k: v for k, v in d.items() if k not in known},
+        )
+
+    @classmethod
+    def load(cls, path) -> "Scores":
+        try:
+            return cls.from_dict(json.loads(Path(path).read_text(encoding="utf-8")))
+        except (OSError, json.JSONDecodeError, KeyError, UnicodeDecodeError) as e:
+            raise HeadcountError(f"cannot read scores from {path}: {e}") from None
+
+
+def normalize_scores(heads: torch.Tensor, mlps: torch.Tensor, mode: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """``none``; ``layer``: each layer's head scores divided by their L2 norm; ``layer+global``:
+    then min-max over all heads to [0, 1] (MLPs: min-max over layers), as Prasanna et al.
+
+    >>> h, m = normalize_scores(torch.tensor([[3.0, 4.0]]), torch.tensor([1.0]), "layer")
+    >>> h.tolist()
+    [[0.6000000238418579, 0.800000011920929]]
+    """
+    check_normalize(mode)
+    heads, mlps = heads.clone().float(), mlps.clone().float()
+    if mode == "none":
+        return heads, mlps
+    finite = torch.nan_to_num(heads, nan=0.0)
+    norm = finite.pow(2).sum(-1, keepdim=True).sqrt()  # [n_layers, 1]
+    heads = heads / (norm + 1e-20)
+    if mode == "layer+global":
+        heads = _minmax(heads)
+        mlps = _minmax(mlps)
+    return heads, mlps
+
+
+def _minmax(x: torch.Tensor) -> torch.Tensor:
+    ok = torch.isfinite(x)
+    if not ok.any():
+        return x
+    lo, hi = x[ok].min(), x[ok].max()
+    return (x - lo) / (hi - lo) if hi > lo else torch.zeros_like(x)
+
+
+def check_accumulate(accumulate: str, method: str = "gradient") -> None:
+    """Refuse an unknown accumulation, and ``cumulative`` for methods it does not define
+    (``gradient-token`` sums per-token absolute values: it has no running batch gradient)."""
+    if accumulate not in ACCUMULATE:
+        raise HeadcountError(f"unknown accumulation {accumulate!r}; choose one of {', '.join(ACCUMULATE)}")
+    if accumulate != DEFAULT_ACCUMULATE and accumulate not in get_scorer(method).accumulations:
+        raise HeadcountError(f"accumulate {accumulate!r} is defined for the gradient method only, not {method!r}")

@@ -1,0 +1,430 @@
+"""Atomic writes (a result is either the old file or the complete new one, never half), and the
+``--out`` guard every command uses (:func:`prepare_out`)."""
+
+from __future__ import annotations
+
+import errno
+import glob
+import os
+import shutil
+import socket
+import stat
+import tempfile
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+
+from headcount.runtime.atomic import SESSION, TMP_PREFIX, _usual_mode, atomic_write_bytes, tmp_prefix
+from headcount.runtime.errors import HeadcountError
+from headcount.runtime.launch import refuse_launcher
+from headcount.runtime.record import LOCK_NAME, RECORD, Record, first_foreign, matches, refuse_foreign
+
+# -- output directories: one guard for every command's --out ---------------------------------------
+#
+# What headcount promises about an --out directory (docs/promises.md, "What headcount promises about your
+# files"): it writes only inside it; a file is headcount's only if the folder's record
+# (``.headcount-out.json``, see :mod:`headcount.runtime.record`) lists it, and nothing else is ever
+# replaced or deleted, ``--force`` included; a folder without a record that holds anything is
+# refused; the outputs of one command appear together (written into a staging directory inside
+# --out and renamed into place only after all of them succeeded); ``.headcount.lock`` held with
+# flock keeps two processes out of one directory; temporary files of a killed run are removed by
+# the next run only when their session is one the record lists.
+
+OUT_MARKER = RECORD  # the record's file name (kept as the name commands and tests use)
+
+#: the --out directories this command has taken (cli.main clears it; the Ctrl-C message names the last)
+ACTIVE_OUTS: list[Path] = []
+
+_LOCK_TEXT = "headcount lock: "
+
+
+def lock_file(directory: Path, what: str = "", name: str = LOCK_NAME) -> int:
+    """Open ``directory/.headcount.lock`` without following links and take an exclusive flock; returns the fd.
+
+    A lock file that is a symbolic link, a directory, a file with other hard links, or a file that
+    holds something other than headcount's lock text is refused (writing through it, or truncating
+    it, would change another file).
+
+    Raises:
+        HeadcountError: the lock is held by another process, or the lock file is not headcount's.
+    """
+    path = Path(directory) / name
+    flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError as e:
+        if e.errno == errno.ELOOP or path.is_symlink():
+            raise HeadcountError(f"{path} is a symbolic link; refusing to follow it (remove it)") from None
+        if e.errno == errno.EISDIR or path.is_dir():
+            raise HeadcountError(f"{path} is a directory, not a lock file (remove it)") from None
+        raise HeadcountError(f"cannot create {path}: {e.strerror}") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+        os.close(fd)
+        raise HeadcountError(f"{path} is not a plain lock file (it has other links); remove it")
+    head = os.pread(fd, 64, 0)
+    if head and not head.startswith(_LOCK_TEXT.encode()):
+        os.close(fd)
+        raise HeadcountError(f"{path} is not headcount's lock file (it holds other text); move it away")
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX: no lock
+        return fd
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        try:
+            holder = os.read(fd, 200).decode(errors="replace").strip().removeprefix(_LOCK_TEXT.strip())
+        finally:
+            os.close(fd)
+        raise HeadcountError(f"{directory} is in use by another headcount process ({holder.strip() or 'unknown'})") from None
+    os.ftruncate(fd, 0)
+    now = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    os.pwrite(fd, f"{_LOCK_TEXT}session {SESSION} pid {os.getpid()} on {socket.gethostname()} since {now}"
+                  f"{' ' + what if what else ''}\n".encode(), 0)
+    return fd
+
+
+def lock_session(directory: Path, name: str = LOCK_NAME) -> str | None:
+    """The session named in an existing headcount lock file (a killed run's), None otherwise."""
+    try:
+        text = (Path(directory) / name).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    parts = text.removeprefix(_LOCK_TEXT).split()
+    return parts[1] if text.startswith(_LOCK_TEXT) and len(parts) > 1 and parts[0] == "session" else None
+
+
+def first_missing(path: Path) -> Path | None:
+    """The outermost folder of ``path`` (itself included) that does not exist yet: what creating
+    ``path`` makes, and what a run that fails early removes again. None when ``path`` exists."""
+    path = Path(path)
+    return next((d for d in [*reversed(path.parents), path] if not d.exists()), None)
+
+
+def check_file_out(out, command: str, marker_of, identity=None, force: bool = False, echo=None,
+                   example: str = "out.file") -> Path:
+    """Refuse a one-file ``--out`` that is a directory, a link, a file headcount did not write
+    (``marker_of(path)`` -> its headcount marker dict, None when it has none), or, unless
+    ``force``, the output of another identity (``identity`` None: not checked); return it as a Path.
+    """
+    if out is None or str(out).strip() == "":
+        raise HeadcountError("--out must name a file (got an empty string)")
+    path = Path(out).expanduser()
+    if path.is_dir():
+        raise HeadcountError(f"--out {out} is a directory; `headcount {command}` writes one file "
+                             f"(e.g. {Path(out) / example})")
+    if path.exists() or path.is_symlink():
+        if path.is_symlink() or not path.is_file():
+            raise HeadcountError(f"--out {out} is not a plain file; refusing to replace it")
+        mark = marker_of(path)
+        if mark is None:
+            raise HeadcountError(f"--out {out} exists and was not written by `headcount {command}`; "
+                                 "refusing to overwrite it (choose another file)")
+        if identity is not None and mark.get("identity") != identity:
+            if not force:
+                raise HeadcountError(f"--out {out} holds a different `headcount {command}` output (another run or "
+                                     "settings); use another --out, or --force to replace it")
+            if echo is not None:
+                echo(f"--force: replacing the earlier `headcount {command}` output in {out}")
+    return path
+
+
+@contextmanager
+def one_file_out(path: Path, command: str, option: str = "--out"):
+    """The guard of a one-file output (``export --format onnx``, ``explore``): create its folder,
+    hold ``.headcount.lock.NAME`` beside it (see :func:`lock_file`; removed after), and on failure
+    remove the folders it created. The caller checks the file itself (a file headcount did not
+    write is never replaced) before and again inside the block, and writes it atomically.
+
+    The lock is the record of a one-file output: a run killed while writing leaves it, with its
+    session, and the next run removes that session's temporary files (``.headcount-tmp.<session>.NAME.*``).
+    """
+    path = Path(path)
+    created = first_missing(path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise HeadcountError(f"cannot create the folder of {option} {path}: {e.strerror}") from None
+    name = f"{LOCK_NAME}.{path.name}"
+    ok = False
+    try:
+        killed = lock_session(path.parent, name)
+        try:
+            fd = lock_file(path.parent, f"headcount {command}", name=name)
+        except HeadcountError as e:
+            if "in use" in str(e):
+                raise HeadcountError(f"{path} is being written by another headcount process "
+                                     f"({path.parent / name} is held)") from None
+            raise
+        try:
+            if killed:  # a killed run's temporary files (its session is in the lock it left)
+                for p in path.parent.glob(f"{TMP_PREFIX}{killed}.{glob.escape(path.name)}.*"):
+                    p.unlink(missing_ok=True)
+            ACTIVE_OUTS.append(path)
+            yield path
+            ok = True
+        finally:
+            try:  # removed while held: a process that opened it before waits on a file nobody will hold
+                (path.parent / name).unlink()  # and is refused (LOCK_NB); one that comes later makes a new one
+            except OSError:
+                pass
+            unlock_file(fd)
+    finally:
+        if not ok and created is not None:
+            shutil.rmtree(created, ignore_errors=True)
+
+
+def unlock_file(fd: int | None) -> None:
+    if fd is None:
+        return
+    try:
+        import fcntl
+
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    except (ImportError, OSError):  # pragma: no cover
+        pass
+    finally:
+        os.close(fd)
+
+
+def read_marker(directory: Path) -> dict | None:
+    """The record of ``directory`` as a dict (command, identity, files), None when there is none."""
+    rec = Record.read(directory)
+    return None if rec is None else {"command": rec.command, "identity": rec.identity, "files": sorted(rec.files)}
+
+
+def _differences(old, new) -> list[str]:
+    if not isinstance(old, dict) or not isinstance(new, dict):
+        return ["settings"]
+    return sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+
+
+class OutDir:
+    """A command's ``--out`` directory, checked, locked and recorded (see :func:`prepare_out`).
+
+    Two ways to write: stage the outputs in :meth:`staging` and :meth:`commit` them (each staged
+    entry replaces its namesake, which the record lists; listed files the new run did not write
+    are removed), or write the declared ``outputs`` directly into the folder (``finetune``,
+    ``magnitude``: they resume); :meth:`close` then records what they wrote. Use as a context
+    manager; the lock is released and the staging directory removed on exit.
+    """
+
+    def __init__(self, path: Path, record: Record, outputs, fd: int, before: set[str], identity=None,
+                 created: Path | None = None, claimed: bool = False, notice: str | None = None, echo=None,
+                 direct: bool = False, record_bytes: bytes | None = None):
+        self.path = path
+        self.record = record
+        self.command = record.command
+        self.identity = identity  # recorded when the outputs are committed (the old files keep the old one)
+        self.outputs = tuple(outputs)
+        self._fd = fd
+        self._before = before  # entries present when the run started
+        self._staging: Path | None = None
+        self._created = created  # the top directory this run created (removed again if it fails early)
+        self._claimed = claimed  # the record was written by this run
+        self._notice = notice  # the --force message, said when the new outputs are committed
+        self._echo = echo
+        self._committed = False
+        self._direct = direct
+        self._record_bytes = record_bytes  # the record as it was: restored when a staged run fails
+
+    def _only_ours(self) -> bool:
+        return all(p.name in (RECORD, LOCK_NAME) or p.name.startswith(tmp_prefix("")[:-1])
+                   for p in self.path.iterdir())
+
+    def _undo(self) -> None:
+        """After a failure that wrote nothing: leave the directory as it was before the run."""
+        try:
+            if not self._only_ours():
+                return
+            if self._created is not None:
+                shutil.rmtree(self.path, ignore_errors=True)
+                for d in self.path.parents:  # the empty parents it created, up to self._created
+                    if d == self._created.parent:
+                        break
+                    d.rmdir()
+            elif self._claimed:
+                (self.path / RECORD).unlink(missing_ok=True)
+                (self.path / LOCK_NAME).unlink(missing_ok=True)
+        except OSError:  # pragma: no cover - best effort
+            pass
+
+    def staging(self) -> Path:
+        if self._staging is None:
+            self._staging = Path(tempfile.mkdtemp(dir=self.path, prefix=tmp_prefix("staging"), suffix=".tmp"))
+            _usual_mode(self._staging, directory=True)
+        return self._staging
+
+    def commit(self, source: Path | None = None) -> list[str]:
+        """Move every entry of ``source`` (default: the staging directory) into ``--out``.
+
+        Raises:
+            HeadcountError: an entry would replace a file the record does not list as headcount's
+                (one put there while the command ran, or changed since headcount wrote it).
+        """
+        source = Path(source) if source is not None else self.staging()
+        names = sorted(p.name for p in source.iterdir())
+        rec = self.record
+        refuse_foreign(self.path, rec.in_the_way(names))
+        stale = [n for n in rec.files if "/" not in n and n not in names and os.path.lexists(self.path / n)]
+        refuse_foreign(self.path, [n for n in stale if not rec.owns(n)])
+        if self._notice and self._echo is not None:
+            self._echo(self._notice)
+        trash = Path(tempfile.mkdtemp(dir=self.path, prefix=tmp_prefix("old"), suffix=".tmp"))
+        try:
+            for name in names:
+                target = self.path / name
+                if target.is_dir() and not target.is_symlink():
+                    os.replace(target, trash / name)  # a directory cannot replace a non-empty one
+                os.replace(source / name, target)
+            for name in stale:
+                os.replace(self.path / name, trash / name)
+                rec.forget(name)
+            rec.files = {k: v for k, v in rec.files.items() if "/" in k or k in names or os.path.lexists(self.path / k)}
+            rec.claim(names)
+            rec.seal(names)
+            if self.identity is not None:
+                rec.identity = self.identity
+            rec.write()
+        finally:
+            shutil.rmtree(trash, ignore_errors=True)
+        self._committed = True
+        return names
+
+    def seal(self) -> None:
+        """Record the declared outputs the run wrote directly (those that were not there before it or are listed)."""
+        rec = self.record
+        new = [p.name for p in self.path.iterdir()
+               if matches(p.name, self.outputs) and (p.name in rec.files or p.name not in self._before)]
+        rec.claim(new)
+        rec.seal([n for n in rec.files if matches(n, self.outputs)])  # also drops claims never written
+        rec.write()
+
+    def close(self, failed: bool = False) -> None:
+        if self._staging is not None:
+            shutil.rmtree(self._staging, ignore_errors=True)
+            self._staging = None
+        try:
+            if self._direct and self._fd is not None and not self._only_ours():
+                self.seal()  # direct writers (finetune, magnitude), finished or not; staged ones commit
+        except OSError:  # pragma: no cover - best effort: the claims stay
+            pass
+        if failed:
+            self._undo()
+            if not self._direct and not self._committed and self._record_bytes is not None:
+                try:  # nothing of this run reached the folder: its record is left as it was too
+                    atomic_write_bytes(self.path / RECORD, self._record_bytes)
+                except OSError:  # pragma: no cover - best effort: an extra session is harmless
+                    pass
+        unlock_file(self._fd)
+        self._fd = None  # the path stays in ACTIVE_OUTS: the Ctrl-C message names it after the unwinding
+
+    def __enter__(self) -> "OutDir":
+        return self
+
+    def __exit__(self, exc_type, *exc) -> None:
+        self.close(failed=exc_type is not None)
+
+
+def check_out_path(out, option: str = "--out") -> Path:
+    """Refuse an empty ``--out`` and one that names an existing file; return it as a Path."""
+    if out is None or str(out).strip() == "":
+        raise HeadcountError(f"{option} must name a directory (got an empty string)")
+    path = Path(out).expanduser()
+    if path.exists() and not path.is_dir():
+        raise HeadcountError(f"{option} {out} is an existing file, not a directory; choose a directory")
+    return path
+
+
+def prepare_out(out, command: str, *, identity=None, outputs=(), force: bool = False, echo=None,
+                distributed: bool = False, direct: bool = False) -> OutDir:
+    """Check, create, lock and record a command's ``--out``; returns an :class:`OutDir`.
+
+    Args:
+        out: the directory.
+        command: the command's name (``"score"``); an earlier output of another command is refused.
+        identity: what the run computes (JSON-able). An earlier output of the same command with
+            another identity is refused unless ``force`` (then ``echo`` says what is replaced when
+            the new outputs are committed); None: the caller checks (``finetune``/``magnitude`` resume).
+        outputs: names (or glob patterns) of what the command writes into the folder. An existing
+            entry that matches one and that the record does not list as headcount's is refused,
+            with or without ``force``.
+        force: replace an earlier output of the same command with other settings (its listed files only).
+        echo: where the ``--force`` message goes.
+        distributed: the command runs across the ranks of torchrun / accelerate launch (rank 0
+            calls this); otherwise a launcher is refused here, before anything is touched.
+        direct: the command writes ``outputs`` (literal names) straight into the folder and
+            resumes (``finetune``, ``magnitude``): they are claimed in the record before it
+            starts, so a run killed while writing them leaves them headcount's.
+
+    Raises:
+        HeadcountError: an empty path, an existing file, a non-empty directory without headcount's
+            record, the output of another command, a file in the way that is not headcount's,
+            another run without ``force``, a directory that cannot be created or written, or one in
+            use by another process.
+    """
+    path = check_out_path(out)
+    if not distributed:
+        refuse_launcher(f"headcount {command}")
+    created = first_missing(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise HeadcountError(f"--out {out}: a parent is an existing file") from None
+    except OSError as e:
+        raise HeadcountError(f"cannot create --out {out}: {e.strerror}") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise HeadcountError(f"--out {out} is not writable")
+    had_lock = os.path.lexists(path / LOCK_NAME)
+    fd = lock_file(path, f"headcount {command}")
+    try:
+        rec = Record.read(path)
+        record_bytes = (path / RECORD).read_bytes() if rec is not None else None
+        if rec is None:
+            first = first_foreign(path)
+            if first is not None:
+                raise HeadcountError(f"--out {out} is not empty and headcount has no record of it (it holds {first}); "
+                                     "choose a new or empty directory")
+        elif rec.command != command:
+            raise HeadcountError(f"--out {out} holds the output of `headcount {rec.command}`; "
+                                 f"choose another directory for `headcount {command}`")
+        entries = sorted(p.name for p in path.iterdir() if p.name not in (RECORD, LOCK_NAME))
+        notice = None
+        if rec is not None:
+            refuse_foreign(out, rec.in_the_way([e for e in entries if matches(e, outputs)]))
+            ours = [e for e in entries if e in rec.files]
+            if identity is not None and ours and rec.identity != identity:
+                what = ", ".join(_differences(rec.identity, identity))
+                if not force:
+                    raise HeadcountError(f"--out {out} holds a different `headcount {command}` run (different "
+                                         f"{what}); use another --out, or --force to replace its files")
+                notice = f"--force: replacing the earlier {command} run in {out} (different {what}): {', '.join(ours)}"
+            rec.clean_tmp(["", *(n for n, s in rec.files.items() if s and s.get("kind") == "dir")])
+        claimed = rec is None
+        if rec is None:
+            rec = Record(path, command)
+        rec.join_session()  # before any temporary file of this process is made here
+        if direct:
+            rec.claim(o for o in outputs if not any(c in o for c in "*?["))
+        rec.write()
+    except BaseException:
+        if not had_lock:  # a refused directory is left exactly as it was
+            (path / LOCK_NAME).unlink(missing_ok=True)
+        unlock_file(fd)
+        if created is not None:
+            shutil.rmtree(created, ignore_errors=True)
+        raise
+    ACTIVE_OUTS.append(path)
+    before = {p.name for p in path.iterdir()}
+    return OutDir(path, rec, outputs, fd, before, identity=identity, created=created, claimed=claimed, notice=notice,
+                  echo=echo, direct=direct, record_bytes=record_bytes)
+
+
+def io_error_message(e: OSError) -> str | None:
+    """One line for an OSError that is the user's environment, not a bug (full disk, permissions)."""
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return f"no space left on the device while writing {e.filename or 'results'} (earlier results are kept)"
+    if e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        return f"cannot write {e.filename or 'results'}: {e.strerror}"
+    return None

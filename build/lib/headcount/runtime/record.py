@@ -1,0 +1,207 @@
+"""What headcount owns in a folder: the record ``.headcount-out.json``.
+
+The rule every writer follows (docs/promises.md): **a file or
+folder is headcount's only if the record of the folder it sits in lists it**, and, for a file, only
+while its content is what the record says (a SHA-256 for files up to :data:`HASH_LIMIT`, size and
+mtime above). Nothing else is ever replaced or deleted, ``--force`` included: a name headcount
+would write that is not headcount's is refused with one line.
+
+Temporary files are named ``.headcount-tmp.<session>.<name>...``: ``<session>`` is a random token
+of the process that made them (:data:`SESSION`). A folder's record lists the sessions that wrote
+into it *before* they write, so a later run can prove a temporary file is headcount's (its prefix
+and a session of the record) and remove it; a user's ``.draft.tmp`` never matches.
+
+Record format (JSON object)::
+
+    {"headcount_record": 1, "command": "score", "identity": {...},
+     "files": {"scores.json": {"kind": "file", "size": 812, "sha256": "..."},
+               "model": {"kind": "dir"}, "results/jobs.csv": {...}, "metrics.json": null},
+     "sessions": ["3f9a0c1e", ...]}
+
+``files`` keys are paths relative to the folder (``/``-separated); ``null`` marks a name claimed by
+a run that may be writing it (a killed run's claim stays; the run that finishes replaces it by the
+file's stamp, or drops it when the file was not written).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import json
+import os
+import shutil
+from collections.abc import Iterable
+from pathlib import Path
+
+from headcount.runtime.atomic import SESSION, TMP_PREFIX, atomic_write_json, tmp_prefix, tmp_session
+from headcount.runtime.errors import HeadcountError
+
+RECORD = ".headcount-out.json"
+LOCK_NAME = ".headcount.lock"
+#: files up to this size are recorded by SHA-256 (cheap); larger ones by size and mtime
+HASH_LIMIT = 64 << 20
+#: sessions kept in a record (enough for every killed run a folder plausibly sees)
+MAX_SESSIONS = 64
+FORMAT = 1
+
+def stamp(path: Path) -> dict | None:
+    """What the record keeps of ``path``: its kind, and for a file its size and SHA-256 (or mtime)."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    import stat as _stat
+
+    if _stat.S_ISDIR(st.st_mode):
+        return {"kind": "dir"}
+    if not _stat.S_ISREG(st.st_mode):
+        return {"kind": "other"}  # a link or a device is never headcount's output
+    if st.st_size > HASH_LIMIT:
+        return {"kind": "file", "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return {"kind": "file", "size": st.st_size, "sha256": h.hexdigest()}
+
+
+def matches(name: str, patterns: Iterable[str]) -> bool:
+    return any(fnmatch.fnmatchcase(name, p) for p in patterns)
+
+
+class Record:
+    """The record of one folder. :meth:`read` it, change it, :meth:`write` it (atomically)."""
+
+    def __init__(self, folder: Path, command: str, identity=None, files: dict | None = None,
+                 sessions: list[str] | None = None):
+        self.folder = Path(folder)
+        self.command = command
+        self.identity = identity
+        self.files: dict[str, dict | None] = dict(files or {})
+        self.sessions: list[str] = list(sessions or [])
+
+    # -- reading and writing ---------------------------------------------------------------------
+    @classmethod
+    def read(cls, folder: Path) -> "Record | None":
+        """The folder's record; None when there is none (or the file there is not a record)."""
+        path = Path(folder) / RECORD
+        if not path.is_file() or path.is_symlink():
+            return None
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        if (not isinstance(data, dict) or data.get("headcount_record") != FORMAT
+                or not isinstance(data.get("command"), str) or not isinstance(data.get("files"), dict)
+                or not isinstance(data.get("sessions", []), list)):
+            return None
+        files = {str(k): (v if isinstance(v, dict) else None) for k, v in data["files"].items()}
+        sessions = [s for s in data.get("sessions", []) if isinstance(s, str)]
+        return cls(folder, data["command"], data.get("identity"), files, sessions)
+
+    def write(self) -> None:
+        atomic_write_json(self.folder / RECORD, {
+            "headcount_record": FORMAT, "command": self.command, "identity": self.identity,
+            "files": dict(sorted(self.files.items())), "sessions": self.sessions[-MAX_SESSIONS:],
+        })
+
+    # -- ownership -------------------------------------------------------------------------------
+    def owns(self, rel: str) -> bool:
+        """Whether ``rel`` is headcount's: listed, and (a file) unchanged since it was recorded."""
+        if rel not in self.files:
+            return False
+        want = self.files[rel]
+        if want is None:  # claimed by a run that may have been killed while writing it
+            return True
+        now = stamp(self.folder / rel)
+        if now is None:
+            return True  # gone: nothing to protect
+        if want.get("kind") == "dir":
+            return now.get("kind") == "dir"
+        if now.get("kind") != "file":
+            return False
+        if "sha256" in want and now.get("sha256"):
+            return want["sha256"] == now["sha256"]
+        return want.get("size") == now.get("size") and want.get("mtime_ns") == now.get("mtime_ns")
+
+    def in_the_way(self, names: Iterable[str]) -> list[str]:
+        """Of ``names`` (relative paths headcount is about to write), those that exist and are not its."""
+        return [n for n in names if os.path.lexists(self.folder / n) and not self.owns(n)]
+
+    def claim(self, names: Iterable[str]) -> None:
+        """List ``names`` as being written (call before writing them, then :meth:`write`)."""
+        for n in names:
+            if self.files.get(n) is None:
+                self.files[n] = None
+
+    def seal(self, names: Iterable[str] | None = None) -> None:
+        """Record the current stamp of ``names`` (default: every listed name); drop the missing."""
+        for n in list(self.files if names is None else names):
+            s = stamp(self.folder / n)
+            if s is None:
+                self.files.pop(n, None)
+            else:
+                self.files[n] = s
+
+    def forget(self, rel: str) -> None:
+        self.files.pop(rel, None)
+
+    def join_session(self) -> None:
+        """List this process's session (before it makes temporary files here)."""
+        if SESSION not in self.sessions:
+            self.sessions.append(SESSION)
+        self.sessions = self.sessions[-MAX_SESSIONS:]
+
+    def clean_tmp(self, under: Iterable[str] = ("",), recursive: bool = True) -> int:
+        """Remove headcount temporary files and folders of this record's sessions (not this process's).
+
+        Looks in the folder and in the subfolders ``under`` (relative paths; ``""`` the folder
+        itself, never recursively), recursively when ``recursive``. Returns how many were removed.
+        """
+        ours = set(self.sessions) - {SESSION}
+        n = 0
+        for sub in under:
+            base = self.folder / sub if sub else self.folder
+            if not base.is_dir() or base.is_symlink():
+                continue
+            stack = [base]
+            while stack:
+                d = stack.pop()
+                try:
+                    entries = list(os.scandir(d))
+                except OSError:
+                    continue
+                for e in entries:
+                    if tmp_session(e.name) in ours:
+                        if e.is_dir(follow_symlinks=False):
+                            shutil.rmtree(e.path, ignore_errors=True)
+                        else:
+                            Path(e.path).unlink(missing_ok=True)
+                        n += 1
+                    elif sub and recursive and e.is_dir(follow_symlinks=False):
+                        stack.append(Path(e.path))
+        return n
+
+
+def first_foreign(folder: Path, ignore: Iterable[str] = ()) -> str | None:
+    """The first entry of a folder without a record (what makes it someone else's), or None."""
+    skip = {LOCK_NAME, *ignore}
+    names = sorted(p.name for p in Path(folder).iterdir() if p.name not in skip)
+    return names[0] if names else None
+
+
+def describe(names: list[str], limit: int = 3) -> str:
+    return ", ".join(names[:limit]) + (", ..." if len(names) > limit else "")
+
+
+def refuse_foreign(folder, names: list[str], what: str = "--out") -> None:
+    """One line for names headcount would write that are the user's (never replaced, ``--force`` included)."""
+    if names:
+        raise HeadcountError(
+            f"{what} {folder} holds {describe(names)}, which headcount's record there does not list as its own "
+            "(or which changed since headcount wrote it); headcount never replaces a file it did not write, "
+            "--force included: move it away or choose another directory")
+
+
+__all__ = ["RECORD", "LOCK_NAME", "TMP_PREFIX", "SESSION", "HASH_LIMIT", "Record", "stamp", "tmp_prefix",
+           "tmp_session", "matches", "first_foreign", "refuse_foreign"]
