@@ -381,10 +381,10 @@ def test_a_finished_magnitude_run_is_not_replaced_by_a_bad_threshold(capsys, wor
 
 
 def test_study_seed_below_zero_is_refused(tmp_path):
-    from headcount.cli.commands.demo import config_dir
+    from headcount.experiments import CONFIGS
     from headcount.experiments.runner.config import load_study_config
 
-    text = (config_dir() / "demo.yaml").read_text()
+    text = (CONFIGS / "demo.yaml").read_text()
     assert "seeds: [1]" in text
     bad = tmp_path / "bad.yaml"
     bad.write_text(text.replace("seeds: [1]", "seeds: [-1]"))

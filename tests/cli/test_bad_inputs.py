@@ -214,9 +214,9 @@ def study_config(d, text: str) -> Path:
 
 
 def demo_config(d, old: str, new: str) -> Path:
-    from headcount.cli.commands.demo import config_dir
+    from headcount.experiments import CONFIGS
 
-    return study_config(d, (config_dir() / "demo.yaml").read_text().replace(old, new))
+    return study_config(d, (CONFIGS / "demo.yaml").read_text().replace(old, new))
 
 
 #: "billion laughs": nine anchors of nine aliases each, 9**9 values in a few hundred bytes (top-level keys)

@@ -13,9 +13,9 @@ CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.yaml"
 
 
 def test_configs_are_shipped_inside_the_package():
-    from headcount.cli.commands.demo import config_dir
+    from headcount.experiments import CONFIGS as SHIPPED
 
-    assert (config_dir() / "demo.yaml").is_file() and (config_dir() / "demo-full.yaml").is_file()
+    assert (SHIPPED / "demo.yaml").is_file() and (SHIPPED / "demo-full.yaml").is_file()
     names = {p.name for p in CONFIGS}
     assert {"demo.yaml", "demo-full.yaml", "transfer-offline.yaml", "lottery-offline.yaml",
             "transfer-roberta-glue.yaml", "transfer-albert-glue.yaml", "lottery-bert-glue.yaml"} <= names

@@ -255,13 +255,13 @@ def test_a_model_path_that_is_not_there_is_refused_and_hub_ids_pass(study, tmp_p
     ("lottery", "super_survivors: {retrain: false}", "super_survivors: {retrain: false, draw_seed: 4294967296}", "draw_seed"),
 ])
 def test_study_values_are_bounded(study, old, new, needle):
-    from headcount.cli.commands.demo import config_dir
+    from headcount.experiments import CONFIGS
     from headcount.data.tasks import is_fetched
 
     if not is_fetched():
         pytest.skip("offline data not fetched (make test fetches it)")
-    text = (config_dir() / "demo.yaml").read_text()
+    text = (CONFIGS / "demo.yaml").read_text()
     assert old in text
     with pytest.raises(HeadcountError) as e:
-        parse_study_config(text.replace(old, new), "demo.yaml", base_dir=config_dir())
+        parse_study_config(text.replace(old, new), "demo.yaml", base_dir=CONFIGS)
     assert needle in str(e.value) and f"'{study}." in str(e.value)

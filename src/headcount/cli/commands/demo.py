@@ -14,11 +14,6 @@ from headcount.experiments.report import print_summary
 from headcount.runtime.errors import HeadcountError
 
 
-def config_dir() -> Path:
-    """The shipped study configs (``configs/`` in a checkout is the same folder)."""
-    return experiments.CONFIGS
-
-
 @app.command()
 def demo(
     full: bool = typer.Option(False, "--full", help="the larger profile (configs/demo-full.yaml)"),
@@ -30,10 +25,9 @@ def demo(
 ):
     """Run the demo study on the offline default model and data; print where the report is."""
     check_gpus_per_job(gpus_per_job)
-
     if not is_fetched():
         raise HeadcountError("the offline data is not fetched: run `headcount data fetch` (or `make data`) first")
-    config = config_dir() / ("demo-full.yaml" if full else "demo.yaml")
+    config = experiments.CONFIGS / ("demo-full.yaml" if full else "demo.yaml")
     summary = experiments.run_study(config, out, executor=executor, quiet=quiet, gpus_per_job=gpus_per_job, device=device)
     typer.echo(jobs_line(summary))
     if summary.report is not None:

@@ -52,9 +52,8 @@ def study(
 ):
     """Run a study (resumable): every job of the config, then the report."""
     check_gpus_per_job(gpus_per_job)
-
     summary = experiments.run_study(config, out, executor=executor, address=address, force=force,
-                        report=not no_report, quiet=quiet, device=device, gpus_per_job=gpus_per_job)
+                                    report=not no_report, quiet=quiet, device=device, gpus_per_job=gpus_per_job)
     typer.echo(f"run directory: {summary.run_dir}")
     typer.echo(jobs_line(summary))
     if summary.report is not None:
@@ -68,7 +67,7 @@ def report(run_dir: Path = typer.Argument(..., help="a run directory made by `he
     if not (run_dir / "manifest.json").is_file():
         path = build_report(run_dir)  # not a run directory: its one error line, nothing created
     else:
-        # lazy: ..runner imports pandas and rich (~0.5 s), which --help need not load
+        # lazy: the runner imports pandas and rich (~0.5 s), which --help need not load
         from headcount.experiments.runner.store import RunStore
 
         with RunStore(run_dir) as store:  # the run's lock: a study running there is refused, not raced

@@ -116,6 +116,7 @@ def from_run(run, *, examples: int = DEFAULT_EXAMPLES, job: str | None = None, d
                     source={"kind": "run", "run": str(root), "study": study})
     families: dict[str, dict[float, dict]] = {}
     left_out = 0
+    steps_unknown = False  # a pruned mask (it has a trace) written before masks recorded removed_at_step
     for r in results:
         if (r.dir / "scores.json").is_file():
             s = _read_json(r.dir / "scores.json", "scores")
@@ -133,6 +134,8 @@ def from_run(run, *, examples: int = DEFAULT_EXAMPLES, job: str | None = None, d
                 add_quantity(page, f"kept: {r.name}", m.get("heads"), m.get("mlps"), kind="mask", key=r.name)
                 if isinstance(m.get("removed_at_step"), dict):  # iterative pruning (the lottery's good masks)
                     add_steps(page, r.name, m["removed_at_step"])
+                elif (r.dir / "trace.csv").is_file():
+                    steps_unknown = True
         if (r.dir / "patterns.json").is_file():
             _pattern_quantities(page, r.name, _read_json(r.dir / "patterns.json", "patterns"))
     for family, masks in families.items():
@@ -140,8 +143,7 @@ def from_run(run, *, examples: int = DEFAULT_EXAMPLES, job: str | None = None, d
     add_seed_summaries(page)
     if left_out:
         page["notes"].append(f"{left_out} masks drawn as random or bad controls are left out.")
-    if any((r.dir / "mask.json").is_file() and "removed_at_step" not in _read_json(r.dir / "mask.json", "mask")
-           and (r.dir / "trace.csv").is_file() for r in results):
+    if steps_unknown:
         page["notes"].append("Some pruned masks were written by an earlier headcount: they record their final heads, "
                              "not the pruning step that removed each head.")
     model_job = _model_job(store, results, job) if attention else None
