@@ -21,8 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -30,6 +28,9 @@ from pathlib import Path
 
 import torch
 import transformers
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the tests' headless Chromium
+from browser_helpers import _run_browser, chromium  # noqa: E402
 
 SIZE_TARGET_MB = 5.0
 TIME_TARGET_S = 2.0
@@ -49,10 +50,6 @@ PROBE = """<script>window.addEventListener("load", function () {
   var pre = document.createElement("pre"); pre.id = "hc-bench"; pre.textContent = JSON.stringify(r);
   document.body.appendChild(pre);
 });</script>"""
-
-
-def chromium() -> str | None:
-    return next((p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None)
 
 
 def build(root: Path, layers: int, heads: int, hidden: int, examples: int) -> tuple[Path, Path]:
@@ -86,13 +83,11 @@ def interactive_seconds(page: Path, repeats: int) -> tuple[float, dict]:
     best, last = float("inf"), {}
     try:
         for _ in range(repeats):
-            with tempfile.TemporaryDirectory(prefix="hc-bench-") as profile:
-                proc = subprocess.run([chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-                                       f"--user-data-dir={profile}", "--window-size=1280,1000", "--dump-dom",
-                                       probe.resolve().as_uri()], capture_output=True, text=True, timeout=120)
-            m = re.search(r'<pre id="hc-bench">(.*?)</pre>', proc.stdout, re.S)
+            # a fresh profile each time (no cache), a real clock (no virtual time budget)
+            dom = _run_browser(["--window-size=1280,1000", "--dump-dom", probe.resolve().as_uri()], timeout=120)
+            m = re.search(r'<pre id="hc-bench">(.*?)</pre>', dom, re.S)
             if not m:
-                raise RuntimeError(f"the probe did not run: {proc.stderr[-500:]}")
+                raise RuntimeError(f"the probe did not run; the page starts: {dom[:300]!r}")
             last = json.loads(m.group(1).replace("&quot;", '"'))
             if last.get("exception") or last.get("ready") != "1":
                 raise RuntimeError(f"the page did not work: {last}")
@@ -109,7 +104,7 @@ def main(argv=None) -> int:
     p.add_argument("--device", default="cpu", help="where the attention maps are computed")
     args = p.parse_args(argv)
     if chromium() is None:
-        print("skipped: no Chromium on PATH (apt-get install chromium)")
+        print("skipped: no Chromium ($HEADCOUNT_CHROMIUM, or chromium on PATH: apt-get install chromium)")
         return 0
     import headcount as hc
 

@@ -1,4 +1,5 @@
-"""Headless Chromium for the page tests: find it, open a page, read what the page shows (figures loaded, overflow, cells)."""
+"""Headless Chromium for the page tests (and bench/bench_explore.py): find it, open a page, read what
+the page shows (figures loaded, overflow, cells)."""
 
 from __future__ import annotations
 

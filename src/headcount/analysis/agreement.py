@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import krippendorff
 import numpy as np
 from scipy import stats as _sps
 
@@ -34,8 +35,6 @@ def krippendorff_alpha_nominal(data) -> float:
     >>> krippendorff_alpha_nominal([[1, 1, 0, 0], [1, 1, 0, 1]])
     0.5333333333333333
     """
-    import krippendorff  # the package (a runtime dependency); imported here: scipy-heavy, not needed at start-up
-
     d = _np(data)
     if d.ndim < 2:
         raise HeadcountError(f"expected [n_raters, n_units], got shape {d.shape}")

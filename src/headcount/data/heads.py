@@ -175,8 +175,3 @@ def fit_task_head(model, batches, *, lr: float, epochs: float, weight_decay: flo
         model.eval()
     return {"steps": step, "train_loss": float(np.mean(losses[-len(cached):])) if losses else float("nan"),
             "trainable_params": int(sum(p.numel() for p in head))}
-
-
-# =============================================================================================
-# a masked-LM head on a frozen encoder
-# =============================================================================================

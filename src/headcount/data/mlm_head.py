@@ -45,6 +45,8 @@ from headcount.runtime.errors import HeadcountError
 #: read them from here
 MLM_HEAD_STEPS = 300
 MLM_HEAD_MAX_TEXTS = 2000
+
+
 def _head_parameters(model) -> dict:
     """The masked-LM head's own parameters: outside the base model, not tied to it."""
     prefix = model.base_model_prefix + "."

@@ -230,7 +230,7 @@ def prasanna_magnitude_mask(model: nn.Module, evaluate: Callable[[nn.Module], fl
     return found
 
 
-# -- the runs ----------------------------------------------------------------------------------------------
+# -- checks before a run ------------------------------------------------------------------------------------
 def check_procedure(config: MagnitudeConfig, match=None) -> None:
     """Raise a one-line error for settings the chosen procedure cannot run (before any work).
 

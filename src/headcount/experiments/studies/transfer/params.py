@@ -9,9 +9,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import (
-    model_validator,
-)
+from pydantic import model_validator
 
 from headcount.experiments.runner import ConfigSection
 from headcount.experiments.studies.transfer.config import (
@@ -25,9 +23,6 @@ from headcount.experiments.studies.transfer.config import (
 )
 
 
-# =============================================================================================
-# job parameters (what :mod:`.plan` writes and :mod:`.jobs` reads; no defaults of their own)
-# =============================================================================================
 class LayoutParams(ConfigSection):
     model: str
 

@@ -262,7 +262,7 @@ def transfer_summary(tables: dict, settings: TransferSettings, prefix: str = "")
 
 
 # =============================================================================================
-# the paper's main tables, with this run's numbers
+# cells: the formats the summary and the report's tables share
 # =============================================================================================
 def _finite(x) -> bool:
     return finite(x) and isinstance(x, (int, float, np.floating, np.integer))
