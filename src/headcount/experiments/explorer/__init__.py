@@ -4,8 +4,9 @@ pattern class, and what it attends to on a few examples.
 
 The package holds :mod:`.data` (the page model: quantities as [layers, heads] grids, per-head
 details, attention quantised to bytes), :mod:`.sources` (reading a study's run directory, or a
-model and a task with score and mask files), :mod:`.page` and :mod:`.script` (the HTML, style and
-script, all inline) and :mod:`.output` (writing the one file safely). The command line is
+model and a task with score and mask files), :mod:`.page` (the HTML; its script ``explorer.js``
+and style ``explorer.css`` are package files inlined at write time) and :mod:`.output` (writing
+the one file safely). The command line is
 ``headcount explore``; in a notebook::
 
     import headcount as hc

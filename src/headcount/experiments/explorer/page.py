@@ -12,55 +12,17 @@ from __future__ import annotations
 import html
 import json
 import re
-
-from headcount.experiments.explorer.script import SCRIPT
+from importlib import resources
 
 MARKER = "<!-- headcount explore "
 _MARKER = re.compile(r"\A<!DOCTYPE html>\n<!-- headcount explore (\{.*?\}) -->\n")
 _DATA = re.compile(r'<script type="application/json" id="hc-data">(.*?)</script>', re.DOTALL)
 
-STYLE = """
-:root { --cell: 22px; --ink: #1a202c; --muted: #5a6473; --line: #cbd2db; --accent: #d9480f; }
-* { box-sizing: border-box; }
-body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; color: var(--ink); margin: 0 auto;
-       padding: 12px 16px 40px; max-width: 1260px; }
-h1 { font-size: 20px; margin: 4px 0; } h2 { font-size: 16px; margin: 8px 0; }
-.sub, .note, #scatter-info, #attn-info, #heat-info, #marked-info { color: var(--muted); font-size: 13px; }
-.notes { margin: 4px 0 8px; padding-left: 18px; color: var(--muted); }
-.row { display: flex; flex-wrap: wrap; gap: 18px; align-items: flex-start; }
-.panel { border: 1px solid var(--line); border-radius: 6px; padding: 8px 10px; background: #fff; }
-label.pick { display: block; font-weight: 600; margin-bottom: 6px; }
-label.pick select { display: block; font-weight: normal; max-width: 360px; margin-top: 2px; font-size: 13px; }
-.grid { display: grid; gap: 2px; align-items: center; }
-.grid .colhead, .grid .rowhead, .grid .corner { font-size: 11px; color: var(--muted); text-align: center; }
-.cell { width: var(--cell); height: var(--cell); padding: 0; border: 1px solid rgba(0,0,0,.08); border-radius: 3px;
-        cursor: pointer; background: #eee; }
-.cell.mlp { border-radius: 50%; margin-left: 4px; }
-.cell.none { background: repeating-linear-gradient(45deg, #f3f4f6, #f3f4f6 3px, #d1d5db 3px, #d1d5db 5px) !important; }
-.cell:focus-visible { outline: 3px solid #111; outline-offset: 1px; }
-.cell.selected { outline: 3px solid var(--accent); outline-offset: 1px; }
-.cell.marked { box-shadow: inset 0 0 0 3px #fff, inset 0 0 0 5px var(--accent); }
-.legend { display: flex; flex-wrap: wrap; gap: 6px 10px; align-items: center; font-size: 12px; margin-top: 6px; max-width: 360px; }
-.legend .bar { display: inline-block; width: 120px; height: 10px; border-radius: 2px; }
-.legend .swatch { display: inline-block; width: 12px; height: 12px; border-radius: 2px; margin-right: 4px; vertical-align: -2px; }
-.panel.scatter { width: 362px; } #views[hidden] { display: none; }
-#scatter { background: #fff; user-select: none; }
-#scatter text { font-size: 11px; fill: var(--muted); } #scatter .axis { font-size: 12px; fill: var(--ink); }
-#scatter .frame { fill: #fafbfc; stroke: var(--line); }
-#scatter circle { fill: #4e79a7; fill-opacity: .65; stroke: #fff; cursor: pointer; }
-#scatter circle.marked { fill: var(--accent); fill-opacity: .9; }
-#scatter circle.selected { stroke: #111; stroke-width: 2.5; r: 6; }
-#scatter .brush { fill: rgba(217,72,15,.1); stroke: var(--accent); stroke-dasharray: 3 2; }
-#detail { margin-top: 16px; }
-#detail-table { border-collapse: collapse; font-size: 13px; margin: 4px 0 12px; }
-#detail-table th, #detail-table td { border-bottom: 1px solid #eef0f3; padding: 3px 10px 3px 0; text-align: left;
-                                      vertical-align: top; }
-#detail-table td:first-child { max-width: 560px; overflow-wrap: anywhere; }
-.scroll { max-height: 560px; overflow: auto; border: 1px solid #eef0f3; }
-#lines line { stroke: #1f4e79; stroke-width: 2; } #lines .tok { font: 12px ui-monospace, monospace; fill: var(--ink); }
-#heat { width: 384px; height: 384px; image-rendering: pixelated; border: 1px solid var(--line); }
-figure { margin: 0; }
-"""
+# The page's script (the grids, the scatter, the detail panel: it reads the page model from the
+# hc-data tag and builds everything else) and its style are package files, inlined at write time.
+_ASSETS = resources.files("headcount.experiments.explorer")
+SCRIPT = _ASSETS.joinpath("explorer.js").read_text(encoding="utf-8")
+STYLE = _ASSETS.joinpath("explorer.css").read_text(encoding="utf-8")
 
 BODY = """<header>
 <h1>{title}</h1>

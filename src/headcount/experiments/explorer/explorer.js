@@ -1,11 +1,4 @@
-"""The explorer page's script (inlined by :mod:`.page`): the grids, the scatter, the detail panel.
 
-It reads the page model from ``<script type="application/json" id="hc-data">`` (see
-:mod:`.data`) and builds everything else; nothing is fetched. A head's attention is decoded
-from its base64 string when the head is first selected.
-"""
-
-SCRIPT = r"""
 (function () {
 "use strict";
 var D = JSON.parse(document.getElementById("hc-data").textContent);
@@ -330,4 +323,3 @@ var deep = /^#head=(\d+)\.(\d+|mlp)$/.exec(location.hash);  // a link to one hea
 if (deep && +deep[1] < L && (deep[2] === "mlp" ? hasMlp : +deep[2] < H)) select(+deep[1], deep[2] === "mlp" ? "mlp" : +deep[2]);
 document.body.setAttribute("data-ready", "1");
 })();
-"""
