@@ -294,3 +294,207 @@ def test_explore_keeps_the_users_files_beside_its_page(w, tmp_path):
     assert not (folder / ".headcount-tmp.12345678.new.html.abcdefgh.tmp").exists()
     assert not (folder / ".headcount.lock.new.html").exists() and (folder / "new.html").is_file()
     kept(folder, planted)
+
+
+# -- issue 29 (round 3): crafted records, failed runs, one-file outputs, depth, study state files, empty locks --------
+def _tree(root: Path) -> dict[str, str]:
+    """:func:`tree`, with the text of headcount's own lock files left out (a run rewrites it)."""
+    return {k: ("lock" if k.endswith(LOCK_NAME) and v not in ("dir", "link") and (root / k).stat().st_size else v)
+            for k, v in tree(root).items()}
+
+
+def _one_line(code, err) -> None:
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in err, err
+
+
+CRAFTED = ["results/../../victim.txt", "..", "ABSOLUTE", "link/victim.txt", "./scores.json", "a//b", ".headcount.lock"]
+
+
+@pytest.mark.parametrize("key", CRAFTED)
+@pytest.mark.parametrize("cmd", ["report", "score"])
+def test_a_record_that_points_outside_its_folder_is_refused(w, tmp_path, cmd, key):
+    """Every path read from a record is checked (relative, normalised, inside, no link on the way)
+    before anything is replaced, moved or deleted: a crafted record changes nothing, anywhere."""
+    out = tmp_path / "out"
+    shutil.copytree(w["earlier"][cmd], out, symlinks=True)
+    (tmp_path / "victim.txt").write_text("the user's\n")
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "victim.txt").write_text("the user's too\n")
+    (out / "link").symlink_to(tmp_path / "elsewhere")
+    key = str(tmp_path / "victim.txt") if key == "ABSOLUTE" else key
+    data = json.loads((out / RECORD).read_text())
+    data["files"][key] = None
+    (out / RECORD).write_text(json.dumps(data))
+    before = _tree(tmp_path)
+    for force in ([], ["--force"] if cmd == "score" else []):
+        code, _, err = cli([*argv(w, cmd, out), *force])
+        _one_line(code, err)
+        assert "refuses a record" in err, err
+    assert _tree(tmp_path) == before
+
+
+def test_a_failing_export_keeps_a_file_the_user_saved_meanwhile(w, tmp_path, monkeypatch):
+    """A failed one-file export removes only what it wrote: the folder it created stays while it
+    holds the user's file (rmdir, never rmtree)."""
+    pytest.importorskip("onnxruntime")
+    import headcount.core.export as export_mod
+
+    real = export_mod.export_onnx
+
+    def saving_meanwhile(*a, **k):
+        (tmp_path / "new" / "notes.txt").write_text("saved while the export ran\n")
+        return real(*a, **k)
+
+    monkeypatch.setattr(export_mod, "export_onnx", saving_meanwhile)
+    code, _, err = cli(["export", "--model", w["clf"], "--tolerance", "1e-300", "--out", tmp_path / "new" / "m.onnx"])
+    _one_line(code, err)
+    assert "nothing written" in err
+    assert tree(tmp_path) == {"new": "dir", "new/notes.txt": hashlib.sha256(b"saved while the export ran\n").hexdigest()}
+    # without the user's file the folders it created go again
+    monkeypatch.setattr(export_mod, "export_onnx", real)
+    code, _, err = cli(["export", "--model", w["clf"], "--tolerance", "1e-300", "--out", tmp_path / "a" / "b" / "m.onnx"])
+    _one_line(code, err)
+    assert not (tmp_path / "a").exists()
+
+
+@pytest.mark.parametrize("force", [False, True], ids=["plain", "force"])
+def test_an_explorer_page_the_user_edited_is_never_replaced(w, tmp_path, force):
+    page = tmp_path / "p.html"
+    args = ["explore", "--model", w["clf"], "--task", w["task"], "--examples", "2", "--device", "cpu", "--out", page]
+    code, _, err = cli(args)
+    assert code == 0, err
+    code, _, err = cli(args)  # unchanged: replaced
+    assert code == 0, err
+    text = page.read_text()
+    page.write_text(text.replace("</body>", "<p>my note: head 3 looks positional</p></body>", 1))
+    before = _tree(tmp_path)
+    code, _, err = cli([*args, *(["--force"] if force else [])])
+    _one_line(code, err)
+    assert "changed since" in err
+    assert _tree(tmp_path) == before
+
+
+def test_an_onnx_file_the_user_edited_is_never_replaced(w, tmp_path):
+    pytest.importorskip("onnxruntime")
+    import onnx
+
+    out = tmp_path / "m.onnx"
+    code, _, err = cli(["export", "--model", w["clf"], "--out", out])
+    assert code == 0, err
+    proto = onnx.load(str(out))
+    proto.doc_string = "the user's note"
+    onnx.save(proto, str(out))
+    before = _tree(tmp_path)
+    for force in ([], ["--force"]):
+        code, _, err = cli(["export", "--model", w["clf"], "--out", out, *force])
+        _one_line(code, err)
+        assert "changed since" in err
+    assert _tree(tmp_path) == before
+
+
+def _study_copy(w, tmp_path) -> Path:
+    out = tmp_path / "run"
+    shutil.copytree(w["earlier"]["study"], out, symlinks=True)
+    return out
+
+
+def test_a_user_file_in_a_stale_job_folder_stays_and_refuses_the_job(w, tmp_path):
+    """jobs/<key>/ without DONE: headcount's files go, a user's file stays where it is and the run is refused."""
+    out = _study_copy(w, tmp_path)
+    key = sorted(p.name for p in (out / "jobs").iterdir() if not p.name.startswith("."))[0]
+    job = out / "jobs" / key
+    (job / "DONE").unlink()
+    (job / "note.txt").write_text("the user's note\n")
+    (job / "sub").mkdir()
+    (job / "sub" / "deeper.txt").write_text("the user's deeper note\n")
+    planted = {f"jobs/{key}/note.txt": hashlib.sha256(b"the user's note\n").hexdigest(),
+               f"jobs/{key}/sub/deeper.txt": hashlib.sha256(b"the user's deeper note\n").hexdigest()}
+    code, _, err = cli(argv(w, "study", out))
+    _one_line(code, err)
+    assert "note.txt" in err
+    kept(out, planted)
+    assert not list((out / "jobs").glob(".headcount-tmp*")) and not (job / "result.json").exists()
+    code, _, err = cli(argv(w, "study", out))  # again: still refused, still there
+    _one_line(code, err)
+    kept(out, planted)
+    # the user moves them away: the job reruns
+    (job / "note.txt").unlink()
+    shutil.rmtree(job / "sub")
+    code, _, err = cli(argv(w, "study", out))
+    assert code == 0, err
+    assert (job / "DONE").is_file()
+
+
+def test_a_stale_job_folder_of_headcount_alone_is_rerun(w, tmp_path):
+    out = _study_copy(w, tmp_path)
+    key = sorted(p.name for p in (out / "jobs").iterdir() if not p.name.startswith("."))[0]
+    (out / "jobs" / key / "DONE").unlink()
+    code, _, err = cli(argv(w, "study", out))
+    assert code == 0, err
+    assert (out / "jobs" / key / "DONE").is_file()
+    assert not list((out / "jobs").glob(".headcount-tmp*"))
+
+
+@pytest.mark.parametrize("case", ["plan-extra-key", "manifest-edited", "force-config", "force-plan",
+                                  "force-manifest", "jobs-link"])
+def test_the_studys_own_files_the_user_edited_are_refused(w, tmp_path, case):
+    out = _study_copy(w, tmp_path)
+    force = case.startswith("force")
+    if case in ("plan-extra-key", "force-plan"):
+        plan = json.loads((out / "plan.json").read_text())
+        plan["my_note"] = "keep me"
+        (out / "plan.json").write_text(json.dumps(plan))
+    elif case in ("manifest-edited", "force-manifest"):
+        (out / "manifest.json").write_text((out / "manifest.json").read_text().replace("{", '{"mine": 1, ', 1))
+    elif case == "force-config":
+        (out / "study.yaml").write_text((out / "study.yaml").read_text() + "# my comment\n")
+    else:  # a linked jobs/ is refused like a linked results/
+        (tmp_path / "elsewhere").mkdir()
+        (out / "jobs").rename(tmp_path / "elsewhere" / "jobs")
+        (out / "jobs").symlink_to(tmp_path / "elsewhere" / "jobs")
+    before = _tree(tmp_path)
+    code, _, err = cli([*argv(w, "study", out, other=force), *(["--force"] if force else [])])
+    _one_line(code, err)
+    assert _tree(tmp_path) == before
+
+
+def test_an_unedited_run_with_force_keeps_its_old_files_listed_in_history(w, tmp_path):
+    out = _study_copy(w, tmp_path)
+    code, _, err = cli([*argv(w, "study", out, other=True), "--force"])
+    assert code == 0, err
+    rec = Record.read(out)
+    hist = [k for k in rec.files if k.startswith("history/")]
+    assert {k.rsplit("/", 1)[1] for k in hist} >= {"study.yaml", "plan.json", "manifest.json"}
+    assert all(rec.owns(k) for k in hist)
+
+
+@pytest.mark.parametrize("cmd", ["score", "shrink", "patterns-synthetic", "study", "new-score", "new-study"])
+def test_an_empty_lock_file_of_the_users_is_never_written_or_removed(w, tmp_path, cmd):
+    if cmd.startswith("new-"):
+        cmd = cmd[4:]
+        out = tmp_path / "out"
+        out.mkdir()
+    else:
+        out = tmp_path / "out"
+        shutil.copytree(w["earlier"][cmd], out, symlinks=True)
+        (out / LOCK_NAME).unlink()
+    (out / LOCK_NAME).write_bytes(b"")
+    before = _tree(tmp_path)
+    code, _, err = cli(argv(w, cmd, out))
+    _one_line(code, err)
+    assert "empty file that headcount did not create" in err
+    assert _tree(tmp_path) == before
+
+
+@pytest.mark.parametrize("cmd", ["explore", "export"])
+def test_an_empty_lock_beside_a_one_file_output_is_kept(w, tmp_path, cmd):
+    if cmd == "export":
+        pytest.importorskip("onnxruntime")
+    (tmp_path / ".headcount.lock.p.out").write_bytes(b"")
+    args = (["explore", "--model", w["clf"], "--task", w["task"], "--examples", "2", "--device", "cpu"]
+            if cmd == "explore" else ["export", "--model", w["clf"]])
+    before = _tree(tmp_path)
+    code, _, err = cli([*args, "--out", tmp_path / "p.out"])
+    _one_line(code, err)
+    assert _tree(tmp_path) == before

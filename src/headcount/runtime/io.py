@@ -17,7 +17,7 @@ from pathlib import Path
 from headcount.runtime.atomic import SESSION, TMP_PREFIX, _usual_mode, atomic_write_bytes, tmp_prefix
 from headcount.runtime.errors import HeadcountError
 from headcount.runtime.launch import refuse_launcher
-from headcount.runtime.record import LOCK_NAME, RECORD, Record, first_foreign, matches, refuse_foreign
+from headcount.runtime.record import LOCK_NAME, RECORD, Record, first_foreign, matches, refuse_foreign, sealed_intact
 
 # -- output directories: one guard for every command's --out ---------------------------------------
 #
@@ -49,9 +49,14 @@ def lock_file(directory: Path, what: str = "", name: str = LOCK_NAME) -> int:
         HeadcountError: the lock is held by another process, or the lock file is not headcount's.
     """
     path = Path(directory) / name
-    flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    flags = os.O_RDWR | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    created = True
     try:
-        fd = os.open(path, flags, 0o644)
+        try:
+            fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            created = False  # someone's: headcount's (its text in it) or a user's file (refused below)
+            fd = os.open(path, flags)
     except OSError as e:
         if e.errno == errno.ELOOP or path.is_symlink():
             raise HeadcountError(f"{path} is a symbolic link; refusing to follow it (remove it)") from None
@@ -78,6 +83,12 @@ def lock_file(directory: Path, what: str = "", name: str = LOCK_NAME) -> int:
         finally:
             os.close(fd)
         raise HeadcountError(f"{directory} is in use by another headcount process ({holder.strip() or 'unknown'})") from None
+    if not created and not os.pread(fd, 64, 0):
+        # an empty file headcount did not create now (it writes its text at once, under the lock):
+        # the user's, never written into or removed
+        os.close(fd)
+        raise HeadcountError(f"{path} is an empty file that headcount did not create, not headcount's lock file; "
+                             "move it away")
     os.ftruncate(fd, 0)
     now = datetime.now(timezone.utc).isoformat(timespec="seconds")
     os.pwrite(fd, f"{_LOCK_TEXT}session {SESSION} pid {os.getpid()} on {socket.gethostname()} since {now}"
@@ -102,6 +113,23 @@ def first_missing(path: Path) -> Path | None:
     return next((d for d in [*reversed(path.parents), path] if not d.exists()), None)
 
 
+def remove_created(path: Path, created: Path | None) -> None:
+    """Remove the folders a failed run created, from ``path`` up to ``created``, each only while it
+    is empty (``rmdir``): a folder that holds anything else (a file the user saved meanwhile) stays."""
+    if created is None:
+        return
+    path, created = Path(path), Path(created)
+    if path != created and created not in path.parents:
+        return
+    for d in [path, *path.parents]:
+        try:
+            d.rmdir()
+        except OSError:
+            return
+        if d == created:
+            return
+
+
 def check_file_out(out, command: str, marker_of, identity=None, force: bool = False, echo=None,
                    example: str = "out.file") -> Path:
     """Refuse a one-file ``--out`` that is a directory, a link, a file headcount did not write
@@ -121,6 +149,10 @@ def check_file_out(out, command: str, marker_of, identity=None, force: bool = Fa
         if mark is None:
             raise HeadcountError(f"--out {out} exists and was not written by `headcount {command}`; "
                                  "refusing to overwrite it (choose another file)")
+        if not sealed_intact(path):
+            raise HeadcountError(f"--out {out} was written by `headcount {command}` but changed since (its bytes no "
+                                 "longer match the digest sealed into it); headcount never replaces a file the user "
+                                 "edited, --force included: move it away or choose another file")
         if identity is not None and mark.get("identity") != identity:
             if not force:
                 raise HeadcountError(f"--out {out} holds a different `headcount {command}` output (another run or "
@@ -171,8 +203,8 @@ def one_file_out(path: Path, command: str, option: str = "--out"):
                 pass
             unlock_file(fd)
     finally:
-        if not ok and created is not None:
-            shutil.rmtree(created, ignore_errors=True)
+        if not ok:
+            remove_created(path.parent, created)
 
 
 def unlock_file(fd: int | None) -> None:
@@ -238,12 +270,15 @@ class OutDir:
         try:
             if not self._only_ours():
                 return
-            if self._created is not None:
-                shutil.rmtree(self.path, ignore_errors=True)
-                for d in self.path.parents:  # the empty parents it created, up to self._created
-                    if d == self._created.parent:
-                        break
-                    d.rmdir()
+            if self._created is not None:  # remove what this run made, file by file, then the empty folders
+                for p in self.path.iterdir():
+                    if p.name in (RECORD, LOCK_NAME):
+                        p.unlink(missing_ok=True)
+                    elif p.name.startswith(tmp_prefix("")[:-1]) and p.is_dir() and not p.is_symlink():
+                        shutil.rmtree(p, ignore_errors=True)  # this process's own temporary folder
+                    elif p.name.startswith(tmp_prefix("")[:-1]):
+                        p.unlink(missing_ok=True)
+                remove_created(self.path, self._created)
             elif self._claimed:
                 (self.path / RECORD).unlink(missing_ok=True)
                 (self.path / LOCK_NAME).unlink(missing_ok=True)
@@ -271,6 +306,9 @@ class OutDir:
         refuse_foreign(self.path, [n for n in stale if not rec.owns(n)])
         if self._notice and self._echo is not None:
             self._echo(self._notice)
+        rec.claim(names, rewrite=True)  # a kill between the renames and the seal leaves them headcount's
+        rec.write()
+        self._committed = True  # from here on the record says what reached the folder (never restored)
         trash = Path(tempfile.mkdtemp(dir=self.path, prefix=tmp_prefix("old"), suffix=".tmp"))
         try:
             for name in names:
@@ -289,7 +327,6 @@ class OutDir:
             rec.write()
         finally:
             shutil.rmtree(trash, ignore_errors=True)
-        self._committed = True
         return names
 
     def seal(self) -> None:
@@ -412,8 +449,7 @@ def prepare_out(out, command: str, *, identity=None, outputs=(), force: bool = F
         if not had_lock:  # a refused directory is left exactly as it was
             (path / LOCK_NAME).unlink(missing_ok=True)
         unlock_file(fd)
-        if created is not None:
-            shutil.rmtree(created, ignore_errors=True)
+        remove_created(path, created)
         raise
     ACTIVE_OUTS.append(path)
     before = {p.name for p in path.iterdir()}

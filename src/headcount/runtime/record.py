@@ -29,6 +29,8 @@ import fnmatch
 import hashlib
 import json
 import os
+import posixpath
+import re
 import shutil
 from collections.abc import Iterable
 from pathlib import Path
@@ -65,6 +67,72 @@ def stamp(path: Path) -> dict | None:
     return {"kind": "file", "size": st.st_size, "sha256": h.hexdigest()}
 
 
+def bad_path(rel) -> str | None:
+    """Why ``rel`` cannot name a file inside a record's folder, or None when it can.
+
+    A listed path must be relative, ``/``-separated and normalised (no ``.``, ``..`` or empty
+    part, no backslash, no NUL), and may not be the record or the lock file itself.
+    """
+    if not isinstance(rel, str) or not rel:
+        return "an empty name"
+    if rel.startswith("/") or re.match(r"^[A-Za-z]:", rel) or "\\" in rel:
+        return "an absolute path"
+    if "\0" in rel or any(part in ("", ".", "..") for part in rel.split("/")) or posixpath.normpath(rel) != rel:
+        return "a path that is not normalised inside the folder"
+    if rel in (RECORD, LOCK_NAME):
+        return "the record or the lock file itself"
+    return None
+
+
+def linked_parent(folder: Path, rel: str) -> str | None:
+    """The first folder on the way to ``folder/rel`` (``rel`` excluded) that is a symbolic link, or None."""
+    parts = rel.split("/")
+    for i in range(1, len(parts)):
+        sub = "/".join(parts[:i])
+        if os.path.islink(Path(folder) / sub):
+            return sub
+    return None
+
+
+# -- one-file outputs: the record is inside the file --------------------------------------------------
+#
+# A one-file output (``export --format onnx``, ``explore``) has no folder of its own, so no record
+# beside it: it carries its own. Its headcount marker holds ``SEAL_TAG`` + 64 zeros when the file is
+# made; :func:`seal_bytes` replaces the zeros by the SHA-256 of the whole file as it was with the
+# zeros (same length: an ONNX protobuf or a page stays valid). :func:`sealed_intact` undoes that and
+# compares: a file the user edited afterwards (a note added to a page) is no longer headcount's.
+
+SEAL_TAG = "headcount-sha256:"
+SEAL_PLACEHOLDER = SEAL_TAG + "0" * 64
+
+
+def seal_bytes(data: bytes) -> bytes:
+    """``data`` with its one seal placeholder replaced by the digest of ``data`` (see above)."""
+    mark = SEAL_PLACEHOLDER.encode()
+    i = data.find(mark)
+    if i < 0 or data.find(mark, i + 1) >= 0:
+        raise ValueError("the output must hold exactly one seal placeholder")
+    digest = hashlib.sha256(data).hexdigest().encode()
+    return data[:i] + SEAL_TAG.encode() + digest + data[i + len(mark):]
+
+
+def sealed_intact(path: Path) -> bool:
+    """Whether the file at ``path`` is exactly what :func:`seal_bytes` made (unchanged since)."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError:
+        return False
+    tag = SEAL_TAG.encode()
+    i = data.find(tag)
+    if i < 0 or data.find(tag, i + 1) >= 0:
+        return False
+    digest = data[i + len(tag):i + len(tag) + 64]
+    if len(digest) != 64:
+        return False
+    blank = data[:i] + SEAL_PLACEHOLDER.encode() + data[i + len(tag) + 64:]
+    return hashlib.sha256(blank).hexdigest().encode() == digest
+
+
 def matches(name: str, patterns: Iterable[str]) -> bool:
     return any(fnmatch.fnmatchcase(name, p) for p in patterns)
 
@@ -83,7 +151,13 @@ class Record:
     # -- reading and writing ---------------------------------------------------------------------
     @classmethod
     def read(cls, folder: Path) -> "Record | None":
-        """The folder's record; None when there is none (or the file there is not a record)."""
+        """The folder's record; None when there is none (or the file there is not a record).
+
+        Raises:
+            HeadcountError: the record lists a path that is absolute, not normalised, outside the
+                folder, or reached through a symbolic link: such a record is never trusted (nothing
+                it lists is replaced, moved or deleted).
+        """
         path = Path(folder) / RECORD
         if not path.is_file() or path.is_symlink():
             return None
@@ -95,6 +169,13 @@ class Record:
                 or not isinstance(data.get("command"), str) or not isinstance(data.get("files"), dict)
                 or not isinstance(data.get("sessions", []), list)):
             return None
+        for k in data["files"]:
+            why = bad_path(k) or (f"reached through the symbolic link {linked_parent(folder, k)}"
+                                  if linked_parent(folder, k) else None)
+            if why:
+                raise HeadcountError(
+                    f"{path} lists {k!r}, {why}: headcount refuses a record that points outside its folder "
+                    "(nothing was changed); restore the record or move the folder away")
         files = {str(k): (v if isinstance(v, dict) else None) for k, v in data["files"].items()}
         sessions = [s for s in data.get("sessions", []) if isinstance(s, str)]
         return cls(folder, data["command"], data.get("identity"), files, sessions)
@@ -108,8 +189,10 @@ class Record:
     # -- ownership -------------------------------------------------------------------------------
     def owns(self, rel: str) -> bool:
         """Whether ``rel`` is headcount's: listed, and (a file) unchanged since it was recorded."""
-        if rel not in self.files:
+        if rel not in self.files or bad_path(rel) or linked_parent(self.folder, rel):
             return False
+        if os.path.islink(self.folder / rel):
+            return False  # headcount never writes a link: one at a listed name is someone else's
         want = self.files[rel]
         if want is None:  # claimed by a run that may have been killed while writing it
             return True
@@ -128,10 +211,15 @@ class Record:
         """Of ``names`` (relative paths headcount is about to write), those that exist and are not its."""
         return [n for n in names if os.path.lexists(self.folder / n) and not self.owns(n)]
 
-    def claim(self, names: Iterable[str]) -> None:
-        """List ``names`` as being written (call before writing them, then :meth:`write`)."""
+    def claim(self, names: Iterable[str], rewrite: bool = False) -> None:
+        """List ``names`` as being written (call before writing them, then :meth:`write`).
+
+        ``rewrite``: the caller checked that the listed ones are headcount's and is about to replace
+        them: their stamps become claims too, so a run killed between the write and :meth:`seal`
+        leaves them headcount's (not "changed by the user").
+        """
         for n in names:
-            if self.files.get(n) is None:
+            if rewrite or self.files.get(n) is None:
                 self.files[n] = None
 
     def seal(self, names: Iterable[str] | None = None) -> None:
@@ -204,4 +292,5 @@ def refuse_foreign(folder, names: list[str], what: str = "--out") -> None:
 
 
 __all__ = ["RECORD", "LOCK_NAME", "TMP_PREFIX", "SESSION", "HASH_LIMIT", "Record", "stamp", "tmp_prefix",
-           "tmp_session", "matches", "first_foreign", "refuse_foreign"]
+           "tmp_session", "matches", "first_foreign", "refuse_foreign", "bad_path", "linked_parent",
+           "SEAL_PLACEHOLDER", "seal_bytes", "sealed_intact"]

@@ -15,6 +15,7 @@ from headcount.importance.settings import TOLERANCE
 from headcount.runtime.atomic import atomic_write_bytes
 from headcount.runtime.errors import HeadcountError
 from headcount.runtime.io import check_file_out, one_file_out, prepare_out
+from headcount.runtime.record import SEAL_PLACEHOLDER, seal_bytes
 
 FORMAT_HELP = "onnx: one .onnx file (onnxruntime) | hf: a plain transformers checkpoint directory (when one can describe the model)"
 OUT_HELP = "the .onnx file (--format onnx) or the checkpoint directory (--format hf)"
@@ -38,8 +39,9 @@ def _export_onnx(model_spec: str, out: Path, opset: int, tolerance: float, force
     path = _check_onnx_out(out, identity, force)
     with one_file_out(path, "export"):
         model = load_for_export(model_spec)
-        marker = json.dumps({"command": "export", "identity": identity})
+        marker = json.dumps({"command": "export", "identity": identity, "seal": SEAL_PLACEHOLDER})
         data, rows = export_onnx(model, opset=opset, tolerance=tolerance, metadata={"headcount": marker})
+        data = seal_bytes(data)  # a later run replaces the file only while it is byte for byte this one
         _check_onnx_out(out, identity, force=True, echo=None)  # nobody put another file there meanwhile
         atomic_write_bytes(path, data)
     from headcount.core.export import input_names

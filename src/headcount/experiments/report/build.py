@@ -179,7 +179,7 @@ def publish(run_dir: Path, files: dict[str, bytes], record) -> None:
         if (run_dir / d).is_symlink() or (run_dir / d).exists() and not (run_dir / d).is_dir():
             raise HeadcountError(f"{run_dir / d} is not a directory; move it away")
     rec.join_session()  # before this process makes temporary files here
-    rec.claim(files)
+    rec.claim(files, rewrite=True)  # checked above: listed ones are headcount's, and claims again while rewritten
     rec.write()  # claimed before written: a kill leaves them listed, and the next report replaces them
     for rel, data in files.items():
         atomic_write_bytes(run_dir / rel, data)

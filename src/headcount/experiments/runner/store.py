@@ -40,9 +40,9 @@ import pandas as pd
 from headcount.experiments.runner.jobs import Job, JobResult, Plan, headcount_version
 from headcount.runtime.atomic import atomic_write_json, atomic_write_text, tmp_prefix
 from headcount.runtime.errors import HeadcountError
-from headcount.runtime.io import ACTIVE_OUTS, first_missing, lock_file, unlock_file
+from headcount.runtime.io import ACTIVE_OUTS, first_missing, lock_file, remove_created, unlock_file
 from headcount.runtime.launch import refuse_launcher
-from headcount.runtime.record import LOCK_NAME, Record, first_foreign, refuse_foreign
+from headcount.runtime.record import LOCK_NAME, Record, first_foreign, refuse_foreign, stamp
 
 try:  # POSIX only; elsewhere a run directory is simply not locked
     import fcntl
@@ -217,16 +217,70 @@ class RunStore:
         (tmp / DONE).write_text(job.key + "\n", encoding="utf-8")
         _fsync_tree(tmp)
         final = self.job_dir(job.key)
-        if final.exists():
+        if os.path.lexists(final):
             if (final / DONE).is_file():  # someone finished it meanwhile: keep theirs, drop ours
                 shutil.rmtree(tmp, ignore_errors=True)
                 return self.load(job.key, job.name)
-            # a directory without DONE cannot come from this store; move it aside, never trust it
-            os.replace(final, final.with_name(f"{tmp_prefix(job.key)}stale.{uuid.uuid4().hex[:8]}"))
+            # a directory without DONE cannot come from this store (its DONE was removed): never
+            # trusted; its files headcount wrote are removed, anything else refuses the job
+            self.clear_stale([job.key])
         os.replace(tmp, final)
         _fsync_dir(self.jobs_dir)
+        self._list_job_files(job.key)
         (self.root / "logs" / f"{job.key}.error.txt").unlink(missing_ok=True)
         return self.load(job.key, job.name)
+
+    def _list_job_files(self, key: str) -> None:
+        """List every file of the finished ``jobs/<key>/`` in the record (ownership is per file, at every depth)."""
+        rec = self.record
+        if rec is None:
+            return
+        d = self.job_dir(key)
+        for top, _, files in os.walk(d):
+            for f in files:
+                rel = (Path(top) / f).relative_to(self.root).as_posix()
+                rec.files[rel] = stamp(self.root / rel)
+        rec.write()
+
+    def clear_stale(self, keys) -> None:
+        """Clean each ``jobs/<key>/`` that exists without ``DONE`` file by file: the files the
+        record lists as headcount's are removed, then the folders left empty. A file headcount did
+        not write (or changed since) stays where it is and the job is refused, naming it.
+
+        Raises:
+            HeadcountError: a stale job directory that holds a file that is not headcount's, or is a link.
+        """
+        rec = self.record
+        changed = False
+        for key in keys:
+            d = self.job_dir(key)
+            if not os.path.lexists(d) or (d / DONE).is_file():
+                continue
+            if d.is_symlink() or not d.is_dir():
+                raise HeadcountError(f"{d} is not a job directory headcount wrote (a link or a file); move it away")
+            prefix = f"jobs/{key}/"
+            for rel in [k for k in (rec.files if rec is not None else {}) if k.startswith(prefix)]:
+                p = self.root / rel
+                if rec.owns(rel) and p.is_file() and not p.is_symlink():
+                    p.unlink()
+                rec.forget(rel)  # removed, gone, or the user's now
+                changed = True
+            for top, dirs, _ in os.walk(d, topdown=False):
+                for sub in dirs:
+                    try:
+                        os.rmdir(Path(top) / sub)
+                    except OSError:
+                        pass
+            try:
+                d.rmdir()
+            except OSError:
+                left = sorted((Path(t) / f).relative_to(self.root).as_posix()
+                              for t, ds, fs in os.walk(d) for f in [*fs, *(x for x in ds if os.path.islink(Path(t) / x))])
+                if changed:
+                    rec.write()
+                refuse_foreign(self.root, left or [d.relative_to(self.root).as_posix()], what="the run directory")
+        if changed:
+            rec.write()
 
     def commit_files(self, job: Job, files: Mapping[str, bytes], result: Mapping, meta: Mapping) -> JobResult:
         """Like :meth:`commit`, for files that came back as bytes (from a Ray task)."""
@@ -376,11 +430,10 @@ class RunStore:
             if rec is None:
                 rec = Record(self.root, "study")
         except BaseException:
-            unlock_file(fd)
-            if created is not None:
-                shutil.rmtree(created, ignore_errors=True)
-            elif not had_lock:
+            if not had_lock:
                 (self.root / LOCK_NAME).unlink(missing_ok=True)
+            unlock_file(fd)
+            remove_created(self.root, created)
             raise
         self._lock_fd = fd
         self.record = rec
@@ -399,6 +452,7 @@ class RunStore:
         rec = self.record
         rec.join_session()
         rec.claim(OUTPUTS)
+        rec.claim((n for n in (MANIFEST, PLAN) if rec.owns(n)), rewrite=True)  # rewritten by every run
         rec.write()
 
     def unlock(self) -> None:
@@ -418,8 +472,8 @@ class RunStore:
                 (self.root / LOCK_NAME).unlink(missing_ok=True)
             unlock_file(self._lock_fd)
             self._lock_fd = None
-            if untouched and self._created is not None and not any(self._created.rglob("*")):
-                shutil.rmtree(self._created, ignore_errors=True)
+            if untouched:
+                remove_created(self.root, self._created)
 
     def __enter__(self) -> "RunStore":
         self.lock()
@@ -451,8 +505,9 @@ def check_run_dir(root: Path) -> Record | None:
     if rec.command != "study":
         raise HeadcountError(f"{root} holds the output of `headcount {rec.command}`, not a study run; "
                              "choose another directory")
-    # the run's own state files are checked by name (their readers say when one is corrupt)
-    refuse_foreign(root, [p.name for p in sorted(root.iterdir()) if p.name in OUTPUTS and p.name not in rec.files])
+    # the run's own state files and folders: listed, unchanged since (a plan.json, manifest.json or
+    # study.yaml the user edited is theirs), and no link (a linked jobs/ or results/ is refused)
+    refuse_foreign(root, [p.name for p in sorted(root.iterdir()) if p.name in OUTPUTS and not rec.owns(p.name)])
     return rec
 
 

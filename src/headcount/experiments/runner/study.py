@@ -127,15 +127,22 @@ def _archive(store: RunStore, old: dict) -> Path:
     dest = hist / f"{n:03d}-{old.get('config_hash', 'unknown')}"
     dest.mkdir()
     report_files = [k for k in rec.files if is_report_file(k)]
+    # only files the record lists and nobody changed since move (RunStore.lock refused an edited
+    # study.yaml, plan.json or manifest.json before anything was written); they stay listed, in history/
     for name in (CONFIG, PLAN, *sorted(report_files)):
         src = store.root / name
-        if src.is_file() and not src.is_symlink() and (name in (CONFIG, PLAN) or rec.owns(name)):
+        if src.is_file() and not src.is_symlink() and rec.owns(name):
             (dest / name).parent.mkdir(parents=True, exist_ok=True)
             os.replace(src, dest / name)
             if name in report_files:
                 rec.forget(name)
-    rec.write()
+            else:
+                rec.claim([name], rewrite=True)  # the new config's, written next
+            rec.claim([f"history/{dest.name}/{name}"])
     shutil.copy2(store.root / MANIFEST, dest / MANIFEST)  # replaced atomically by the caller
+    rec.claim([f"history/{dest.name}/{MANIFEST}"])
+    rec.seal([k for k in rec.files if k.startswith(f"history/{dest.name}/")])
+    rec.write()
     return dest
 
 
@@ -254,6 +261,7 @@ def run_study(
         store.write_plan(plan)
 
         pending = [j for j in plan if not store.is_done(j.key)]
+        store.clear_stale(j.key for j in pending)  # a jobs/<key>/ without DONE: headcount's files go, the user's refuse
         summary = RunSummary(out, len(plan), len(plan) - len(pending), cleaned=cleaned)
         with Reporter(len(pending), reused=summary.reused, quiet=quiet, console=console) as reporter:
             if cleaned:
