@@ -17,7 +17,19 @@ import pytest
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "headcount"
 ARCH_DIR = SRC / "core" / "arch"
-NAMES = {"bert", "roberta", "albert", "distilbert", "electra", "deberta", "xlm", "modernbert"}
+
+
+def registered_names() -> set[str]:
+    """The words that name an architecture, from the adapter registry: every registered
+    ``model_type`` and every name in an adapter's ``family``, split at non-letters, digits dropped
+    (``xlm-roberta`` -> xlm, roberta; ``DeBERTa-v2/v3`` -> deberta)."""
+    from headcount.core.arch import adapters, supported_model_types
+
+    words = list(supported_model_types()) + [name for a in adapters() for name in a.family]
+    return {w for text in words for w in re.split(r"[^a-z]+", text.lower()) if len(w) >= 3}
+
+
+NAMES = registered_names()
 
 _TOKEN = re.compile(r"[A-Za-z][A-Za-z0-9]*")  # words, split at "_", "-", ".", ...
 _CAMEL = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|[0-9]+")  # BertAdapter -> Bert, Adapter
@@ -74,6 +86,11 @@ def code_names(source: str) -> list[tuple[int, str, set[str]]]:
 
 def generic_files() -> list[Path]:
     return sorted(p for p in SRC.rglob("*.py") if ARCH_DIR not in p.parents)
+
+
+def test_the_names_come_from_the_registry():
+    assert {"bert", "roberta", "albert", "distilbert", "electra", "deberta", "xlm", "modernbert"} <= NAMES
+    assert not {"v2", "v3", "headcount", "model"} & NAMES
 
 
 def test_the_matcher():

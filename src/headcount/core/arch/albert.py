@@ -7,10 +7,12 @@ Blocks repeat the shared modules, one block per application: gates are per appli
 from __future__ import annotations
 
 from headcount.core.arch.base import Adapter, Block
+from headcount.core.arch.registry import register_adapter
 
 
 class AlbertAdapter(Adapter):
     model_types = ("albert",)
+    family = ("ALBERT",)
 
     def encoder(self, model):
         return self.base(model).encoder
@@ -40,3 +42,6 @@ class AlbertAdapter(Adapter):
         empty = hidden_states.new_zeros(*hidden_states.shape[:-1], 0)
         out = attention.output_dropout(attention.dense(empty))
         return attention.LayerNorm(hidden_states + out), None
+
+
+register_adapter(AlbertAdapter())

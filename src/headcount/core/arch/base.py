@@ -125,6 +125,8 @@ class Adapter:
 
     #: ``config.model_type`` values this adapter serves.
     model_types: tuple[str, ...] = ()
+    #: the architectures' names as papers write them (the docs' list of supported models).
+    family: tuple[str, ...] = ()
 
     # --- sizes (from the config) -------------------------------------------------------
     def num_heads(self, config) -> int:

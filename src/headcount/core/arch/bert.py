@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from headcount.core.arch.base import Adapter, Block
+from headcount.core.arch.registry import register_adapter
 
 
 class BertAdapter(Adapter):
     model_types = ("bert", "roberta", "xlm-roberta", "electra", "camembert")
+    family = ("BERT", "RoBERTa", "XLM-RoBERTa", "ELECTRA", "CamemBERT")
 
     def encoder(self, model):
         return self.base(model).encoder
@@ -23,3 +25,6 @@ class BertAdapter(Adapter):
             )
             for layer in self.encoder(model).layer
         ]
+
+
+register_adapter(BertAdapter())

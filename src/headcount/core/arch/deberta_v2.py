@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from headcount.core.arch.base import Adapter, Block
+from headcount.core.arch.registry import register_adapter
 
 
 class DebertaV2Adapter(Adapter):
     model_types = ("deberta-v2",)
+    family = ("DeBERTa-v2/v3",)
 
     def encoder(self, model):
         return self.base(model).encoder
@@ -29,3 +31,6 @@ class DebertaV2Adapter(Adapter):
                 )
             )
         return blocks
+
+
+register_adapter(DebertaV2Adapter())

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from headcount.core.arch.base import Adapter, Block
+from headcount.core.arch.registry import register_adapter
 
 
 class DistilBertAdapter(Adapter):
     model_types = ("distilbert",)
+    family = ("DistilBERT",)
 
     def num_heads(self, config):
         return int(config.n_heads)
@@ -37,3 +39,6 @@ class DistilBertAdapter(Adapter):
         # out_lin lives inside this module: with no head its output is its bias.
         empty = hidden_states.new_zeros(*hidden_states.shape[:-1], 0)
         return attention.out_lin(empty), None
+
+
+register_adapter(DistilBertAdapter())

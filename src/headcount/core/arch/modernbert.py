@@ -15,6 +15,7 @@ Attention probabilities come from the eager implementation (``attn`` returns the
 from __future__ import annotations
 
 from headcount.core.arch.base import Adapter, Block
+from headcount.core.arch.registry import register_adapter
 
 QKV_PARTS = 3  # query, key, value
 GLU_PARTS = 2  # input, gate
@@ -22,6 +23,7 @@ GLU_PARTS = 2  # input, gate
 
 class ModernBertAdapter(Adapter):
     model_types = ("modernbert",)
+    family = ("ModernBERT",)
 
     def encoder(self, model):
         # ModernBertModel runs the layers itself (no separate encoder module).
@@ -51,3 +53,6 @@ class ModernBertAdapter(Adapter):
         # (zeros when the model has none), as gating every head gives.
         empty = hidden_states.new_zeros(*hidden_states.shape[:-1], 0)
         return attention.out_drop(attention.Wo(empty)), None
+
+
+register_adapter(ModernBertAdapter())

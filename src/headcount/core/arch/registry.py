@@ -1,0 +1,55 @@
+"""The adapter registry: ``config.model_type`` -> the :class:`~headcount.core.arch.base.Adapter`
+that serves it.
+
+An adapter module registers itself when it is imported (``register_adapter(MyAdapter())`` at
+its end); :mod:`headcount.core.arch` imports every module of its package, so a new adapter is
+one new file (plus its row in the tests' architecture table).
+"""
+
+from __future__ import annotations
+
+from headcount.core.arch.base import Adapter
+from headcount.runtime.errors import HeadcountError
+
+_REGISTRY: dict[str, Adapter] = {}
+
+
+def register_adapter(adapter: Adapter) -> Adapter:
+    """Register ``adapter`` for every ``config.model_type`` it lists (later wins).
+
+    >>> from headcount.core.arch.bert import BertAdapter
+    >>> class MyAdapter(BertAdapter): model_types = ("my-bert",)
+    >>> _ = register_adapter(MyAdapter())
+    >>> _ = _REGISTRY.pop("my-bert")
+    """
+    for model_type in adapter.model_types:
+        _REGISTRY[model_type] = adapter
+    return adapter
+
+
+def supported_model_types() -> list[str]:
+    """Every registered ``config.model_type``, sorted."""
+    return sorted(_REGISTRY)
+
+
+def adapters() -> list[Adapter]:
+    """The registered adapters, each once, in registration order."""
+    seen: dict[int, Adapter] = {}
+    for adapter in _REGISTRY.values():
+        seen.setdefault(id(adapter), adapter)
+    return list(seen.values())
+
+
+def get_adapter(model_or_config) -> Adapter:
+    """The adapter for a model (or config), picked by ``config.model_type``.
+
+    Raises:
+        HeadcountError: for a model type no adapter serves.
+    """
+    config = getattr(model_or_config, "config", model_or_config)
+    model_type = getattr(config, "model_type", None)
+    if model_type not in _REGISTRY:
+        raise HeadcountError(
+            f"model type {model_type!r} is not supported; supported types: {', '.join(supported_model_types())}"
+        )
+    return _REGISTRY[model_type]
