@@ -60,6 +60,30 @@ _COMMON = dict(
 )
 
 
+# Decoders: 4 query heads reading 2 key/value heads (grouped-query attention, 2 per group) of
+# size 8, where the family has GQA; special tokens inside the tiny vocabulary. Weights drawn with
+# 0.1, not 0.3: a decoder's logits grow with it (|logit| ~ 8 at 0.3 puts fp32 rounding of gate vs
+# surgery near 1e-5), and removing heads still moves them by ~2 at 0.1.
+KV_HEADS = 2
+DECODER_INIT = 0.1
+_DECODER = dict(
+    vocab_size=VOCAB,
+    hidden_size=HIDDEN,
+    num_hidden_layers=LAYERS,
+    num_attention_heads=HEADS,
+    num_key_value_heads=KV_HEADS,
+    intermediate_size=INTERMEDIATE,
+    max_position_embeddings=MAX_POS,
+    initializer_range=DECODER_INIT,
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
+    num_labels=NUM_LABELS,
+    tie_word_embeddings=False,
+)
+_GEMMA = dict(head_dim=HEAD_DIM, query_pre_attn_scalar=HEAD_DIM)
+_LOCAL = dict(sliding_window=4, layer_types=["sliding_attention", "full_attention", "sliding_attention"])
+
 # ModernBERT's special-token ids default to its 50k vocabulary: bring them into the tiny one.
 _MODERNBERT = dict(pad_token_id=0, cls_token_id=1, bos_token_id=1, sep_token_id=2, eos_token_id=2)
 
@@ -82,6 +106,9 @@ class Arch:
         float32_inside: the model computes some steps in float32 even when it is float64
             (ModernBERT's rotary embedding and attention softmax), so finite-difference checks of
             gradients hold to about 1e-4 relative only.
+        decoder: a causal language model (``head="lm"``); its rows are in :data:`DECODER_IDS`,
+            the encoder tests' ``arch`` fixture runs :data:`ARCH_IDS` (encoders) only.
+        kv_heads: decoders: key/value heads per layer (= HEADS without grouped-query attention).
     """
 
     id: str
@@ -92,10 +119,12 @@ class Arch:
     bias: bool = True
     ffn_in_chunks: int = 1
     float32_inside: bool = False
+    decoder: bool = False
+    kv_heads: int | None = None
 
     def config(self, **overrides) -> transformers.PretrainedConfig:
         cls = getattr(transformers, self.config_class)
-        return cls(**{**_COMMON, **self.kwargs, **overrides})
+        return cls(**{**(_DECODER if self.decoder else _COMMON), **self.kwargs, **overrides})
 
 
 #: The architecture table: one row per adapter configuration worth testing.
@@ -137,14 +166,46 @@ ARCH_TABLE: list[Arch] = [
          ffn_in_chunks=2, float32_inside=True),
 ]
 
+#: Decoders (causal LMs): GQA (4 query heads, 2 KV heads) where the family has it.
+ARCH_TABLE += [
+    Arch("llama", "LlamaConfig", dict(attention_bias=True, mlp_bias=True), decoder=True, kv_heads=KV_HEADS),
+    # a sliding window (4) narrower than the test sequences
+    Arch("mistral", "MistralConfig", dict(sliding_window=4), decoder=True, kv_heads=KV_HEADS),
+    Arch("qwen2", "Qwen2Config", {}, decoder=True, kv_heads=KV_HEADS),
+    # q/k RMSNorm over head_dim, one weight shared by the heads
+    Arch("qwen3", "Qwen3Config", dict(head_dim=HEAD_DIM), decoder=True, kv_heads=KV_HEADS),
+    Arch("gemma", "GemmaConfig", dict(head_dim=HEAD_DIM), decoder=True, kv_heads=KV_HEADS),
+    # logit soft-capping, sliding and global layers
+    Arch("gemma2", "Gemma2Config", dict(_GEMMA, **_LOCAL), decoder=True, kv_heads=KV_HEADS),
+    Arch("gemma3", "Gemma3TextConfig", dict(_GEMMA, **_LOCAL), decoder=True, kv_heads=KV_HEADS),
+    Arch("starcoder2", "Starcoder2Config", dict(residual_dropout=0.0, embedding_dropout=0.0), decoder=True,
+         kv_heads=KV_HEADS),
+    # fused qkv_proj of unequal parts [q: 4 heads; k: 2; v: 2], fused gate_up_proj
+    Arch("phi3", "Phi3Config", dict(resid_pdrop=0.0, embd_pdrop=0.0), decoder=True, kv_heads=KV_HEADS,
+         ffn_in_chunks=2),
+    # per-head q/k LayerNorm weights [heads, head_dim] (sliced with the heads)
+    Arch("cohere", "CohereConfig", dict(use_qk_norm=True), decoder=True, kv_heads=KV_HEADS),
+    # multi-head attention, fused query_key_value interleaved per head [h, 3, d]
+    Arch("gpt_neox", "GPTNeoXConfig", dict(num_key_value_heads=None, hidden_dropout=0.0, attention_dropout=0.0),
+         decoder=True, kv_heads=HEADS),
+    # multi-head attention, Conv1D projections (weight [in, out]), fused c_attn
+    Arch("gpt2", "GPT2Config", dict(n_inner=INTERMEDIATE, n_positions=MAX_POS, resid_pdrop=0.0, embd_pdrop=0.0,
+                                    attn_pdrop=0.0, num_key_value_heads=None, pad_token_id=0),
+         decoder=True, kv_heads=HEADS),
+]
+
 ARCHS: dict[str, Arch] = {a.id: a for a in ARCH_TABLE}
-ARCH_IDS: list[str] = list(ARCHS)
+#: encoders: what the ``arch`` fixture runs (the encoder tests)
+ARCH_IDS: list[str] = [a.id for a in ARCH_TABLE if not a.decoder]
+#: decoders: what the ``decoder`` fixture runs (tests/core/test_decoders.py)
+DECODER_IDS: list[str] = [a.id for a in ARCH_TABLE if a.decoder]
 
 #: what a tiny model is built for -> transformers auto class
 MODEL_HEADS = {
     "classification": transformers.AutoModelForSequenceClassification,
     "mlm": transformers.AutoModelForMaskedLM,
     "base": transformers.AutoModel,
+    "lm": transformers.AutoModelForCausalLM,
 }
 
 
@@ -159,7 +220,7 @@ def tiny_model(arch: str, head: str = "classification", seed: int = 0, attn_impl
 
     Args:
         arch: an id of :data:`ARCHS` (``"bert"``, ``"albert"``, ...).
-        head: ``"classification"`` (3 labels), ``"mlm"`` or ``"base"``.
+        head: ``"classification"`` (3 labels), ``"mlm"``, ``"base"`` or ``"lm"`` (a causal LM).
         seed: the same seed gives the same weights.
         attn_implementation: ``"eager"`` / ``"sdpa"``; None = the transformers default.
         overrides: config arguments.
@@ -216,6 +277,12 @@ def save_tiny(model, path: Path) -> Path:
 @pytest.fixture(params=ARCH_IDS)
 def arch(request) -> str:
     """Runs the test once per row of the architecture table."""
+    return request.param
+
+
+@pytest.fixture(params=DECODER_IDS)
+def decoder(request) -> str:
+    """Runs the test once per decoder row of the architecture table."""
     return request.param
 
 

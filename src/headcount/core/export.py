@@ -316,10 +316,22 @@ def native_config(model: nn.Module):
         if not keys:
             raise HeadcountError(why + "its config has no intermediate-size field headcount can find")
         setattr(config, keys[0], neurons)
+    grid = layout(model)
+    if grid.n_kv_heads is not None:
+        # decoders: every layer must keep as many key/value slots (repeated K/V heads count: their
+        # copies are real weights); the plain config then states both counts and the head size
+        kv = {len(slots) for slots in record.get("kv_heads") or [range(grid.n_kv_heads)] * n_layers}
+        if len(kv) > 1:
+            raise HeadcountError(why + f"layers keep different numbers of key/value heads ({sorted(kv)})")
+        n_kv = kv.pop()
+        if n_kv != grid.n_kv_heads and hasattr(config, "num_key_value_heads"):
+            config.num_key_value_heads = n_kv
     if heads != n_heads:
         head_dim = adapter.head_dim(model.config)
         setattr(config, "num_attention_heads", heads)
         config.attention_head_size = head_dim  # read by configs that take the head size explicitly
+        if grid.n_kv_heads is not None:
+            config.head_dim = head_dim  # decoders read an explicit head size where their config has one
     try:
         with torch.device("meta"):
             plain = type(model)(config)

@@ -3,6 +3,13 @@
 ``mask.json``: ``{"heads": [[0|1]*n_heads]*n_layers, "mlps": [0|1]*n_layers, ...metadata}``.
 For a shared-layer model (ALBERT) ``"shared_heads": [0|1]*n_heads`` may stand instead of (or
 beside) ``heads``: a shared head that is 0 is removed at every depth.
+
+Decoders with grouped-query attention have two levels of units: query heads (``heads``, as
+above) and key/value groups (one K/V head and the ``n_heads / n_kv`` query heads that read it).
+A decoder's mask also states ``"kv_groups": [[0|1]*n_kv]*n_layers`` (derived: a group is gone
+when all its query heads are) and may be *given* that way: ``kv_groups`` alone (with
+``"n_heads"``) removes every query head of a 0 group; beside ``heads`` the two multiply. Encoder
+masks have no ``kv_groups`` and are written exactly as before.
 """
 
 from __future__ import annotations
@@ -30,6 +37,8 @@ class Mask:
     heads: torch.Tensor  # [n_layers, n_heads], float 0/1
     mlps: torch.Tensor  # [n_layers], float 0/1
     meta: dict = field(default_factory=dict, compare=False)
+    #: key/value heads per layer when the mask states KV groups (a grouped-query decoder); None: it does not
+    n_kv_heads: int | None = field(default=None, compare=False)
 
     def __post_init__(self):
         heads = torch.as_tensor(self.heads, dtype=torch.float32)
@@ -40,6 +49,9 @@ class Mask:
             raise HeadcountError(f"mask mlps must have one entry per layer ({heads.shape[0]}), got shape {list(mlps.shape)}")
         if not bool(((heads == 0) | (heads == 1)).all() and ((mlps == 0) | (mlps == 1)).all()):
             raise HeadcountError("mask values must be 0 or 1")
+        if self.n_kv_heads is not None and (self.n_kv_heads < 1 or heads.shape[1] % self.n_kv_heads):
+            raise HeadcountError(f"mask kv_groups: {heads.shape[1]} query heads do not split into "
+                                 f"{self.n_kv_heads} key/value groups")
         object.__setattr__(self, "heads", heads)
         object.__setattr__(self, "mlps", mlps)
 
@@ -50,22 +62,43 @@ class Mask:
 
     @classmethod
     def for_model(cls, model) -> "Mask":
-        return cls.full(*layout(model))
+        """Everything kept; a decoder with grouped-query attention gets the KV-group level too."""
+        grid = layout(model)
+        mask = cls.full(*grid)
+        if grid.n_kv_heads is not None and grid.n_kv_heads < grid.n_heads:
+            mask = Mask(mask.heads, mask.mlps, {}, n_kv_heads=grid.n_kv_heads)
+        return mask
 
     def without_heads(self, heads) -> "Mask":
         h = self.heads.clone()
         for layer, head in heads:
             h[layer, head] = 0
-        return Mask(h, self.mlps.clone(), dict(self.meta))
+        return Mask(h, self.mlps.clone(), dict(self.meta), self.n_kv_heads)
+
+    def without_kv_groups(self, groups) -> "Mask":
+        """Remove whole key/value groups ``[(layer, group)]``: every query head that reads them.
+
+        >>> Mask.full(2, 4).with_kv_heads(2).without_kv_groups([(0, 1)]).heads[0].tolist()
+        [1.0, 1.0, 0.0, 0.0]
+        """
+        if self.n_kv_heads is None:
+            raise HeadcountError("this mask has no key/value groups (an encoder's, or a decoder's without "
+                                 "grouped-query attention)")
+        size = self.heads.shape[1] // self.n_kv_heads
+        return self.without_heads([(layer, g * size + i) for layer, g in groups for i in range(size)])
+
+    def with_kv_heads(self, n_kv_heads: int | None) -> "Mask":
+        """The same mask, stating ``n_kv_heads`` key/value groups per layer (None: none)."""
+        return Mask(self.heads, self.mlps, dict(self.meta), n_kv_heads)
 
     def without_mlps(self, layers) -> "Mask":
         m = self.mlps.clone()
         for layer in layers:
             m[layer] = 0
-        return Mask(self.heads.clone(), m, dict(self.meta))
+        return Mask(self.heads.clone(), m, dict(self.meta), self.n_kv_heads)
 
     def with_meta(self, **meta) -> "Mask":
-        return Mask(self.heads, self.mlps, {**self.meta, **meta})
+        return Mask(self.heads, self.mlps, {**self.meta, **meta}, self.n_kv_heads)
 
     # -- properties -----------------------------------------------------------------------
     @property
@@ -80,13 +113,35 @@ class Mask:
     def n_mlps_kept(self) -> int:
         return int(self.mlps.sum())
 
+    @property
+    def kv_groups(self) -> torch.Tensor | None:
+        """``[n_layers, n_kv]``: 1 where a key/value group keeps a query head, 0 where all of its
+        query heads are gone (surgery then removes its K/V rows); None without KV groups."""
+        if self.n_kv_heads is None:
+            return None
+        return self.heads.view(self.heads.shape[0], self.n_kv_heads, -1).amax(dim=-1)
+
     def check_model(self, model) -> "Mask":
-        """Raise a one-line error unless this mask fits ``model``'s gate grid."""
-        n_layers, n_heads = layout(model)
+        """Raise a one-line error unless this mask fits ``model``'s gate grid (and, when it states
+        key/value groups, the model's grouped-query attention)."""
+        grid = layout(model)
+        n_layers, n_heads = grid
         if self.shape != (n_layers, n_heads):
             raise HeadcountError(
                 f"mask is for {self.shape[0]} layers x {self.shape[1]} heads, the model has {n_layers} x {n_heads}"
             )
+        if self.n_kv_heads is None:
+            return self
+        if grid.n_kv_heads is None:
+            raise HeadcountError("the mask gives key/value groups (kv_groups), but this model is an encoder: its "
+                                 "heads have no key/value groups; give the mask as 'heads'")
+        if grid.n_kv_heads == n_heads:
+            raise HeadcountError(f"the mask gives key/value groups (kv_groups), but this model has no grouped-query "
+                                 f"attention ({n_heads} query heads, {n_heads} key/value heads): a KV group is a "
+                                 "single head here, so give the mask as 'heads'")
+        if self.n_kv_heads != grid.n_kv_heads:
+            raise HeadcountError(f"the mask gives {self.n_kv_heads} key/value groups per layer, the model has "
+                                 f"{grid.n_kv_heads}")
         return self
 
     def __eq__(self, other) -> bool:
@@ -99,19 +154,36 @@ class Mask:
             "mlps": [int(v) for v in self.mlps.tolist()],
             "n_heads_kept": self.n_heads_kept,
             "n_mlps_kept": self.n_mlps_kept,
+            **self._kv_dict(),
             **self.meta,
         }
+
+    def _kv_dict(self) -> dict:
+        kv = self.kv_groups
+        if kv is None:  # encoders: the format is unchanged
+            return {}
+        return {"kv_groups": [[int(v) for v in row] for row in kv.tolist()], "n_kv_groups_kept": int(kv.sum())}
 
     def save(self, path) -> Path:
         return atomic_write_json(path, self.to_dict())
 
     @classmethod
     def from_dict(cls, d: dict) -> "Mask":
-        if not isinstance(d, dict) or ("heads" not in d and "shared_heads" not in d):
-            raise HeadcountError("a mask needs a 'heads' (or 'shared_heads') entry")
-        meta = {k: v for k, v in d.items() if k not in ("heads", "mlps", "shared_heads", "n_heads_kept", "n_mlps_kept")}
+        if not isinstance(d, dict) or ("heads" not in d and "shared_heads" not in d and "kv_groups" not in d):
+            raise HeadcountError("a mask needs a 'heads' (or 'shared_heads', or 'kv_groups') entry")
+        derived = ("kv_groups", "n_kv_groups_kept", "n_heads") if "kv_groups" in d else ()
+        meta = {k: v for k, v in d.items()
+                if k not in ("heads", "mlps", "shared_heads", "n_heads_kept", "n_mlps_kept", *derived)}
         try:
-            if "heads" in d:
+            kv, n_kv = _kv_groups(d)
+            if "heads" not in d and "shared_heads" not in d:
+                if not isinstance(d.get("n_heads"), int) or d["n_heads"] < 1:
+                    raise HeadcountError("a mask with only 'kv_groups' needs 'n_heads' (query heads per layer)")
+                if d["n_heads"] % n_kv:
+                    raise HeadcountError(f"mask kv_groups: {d['n_heads']} query heads do not split into {n_kv} "
+                                         "key/value groups")
+                heads = kv.repeat_interleave(d["n_heads"] // n_kv, dim=1)
+            elif "heads" in d:
                 heads = torch.tensor(d["heads"], dtype=torch.float32)
             else:
                 shared = torch.tensor(d["shared_heads"], dtype=torch.float32)
@@ -121,10 +193,15 @@ class Mask:
                 heads = shared.unsqueeze(0).repeat(n_layers, 1)
             if "shared_heads" in d and "heads" in d:
                 heads = heads * torch.tensor(d["shared_heads"], dtype=torch.float32).unsqueeze(0)
+            if kv is not None and ("heads" in d or "shared_heads" in d):  # both given: they multiply
+                if heads.dim() != 2 or tuple(kv.shape) != (heads.shape[0], kv.shape[1]) or heads.shape[1] % n_kv:
+                    raise HeadcountError(f"mask kv_groups has shape {list(kv.shape)}, which does not fit heads "
+                                         f"{list(heads.shape)} (one row per layer, query heads split evenly)")
+                heads = heads * kv.repeat_interleave(heads.shape[1] // n_kv, dim=1)
             mlps = torch.tensor(d["mlps"], dtype=torch.float32) if "mlps" in d else torch.ones(heads.shape[0])
         except (TypeError, ValueError, RuntimeError) as e:
             raise HeadcountError(f"mask entries must be lists of 0/1 numbers ({e})") from None
-        return cls(heads, mlps, meta)
+        return cls(heads, mlps, meta, n_kv)
 
     @classmethod
     def load(cls, path) -> "Mask":
@@ -136,3 +213,15 @@ class Mask:
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise HeadcountError(f"mask file {path} is not JSON: {e}") from None
         return cls.from_dict(d)
+
+
+def _kv_groups(d: dict) -> tuple[torch.Tensor | None, int | None]:
+    """The ``kv_groups`` entry of a mask dict: ``([n_layers, n_kv] 0/1, n_kv)``, or ``(None, None)``."""
+    if "kv_groups" not in d:
+        return None, None
+    kv = torch.tensor(d["kv_groups"], dtype=torch.float32)
+    if kv.dim() != 2 or kv.shape[1] == 0:
+        raise HeadcountError(f"mask kv_groups must be a [n_layers][n_kv] list, got shape {list(kv.shape)}")
+    if not bool(((kv == 0) | (kv == 1)).all()):
+        raise HeadcountError("mask values must be 0 or 1")
+    return kv, int(kv.shape[1])

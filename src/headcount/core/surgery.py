@@ -22,7 +22,8 @@ from safetensors.torch import load_file
 from torch import nn
 
 from headcount.core.arch import get_adapter, grouped_rows
-from headcount.core.gates import kept_heads, layout, set_gates, shared_groups
+from headcount.core.arch.base import kv_plan, out_dim
+from headcount.core.gates import kept_heads, kept_kv_heads, layout, set_gates, shared_groups
 from headcount.core.masks import Mask
 from headcount.runtime.atomic import atomic_dir, atomic_write_json
 from headcount.runtime.errors import HeadcountError
@@ -32,17 +33,44 @@ RECORD = "headcount_pruning"
 
 # -- in-place linear edits ------------------------------------------------------------------
 @torch.no_grad()
-def _keep_rows(linear: nn.Linear, idx: torch.Tensor) -> None:
-    linear.weight = nn.Parameter(linear.weight.index_select(0, idx.to(linear.weight.device)).clone())
+def _keep_rows(linear: nn.Module, idx: torch.Tensor) -> None:
+    """Keep output units ``idx`` (repeats allowed): weight rows of a Linear ``[out, in]``,
+    weight columns of a Conv1D ``[in, out]``."""
+    dim = out_dim(linear)
+    linear.weight = nn.Parameter(linear.weight.index_select(dim, idx.to(linear.weight.device)).clone())
     if linear.bias is not None:
         linear.bias = nn.Parameter(linear.bias.index_select(0, idx.to(linear.bias.device)).clone())
-    linear.out_features = int(idx.numel())
+    if dim:
+        linear.nf = int(idx.numel())
+    else:
+        linear.out_features = int(idx.numel())
 
 
 @torch.no_grad()
-def _keep_cols(linear: nn.Linear, idx: torch.Tensor) -> None:
-    linear.weight = nn.Parameter(linear.weight.index_select(1, idx.to(linear.weight.device)).clone())
-    linear.in_features = int(idx.numel())
+def _keep_cols(linear: nn.Module, idx: torch.Tensor) -> None:
+    """Keep input units ``idx``: weight columns of a Linear, weight rows of a Conv1D."""
+    dim = 1 - out_dim(linear)
+    linear.weight = nn.Parameter(linear.weight.index_select(dim, idx.to(linear.weight.device)).clone())
+    if dim:
+        linear.in_features = int(idx.numel())
+    else:
+        linear.nx = int(idx.numel())
+        if not linear.nx:  # a Conv1D cannot multiply a [n, 0] input: it yields its bias instead
+            linear.forward = types.MethodType(_no_inputs_forward, linear)
+
+
+def _no_inputs_forward(self, x):
+    """Forward of a Conv1D with no input left: ``x @ W + b`` with W ``[0, nf]`` is ``b``."""
+    y = x.new_zeros(*x.shape[:-1], self.nf)
+    return y if self.bias is None else y + self.bias
+
+
+@torch.no_grad()
+def _keep_param(module: nn.Module, name: str, idx: torch.Tensor) -> None:
+    """Keep entries ``idx`` along dim 0 of a per-head tensor (q/k norm weights, sinks)."""
+    param = getattr(module, name)
+    setattr(module, name, nn.Parameter(param.index_select(0, idx.to(param.device)).clone(),
+                                       requires_grad=param.requires_grad))
 
 
 def _no_heads_forward(self, hidden_states, *args, **kwargs):
@@ -86,17 +114,34 @@ def prune_heads(model: nn.Module, heads: Mapping[int, Iterable[int]]) -> nn.Modu
         positions = [i for i, head in enumerate(kept) if head not in remove]
         if len(positions) == len(kept):
             continue
-        # a fused projection holds its heads in several parts ([chunks, kept, d] rows)
-        for proj, rows in block.head_rows(positions, len(kept), d):
-            _keep_rows(proj, rows)
+        if grid.n_kv_heads is None:
+            # a fused projection holds its heads in several parts ([chunks, kept, d] rows)
+            for proj, rows in block.head_rows(positions, len(kept), d):
+                _keep_rows(proj, rows)
+            adapter.set_num_heads(block.attention, len(positions), d)
+        else:
+            _prune_kv(adapter, block, grid, kept, positions)
         _keep_cols(block.out_projection, grouped_rows(positions, d, len(kept)))
         block.out_projection.headcount_kept_heads = [kept[i] for i in positions]
-        adapter.set_num_heads(block.attention, len(positions), d)
         if not positions:
             block.attention.headcount_adapter = adapter
             block.attention.forward = types.MethodType(_no_heads_forward, block.attention)
     _record(model)
     return model
+
+
+def _prune_kv(adapter, block, grid, kept: list[int], positions: list[int]) -> None:
+    """A decoder layer: keep the query heads at ``positions`` (of ``kept``) and the key/value
+    slots they read (:func:`kv_plan`: whole groups go, uneven cuts repeat K/V heads)."""
+    slots = kept_kv_heads(block.out_projection, grid.n_kv_heads)  # original KV head of each slot now
+    plan = kv_plan([kept[i] for i in positions], grid.group_size)
+    kv_pos = [slots.index(g) for g in plan]  # copies of one K/V head are equal: take the first
+    for proj, rows in block.unit_rows(positions, len(kept), kv_pos, len(slots), grid.head_dim):
+        _keep_rows(proj, rows)
+    for module, name, unit in block.per_head:
+        _keep_param(module, name, torch.tensor(positions if unit == "q" else kv_pos, dtype=torch.long))
+    block.out_projection.headcount_kv_heads = plan
+    adapter.set_heads(block.attention, len(positions), len(plan), grid.head_dim)
 
 
 def prune_neurons(model: nn.Module, neurons: Mapping[int, Iterable[int]]) -> nn.Module:
@@ -117,6 +162,8 @@ def prune_neurons(model: nn.Module, neurons: Mapping[int, Iterable[int]]) -> nn.
             continue
         # a gated (GLU) input projection holds each neuron once per part ([chunks, kept] rows)
         _keep_rows(block.ffn_in, block.ffn_in_rows(positions, len(kept)))
+        for extra in block.ffn_in_extra:  # a gated MLP's separate gate projection: rows = neurons
+            _keep_rows(extra, grouped_rows(positions, 1, len(kept)))
         _keep_cols(block.ffn_out, grouped_rows(positions, 1, len(kept)))
         block.ffn_in.headcount_kept_neurons = [kept[i] for i in positions]
     _record(model)
@@ -141,10 +188,15 @@ def prune_mlps(model: nn.Module, layers: Iterable[int]) -> nn.Module:
 def _record(model: nn.Module) -> dict:
     """Write what is removed, read off the modules, into ``model.config``."""
     adapter = get_adapter(model)
-    n_layers, n_heads = layout(model)
+    grid = layout(model)
+    n_layers, n_heads = grid
     size = adapter.intermediate_size(model.config)
     old = getattr(model.config, RECORD, None) or {}
     rec = {"removed_heads": [], "removed_neurons": [], "removed_mlps": [], "gates": old.get("gates")}
+    if grid.n_kv_heads is not None:
+        # decoders: the original KV head of each key/value slot per layer (repeats = the KV cost
+        # of uneven cuts); informative only, replay derives it from removed_heads again
+        rec["kv_heads"] = [kept_kv_heads(b.out_projection, grid.n_kv_heads) for b in adapter.blocks(model)]
     for app, block in enumerate(adapter.blocks(model)):
         kept = set(kept_heads(block.out_projection, n_heads))
         rec["removed_heads"].append([x for x in range(n_heads) if x not in kept])
@@ -216,6 +268,22 @@ def shrink(model: nn.Module, mask: Mask, residual_gates: bool = True) -> nn.Modu
     return model
 
 
+def kv_summary(model: nn.Module) -> dict:
+    """Decoders: the key/value cache per token, in KV heads summed over layers, before and after
+    surgery, and how many of the kept slots are repeated K/V heads (the cost of uneven cuts).
+    Empty for encoders.
+
+    >>> kv_summary(shrink(model, mask))    # doctest: +SKIP
+    {'kv_heads_total': 6, 'kv_heads_kept': 5, 'kv_heads_repeated': 1}
+    """
+    grid = layout(model)
+    if grid.n_kv_heads is None:
+        return {}
+    slots = [kept_kv_heads(b.out_projection, grid.n_kv_heads) for b in get_adapter(model).blocks(model)]
+    return {"kv_heads_total": grid.n_layers * grid.n_kv_heads, "kv_heads_kept": sum(map(len, slots)),
+            "kv_heads_repeated": sum(len(s) - len(set(s)) for s in slots)}
+
+
 def count_parameters(model: nn.Module) -> int:
     """Parameters, each shared tensor counted once."""
     return sum(p.numel() for p in model.parameters())
@@ -264,6 +332,7 @@ def save_pruned(model: nn.Module, out_dir, tokenizer=None, extra: dict | None = 
             "heads_total": n_layers * n_heads,
             "mlps_kept": n_layers - len(rec["removed_mlps"]),
             "parameters": count_parameters(model),
+            **kv_summary(model),
             **(extra or {}),
         }
         atomic_write_json(tmp / "headcount.json", summary)
@@ -314,6 +383,21 @@ def _align_to(model: nn.Module, state: dict) -> dict:
     return state
 
 
+def _renamed(model: nn.Module, state: dict) -> dict:
+    """Undo the key renames ``save_pretrained`` applies for legacy checkpoint names (transformers
+    5 saves GPT-NeoX's ``lm_head`` as ``embed_out``): keys the model has stay as they are."""
+    own = set(model.state_dict())
+    if all(k in own for k in state):
+        return state
+    try:  # transformers' own renaming table; absent in other versions: keys stay as saved
+        from transformers.conversion_mapping import get_model_conversion_mapping
+        from transformers.core_model_loading import WeightRenaming, rename_source_key
+        renamings = [t for t in get_model_conversion_mapping(model) if isinstance(t, WeightRenaming)]
+    except (ImportError, AttributeError, TypeError):
+        return state
+    return {k if k in own else rename_source_key(k, renamings, [])[0]: v for k, v in state.items()}
+
+
 def load_pruned(path, model_class=None, **config_kwargs) -> nn.Module:
     """Load a checkpoint written by :func:`save_pruned`; outputs equal the saved model's.
 
@@ -343,7 +427,7 @@ def load_pruned(path, model_class=None, **config_kwargs) -> nn.Module:
     setattr(config, RECORD, None)
     model = model_class(config)
     replay(model, record)
-    state = _align_to(model, _load_state(path))
+    state = _align_to(model, _renamed(model, _load_state(path)))
     try:
         missing, unexpected = model.load_state_dict(state, strict=False)
     except RuntimeError as e:  # size mismatches

@@ -1,6 +1,7 @@
 """Architecture adapters and their registry (the only package that names architectures).
 
-Every module of this package other than ``base`` and ``registry`` is an adapter that registers
+Every module of this package other than ``base``, ``registry`` and ``decoder`` (what decoder
+adapters share) is an adapter that registers
 itself on import; importing the package imports them all (in name order), so adding an
 architecture is one file here and its row in the tests' architecture table.
 """
@@ -11,11 +12,17 @@ import importlib
 import pkgutil
 
 from headcount.core.arch.base import Adapter, Block, Layout, grouped_rows
-from headcount.core.arch.registry import adapters, get_adapter, register_adapter, supported_model_types
+from headcount.core.arch.registry import (
+    adapters,
+    get_adapter,
+    refuse_model_type,
+    register_adapter,
+    supported_model_types,
+)
 
 for _module in sorted(m.name for m in pkgutil.iter_modules(__path__)):
-    if _module not in ("base", "registry"):
+    if _module not in ("base", "registry", "decoder"):
         importlib.import_module(f"{__name__}.{_module}")
 
-__all__ = ["Adapter", "Block", "Layout", "adapters", "get_adapter", "grouped_rows", "register_adapter",
+__all__ = ["Adapter", "Block", "Layout", "adapters", "get_adapter", "grouped_rows", "refuse_model_type", "register_adapter",
            "supported_model_types"]

@@ -8,7 +8,8 @@ ALBERT applies one shared layer at every depth, so its blocks repeat the same mo
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -37,6 +38,21 @@ class Block:
             A gated feed-forward block (GLU: ``act(x W_in) * (x W_gate)``) fused into one
             linear is 2 parts of ``[intermediate]`` rows; removing neuron i removes row i of
             every part.
+        head_units: decoders (grouped-query attention): per entry of ``head_projections``, the
+            unit of each of its head-grouped parts, outer to inner: ``"q"`` (query heads) or
+            ``"kv"`` (key/value heads). Separate projections: ``("q",), ("kv",), ("kv",)``; a
+            fused ``[q; k; v]`` projection of unequal parts: ``(("q", "kv", "kv"),)``. Default:
+            every part ``"q"`` (an encoder's head is its own key/value head).
+        head_interleave: per head projection, how many parts sit *inside* each head (rows
+            ``[heads, interleave, head_dim]``, a fused projection interleaved per head); default 1.
+        ffn_in_extra: more feed-forward input projections whose rows are neurons (a gated MLP
+            with separate ``gate_proj`` and ``up_proj``: ``ffn_in`` is one, this holds the other).
+        per_head: ``(module, parameter name, unit)`` of tensors whose dim 0 is heads of that unit
+            (per-head q/k norm weights ``[n_heads, head_dim]``, attention sinks ``[n_heads]``):
+            surgery slices them like the projections' rows.
+
+    A projection may be a transformers ``Conv1D`` (weight ``[in, out]``): its "rows" are then
+    weight columns; surgery and the weight-based scorers handle both (:func:`out_dim`).
     """
 
     layer: nn.Module
@@ -47,10 +63,50 @@ class Block:
     ffn_out: nn.Linear
     head_chunks: tuple[int, ...] = ()
     ffn_in_chunks: int = 1
+    head_units: tuple[tuple[str, ...], ...] = ()
+    head_interleave: tuple[int, ...] = ()
+    ffn_in_extra: tuple[nn.Module, ...] = ()
+    per_head: tuple[tuple[nn.Module, str, str], ...] = field(default=())
 
     def __post_init__(self):
         if self.head_chunks and len(self.head_chunks) != len(self.head_projections):
             raise ValueError("head_chunks needs one entry per head projection")
+        if self.head_units and len(self.head_units) != len(self.head_projections):
+            raise ValueError("head_units needs one entry per head projection")
+        if any(u not in ("q", "kv") for units in self.head_units for u in units):
+            raise ValueError("head_units entries are 'q' or 'kv'")
+
+    def units(self) -> list[tuple[nn.Module, tuple[str, ...], int]]:
+        """``(projection, units of its parts, interleave)`` for every head projection."""
+        chunks = self.head_chunks or (1,) * len(self.head_projections)
+        units = self.head_units or tuple(("q",) * c for c in chunks)
+        inter = self.head_interleave or (1,) * len(self.head_projections)
+        return list(zip(self.head_projections, units, inter))
+
+    def unit_rows(self, q: list[int], n_q: int, kv: list[int] | None, n_kv: int,
+                  head_dim: int) -> list[tuple[nn.Module, torch.Tensor]]:
+        """``(projection, row indices)`` selecting query heads at positions ``q`` (of the ``n_q``
+        the projections hold now) and key/value heads at positions ``kv`` (of ``n_kv``; repeats
+        allowed: a K/V head kept twice). ``kv=None`` leaves out the key/value parts (a projection
+        made only of them is then left out too).
+
+        >>> b = Block(nn.Identity(), nn.Identity(), (nn.Linear(2, 8),), nn.Linear(4, 2), nn.Identity(),
+        ...           nn.Identity(), head_units=(("q", "kv", "kv"),))
+        >>> b.unit_rows([1], 2, [0, 0], 1, head_dim=2)[0][1].tolist()   # q head 1, kv head 0 twice
+        [2, 3, 4, 5, 4, 5, 6, 7, 6, 7]
+        """
+        out = []
+        for proj, units, inter in self.units():
+            rows, offset = [], 0
+            for unit in units:
+                pos, n = (q, n_q) if unit == "q" else (kv, n_kv)
+                if pos is not None:
+                    width = inter * head_dim  # rows of one head in this part: [interleave, head_dim]
+                    rows += [offset + p * width + j for p in pos for j in range(width)]
+                offset += n * inter * head_dim
+            if rows or all(u == "q" for u in units):
+                out.append((proj, torch.tensor(rows, dtype=torch.long)))
+        return out
 
     def head_parts(self) -> list[tuple[nn.Linear, int]]:
         """``(projection, parts)`` for every head projection (parts = head-grouped chunks of rows)."""
@@ -61,6 +117,8 @@ class Block:
         """``(projection, row indices)`` of the heads at ``positions`` (of the ``n_kept`` heads the
         projections hold now), for every head projection: what surgery keeps, what a per-head
         weight norm sums over."""
+        if self.head_units or self.head_interleave:  # a decoder's layout: its query-head rows
+            return self.unit_rows(positions, n_kept, None, 0, head_dim)
         return [(proj, grouped_rows(positions, head_dim, n_kept, chunks)) for proj, chunks in self.head_parts()]
 
     def ffn_in_rows(self, positions: list[int], n_kept: int) -> torch.Tensor:
@@ -79,6 +137,36 @@ def grouped_rows(positions: list[int], width: int, n_groups: int, chunks: int = 
                          for c in range(chunks) for p in positions for j in range(width)], dtype=torch.long)
 
 
+def kv_plan(q_heads: list[int], group: int) -> list[int]:
+    """The key/value heads that serve the query heads ``q_heads`` (original ids, ascending) of a
+    grouped-query layer (``group`` = n_q / n_kv query heads per KV head in the architecture).
+
+    transformers maps query head i to key/value head ``i // num_key_value_groups``, the same
+    quotient for every head. A kept KV group g with n_g query heads left gets ``n_g / c`` slots
+    (its K/V head repeated), ``c = gcd(n_g)``: the largest uniform quotient that keeps every
+    query head reading its own K/V head. Even cuts repeat nothing; uneven ones grow the cache.
+
+    Returns:
+        the original KV head of each slot, in slot order (repeats = K/V heads stored twice).
+
+    >>> kv_plan([0, 1, 4, 5], group=2)    # whole KV groups 0 and 2: 2 slots, quotient 2
+    [0, 2]
+    >>> kv_plan([0, 1, 2, 4], group=3)    # 3 heads read KV 0, 1 reads KV 1: gcd 1
+    [0, 0, 0, 1]
+    """
+    counts: dict[int, int] = {}
+    for h in q_heads:
+        counts[h // group] = counts.get(h // group, 0) + 1
+    c = math.gcd(*counts.values()) if counts else 1
+    return [g for g, n in counts.items() for _ in range(n // c)]
+
+
+def out_dim(module: nn.Module) -> int:
+    """The weight dimension that holds a projection's outputs: 0 for ``nn.Linear``
+    (``[out, in]``), 1 for a transformers ``Conv1D`` (``[in, out]``, GPT-2's projections)."""
+    return 1 if type(module).__name__ == "Conv1D" else 0
+
+
 @dataclass(frozen=True)
 class Layout:
     """How many layers and heads: the grid that gates, scores and masks are indexed by.
@@ -94,6 +182,9 @@ class Layout:
         head_dim: size of one head's context vector.
         groups: applications grouped by the physical layer they run, ``((0,), (1,), ...)``;
             ALBERT: one group of every application.
+        n_kv_heads: decoders: key/value heads per layer in the architecture (grouped-query
+            attention: fewer than ``n_heads``, query head h reads KV head
+            ``h // (n_heads / n_kv_heads)``); None for encoders.
 
     >>> n_layers, n_heads = Layout(6, 12, 32, tuple((i,) for i in range(6)))
     >>> (n_layers, n_heads)
@@ -104,6 +195,12 @@ class Layout:
     n_heads: int
     head_dim: int
     groups: tuple[tuple[int, ...], ...]
+    n_kv_heads: int | None = None
+
+    @property
+    def group_size(self) -> int:
+        """Query heads per KV head (1 without grouped-query attention)."""
+        return self.n_heads // self.n_kv_heads if self.n_kv_heads else 1
 
     def __iter__(self):
         return iter((self.n_layers, self.n_heads))
@@ -135,6 +232,10 @@ class Adapter:
     def head_dim(self, config) -> int:
         return int(getattr(config, "attention_head_size", 0) or config.hidden_size // self.num_heads(config))
 
+    def num_kv_heads(self, config) -> int | None:
+        """Key/value heads per layer (decoders); None: an encoder, whose heads have no KV level."""
+        return None
+
     def intermediate_size(self, config) -> int:
         return int(config.intermediate_size)
 
@@ -158,9 +259,14 @@ class Adapter:
         for app, block in enumerate(blocks):
             groups.setdefault(id(block.layer), []).append(app)
         return Layout(len(blocks), self.num_heads(model.config), self.head_dim(model.config),
-                      tuple(tuple(g) for g in groups.values()))
+                      tuple(tuple(g) for g in groups.values()), self.num_kv_heads(model.config))
 
     # --- what surgery needs to change besides weights ---------------------------------
+    def set_heads(self, attention: nn.Module, n_heads: int, n_kv: int, head_dim: int) -> None:
+        """After surgery: ``n_heads`` query heads read ``n_kv`` key/value slots (decoders;
+        encoders: ``n_kv == n_heads``). Default: :meth:`set_num_heads`."""
+        self.set_num_heads(attention, n_heads, head_dim)
+
     def set_num_heads(self, attention: nn.Module, n_heads: int, head_dim: int) -> None:
         """Update the attention module's head-count attributes after surgery."""
         for name in ("num_attention_heads", "n_heads"):

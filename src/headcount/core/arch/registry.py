@@ -12,6 +12,8 @@ from headcount.core.arch.base import Adapter
 from headcount.runtime.errors import HeadcountError
 
 _REGISTRY: dict[str, Adapter] = {}
+#: model types headcount knows and refuses, with the reason (gating and surgery would disagree)
+_REFUSED: dict[str, str] = {}
 
 
 def register_adapter(adapter: Adapter) -> Adapter:
@@ -25,6 +27,17 @@ def register_adapter(adapter: Adapter) -> Adapter:
     for model_type in adapter.model_types:
         _REGISTRY[model_type] = adapter
     return adapter
+
+
+def refuse_model_type(model_types: tuple[str, ...], reason: str) -> None:
+    """Name model types whose heads cannot be removed exactly; :func:`get_adapter` refuses them
+    with ``reason`` instead of the generic "not supported" line.
+
+    >>> refuse_model_type(("my-olmo",), "its q/k norm runs over all heads together")
+    >>> _ = _REFUSED.pop("my-olmo")
+    """
+    for model_type in model_types:
+        _REFUSED[model_type] = reason
 
 
 def supported_model_types() -> list[str]:
@@ -48,6 +61,8 @@ def get_adapter(model_or_config) -> Adapter:
     """
     config = getattr(model_or_config, "config", model_or_config)
     model_type = getattr(config, "model_type", None)
+    if model_type in _REFUSED and model_type not in _REGISTRY:
+        raise HeadcountError(f"model type {model_type!r} is not supported: {_REFUSED[model_type]}")
     if model_type not in _REGISTRY:
         raise HeadcountError(
             f"model type {model_type!r} is not supported; supported types: {', '.join(supported_model_types())}"

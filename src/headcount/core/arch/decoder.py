@@ -1,0 +1,71 @@
+"""What decoder adapters share (no adapter registers here): causal language models whose
+attention has query heads and, under grouped-query attention (GQA), fewer key/value heads.
+
+transformers 5 attention modules infer their head counts from the projections' sizes
+(``view(..., -1, head_dim)``) and map query head i to key/value head
+``i // self.num_key_value_groups`` (``repeat_kv`` in eager, ``enable_gqa`` in sdpa, both reading
+the *module* attribute), so surgery needs the weights sliced and that attribute (and the few
+others a family's forward reads) set per layer. transformers' own attention interface and cache
+classes run the pruned model: the caches size each layer from the K/V they are given.
+"""
+
+from __future__ import annotations
+
+from headcount.core.arch.base import Adapter, Block, out_dim
+
+
+class DecoderAdapter(Adapter):
+    """Llama's module layout (``model.layers[i].self_attn.{q,k,v,o}_proj``, a gated MLP
+    ``mlp.{gate,up,down}_proj``); families with other names override :meth:`blocks`."""
+
+    #: the attribute of the attention module that holds the output projection
+    out_name = "o_proj"
+
+    def num_kv_heads(self, config) -> int:
+        return int(getattr(config, "num_key_value_heads", None) or self.num_heads(config))
+
+    def head_dim(self, config) -> int:
+        # an explicit head size where the config has one (Gemma: 256 with hidden 2048 / 8 heads)
+        return int(getattr(config, "head_dim", None) or config.hidden_size // self.num_heads(config))
+
+    def encoder(self, model):
+        return self.base(model)
+
+    def layers(self, model):
+        return self.base(model).layers
+
+    def blocks(self, model):
+        out = []
+        for layer in self.layers(model):
+            att, mlp = layer.self_attn, layer.mlp
+            out.append(Block(layer=layer, attention=att, head_projections=(att.q_proj, att.k_proj, att.v_proj),
+                             out_projection=att.o_proj, ffn_in=mlp.up_proj, ffn_out=mlp.down_proj,
+                             head_units=(("q",), ("kv",), ("kv",)), ffn_in_extra=(mlp.gate_proj,),
+                             per_head=self.per_head(att)))
+        return out
+
+    def per_head(self, attention) -> tuple:
+        """``(module, parameter, unit)`` of per-head tensors to slice (none by default: q/k
+        norms over ``head_dim`` share one weight across heads)."""
+        return ()
+
+    def set_heads(self, attention, n_heads, n_kv, head_dim):
+        # the one map transformers reads: query head i -> KV slot i // num_key_value_groups
+        attention.num_key_value_groups = n_heads // n_kv if n_kv else 1
+        for name, value in (("num_key_value_heads", n_kv), ("num_heads", n_heads), ("num_attention_heads", n_heads)):
+            if isinstance(getattr(attention, name, None), int):
+                setattr(attention, name, value)
+
+    def attention_without_heads(self, attention, hidden_states, *args, **kwargs):
+        # The output projection lives inside the module: with no head it yields its bias (gate
+        # semantics). The cache still gets this layer's positions: one zero K/V value per token
+        # ([batch, 1, seq, 1]), as caches read the sequence length off a layer's tensors.
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))
+        if cache is not None:
+            b, s = hidden_states.shape[:2]
+            zeros = hidden_states.new_zeros(b, 1, s, 1)
+            cache.update(zeros, zeros.clone(), attention.layer_idx)
+        out = getattr(attention, self.out_name)
+        # o_proj of zero inputs, without calling it (a Conv1D cannot multiply a [n, 0] input)
+        y = hidden_states.new_zeros(*hidden_states.shape[:-1], out.weight.shape[out_dim(out)])
+        return (y if out.bias is None else y + out.bias), None
