@@ -335,9 +335,12 @@ def native_config(model: nn.Module):
     try:
         with torch.device("meta"):
             plain = type(model)(config)
+        if callable(getattr(config, "validate", None)):
+            config.validate()  # the checks save_pretrained runs (LlamaConfig: hidden % heads == 0)
     except Exception as e:
+        cause = getattr(e, "__cause__", None) or e  # a strict-dataclass validator wraps the reason
         raise HeadcountError(why + f"{type(config).__name__} refuses {heads} heads "
-                                   f"({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+                                   f"({str(cause).splitlines()[0] if str(cause) else type(cause).__name__})") from None
     want, got = _shapes(model), _shapes(plain)
     wrong = sorted(k for k in want.keys() | got.keys() if want.get(k) != got.get(k))
     if wrong:
