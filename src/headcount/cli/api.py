@@ -14,8 +14,8 @@ from headcount.analysis import plots
 from headcount.core.arch import get_adapter
 from headcount.core.gates import layout
 from headcount.core.masks import Mask
-from headcount.core.models import load_model, load_tokenizer
-from headcount.core.surgery import count_parameters, pruning_record, save_pruned, shrink
+from headcount.core.models import is_gguf, load_model, load_tokenizer, resolve
+from headcount.core.surgery import count_parameters, kv_summary, pruning_record, save_pruned, shrink
 from headcount.data.tasks import get_task
 from headcount.importance.pipeline import (
     DataConfig,
@@ -55,8 +55,24 @@ def describe(model_spec: str) -> dict:
         "heads kept": f"{n_layers * n_heads - removed_heads}/{n_layers * n_heads}",
         "MLPs kept": f"{n_layers - len(rec.get('removed_mlps', []))}/{n_layers}",
         "residual gates": "yes" if rec.get("gates") else "no",
+        **_decoder_lines(model_spec, model),
         "device": _where(),
     }
+
+
+def _decoder_lines(model_spec: str, model) -> dict:
+    """``info``'s extra lines for a decoder: key/value heads (what the KV cache holds) and, for a
+    GGUF file, that its weights are dequantised. None for encoders."""
+    grid = layout(model)
+    if grid.n_kv_heads is None:
+        return {}
+    kv = kv_summary(model)
+    lines = {"key/value heads": f"{grid.n_kv_heads} per layer ({grid.group_size} query heads each); "
+                                f"{kv['kv_heads_kept']}/{kv['kv_heads_total']} kept"
+                                + (f", {kv['kv_heads_repeated']} of them repeated" if kv["kv_heads_repeated"] else "")}
+    if is_gguf(resolve(model_spec)):
+        lines["weights"] = "dequantised to float32 from a quantised GGUF file (not the original weights)"
+    return lines
 
 
 def _on(meta: dict) -> str:
@@ -88,9 +104,15 @@ def shrink_checkpoint(model_spec: str, mask_path, out) -> dict:
 
 
 def _saved_head(model_spec: str) -> str:
-    """The head shrink keeps when it is not a classifier: "mlm" for a masked-LM checkpoint, else "base"."""
+    """The head shrink keeps when it is not a classifier: "mlm" for a masked-LM checkpoint, "lm" for a
+    causal LM (a GGUF file is one), else "base"."""
     cfg = saved_config(model_spec)
-    return "mlm" if cfg is not None and any(a.endswith("ForMaskedLM") for a in (cfg.architectures or [])) else "base"
+    if cfg is None:
+        return "lm" if is_gguf(resolve(model_spec)) else "base"
+    names = cfg.architectures or []
+    if any(a.endswith("ForMaskedLM") for a in names):
+        return "mlm"
+    return "lm" if any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in names) else "base"
 
 
 def _echo_none(*args, **kwargs):

