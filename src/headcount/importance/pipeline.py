@@ -5,6 +5,7 @@
 MLM head gets one fitted on the frozen encoder, and the returned info says so.
 ``objective="embedding"`` / ``"embedding-supervised"``: the contrastive loss of
 :mod:`headcount.data.embedding` on the encoder's pooled states (no head; the texts, or the pairs).
+``objective="lm"``: a decoder's causal-LM (next-token) loss on the task's texts, its own head.
 
 The settings these verbs take are declared in :mod:`headcount.importance.settings` (re-exported here).
 """
@@ -16,6 +17,7 @@ from contextlib import nullcontext
 import numpy as np
 import transformers
 
+from headcount.core.gates import layout
 from headcount.core.models import load_model, load_tokenizer, resolve
 from headcount.data.embedding import (
     EVAL_METRIC,
@@ -32,7 +34,7 @@ from headcount.data.embedding import (
 from headcount.data.embedding import contrastive as contrastive_loss
 from headcount.data.evaluation import MLM_METRIC, evaluate_batches, masked_positions_only
 from headcount.data.mlm_head import MLM_HEAD_MAX_TEXTS, fit_mlm_head
-from headcount.data.tasks import encode, make_batches, mlm_batches, tokenize
+from headcount.data.tasks import encode, lm_batches, make_batches, mlm_batches, tokenize
 from headcount.data.tasks.base import subset_indices
 from headcount.data.tasks.batching import batch_order
 from headcount.importance.pruning import PruneConfig, iterative_prune
@@ -116,6 +118,12 @@ def load_for(model_spec: str, task, objective: str = "task", mlm_texts=None, see
         model = load_model(model_spec, head="base").to(where)
         return model, tokenizer, {"head": "pooling", "pooling": spec.pooling, "contrastive": spec,
                                   "device": str(where)}
+    if objective == "lm":  # a decoder's own language-model head
+        model = load_model(model_spec, head="lm")
+        if layout(model).n_kv_heads is None:  # an encoder (BERT loads as a causal LM, but was not trained as one)
+            raise HeadcountError(f"--objective lm needs a decoder (causal language model); {model_spec} is an encoder")
+        model.to(where)
+        return model, tokenizer, {"head": "checkpoint", "device": str(where)}
     if objective == "task":
         head = task_head(model_spec, task)["head"]  # refuses a fine-tuned head that does not fit
         model = load_model(model_spec, head=task.kind, num_labels=task.num_labels).to(where)
@@ -146,6 +154,9 @@ def batches_for(task, tokenizer, objective: str, data: DataConfig, split: str | 
     if is_embedding(objective):
         return embedding_batches(task, tokenizer, data, split, supervised=objective == "embedding-supervised",
                                  group_by_length=group_by_length)
+    if objective == "lm":
+        return lm_batches(_texts(task, split, data.max_examples, data.seed), tokenizer, max_length=data.max_length,
+                          batch_size=data.batch_size, group_by_length=group_by_length)
     if objective == "mlm":
         texts = _texts(task, split, data.max_examples, data.seed)
         return mlm_batches(texts, tokenizer, max_length=data.max_length, batch_size=data.batch_size, seed=data.seed,
@@ -172,7 +183,7 @@ def example_order(task, tokenizer, objective: str, data: DataConfig, split: str 
     picked = (subset_indices(len(task.load(split)), data.max_examples, data.seed)
               if data.max_examples is not None else None)
     picked = np.arange(len(loaded)) if picked is None else np.asarray(picked, dtype=np.int64)
-    if objective in ("mlm", "embedding"):  # the texts joined (embedding-supervised: the task's pairs)
+    if objective in ("mlm", "embedding", "lm"):  # the texts joined (embedding-supervised: the task's pairs)
         lengths = tokenize([(" ".join(t),) for t in loaded.texts], tokenizer, max_length=data.max_length).lengths
     else:
         lengths = encode(loaded, tokenizer, max_length=data.max_length).lengths

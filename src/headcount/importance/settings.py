@@ -22,8 +22,9 @@ from headcount.importance.scoring import get_scorer, scorer_names
 from headcount.importance.scores import DEFAULT_ACCUMULATE, check_accumulate, check_batch_order, check_method, check_normalize, groups_by_length
 from headcount.runtime.errors import HeadcountError
 
-#: ``embedding`` / ``embedding-supervised``: the contrastive objectives of :mod:`headcount.data.embedding`
-OBJECTIVES = ("task", "mlm", *EMBEDDING_OBJECTIVES)
+#: ``embedding`` / ``embedding-supervised``: the contrastive objectives of :mod:`headcount.data.embedding`;
+#: ``lm``: a decoder's causal-LM (next-token) loss on the task's texts (scoring only, for now)
+OBJECTIVES = ("task", "mlm", *EMBEDDING_OBJECTIVES, "lm")
 
 
 def prune_methods() -> tuple[str, ...]:
@@ -192,7 +193,8 @@ class ScoreSettings:
 
     Attributes:
         objective: ``task`` (the task's loss), ``mlm`` (masked LM on the task's texts),
-            ``embedding`` (SimCSE on the task's texts) or ``embedding-supervised`` (pairs as positives).
+            ``embedding`` (SimCSE on the task's texts), ``embedding-supervised`` (pairs as positives)
+            or ``lm`` (a decoder's next-token loss on the task's texts).
         method: a registered scorer (:mod:`headcount.importance.scorers`).
         normalize: one of :data:`~headcount.importance.scores.NORMALIZE` (raw scores by default).
         accumulate: how gradients sum over batches (:data:`~headcount.importance.scores.ACCUMULATE`).
@@ -251,6 +253,9 @@ class PruneSettings:
 
     def __post_init__(self):
         check_objective(self.objective)
+        if self.objective == "lm":
+            raise HeadcountError("the lm objective scores heads (headcount score); pruning with it has no stop "
+                                 "metric yet: prune with --objective task, or shrink a mask made from the scores")
         if not get_scorer(check_method(self.method)).can_prune:
             raise HeadcountError(f"method {self.method!r} cannot drive pruning; use {', '.join(prune_methods())}")
         check_normalize(self.normalize)

@@ -118,7 +118,8 @@ def score(
     model: str = typer.Option("offline", "--model", "-m", help=MODEL_HELP),
     task: str = typer.Option("offline/movies", "--task", "-t", help=TASK_HELP),
     objective: str = setting(ScoreSettings, "objective", help="task | mlm | embedding (SimCSE: dropout views, "
-                                                                  "no labels) | embedding-supervised (text pairs)"),
+                                                                  "no labels) | embedding-supervised (text pairs) | "
+                                                                  "lm (a decoder's next-token loss)"),
     split: str = setting(DataConfig, "split", help="split to score on (default: the task's train split)"),
     max_examples: int = setting(DataConfig, "max_examples", help="examples to score on"),
     batch_size: int = setting(DataConfig, "batch_size"),

@@ -19,7 +19,7 @@ from headcount.data.tasks.batching import Encoded, encode, make_batches, tokeniz
 from headcount.data.tasks.glue import GLUE, glue_task
 from headcount.data.tasks.local import load_task_yaml
 from headcount.data.tasks.metrics import compute_metrics
-from headcount.data.tasks.mlm import mask_tokens, mlm_batches, mlm_texts
+from headcount.data.tasks.mlm import lm_batches, mask_tokens, mlm_batches, mlm_texts
 from headcount.data.tasks.offline import OFFLINE_TASKS, fetch, is_fetched, offline_corpus, offline_task
 from headcount.data.tasks.paths import cache_root, data_root
 from headcount.data.tasks.registry import get_task, list_tasks, register_task, resolve_task_ref
@@ -29,7 +29,7 @@ __all__ = [
     "Task", "TaskData", "Source", "FilesSource", "Encoded",
     "get_task", "list_tasks", "register_task", "resolve_task_ref", "glue_task", "offline_task", "load_task_yaml",
     "encode", "tokenize", "make_batches", "compute_metrics",
-    "mlm_texts", "mlm_batches", "mask_tokens",
+    "mlm_texts", "mlm_batches", "mask_tokens", "lm_batches",
     "fetch", "is_fetched", "offline_corpus", "data_root", "cache_root",
 ]
 

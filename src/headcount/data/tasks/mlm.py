@@ -167,3 +167,33 @@ def mlm_batches(texts: Sequence[str], tokenizer, *, max_length: int = 128, batch
                                                   probability, ordinary)
         batches.append(b)
     return batches
+
+
+def lm_batches(texts: Sequence[str], tokenizer, *, max_length: int = 128, batch_size: int = 32, cache_dir=None,
+               group_by_length: bool = True) -> list[dict]:
+    """Padded batches for the causal-LM (next-token) loss of a decoder: ``labels`` are the token
+    ids themselves (the model shifts them by one), ``-100`` on padding and on the first position.
+
+    Right padding: every position a label counts sees only real tokens before it. The pad id is the
+    tokenizer's, else its end-of-sequence id (decoder tokenizers often have no pad token).
+
+    >>> b = lm_batches(["a first text", "another one"], tokenizer)[0]    # doctest: +SKIP
+    >>> int((b["labels"] != -100).sum()) == int(b["attention_mask"].sum()) - 2  # doctest: +SKIP
+    True
+    """
+    texts = list(texts)
+    if not texts:
+        raise HeadcountError("no texts for the causal-LM objective")
+    enc = tokenize([(t,) for t in texts], tokenizer, max_length=max_length, cache_dir=cache_dir)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
+    o = enc.offsets
+    batches = []
+    for idx in batch_order(enc.lengths, batch_size, group_by_length=group_by_length):
+        b = pad_batch([enc.ids[o[i]:o[i + 1]] for i in idx], pad)  # [batch, seq], right-padded
+        b["labels"] = b["input_ids"].masked_fill(b["attention_mask"] == 0, IGNORE)
+        # the model predicts token t+1 at t, so no position predicts the first token: IGNORE there
+        # too (the loss is unchanged) makes the count of labels the count of predicted tokens, which
+        # scoring's batch merging weighs batches by
+        b["labels"][:, 0] = IGNORE
+        batches.append(b)
+    return batches

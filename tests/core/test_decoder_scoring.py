@@ -1,0 +1,61 @@
+"""Scoring decoders: ``--objective lm`` (the causal-LM next-token loss on a task's texts) with the
+gate-gradient scorer, through the CLI, checked against an independent autograd of the same loss."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from cli_helpers import assert_one_error_line, run_cli
+from conftest import HEADS, LAYERS, tiny_model
+from training_helpers import make_task, make_tokenizer
+
+from headcount.data.tasks import get_task, lm_batches
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    root = tmp_path_factory.mktemp("lm")
+    tiny_model("qwen3", head="lm").save_pretrained(root / "qwen3")
+    make_tokenizer(root / "qwen3").save_pretrained(root / "qwen3")
+    task = make_task(root / "task", n_train=12, n_dev=8)
+    return root, task
+
+
+def test_lm_objective_scores_are_the_gate_gradients_of_the_next_token_loss(world, capsys):
+    root, task = world
+    code, out, err = run_cli(capsys, "score", "--model", root / "qwen3", "--task", task, "--objective", "lm",
+                             "--method", "gradient", "--max-examples", 12, "--batch-size", 4, "--out", root / "s")
+    assert code == 0, err
+    scores = json.loads((root / "s" / "scores.json").read_text())
+    assert scores["objective"] == "lm" and len(scores["heads"]) == LAYERS and len(scores["heads"][0]) == HEADS
+    # the same quantity by hand: sum over batches of |dL_b/dg| at g = 1, L_b the model's mean next-token loss
+    from headcount.core.gates import gated
+    from headcount.core.models import load_model, load_tokenizer
+
+    model, tok = load_model(str(root / "qwen3"), head="lm"), load_tokenizer(str(root / "qwen3"))
+    texts = [" ".join(t) for t in get_task(str(task)).load("train", max_examples=12, seed=0).texts]
+    want = torch.zeros(LAYERS, HEADS, dtype=torch.float64)
+    for batch in lm_batches(texts, tok, max_length=128, batch_size=4):
+        g = torch.ones(LAYERS, HEADS, requires_grad=True)
+        with gated(model, heads=g):
+            model(**batch).loss.backward()
+        want += g.grad.abs().double()
+    got = torch.tensor(scores["heads"], dtype=torch.float64)
+    assert torch.allclose(got, want, rtol=1e-4, atol=1e-7), (got, want)
+    assert bool((got > 0).all())
+
+
+def test_lm_objective_is_refused_for_encoders_and_for_pruning(world, capsys, tmp_path):
+    root, task = world
+    from training_helpers import make_checkpoint
+
+    bert = make_checkpoint(tmp_path / "bert")
+    code, _, err = run_cli(capsys, "score", "--model", bert, "--task", task, "--objective", "lm", "--out", tmp_path / "o")
+    assert_one_error_line(code, err)
+    assert "needs a decoder" in err and not (tmp_path / "o").exists()
+    code, _, err = run_cli(capsys, "prune", "--model", root / "qwen3", "--task", task, "--objective", "lm",
+                           "--out", tmp_path / "p")
+    assert_one_error_line(code, err)
+    assert "pruning with it has no stop metric" in err and not (tmp_path / "p").exists()
