@@ -59,3 +59,38 @@ def test_lm_objective_is_refused_for_encoders_and_for_pruning(world, capsys, tmp
                            "--out", tmp_path / "p")
     assert_one_error_line(code, err)
     assert "pruning with it has no stop metric" in err and not (tmp_path / "p").exists()
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2", "phi3", "bert"])
+def test_activation_scorer_is_wanda_sp_by_hand(arch):
+    """heads[l, h] = sum over head h's output-projection input channels j of rms_j(X) * sum_i |W_ij|
+    (rms over real tokens); a head held at gate 0 scores 0. Decoders and encoders alike."""
+    from conftest import ARCHS, tiny_batch
+
+    from headcount.core.arch import get_adapter
+    from headcount.core.arch.base import out_dim
+    from headcount.core.masks import Mask
+    from headcount.importance.scoring import score
+
+    model = tiny_model(arch, head="lm" if ARCHS[arch].decoder else "classification")
+    batch = tiny_batch(model)
+    got = score(model, [batch], method="activation")
+    blocks = get_adapter(model).blocks(model)
+    seen = {}
+    handles = [b.out_projection.register_forward_pre_hook(lambda m, a, i=i: seen.__setitem__(i, a[0]))
+               for i, b in enumerate(blocks)]
+    with torch.no_grad():
+        model(**batch)
+    for hd in handles:
+        hd.remove()
+    m = batch["attention_mask"].bool()
+    for layer, block in enumerate(blocks):
+        x = seen[layer][m].double()  # [real tokens, channels]
+        rms = x.pow(2).mean(0).sqrt()
+        col = block.out_projection.weight.abs().double().sum(dim=out_dim(block.out_projection))
+        want = (rms * col).view(HEADS, -1).sum(1)
+        assert torch.allclose(got.heads[layer].double(), want, rtol=1e-4), (layer, got.heads[layer], want)
+    assert bool((got.mlps > 0).all())
+    masked = score(model, [batch], method="activation", mask=Mask.for_model(model).without_heads([(1, 2)]),
+                   at_mask=True)
+    assert masked.heads[1, 2] == 0 and masked.heads[1, 1] > 0

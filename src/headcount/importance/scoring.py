@@ -43,6 +43,7 @@ from torch import nn
 
 from headcount.core.gates import clear_gates, gated, hooks, kept_heads, layout, set_gates
 from headcount.data.tasks.base import IGNORE
+from headcount.importance.activation import activation_scores
 # scorer_names from here: the registry's names with the built-ins below registered
 from headcount.importance.scorers import ScoreContext, Scorer, get_scorer, register_scorer, scorer_names  # noqa: F401
 from headcount.importance.scores import (
@@ -413,6 +414,10 @@ def _entropy(model, batches, ctx: ScoreContext) -> Scores:
     return entropy_scores(model, batches, progress=ctx.progress, rt=ctx.rt)
 
 
+def _activation(model, batches, ctx: ScoreContext) -> Scores:
+    return activation_scores(model, batches, progress=ctx.progress, rt=ctx.rt)
+
+
 def _magnitude(model, batches, ctx: ScoreContext) -> Scores:
     return replace(magnitude_scores(model), meta=ctx.rt.meta())
 
@@ -426,6 +431,9 @@ for _s in (
            description="the exact loss change when one head (MLP) alone is gated off"),
     Scorer("entropy", _entropy, needs_loss=False, can_prune=False,
            description="mean attention entropy per head (a description, not an importance)"),
+    Scorer("activation", _activation, needs_loss=False,
+           description="Wanda-sp (FLAP's baseline): input-channel norms of each head's (MLP's) output "
+                       "projection times its weight columns, over calibration text; no gradient"),
     Scorer("magnitude", _magnitude, needs_data=False, needs_loss=False,
            description="Frobenius norm of each head's (MLP's) weights; needs no data"),
 ):
