@@ -329,7 +329,8 @@ ROWS = [
     Row("model-bad-pruning-record", lambda w, d: ["info", M, str(config_edit(w, d, headcount_pruning={"removed_heads": "x"}))]),
     Row("model-pruning-record-wrong-shape", lambda w, d: shrink(w, d, model=config_edit(
         w, d, headcount_pruning={"removed_heads": [[0, 1, 2, 3, 4, 5, 6]], "removed_mlps": []}))),
-    Row("model-gpt2-unsupported", lambda w, d: ["info", M, str(config_edit(w, d, model_type="gpt2", n_embd=16))]),
+    Row("model-bloom-unsupported", lambda w, d: ["info", M, str(config_edit(w, d, model_type="bloom", n_embd=16))],
+        "'bloom' is not supported"),
     # -- masks (shrink) -------------------------------------------------------------------------------------
     Row("mask-missing", lambda w, d: shrink(w, d, mask=d / "none.json"), "not found"),
     Row("mask-not-json", lambda w, d: shrink(w, d, mask=text_file(d, "m.json", "{heads")), "not JSON"),

@@ -31,20 +31,19 @@ def tiny_dir(tmp_path) -> Path:
 
 
 @pytest.fixture
-def gpt2_dir(tmp_path) -> Path:
-    """A saved tiny GPT-2: a model type no adapter serves."""
-    cfg = transformers.GPT2Config(n_embd=16, n_layer=1, n_head=2, vocab_size=50, n_positions=16,
-                                  bos_token_id=0, eos_token_id=0)
-    return save_tiny(transformers.GPT2LMHeadModel(cfg), tmp_path / "gpt2")
+def bloom_dir(tmp_path) -> Path:
+    """A saved tiny BLOOM: a model type no adapter serves (GPT-2 has one since the decoder adapters)."""
+    cfg = transformers.BloomConfig(hidden_size=16, n_layer=1, n_head=2, vocab_size=50, bos_token_id=0, eos_token_id=0)
+    return save_tiny(transformers.BloomForCausalLM(cfg), tmp_path / "bloom")
 
 
 # --- bad input ---------------------------------------------------------------------------------------
-def test_unknown_architecture(capsys, gpt2_dir, tmp_path):
-    code, _, err = run_cli(capsys, "info", "--model", str(gpt2_dir))
+def test_unknown_architecture(capsys, bloom_dir, tmp_path):
+    code, _, err = run_cli(capsys, "info", "--model", str(bloom_dir))
     assert_one_error_line(code, err)
-    assert "'gpt2' is not supported" in err and "bert" in err  # names the supported types
+    assert "'bloom' is not supported" in err and "bert" in err  # names the supported types
     mask = write_mask(tmp_path / "m.json", [[1, 1]], [1])
-    code, _, err = run_cli(capsys, "shrink", "--model", str(gpt2_dir), "--mask", str(mask), "--out", str(tmp_path / "o"))
+    code, _, err = run_cli(capsys, "shrink", "--model", str(bloom_dir), "--mask", str(mask), "--out", str(tmp_path / "o"))
     assert_one_error_line(code, err)
     assert not (tmp_path / "o").exists()
 
@@ -92,13 +91,13 @@ def test_missing_mask_file(capsys, tiny_dir, tmp_path):
     assert "mask file not found" in err
 
 
-def test_console_script_bad_input(gpt2_dir):
+def test_console_script_bad_input(bloom_dir):
     """The installed `headcount` script itself: exit 2, one line, no traceback."""
-    proc = subprocess.run([str(HEADCOUNT), "info", "--model", str(gpt2_dir)], capture_output=True, text=True,
+    proc = subprocess.run([str(HEADCOUNT), "info", "--model", str(bloom_dir)], capture_output=True, text=True,
                           env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=120)
     assert proc.returncode == 2
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: model type 'gpt2' is not supported"), proc.stderr
+    assert len(lines) == 1 and lines[0].startswith("error: model type 'bloom' is not supported"), proc.stderr
 
 
 # --- shrink -> info -> load_pruned ------------------------------------------------------------------------
