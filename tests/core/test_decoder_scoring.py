@@ -94,3 +94,43 @@ def test_activation_scorer_is_wanda_sp_by_hand(arch):
     masked = score(model, [batch], method="activation", mask=Mask.for_model(model).without_heads([(1, 2)]),
                    at_mask=True)
     assert masked.heads[1, 2] == 0 and masked.heads[1, 1] > 0
+
+
+def test_unit_kv_groups_scores_and_prunes_whole_groups(tmp_path, capsys):
+    """``--unit kv-groups``: scores.json gets each group's summed query-head scores; prune removes
+    whole groups (mask.json's kv_groups, and shrinking it shrinks the KV cache); refused without GQA."""
+    from training_helpers import make_checkpoint
+
+    from headcount.core.masks import Mask
+    from headcount.core.models import load_model
+    from headcount.core.surgery import kv_summary, shrink
+
+    task = make_task(tmp_path / "task", n_train=16, n_dev=16)
+    model = tiny_model("llama", head="classification", num_labels=2)
+    model.save_pretrained(tmp_path / "llama")
+    make_tokenizer(tmp_path / "llama").save_pretrained(tmp_path / "llama")
+    code, _, err = run_cli(capsys, "score", "--model", tmp_path / "llama", "--task", task, "--unit", "kv-groups",
+                           "--max-examples", 16, "--out", tmp_path / "s")
+    assert code == 0, err
+    s = json.loads((tmp_path / "s" / "scores.json").read_text())
+    heads = torch.tensor(s["heads"])
+    assert s["unit"] == "kv-groups"
+    assert torch.allclose(torch.tensor(s["kv_groups"]), heads.view(LAYERS, 2, 2).sum(-1))
+    code, _, err = run_cli(capsys, "prune", "--model", tmp_path / "llama", "--task", task, "--unit", "kv-groups",
+                           "--threshold", "0.01", "--step", "0.3", "--max-examples", 16, "--max-eval-examples", 16,
+                           "--out", tmp_path / "p")
+    assert code == 0, err
+    mask = Mask.load(tmp_path / "p" / "mask.json")
+    assert mask.meta["unit"] == "kv-groups" and mask.n_kv_heads == 2
+    groups = mask.heads.view(LAYERS, 2, 2)
+    assert bool(((groups.sum(-1) == 0) | (groups.sum(-1) == 2)).all())  # whole groups only
+    gone = int((mask.kv_groups == 0).sum())
+    assert gone > 0
+    small = shrink(load_model(str(tmp_path / "llama"), head="classification"), mask)
+    assert kv_summary(small) == {"kv_heads_total": 6, "kv_heads_kept": 6 - gone, "kv_heads_repeated": 0}
+    bert = make_checkpoint(tmp_path / "bert")
+    for cmd in ("score", "prune"):
+        code, _, err = run_cli(capsys, cmd, "--model", bert, "--task", task, "--unit", "kv-groups",
+                               "--out", tmp_path / f"bad-{cmd}")
+        assert_one_error_line(code, err)
+        assert "needs a decoder with grouped-query attention" in err and not (tmp_path / f"bad-{cmd}").exists()

@@ -29,7 +29,7 @@ from headcount.importance.pipeline import (
     prune_model,
     saved_config,
 )
-from headcount.importance.pruning import PruneConfig, PruneResult
+from headcount.importance.pruning import PruneConfig, PruneResult, kv_group_scores
 from headcount.importance.scoring import get_scorer, score
 from headcount.runtime.atomic import atomic_write_text
 from headcount.runtime.device import check_spec, device_name, resolve_device, resolve_precision
@@ -103,6 +103,20 @@ def shrink_checkpoint(model_spec: str, mask_path, out) -> dict:
     return json.loads((Path(out) / "headcount.json").read_text())
 
 
+def _kv_group_meta(model, s, unit: str) -> dict:
+    """``--unit kv-groups``: each key/value group's score (its query heads' summed); refused for a
+    model without grouped-query attention (checked before scoring: ``s`` None). Nothing for
+    ``--unit heads`` (scores.json as before)."""
+    if unit == "heads":
+        return {}
+    grid = layout(model)
+    if grid.n_kv_heads is None or grid.n_kv_heads == grid.n_heads:
+        what = "is an encoder" if grid.n_kv_heads is None else "has no grouped-query attention (a KV group is one head)"
+        raise HeadcountError(f"--unit kv-groups needs a decoder with grouped-query attention; this model {what}: "
+                             "use --unit heads")
+    return {} if s is None else {"unit": unit, "kv_groups": kv_group_scores(s.heads, grid.n_kv_heads).tolist()}
+
+
 def _saved_head(model_spec: str) -> str:
     """The head shrink keeps when it is not a classifier: "mlm" for a masked-LM checkpoint, "lm" for a
     causal LM (a GGUF file is one), else "base"."""
@@ -132,6 +146,7 @@ def score_command(model: str, task: str, settings: ScoreSettings, data: DataConf
     objective, method = settings.objective, settings.method
     t = get_task(task)
     m, tok, info = load_for(model, t, objective, seed=data.seed, device=device)
+    _kv_group_meta(m, None, settings.unit)  # refused before scoring
     scorer = get_scorer(method)
     if info["head"] == "new" and scorer.needs_loss:
         echo(f"note: {model} has no trained head for {t.name}; scoring with a new, untrained task head "
@@ -154,7 +169,7 @@ def score_command(model: str, task: str, settings: ScoreSettings, data: DataConf
     mark("score")
     echo(f"scored on {_on(s.meta)}")
     meta = {"objective": objective, "task": t.name, "model": model, "split": data.split or t.train_split,
-            "head": info["head"]}
+            "head": info["head"], **_kv_group_meta(m, s, settings.unit)}
     if "mlm_head" in info:
         meta["mlm_head"] = info["mlm_head"]
     s = replace(s, meta={**s.meta, **meta})

@@ -66,6 +66,9 @@ class PruneConfig:
         one_shot: score once on the unpruned model instead of at every step.
         max_steps: optional cap on evaluated steps.
         shrink: physically shrink a working copy between steps (faster than masking alone).
+        unit: ``heads`` (query heads) or ``kv-groups`` (decoders with grouped-query attention: whole
+            key/value groups go, ranked by :func:`kv_group_scores`; ``step`` is then a fraction of
+            the groups, and what is removed shrinks the KV cache).
     """
 
     threshold: float = 0.9
@@ -75,6 +78,7 @@ class PruneConfig:
     one_shot: bool = False
     max_steps: int | None = None
     shrink: bool = True
+    unit: str = "heads"
 
     def __post_init__(self):
         if not 0 < self.threshold <= 1:
@@ -85,6 +89,44 @@ class PruneConfig:
             raise HeadcountError(f"step_of must be 'remaining' or 'total', got {self.step_of!r}")
         if self.schedule not in SCHEDULES:
             raise HeadcountError(f"unknown schedule {self.schedule!r}; choose one of {', '.join(SCHEDULES)}")
+        check_unit(self.unit)
+
+
+#: the units heads are scored and pruned in: query heads, or whole key/value groups (decoders with GQA)
+UNITS = ("heads", "kv-groups")
+
+
+def check_unit(unit: str) -> str:
+    if unit not in UNITS:
+        raise HeadcountError(f"unknown unit {unit!r}; choose one of {', '.join(UNITS)}")
+    return unit
+
+
+def kv_group_scores(heads: torch.Tensor, n_kv: int) -> torch.Tensor:
+    """A key/value group's score: the sum of its query heads' scores, ``[L, H] -> [L, n_kv]``
+    (NaN entries, heads already gone, count as 0; a group of NaN only is NaN). For gate gradients
+    this is the sum of the heads' absolute gradients, not the gradient of one gate on the group.
+
+    >>> kv_group_scores(torch.tensor([[1., 2., 3., float("nan")]]), 2).tolist()
+    [[3.0, 3.0]]
+    """
+    grouped = heads.reshape(heads.shape[0], n_kv, -1)  # [L, n_kv, heads per group]
+    out = torch.nan_to_num(grouped, nan=0.0).sum(-1)
+    return out.masked_fill(torch.isnan(grouped).all(-1), float("nan"))
+
+
+def _kv_heads(model, config: "PruneConfig") -> int | None:
+    """Key/value heads per layer when pruning whole groups; refuses models without GQA."""
+    if config.unit != "kv-groups":
+        return None
+    from headcount.core.gates import layout
+
+    grid = layout(model)
+    if grid.n_kv_heads is None or grid.n_kv_heads == grid.n_heads:
+        what = "is an encoder" if grid.n_kv_heads is None else "has no grouped-query attention (a KV group is one head)"
+        raise HeadcountError(f"--unit kv-groups needs a decoder with grouped-query attention; this model {what}: "
+                             "use --unit heads")
+    return grid.n_kv_heads
 
 
 @dataclass
@@ -136,7 +178,11 @@ def select_lowest(scores: torch.Tensor, keep: torch.Tensor, n: int) -> torch.Ten
 
 
 def _n_heads(config: PruneConfig, mask: Mask, total: int, half: bool = False) -> int:
-    base = total if config.step_of == "total" else mask.n_heads_kept
+    return _n_units(config, mask.n_heads_kept, total, half)
+
+
+def _n_units(config: PruneConfig, kept: int, total: int, half: bool = False) -> int:
+    base = total if config.step_of == "total" else kept
     n = max(1, int(config.step * base))
     return max(1, n // 2) if half else n
 
@@ -169,7 +215,12 @@ def iterative_prune(
     from headcount.core.surgery import prune_heads, prune_mlps, removable
 
     n_layers, n_heads = layout(model)
-    mask = start or Mask.full(n_layers, n_heads)
+    n_kv = _kv_heads(model, config)  # None: query heads are the unit
+    grid = layout(model)
+    mask = start or Mask.full(n_layers, n_heads).with_kv_heads(
+        grid.n_kv_heads if grid.n_kv_heads is not None and grid.n_kv_heads < n_heads else None)
+    if n_kv is not None and mask.n_kv_heads is None:
+        mask = mask.with_kv_heads(n_kv)
     working = clone_model(model) if config.shrink else model
     t0 = time.perf_counter()
     full_metric, full_loss = eval_fn(working, mask)
@@ -196,10 +247,15 @@ def iterative_prune(
             # step's, or the unpruned model's with one_shot)
             importance = "fresh" if scored_for == mask else "reused"
             heads = mask.heads
-            if prune_heads_now:
+            if prune_heads_now and n_kv is None:
                 heads = select_lowest(scores.heads, mask.heads, _n_heads(config, mask, n_layers * n_heads, half))
+            elif prune_heads_now:  # whole KV groups: ranked by their heads' summed scores, removed whole
+                kept = mask.kv_groups
+                n = _n_units(config, int(kept.sum()), n_layers * n_kv, half)
+                groups = select_lowest(kv_group_scores(scores.heads, n_kv), kept, n)
+                heads = mask.heads * groups.repeat_interleave(n_heads // n_kv, dim=1)
             mlps = select_lowest(scores.mlps, mask.mlps, mlps_per_step) if mlps_per_step else mask.mlps
-            candidate = Mask(heads, mlps, dict(mask.meta))
+            candidate = Mask(heads, mlps, dict(mask.meta), mask.n_kv_heads)
             if (prune_heads_now and torch.equal(heads, mask.heads)) or (mlps_per_step and torch.equal(mlps, mask.mlps)):
                 break  # nothing left to remove in this phase (the joint phase needs a head and an MLP)
             step += 1
@@ -226,6 +282,7 @@ def iterative_prune(
                 prune_heads(working, h)
     meta = {"threshold": config.threshold, "full_metric": full_metric, "metric": _last_accepted(trace),
             "schedule": config.schedule, "step": config.step, "step_of": config.step_of, "one_shot": config.one_shot,
+            **({"unit": config.unit} if n_kv is not None else {}),
             "removed_at_step": {"heads": removed_heads.tolist(), "mlps": removed_mlps.tolist()}}
     return PruneResult(mask=mask.with_meta(**meta), full_metric=full_metric, trace=trace)
 

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, fields
 
 from headcount.data.embedding import EMBEDDING_OBJECTIVES
+from headcount.importance.pruning import check_unit
 from headcount.importance.scoring import get_scorer, scorer_names
 from headcount.importance.scores import DEFAULT_ACCUMULATE, check_accumulate, check_batch_order, check_method, check_normalize, groups_by_length
 from headcount.runtime.errors import HeadcountError
@@ -201,6 +202,8 @@ class ScoreSettings:
         batch_order: the order of the batches importance is computed on
             (:data:`~headcount.importance.scores.BATCH_ORDERS`; ``auto``: the split's order in fixed-size
             batches for ``cumulative``, as the references do; grouped by length otherwise).
+        unit: ``heads``, or ``kv-groups``: ``scores.json`` also gets ``kv_groups [L, n_kv]``, each
+            group's query heads' scores summed (decoders with grouped-query attention).
 
     >>> ScoreSettings(method="nonesuch")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
@@ -213,6 +216,7 @@ class ScoreSettings:
     normalize: str = "none"
     accumulate: str = DEFAULT_ACCUMULATE
     batch_order: str = "auto"
+    unit: str = "heads"
 
     def __post_init__(self):
         check_objective(self.objective)
@@ -220,6 +224,7 @@ class ScoreSettings:
         check_normalize(self.normalize)
         check_accumulate(self.accumulate, self.method)
         check_batch_order(self.batch_order)
+        check_unit(self.unit)
 
     @property
     def grouped(self) -> bool:

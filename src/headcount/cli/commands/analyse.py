@@ -35,6 +35,8 @@ TASK_HELP = "a registered task (glue/sst2, offline/movies, ...; see `headcount t
 BATCH_ORDER_HELP = ("order of the importance batches: auto (file for --accumulate cumulative, as run_bertology and "
                     "Prasanna et al.; length otherwise) | file (the split's order, fixed-size batches) | length "
                     "(grouped by length, longest first: less padding)")
+UNIT_HELP = ("heads (query heads) | kv-groups (decoders with grouped-query attention: a key/value group and its query "
+             "heads, scored as their sum; pruning them whole shrinks the KV cache)")
 ACCUMULATE_HELP = ("gradient: per-batch (sum of each batch's |gradient|) | cumulative (sum of the |running gradient|, "
                    "as run_bertology and Prasanna et al.); default: the library's (headcount.importance.scores.DEFAULT_ACCUMULATE)")
 
@@ -128,6 +130,7 @@ def score(
     normalize: str = setting(ScoreSettings, "normalize", help=" | ".join(NORMALIZE)),
     accumulate: str = typer.Option(None, "--accumulate", help=ACCUMULATE_HELP),
     batch_order: str = setting(ScoreSettings, "batch_order", "--batch-order", help=BATCH_ORDER_HELP),
+    unit: str = setting(ScoreSettings, "unit", help=UNIT_HELP),
     seed: int = setting(DataConfig, "seed"),
     out: Path = typer.Option(..., "--out", "-o"),
     force: bool = typer.Option(False, "--force", help="replace an earlier score run with other settings in --out"),
@@ -140,7 +143,7 @@ def score(
     phases = _Phases("start+CLI")
     # the settings are checked before the imports (seconds): a bad value is refused at once
     how = settings_from(ScoreSettings, dict(objective=objective, method=method, normalize=normalize,
-                                            accumulate=accumulate, batch_order=batch_order))
+                                            accumulate=accumulate, batch_order=batch_order, unit=unit))
     data = DataConfig(split=split, max_examples=max_examples, batch_size=batch_size, max_length=max_length, seed=seed)
     score_command = _heavy_imports().score_command
     phases("imports")
@@ -168,6 +171,7 @@ def prune(
     step_of: str = setting(PruneConfig, "step_of", help="remaining | total (the anchors: total)"),
     mlps: bool = typer.Option(False, "--mlps", help="also prune MLPs (Prasanna schedule; default: heads only)"),
     one_shot: bool = setting(PruneConfig, "one_shot", "--one-shot", help="score once instead of at every step"),
+    unit: str = setting(PruneConfig, "unit", help=UNIT_HELP),
     method: str = setting(PruneSettings, "method", help=" | ".join(prune_methods())),
     normalize: str = setting(PruneSettings, "normalize", help=" | ".join(NORMALIZE)),
     accumulate: str = typer.Option(None, "--accumulate", help=ACCUMULATE_HELP),
@@ -195,7 +199,7 @@ def prune(
                                             importance_split=importance_split,
                                             stop_split=stop_split))
     loop = PruneConfig(threshold=threshold, step=step, step_of=step_of, schedule="prasanna" if mlps else "heads",
-                       one_shot=one_shot)
+                       one_shot=one_shot, unit=unit)
     importance = DataConfig(max_examples=max_examples, batch_size=batch_size, max_length=max_length, seed=seed)
     stop = replace(importance, max_examples=max_eval_examples)
     with _naming_out_on_interrupt(out):  # the imports and the fingerprints take seconds before --out is taken

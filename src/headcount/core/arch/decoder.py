@@ -11,7 +11,7 @@ classes run the pruned model: the caches size each layer from the K/V they are g
 
 from __future__ import annotations
 
-from headcount.core.arch.base import Adapter, Block, out_dim
+from headcount.core.arch.base import Adapter, Block
 
 
 class DecoderAdapter(Adapter):
@@ -65,7 +65,8 @@ class DecoderAdapter(Adapter):
             b, s = hidden_states.shape[:2]
             zeros = hidden_states.new_zeros(b, 1, s, 1)
             cache.update(zeros, zeros.clone(), attention.layer_idx)
-        out = getattr(attention, self.out_name)
-        # o_proj of zero inputs, without calling it (a Conv1D cannot multiply a [n, 0] input)
-        y = hidden_states.new_zeros(*hidden_states.shape[:-1], out.weight.shape[out_dim(out)])
-        return (y if out.bias is None else y + out.bias), None
+        # o_proj of no input: its bias. Called, not computed here, so that its gate hook still runs
+        # (gate gradients stay defined when every head is gone; a Conv1D with no input left has a
+        # forward that returns its bias, see headcount.core.surgery)
+        empty = hidden_states.new_zeros(*hidden_states.shape[:-1], 0)
+        return getattr(attention, self.out_name)(empty), None
