@@ -27,7 +27,8 @@ from conftest import (
 from headcount.core.arch import get_adapter
 from headcount.core.gates import gated, kept_heads, kept_kv_heads, layout
 from headcount.core.masks import Mask
-from headcount.core.surgery import count_parameters, kv_summary, load_pruned, save_pruned, shrink
+from headcount.core.arch.base import out_dim
+from headcount.core.surgery import count_parameters, kv_summary, load_pruned, prune_neurons, save_pruned, shrink
 from headcount.runtime.errors import HeadcountError
 
 ATOL = 1e-5
@@ -155,6 +156,32 @@ def test_mlp_and_neuron_surgery_on_decoders(decoder):
         want = outputs(model, batch)
     assert (want - outputs(model, batch)).abs().max() > VISIBLE
     assert (want - outputs(shrink(clone(model), mask), batch)).abs().max() <= ATOL
+
+
+def test_neuron_surgery_on_gated_mlps_is_exact(decoder, tmp_path):
+    """Removing feed-forward neurons of a gated MLP (gate_proj, up_proj, down_proj; Phi-3's fused
+    gate_up_proj) equals zeroing their down_proj columns, and survives a reload."""
+    model = tiny_model(decoder, head="lm")
+    batch = tiny_batch(model)
+    size = get_adapter(model).intermediate_size(model.config)
+    remove = {0: [1, 3, 5], 1: list(range(0, size, 2)), 2: [size - 1]}
+    ref = clone(model)
+    with torch.no_grad():
+        for app, ids in remove.items():
+            out = get_adapter(ref).blocks(ref)[app].ffn_out
+            if type(out).__name__ == "Conv1D":
+                out.weight[ids, :] = 0
+            else:
+                out.weight[:, ids] = 0
+    want = outputs(ref, batch)
+    assert (want - outputs(model, batch)).abs().max() > VISIBLE
+    pruned = prune_neurons(clone(model), remove)
+    block = get_adapter(pruned).blocks(pruned)[1]
+    for proj in (block.ffn_in, *block.ffn_in_extra):  # every input projection lost the rows
+        assert proj.weight.shape[out_dim(proj)] == (size - len(remove[1])) * (2 if proj is block.ffn_in
+                                                                              and ARCHS[decoder].ffn_in_chunks == 2 else 1)
+    assert (want - outputs(pruned, batch)).abs().max() <= ATOL
+    assert (want - outputs(load_pruned(save_pruned(pruned, tmp_path / "p")), batch)).abs().max() <= ATOL
 
 
 @pytest.mark.parametrize("arch", [a for a in DECODER_IDS if a != "cohere"])
