@@ -47,18 +47,63 @@ def test_lm_objective_scores_are_the_gate_gradients_of_the_next_token_loss(world
     assert bool((got > 0).all())
 
 
-def test_lm_objective_is_refused_for_encoders_and_for_pruning(world, capsys, tmp_path):
+def test_lm_objective_is_refused_for_encoders(world, capsys, tmp_path):
     root, task = world
     from training_helpers import make_checkpoint
 
     bert = make_checkpoint(tmp_path / "bert")
-    code, _, err = run_cli(capsys, "score", "--model", bert, "--task", task, "--objective", "lm", "--out", tmp_path / "o")
-    assert_one_error_line(code, err)
-    assert "needs a decoder" in err and not (tmp_path / "o").exists()
-    code, _, err = run_cli(capsys, "prune", "--model", root / "qwen3", "--task", task, "--objective", "lm",
-                           "--out", tmp_path / "p")
-    assert_one_error_line(code, err)
-    assert "pruning with it has no stop metric" in err and not (tmp_path / "p").exists()
+    for cmd in ("score", "prune"):
+        code, _, err = run_cli(capsys, cmd, "--model", bert, "--task", task, "--objective", "lm",
+                               "--out", tmp_path / cmd)
+        assert_one_error_line(code, err)
+        assert "needs a decoder" in err and not (tmp_path / cmd).exists()
+
+
+def test_lm_accuracy_is_next_token_accuracy_by_hand(world):
+    """The stop metric of ``prune --objective lm``: the top-1 prediction at t against the token at
+    t + 1 over real tokens (padding and the first position never count); perplexity = exp(loss)."""
+    from headcount.core.models import load_model, load_tokenizer
+    from headcount.data.evaluation import LM_METRIC, evaluate_batches
+
+    root, task = world
+    model, tok = load_model(str(root / "qwen3"), head="lm"), load_tokenizer(str(root / "qwen3"))
+    texts = [" ".join(t) for t in get_task(str(task)).load("validation", max_examples=8, seed=0).texts]
+    batches = lm_batches(texts, tok, max_length=128, batch_size=3)
+    got = evaluate_batches(model, batches, LM_METRIC, tokens_per_batch=0)
+    hits = n = 0
+    loss = 0.0
+    with torch.no_grad():
+        for b in batches:
+            out = model(**b)
+            for row in range(b["input_ids"].shape[0]):
+                real = int(b["attention_mask"][row].sum())
+                pred = out.logits[row, : real - 1].argmax(-1)
+                hits += int((pred == b["input_ids"][row, 1:real]).sum())
+                n += real - 1
+            loss += float(out.loss) * int((b["labels"] != -100).sum())
+    assert got["n_tokens"] == n and got["score"] == pytest.approx(hits / n)
+    assert got["perplexity"] == pytest.approx(float(torch.tensor(loss / n).exp()), rel=1e-4)
+    merged = evaluate_batches(model, batches, LM_METRIC)  # batches merged to the token budget: the same
+    assert merged["score"] == pytest.approx(got["score"]) and merged["loss"] == pytest.approx(got["loss"], rel=1e-5)
+
+
+@pytest.mark.parametrize("unit", ["heads", "kv-groups"])
+def test_prune_with_the_lm_objective(world, capsys, tmp_path, unit):
+    """``prune --objective lm`` stops on next-token accuracy on the validation texts."""
+    from headcount.core.masks import Mask
+
+    root, task = world
+    code, out, err = run_cli(capsys, "prune", "--model", root / "qwen3", "--task", task, "--objective", "lm",
+                             "--unit", unit, "--threshold", "0.5", "--step", "0.25", "--max-examples", 12,
+                             "--max-eval-examples", 8, "--out", tmp_path / "p")
+    assert code == 0, err
+    mask = Mask.load(tmp_path / "p" / "mask.json")
+    assert mask.meta["objective"] == "lm" and mask.meta["metric_name"] == "lm_accuracy"
+    assert "lm_accuracy" in out and (tmp_path / "p" / "trace.csv").is_file()
+    assert mask.n_heads_kept < LAYERS * HEADS  # the loop ran: heads went
+    if unit == "kv-groups":
+        groups = mask.heads.view(LAYERS, 2, -1).sum(-1)
+        assert bool(((groups == 0) | (groups == HEADS // 2)).all())
 
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2", "phi3", "bert"])

@@ -18,6 +18,9 @@ from headcount.runtime.errors import HeadcountError
 
 #: the metric name for the masked-LM objective: accuracy over masked tokens
 MLM_METRIC = "mlm_accuracy"
+#: the metric name for a decoder's causal-LM objective: next-token accuracy (greedy top-1) over the
+#: predicted positions (labels shifted by one; padding and the first position never count)
+LM_METRIC = "lm_accuracy"
 
 
 @contextmanager
@@ -70,7 +73,9 @@ def evaluate_batches(model, batches, metric: str, mask=None, *, device=None, pre
     Args:
         model: a model returning ``loss`` and ``logits``.
         batches: prepared batches (dynamic padding).
-        metric: a task metric name (see ``headcount.data.tasks.compute_metrics``) or ``"mlm_accuracy"``.
+        metric: a task metric name (see ``headcount.data.tasks.compute_metrics``), ``"mlm_accuracy"``
+            or ``"lm_accuracy"`` (a causal LM: the top-1 prediction at t against the token at t + 1;
+            the result also has ``perplexity``, exp of the mean next-token loss).
         mask: optional :class:`~headcount.core.masks.Mask` applied as gates.
         device / precision / tokens_per_batch: see :mod:`headcount.runtime.device` (None: the model's
             device or ``$HEADCOUNT_DEVICE``; auto precision; the device's token budget). Batches
@@ -95,7 +100,8 @@ def evaluate_batches(model, batches, metric: str, mask=None, *, device=None, pre
         weight, total, logits, labels = 0, 0, [], []
         for batch, _ in pack_batches(batches, rt.tokens_per_batch, rt.pad_multiple):
             y = batch["labels"]
-            n = int((y != IGNORE).sum()) if metric == MLM_METRIC else int(y.shape[0])  # on the CPU batch
+            # on the CPU batch; lm: lm_batches ignore the first position, so this counts the predictions
+            n = int((y != IGNORE).sum()) if metric in (MLM_METRIC, LM_METRIC) else int(y.shape[0])
             batch = to_device(batch, rt.device)
             y = batch["labels"]
             if metric == MLM_METRIC:
@@ -103,6 +109,12 @@ def evaluate_batches(model, batches, metric: str, mask=None, *, device=None, pre
                     out = model(**batch)
                 y = y[y != IGNORE]
                 correct += (out.logits[0].argmax(-1) == y).sum()
+                total += n
+            elif metric == LM_METRIC:  # the model shifts: the logits at t predict the label at t + 1
+                with rt.autocast():
+                    out = model(**batch)
+                target = y[:, 1:]
+                correct += ((out.logits[:, :-1].argmax(-1) == target) & (target != IGNORE)).sum()
                 total += n
             else:
                 with rt.autocast():
@@ -121,6 +133,10 @@ def evaluate_batches(model, batches, metric: str, mask=None, *, device=None, pre
     if metric == MLM_METRIC:
         acc = int(correct) / max(total, 1)
         return {"score": acc, "accuracy": acc, "loss": loss, "n_masked": total, **where}
+    if metric == LM_METRIC:
+        acc = int(correct) / max(total, 1)
+        return {"score": acc, "accuracy": acc, "loss": loss, "perplexity": float(np.exp(min(loss, 700.0))),
+                "n_tokens": total, **where}
     preds = torch.cat(logits).cpu().numpy()
     labels = [torch.cat(labels).cpu()] if labels else []
     if preds.ndim == 2 and preds.shape[1] == 1:

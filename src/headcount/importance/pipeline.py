@@ -32,7 +32,7 @@ from headcount.data.embedding import (
     similarity_agreement,
 )
 from headcount.data.embedding import contrastive as contrastive_loss
-from headcount.data.evaluation import MLM_METRIC, evaluate_batches, masked_positions_only
+from headcount.data.evaluation import LM_METRIC, MLM_METRIC, evaluate_batches, masked_positions_only
 from headcount.data.mlm_head import MLM_HEAD_MAX_TEXTS, fit_mlm_head
 from headcount.data.tasks import encode, lm_batches, make_batches, mlm_batches, tokenize
 from headcount.data.tasks.base import subset_indices
@@ -193,9 +193,10 @@ def example_order(task, tokenizer, objective: str, data: DataConfig, split: str 
 
 
 def metric_for(task, objective: str) -> str:
-    """The stop rule's metric: the task's, masked-token accuracy, the embedding's agreement with the
-    unpruned model's similarities (no labels) or the pairs' cosine Pearson/Spearman (STS-B's)."""
-    return {"mlm": MLM_METRIC, "embedding": SIMILARITY_METRIC,
+    """The stop rule's metric: the task's, masked-token accuracy, a decoder's next-token accuracy
+    (``lm``), the embedding's agreement with the unpruned model's similarities (no labels) or the
+    pairs' cosine Pearson/Spearman (STS-B's)."""
+    return {"mlm": MLM_METRIC, "lm": LM_METRIC, "embedding": SIMILARITY_METRIC,
             "embedding-supervised": PAIR_METRIC}.get(objective, task.metric)
 
 

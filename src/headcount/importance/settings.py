@@ -24,7 +24,7 @@ from headcount.importance.scores import DEFAULT_ACCUMULATE, check_accumulate, ch
 from headcount.runtime.errors import HeadcountError
 
 #: ``embedding`` / ``embedding-supervised``: the contrastive objectives of :mod:`headcount.data.embedding`;
-#: ``lm``: a decoder's causal-LM (next-token) loss on the task's texts (scoring only, for now)
+#: ``lm``: a decoder's causal-LM (next-token) loss on the task's texts (pruning: next-token accuracy)
 OBJECTIVES = ("task", "mlm", *EMBEDDING_OBJECTIVES, "lm")
 
 
@@ -258,9 +258,6 @@ class PruneSettings:
 
     def __post_init__(self):
         check_objective(self.objective)
-        if self.objective == "lm":
-            raise HeadcountError("the lm objective scores heads (headcount score); pruning with it has no stop "
-                                 "metric yet: prune with --objective task, or shrink a mask made from the scores")
         if not get_scorer(check_method(self.method)).can_prune:
             raise HeadcountError(f"method {self.method!r} cannot drive pruning; use {', '.join(prune_methods())}")
         check_normalize(self.normalize)

@@ -164,7 +164,8 @@ def score(
 def prune(
     model: str = typer.Option("offline", "--model", "-m", help=MODEL_HELP),
     task: str = typer.Option("offline/movies", "--task", "-t", help=TASK_HELP),
-    objective: str = setting(PruneSettings, "objective", help="task | mlm (metric: masked-token accuracy) | embedding (retrieval accuracy of "
+    objective: str = setting(PruneSettings, "objective", help="task | mlm (metric: masked-token accuracy) | lm (decoders; metric: next-token "
+                                    "accuracy) | embedding (retrieval accuracy of "
                                     "the second dropout view) | embedding-supervised (cosine Pearson/Spearman)"),
     threshold: float = setting(PruneConfig, "threshold", help="stop when metric < threshold x unpruned metric"),
     step: float = setting(PruneConfig, "step", help="fraction of heads removed per step"),
