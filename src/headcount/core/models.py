@@ -290,6 +290,22 @@ def _load_error(spec, e: Exception) -> HeadcountError:
     return HeadcountError(f"cannot load model {spec!r}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
 
 
+def pad_for_classification(model, tokenizer):
+    """A decoder with a sequence-classification head reads the last token that is not padding, which
+    it finds by the config's ``pad_token_id``; decoder configs often have none (transformers then
+    refuses batches of more than one). Set it to the id headcount pads batches with (the
+    tokenizer's padding id, else 0). Encoders and configs that have one are left as they are.
+
+    >>> pad_for_classification(load_model("gpt2-dir", head="classification"), tok)  # doctest: +SKIP
+    """
+    from headcount.core.gates import layout
+
+    classifier = type(model).__name__.endswith("ForSequenceClassification")
+    if classifier and getattr(model.config, "pad_token_id", 0) is None and layout(model).n_kv_heads is not None:
+        model.config.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    return model
+
+
 def load_tokenizer(spec: str = OFFLINE, trust_remote_code: bool = False):
     """The tokenizer saved with ``spec``.
 

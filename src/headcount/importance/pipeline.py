@@ -18,7 +18,7 @@ import numpy as np
 import transformers
 
 from headcount.core.gates import layout
-from headcount.core.models import load_model, load_tokenizer, resolve
+from headcount.core.models import load_model, load_tokenizer, pad_for_classification, resolve
 from headcount.data.embedding import (
     EVAL_METRIC,
     PAIR_METRIC,
@@ -126,8 +126,8 @@ def load_for(model_spec: str, task, objective: str = "task", mlm_texts=None, see
         return model, tokenizer, {"head": "checkpoint", "device": str(where)}
     if objective == "task":
         head = task_head(model_spec, task)["head"]  # refuses a fine-tuned head that does not fit
-        model = load_model(model_spec, head=task.kind, num_labels=task.num_labels).to(where)
-        return model, tokenizer, {"head": head, "device": str(where)}
+        model = pad_for_classification(load_model(model_spec, head=task.kind, num_labels=task.num_labels), tokenizer)
+        return model.to(where), tokenizer, {"head": head, "device": str(where)}
     texts = mlm_texts if mlm_texts is not None else _texts(task, task.train_split, MLM_HEAD_MAX_TEXTS, seed)
     model, report = fit_mlm_head(model_spec, texts, device=where)
     model.to(where)

@@ -88,7 +88,7 @@ def prepare_model(model_spec: str, task, *, mask=None, mask_mode: str = "prune",
     """
     import transformers
 
-    from headcount.core.models import load_model, load_tokenizer
+    from headcount.core.models import load_model, load_tokenizer, pad_for_classification
     from headcount.core.surgery import count_parameters, shrink
 
     task = _as_task(task)
@@ -104,6 +104,7 @@ def prepare_model(model_spec: str, task, *, mask=None, mask_mode: str = "prune",
         model.config.id2label = dict(enumerate(task.labels))
         model.config.label2id = {name: i for i, name in enumerate(task.labels)}
     tokenizer = load_tokenizer(model_spec)
+    pad_for_classification(model, tokenizer)  # a decoder's classifier finds its last token by the padding id
     info["n_params_before"] = count_parameters(model)
     if mask is not None:
         mask.check_model(model)

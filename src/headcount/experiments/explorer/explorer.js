@@ -7,6 +7,9 @@ var NUMERIC = {score: 1, mean: 1, survival: 1, level: 1, step: 1};
 var VIRIDIS = ["#440154", "#482878", "#3e4989", "#31688e", "#26828e", "#1f9e89", "#35b779", "#6ece58", "#b5de2b", "#fde725"];
 var CATS = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#bab0ac"];
 var hasMlp = Q.some(function (q) { return q.mlps !== null; });
+var G = D.kv_heads ? H / D.kv_heads : 0;  // query heads per KV group (decoders with grouped-query attention)
+function headName(h) { return G ? "query head " + h + " (KV group " + Math.floor(h / G) + ")" : "head " + h; }
+function kvFirst(h) { return G && h > 0 && h < H && h % G === 0 ? " kv-first" : ""; }
 var state = {a: 0, b: 0, sel: null, marked: {}, ex: 0};
 var cache = {};
 
@@ -56,19 +59,19 @@ function fmt(v) { return v === null ? "n/a" : Math.abs(v) >= 1e4 || (v !== 0 && 
 // -- grids -----------------------------------------------------------------------------------------
 function detail(l, h, qi) { return h === "mlp" ? D.mlp_details[l][qi] : D.details[l][h][qi]; }
 function label(l, h, qi) {
-  var d = detail(l, h, qi), who = h === "mlp" ? "layer " + l + " MLP" : "layer " + l + ", head " + h;
+  var d = detail(l, h, qi), who = h === "mlp" ? "layer " + l + " MLP" : "layer " + l + ", " + headName(h);
   return who + ": " + Q[qi].name + " = " + d[0] + (d[1] ? " (rank " + d[1] + ")" : "");
 }
 function buildGrid(side) {
   var box = $("grid-" + side), cols = H + (hasMlp ? 1 : 0);
   box.style.gridTemplateColumns = "2.6em repeat(" + cols + ", var(--cell))";
   box.appendChild(el("span", {"class": "corner", "aria-hidden": "true"}, "L\\H"));
-  for (var h = 0; h < H; h++) box.appendChild(el("span", {"class": "colhead", "aria-hidden": "true"}, String(h)));
+  for (var h = 0; h < H; h++) box.appendChild(el("span", {"class": "colhead" + kvFirst(h), "aria-hidden": "true"}, String(h)));
   if (hasMlp) box.appendChild(el("span", {"class": "colhead", "aria-hidden": "true"}, "MLP"));
   for (var l = 0; l < L; l++) {
     box.appendChild(el("span", {"class": "rowhead", "aria-hidden": "true"}, String(l)));
     for (var c = 0; c < cols; c++) {
-      var b = el("button", {type: "button", "class": "cell" + (c === H ? " mlp" : ""), "data-l": l,
+      var b = el("button", {type: "button", "class": "cell" + (c === H ? " mlp" : kvFirst(c)), "data-l": l,
                             "data-h": c === H ? "mlp" : c, tabindex: l === 0 && c === 0 ? "0" : "-1"});
       b.addEventListener("click", onCell);
       b.addEventListener("keydown", onKey);
@@ -175,7 +178,7 @@ function scatter() {
   svg.appendChild(el("text", {x: 12, y: (W - B) / 2, transform: "rotate(-90 12 " + (W - B) / 2 + ")", "text-anchor": "middle", "class": "axis"}, "y: right grid"));
   pts.forEach(function (p) {
     var c = el("circle", {cx: sx(p.x), cy: sy(p.y), r: 4, "data-k": p.l + "." + p.h});
-    c.appendChild(el("title", {}, "layer " + p.l + ", head " + p.h + ": " + fmt(p.x) + ", " + fmt(p.y)));
+    c.appendChild(el("title", {}, "layer " + p.l + ", " + headName(p.h) + ": " + fmt(p.x) + ", " + fmt(p.y)));
     c.addEventListener("click", function (e) { e.stopPropagation(); select(p.l, p.h); });
     svg.appendChild(c);
   });
@@ -210,7 +213,7 @@ function select(l, h) {
   state.sel = {l: l, h: h};
   mark();
   var mlp = h === "mlp";
-  $("detail-title").textContent = mlp ? "Layer " + l + ", MLP" : "Layer " + l + ", head " + h;
+  $("detail-title").textContent = mlp ? "Layer " + l + ", MLP" : "Layer " + l + ", " + headName(h);
   $("detail-table").hidden = false;
   var body = $("detail-table").querySelector("tbody");
   body.textContent = "";

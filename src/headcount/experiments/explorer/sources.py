@@ -156,6 +156,7 @@ def from_run(run, *, examples: int = DEFAULT_EXAMPLES, job: str | None = None, d
         task = model_job.params.get("task")
         ex = attention_examples(str(model_job.dir / "model"), task, examples=examples, device=device,
                                 layout=(page["layers"], page["heads"]))
+        kv_groups(page, ex.get("kv_heads"))
         page["attention"] = attention_block(f"{model_job.name} on {ex['n']} dev examples of {ex['task']}",
                                             ex["tokens"], ex["maps"], ex["note"])
         add_quantity(page, f"attention entropy: {model_job.name}", ex["entropy"], kind="score")
@@ -204,6 +205,7 @@ def from_model(model: str, task: str, *, scores=(), masks=(), texts=None, exampl
     n_layers, n_heads = ex["layout"]
     page = new_page(n_layers, n_heads, title=f"{Path(model).name or model} on {ex['task']}",
                     source={"kind": "model", "model": str(model), "task": str(task)})
+    kv_groups(page, ex.get("kv_heads"))
     for p, kind, d in loaded:
         add_quantity(page, f"{'kept: ' if kind == 'mask' else ''}{p}", d["heads"], d.get("mlps"), kind=kind)
     add_seed_summaries(page)
@@ -214,6 +216,17 @@ def from_model(model: str, task: str, *, scores=(), masks=(), texts=None, exampl
                              "attention entropy on the examples.")
     add_quantity(page, "attention entropy (nats, mean over queries and examples)", ex["entropy"], kind="score")
     return finish(page)
+
+
+def kv_groups(page: dict, n_kv: int | None) -> None:
+    """A decoder with grouped-query attention: the page groups its query heads by the key/value
+    head they read (``page["kv_heads"]``; the grids mark where each group starts, the detail panel
+    names a head's group)."""
+    if n_kv and n_kv < page["heads"]:
+        page["kv_heads"] = int(n_kv)
+        size = page["heads"] // n_kv
+        page["notes"].append(f"Grouped-query attention: {n_kv} key/value heads per layer, each read by {size} query "
+                             f"heads (query head h reads KV group h // {size}); a thick left edge starts each group.")
 
 
 def _texts(task, texts, examples: int) -> tuple[list[tuple[str, ...]], int]:
@@ -238,7 +251,8 @@ def attention_examples(model: str, task, *, examples: int = DEFAULT_EXAMPLES, te
                        layout: tuple[int, int] | None = None) -> dict:
     """Attention of ``model`` on ``examples`` dev examples of ``task`` (or on ``texts``), each cut
     to :data:`MAX_TOKENS` tokens: ``{"tokens", "maps" ([layers, heads, n, n] per example, NaN for
-    a pruned head), "entropy" [layers, heads], "layout", "task", "n", "note"}``.
+    a pruned head), "entropy" [layers, heads], "layout", "task", "n", "note", "kv_heads"}``
+    (``kv_heads``: a decoder's key/value heads per layer, None for an encoder).
 
     Raises:
         HeadcountError: an unknown task, a model that cannot be loaded, an empty text, or a model
@@ -257,7 +271,8 @@ def attention_examples(model: str, task, *, examples: int = DEFAULT_EXAMPLES, te
     chosen, skipped = _texts(task, texts, examples)
     net, tokenizer, _ = load_for(str(model), task, "task", device=device)
     net.eval()
-    n_layers, n_heads = grid_of(net)
+    grid = grid_of(net)
+    n_layers, n_heads = grid
     if layout is not None and tuple(layout) != (n_layers, n_heads):
         raise HeadcountError(f"the model {model} has {n_layers} x {n_heads} heads, the run's results {layout[0]} x {layout[1]}")
     blocks = hooks(net).blocks
@@ -280,4 +295,4 @@ def attention_examples(model: str, task, *, examples: int = DEFAULT_EXAMPLES, te
     entropy[np.isnan(maps[0]).any(axis=(2, 3))] = np.nan
     note = f"{skipped} empty examples left out." if skipped else None
     return {"tokens": tokens, "maps": maps, "entropy": entropy, "layout": (n_layers, n_heads), "task": task.name,
-            "n": len(chosen), "note": note}
+            "n": len(chosen), "note": note, "kv_heads": grid.n_kv_heads}
