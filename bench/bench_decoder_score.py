@@ -15,7 +15,8 @@ method="gradient")`` (gates only require grad, batches merged to the CPU token b
 
 Each side runs in its own child process (same seed, same model and batches), so that its peak
 resident memory (``ru_maxrss``) is its own; the parent prints the ratios of time and of peak memory
-and checks the scores agree. Targets: time >= 2x.
+and checks the scores agree. headcount runs twice: with its default token budget (batches merged)
+and with the batches as given (``tokens_per_batch=0``, the baseline's batch). Target: time >= 2x.
 
     python bench/bench_decoder_score.py                      # 64 x 512 (long on 2 CPU cores)
     python bench/bench_decoder_score.py --sequences 8        # 8 x 512
@@ -104,7 +105,7 @@ def child(args) -> None:
 
         for p in model.parameters():  # as headcount's loader leaves them
             p.requires_grad_(False)
-        s = score(model, batches, method="gradient")
+        s = score(model, batches, method="gradient", tokens_per_batch=args.tokens_per_batch)
         heads, mlps = s.heads, s.mlps
     elapsed = time.perf_counter() - t
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -123,6 +124,7 @@ def main(argv=None) -> dict:
     p.add_argument("--device", default="cpu", help="cpu only (accepted for bench/run_all.py)")
     p.add_argument("--only", choices=["baseline", "headcount"], help=argparse.SUPPRESS)
     p.add_argument("--save", help=argparse.SUPPRESS)
+    p.add_argument("--tokens-per-batch", type=int, default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     args.sequences = args.sequences or (8 if args.quick else 64)
     args.tokens = args.tokens or (128 if args.quick else 512)
@@ -135,12 +137,13 @@ def main(argv=None) -> dict:
         return {}
     res = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for side in ("baseline", "headcount"):
+        # headcount twice: batches merged to the CPU token budget (the default), and as given (0)
+        for side, budget in (("baseline", None), ("headcount", None), ("headcount-unmerged", 0)):
             out = Path(tmp) / f"{side}.json"
-            cmd = [sys.executable, __file__, "--only", side, "--save", str(out), "--sequences", str(args.sequences),
-                   "--tokens", str(args.tokens), "--layers", str(args.layers), "--batch", str(args.batch),
-                   "--threads", str(args.threads)]
-            subprocess.run(cmd, check=True)
+            cmd = [sys.executable, __file__, "--only", side.split("-")[0], "--save", str(out), "--sequences",
+                   str(args.sequences), "--tokens", str(args.tokens), "--layers", str(args.layers), "--batch",
+                   str(args.batch), "--threads", str(args.threads)]
+            subprocess.run(cmd + ([] if budget is None else ["--tokens-per-batch", str(budget)]), check=True)
             res[side] = json.loads(out.read_text())
     b, h = res["baseline"], res["headcount"]
     ref = torch.tensor(b["heads"]).flatten()
@@ -156,11 +159,17 @@ def main(argv=None) -> dict:
     print(f"  baseline (plain transformers loop, weight grads) {b['seconds']:8.1f} s, peak RSS {mem['baseline']:7.0f} MB "
           f"(+{grow['baseline']:.0f} MB while scoring)")
     print(f"  headcount score --method gradient               {h['seconds']:8.1f} s, peak RSS {mem['headcount']:7.0f} MB "
-          f"(+{grow['headcount']:.0f} MB while scoring)")
+          f"(+{grow['headcount']:.0f} MB while scoring; batches merged to the CPU token budget)")
+    u = res["headcount-unmerged"]
+    print(f"  headcount, --tokens-per-batch 0 (as given)      {u['seconds']:8.1f} s, peak RSS "
+          f"{mem['headcount-unmerged']:7.0f} MB (+{grow['headcount-unmerged']:.0f} MB while scoring)")
     print(f"  scores agree: r = {r:.5f}, max relative difference {rel:.1e}")
     print(f"  speed-up {speed:.2f}x  (target >= {TARGET}x: {'met' if speed >= TARGET else 'NOT met'})")
     print(f"  peak memory ratio {mem['baseline'] / mem['headcount']:.2f} (growth while scoring: "
           f"{grow['baseline'] / max(grow['headcount'], 1):.2f})")
+    print(f"  unmerged: speed-up {b['seconds'] / u['seconds']:.2f}x, peak memory ratio "
+          f"{mem['baseline'] / mem['headcount-unmerged']:.2f} (growth while scoring: "
+          f"{grow['baseline'] / max(grow['headcount-unmerged'], 1):.2f})")
     return {"speedup": speed, "memory": mem, "r": r}
 
 
