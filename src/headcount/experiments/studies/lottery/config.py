@@ -133,6 +133,9 @@ class PruningSettings(ConfigSection):
         shrink: physically shrink the working copy between steps (faster; heads already cut out
             then score 0). ``false`` (the default) keeps them, gated off, so that their gradient
             at gate 0 counts in the layer-wise L2 norm as in the paper's code.
+        unit: ``heads`` (query heads, the default) or ``kv-groups`` (decoders with grouped-query
+            attention: whole key/value groups are pruned, and the random and bad controls are
+            drawn in whole groups too, so that every subnetwork shrinks the KV cache alike).
     """
 
     threshold: float = Field(0.9, gt=0, le=1)
@@ -147,6 +150,7 @@ class PruningSettings(ConfigSection):
     normalize: Literal["none", "layer", "layer+global"] = "layer+global"
     max_steps: int | None = Field(None, **STEPS.limits())
     shrink: bool = False
+    unit: Literal["heads", "kv-groups"] = "heads"
 
     @model_validator(mode="after")
     def _accumulate_fits_method(self):

@@ -96,6 +96,24 @@ def _masks_of(inputs, names) -> tuple[np.ndarray, np.ndarray]:
     return np.stack([m.heads.numpy() for m in masks]), np.stack([m.mlps.numpy() for m in masks])
 
 
+def _kv_unit(inputs, names) -> int | None:
+    """Key/value heads per layer when every named input's mask was pruned in whole KV groups
+    (``unit: kv-groups``): its controls are then drawn in whole groups. None otherwise."""
+    masks = [Mask.load(inputs[n].path("mask.json")) for n in names]
+    whole = masks and all(m.meta.get("unit") == "kv-groups" and m.n_kv_heads for m in masks)
+    return masks[0].n_kv_heads if whole else None
+
+
+def _to_groups(heads: np.ndarray, n_kv: int) -> np.ndarray:
+    """A whole-group head grid ``[..., n_heads]`` as its groups ``[..., n_kv]`` (a group is kept
+    when its heads are)."""
+    return heads.reshape(*heads.shape[:-1], n_kv, -1).min(-1)
+
+
+def _to_heads(groups: np.ndarray, n_heads: int) -> np.ndarray:
+    return np.repeat(groups, n_heads // groups.shape[-1], axis=-1)
+
+
 def subnetwork_job(params, inputs, workdir: Path, progress) -> dict:
     """A head/MLP subnetwork derived from good masks; writes ``mask.json``.
 
@@ -109,7 +127,8 @@ def subnetwork_job(params, inputs, workdir: Path, progress) -> dict:
     random from the middlings around that bad control, which it rebuilds from the bad draw's
     generator, so it is the ``bad`` job's of the same seed).
     inputs: ``good`` (a job with ``mask.json``), or for ``super`` and ``controls: reference``
-    any number of them (one per seed).
+    any number of them (one per seed). Good masks pruned in whole key/value groups (``unit:
+    kv-groups``, decoders) get controls drawn in whole groups, and the masks written say so.
 
     >>> subnetwork_job({"kind": "super"}, {}, Path("."), None)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
@@ -117,31 +136,42 @@ def subnetwork_job(params, inputs, workdir: Path, progress) -> dict:
     headcount.runtime.errors.HeadcountError: a super-survivor subnetwork needs at least one good mask
     """
     p = job_params(SubnetworkParams, params)
+    n_kv = None  # the controls of a KV-group mask state their groups too
     if p.kind == "super":
         if not inputs:
             raise HeadcountError("a super-survivor subnetwork needs at least one good mask")
         heads, mlps = _masks_of(inputs, sorted(inputs))
-        heads, mlps = super_survivors(heads), super_survivors(mlps)
-        meta = {"kind": "super", "n_masks": len(inputs)}
+        heads, mlps = super_survivors(heads), super_survivors(mlps)  # of whole KV groups: whole groups
+        n_kv = _kv_unit(inputs, sorted(inputs))
+        meta = {"kind": "super", "n_masks": len(inputs), "unit": "kv-groups" if n_kv else None}
     elif p.controls == "reference":  # a control of the super-survivors, drawn as the authors' code
         if not inputs:
             raise HeadcountError(f"a reference super-survivor {p.kind} control needs at least one good mask")
         heads, mlps = _masks_of(inputs, sorted(inputs))
+        n_kv = _kv_unit(inputs, sorted(inputs))
+        units = heads if n_kv is None else _to_groups(heads, n_kv)
         # random is drawn around the bad control: rebuilt from the bad job's own generator
-        drawn = super_controls({"heads": heads, "mlps": mlps}, p.kind, seed=control_rng(p.seed, p.kind),
+        drawn = super_controls({"heads": units, "mlps": mlps}, p.kind, seed=control_rng(p.seed, p.kind),
                                **({"bad_seed": control_rng(p.seed, "bad")} if p.kind == "random" else {}))
         meta = {"kind": p.kind, "controls": "reference", "mode": p.mode if p.kind == "random" else None,
                 "seed": p.seed, "n_masks": len(inputs), "good_heads_kept": int(super_survivors(heads).sum()),
-                "good_mlps_kept": int(super_survivors(mlps).sum())}
-        heads, mlps = drawn["heads"], drawn["mlps"]
+                "good_mlps_kept": int(super_survivors(mlps).sum()), "unit": "kv-groups" if n_kv else None}
+        n_heads, heads, mlps = heads.shape[-1], drawn["heads"], drawn["mlps"]
+        if n_kv:
+            heads = _to_heads(heads, n_heads)
     else:
         good = Mask.load(inputs["good"].path("mask.json"))
-        drawn = draw_controls({"heads": good.heads.numpy(), "mlps": good.mlps.numpy()}, p.kind,
+        n_kv = _kv_unit(inputs, ["good"])  # a good mask of whole KV groups: controls drawn in whole groups
+        units = good.heads.numpy() if n_kv is None else _to_groups(good.heads.numpy(), n_kv)
+        drawn = draw_controls({"heads": units, "mlps": good.mlps.numpy()}, p.kind,
                               seed=control_rng(p.seed, p.kind), **({"mode": p.mode} if p.kind == "random" else {}))
         heads, mlps = drawn["heads"], drawn["mlps"]
+        if n_kv:
+            heads = _to_heads(heads, good.heads.shape[1])
         meta = {"kind": p.kind, "mode": p.mode if p.kind == "random" else None, "seed": p.seed,
-                "good_heads_kept": good.n_heads_kept, "good_mlps_kept": good.n_mlps_kept}
-    mask = Mask(heads, mlps, {k: v for k, v in meta.items() if v is not None})
+                "good_heads_kept": good.n_heads_kept, "good_mlps_kept": good.n_mlps_kept,
+                "unit": "kv-groups" if n_kv else None}
+    mask = Mask(heads, mlps, {k: v for k, v in meta.items() if v is not None}, n_kv_heads=n_kv)
     mask.save(workdir / "mask.json")
     progress(1, 1, f"{p.kind}: {mask.n_heads_kept} heads, {mask.n_mlps_kept} MLPs")
     out = {"mask": mask.to_dict(), "heads_kept": mask.n_heads_kept, "mlps_kept": mask.n_mlps_kept}

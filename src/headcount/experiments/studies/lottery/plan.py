@@ -123,7 +123,9 @@ def lottery_jobs(settings: LotterySettings, prefix: str = "") -> list[Job]:
                 # resolved, so that the key says it: the dev set in file order for cumulative (the reference's)
                 "batch_order": "length" if groups_by_length("auto", p.accumulate) else "file",
                 "prune": {"threshold": p.threshold, "step": p.step, "step_of": p.step_of, "schedule": p.schedule,
-                          "max_steps": p.max_steps, "shrink": p.shrink},
+                          "max_steps": p.max_steps, "shrink": p.shrink,
+                          # stated only when not the default, so that earlier runs keep their job keys
+                          **({"unit": p.unit} if p.unit != "heads" else {})},
                 "data": imp_data, "eval_data": eval_data,
                 "importance_split": val if p.importance == "validation" else None, "stop_split": val,
             }
