@@ -1,5 +1,6 @@
 """Studies on a tiny random decoder (a Llama causal LM, 4 query heads on 2 KV heads): the lottery
-study pruning whole KV groups (its random and bad controls drawn in whole groups too)."""
+study pruning query heads or whole KV groups (its controls drawn in whole groups too), and the
+transfer study with the decoder's own next-token loss (``objectives: [lm]``) in MLM's place."""
 
 from __future__ import annotations
 
@@ -55,3 +56,38 @@ def test_lottery_on_a_decoder_prunes_query_heads_or_kv_groups(world, unit):
         for m in (good, *controls):
             groups = m.heads.view(LAYERS, 2, HEADS // 2).sum(-1).numpy()
             assert np.isin(groups, (0, HEADS // 2)).all()  # whole KV groups only
+
+
+TRANSFER = """study: transfer
+name: tiny decoder transfer
+model: pre
+tasks: [{id: good, task: task/task.yaml}]
+seeds: [1]
+objectives: [lm]
+train: {lr: 0.01, batch_size: 16, epochs: 1, max_length: 32, eval_batch_size: 64, save_steps: 1000}
+head_fit: {lr: 0.01, epochs: 1}
+mlm: {eval: {max_examples: 32, batch_size: 16, max_length: 32}}
+scoring: {data: {max_examples: 32, batch_size: 16, max_length: 32}}
+pruning: {levels: [0.5], random_draws: 1}
+before_after: {levels: [0.5], seeds: [1], random_control: false}
+stats: {n_boot: 10, n_permutations: 9}
+"""
+
+
+def test_transfer_on_a_decoder_with_the_lm_objective(world):
+    import json
+
+    (world / "transfer.yaml").write_text(TRANSFER)
+    run_study(world / "transfer.yaml", world / "run-transfer", quiet=True)
+    store = RunStore(world / "run-transfer")
+    jobs = {j["name"]: j for j in store.plan["jobs"]}
+    pre = next(j for n, j in jobs.items() if n.startswith("mlm-scores/") and "fine-tuned" not in n)
+    after = next(j for n, j in jobs.items() if n.startswith("mlm-scores/") and "fine-tuned" in n)
+    for job in (pre, after):
+        scores = json.loads((store.job_dir(job["key"]) / "scores.json").read_text())
+        assert scores["objective"] == "lm" and np.isfinite(np.asarray(scores["heads"])).all()
+        assert np.asarray(scores["heads"]).shape == (LAYERS, HEADS)
+    curve = next(j for n, j in jobs.items() if n.startswith("curve/") and n.endswith("/mlm"))
+    assert curve["params"]["objective"] == "lm"
+    text = (store.job_dir(curve["key"]) / "curve.csv").read_text()
+    assert "lm_accuracy" in text or len(text.splitlines()) > 2

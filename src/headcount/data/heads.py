@@ -102,6 +102,15 @@ def _trainable(model: nn.Module, params):
 # =============================================================================================
 # a task head on a frozen encoder
 # =============================================================================================
+def _output(kind, seq, pooled):
+    """An encoder output of class ``kind`` holding ``seq`` (and ``pooled`` where the class has a
+    pooled output): what the head reads, nothing else (no cache, no attentions)."""
+    if kind is None or not hasattr(kind, "__dataclass_fields__"):
+        kind = BaseModelOutputWithPooling
+    extra = {"pooler_output": pooled} if "pooler_output" in kind.__dataclass_fields__ else {}
+    return kind(last_hidden_state=seq, **extra)
+
+
 def fit_task_head(model, batches, *, lr: float, epochs: float, weight_decay: float, seed: int = 0,
                   progress=None, device=None) -> dict:
     """Train only a classifier's task head (the parameters outside ``model.base_model``) on a frozen encoder.
@@ -136,12 +145,13 @@ def fit_task_head(model, batches, *, lr: float, epochs: float, weight_decay: flo
     # BERT-style heads read the first position and the pooled output only: cache [batch, 1, hidden];
     # a head that pools every position (the adapter says) needs [batch, seq, hidden] and the mask.
     all_positions = get_adapter(model).task_head_reads_all_positions(model)
-    cached = []
+    cached, kind = [], None
     model.eval()
     with torch.no_grad():
         for b in batches:
             inputs = {k: v.to(device) for k, v in b.items() if k != "labels"}
             out = base(**inputs)
+            kind = type(out)  # replayed as the same output class (a decoder's head reads its .cache)
             seq = out[0] if all_positions else out[0][:, :1]
             pooled = getattr(out, "pooler_output", None)  # [batch, hidden] or None
             replay = {"input_ids": inputs["input_ids"] if all_positions else inputs["input_ids"][:, :1]}
@@ -162,7 +172,7 @@ def fit_task_head(model, batches, *, lr: float, epochs: float, weight_decay: flo
                         if step >= n_steps:
                             break
                         seq, pooled, labels, replay = cached[i]
-                        stand_in.output = BaseModelOutputWithPooling(last_hidden_state=seq, pooler_output=pooled)
+                        stand_in.output = _output(kind, seq, pooled)
                         loss = model(**replay, labels=labels).loss
                         opt.zero_grad(set_to_none=True)
                         loss.backward()

@@ -49,6 +49,10 @@ class DecoderAdapter(Adapter):
         norms over ``head_dim`` share one weight across heads)."""
         return ()
 
+    def task_head_reads_all_positions(self, model):
+        # a decoder's sequence classifier reads each row's last real token: a position per row
+        return True
+
     def set_heads(self, attention, n_heads, n_kv, head_dim):
         # the one map transformers reads: query head i -> KV slot i // num_key_value_groups
         attention.num_key_value_groups = n_heads // n_kv if n_kv else 1

@@ -61,7 +61,7 @@ Normalize = Literal["none", "layer"]
 View = Literal["application", "shared"]
 AfterHead = Literal["pretrained", "refit"]
 #: the pre-training objectives whose importance is compared with task importance
-PretrainObjective = Literal["mlm", "embedding"]
+PretrainObjective = Literal["mlm", "embedding", "lm"]
 
 _DATA_DEFAULTS = {f.name: f.default for f in fields(DataConfig)}
 
@@ -246,6 +246,8 @@ class TransferSettings(ConfigSection):
             compared with task importance: ``mlm`` (always) and optionally ``embedding`` (SimCSE's
             unsupervised contrastive loss on the same texts, :mod:`headcount.data.embedding`): its
             score jobs, its comparisons and an ``embedding`` order in the task prunability curves.
+            A decoder takes ``[lm]`` instead: its own causal-LM (next-token) loss in MLM's place
+            (the jobs and comparisons keep their ``mlm`` names; curves stop on next-token accuracy).
         mlm / scoring / pruning / before_after / stats: see their sections.
     """
 
@@ -284,9 +286,17 @@ class TransferSettings(ConfigSection):
     @field_validator("objectives")
     @classmethod
     def _objectives(cls, v):
-        if "mlm" not in v or len(set(v)) != len(v):
-            raise ValueError("objectives must include mlm (the curves and before/after use it), without repeats")
+        if len(set(v)) != len(v) or ("mlm" in v) == ("lm" in v):
+            raise ValueError("objectives must include mlm (the curves and before/after use it), or lm in its place "
+                             "for a decoder, without repeats")
+        if "lm" in v and "embedding" in v:
+            raise ValueError("objectives: embedding is for encoders; a decoder takes [lm]")
         return v
+
+    @property
+    def pretrain(self) -> str:
+        """The objective in MLM's role: ``mlm``, or ``lm`` (a decoder's next-token loss)."""
+        return "lm" if "lm" in self.objectives else "mlm"
 
     @field_validator("seeds")
     @classmethod

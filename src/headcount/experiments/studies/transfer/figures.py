@@ -134,7 +134,8 @@ def figures(tables: dict, settings: TransferSettings, p: dict, art: str) -> dict
 
     # --- prunability curves
     views = sorted(curves["view"].unique(), key=lambda v: v != "application")
-    objectives = ("task", "mlm", "embedding") if emb else ("task", "mlm")
+    pre = "lm" if (curves["objective"] == "lm").any() else "mlm"  # a decoder's next-token loss in MLM's place
+    objectives = ("task", pre, "embedding") if emb else ("task", pre)
     fig, axes = new_figure(len(objectives), len(ids), size=(3.6 * len(ids), 3.0 * len(objectives)))
     axes = np.asarray(axes).reshape(len(objectives), len(ids))
     colors = {"mlm": "C0", "task": "C1", "embedding": "C2", "random": "0.45"}
@@ -155,7 +156,8 @@ def figures(tables: dict, settings: TransferSettings, p: dict, art: str) -> dict
             if not d.empty:
                 full = d[d["fraction"] == 0]["score"].mean()
                 ax.axhline(settings.before_after.threshold * full, ls=":", color="C3", lw=0.8)
-            title = {"task": "task (fine-tuned)", "mlm": "MLM (pre-trained)", "embedding": "embedding (pre-trained)"}
+            title = {"task": "task (fine-tuned)", "mlm": "MLM (pre-trained)", "embedding": "embedding (pre-trained)",
+                     "lm": "next-token LM (pre-trained)"}
             ax.set_title(f"{t}: {title[objective]}", fontsize=9)
             ax.set_xlabel("fraction of heads removed", fontsize=8)
             ax.set_ylabel(d["metric"].iloc[0] if len(d) else "", fontsize=8)

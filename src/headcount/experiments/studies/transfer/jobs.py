@@ -22,7 +22,7 @@ from headcount.core.gates import layout, shared_groups
 from headcount.core.models import load_model
 from headcount.core.surgery import count_parameters, save_tokenizer
 from headcount.data.embedding import SIMILARITY_METRIC, embed, similarity_agreement
-from headcount.data.evaluation import evaluate_batches, masked_positions_only
+from headcount.data.evaluation import LM_METRIC, evaluate_batches, masked_positions_only
 from headcount.data.heads import fit_task_head
 from headcount.data.mlm_head import evaluate_mlm, mlm_model
 from headcount.data.tasks import encode, get_task, make_batches
@@ -40,12 +40,27 @@ from headcount.importance.pipeline import batches_for, load_for
 from headcount.importance.scoring import score
 from headcount.runtime.atomic import atomic_write_json, atomic_write_text
 from headcount.runtime.device import resolve_device
+from headcount.runtime.errors import HeadcountError
 from headcount.train import prepare_model
 
 
 def _mlm_model(model: str, head: MlmHeadParams, encoder: str | None = None):
     return mlm_model(model, head.corpus, steps=head.steps, max_texts=head.max_texts, seed=head.seed,
                      after=head.after, encoder=encoder)
+
+
+def _lm_model(model: str, encoder: str | None = None):
+    """A decoder's causal LM with its own head (``lm`` in MLM's place) and its tokenizer; with
+    ``encoder`` (a fine-tuned checkpoint of the same model, e.g. a classifier) its backbone
+    weights go under the pre-trained LM head."""
+    from headcount.core.models import load_tokenizer
+
+    lm = load_model(model, head="lm")
+    if layout(lm).n_kv_heads is None:
+        raise HeadcountError(f"objectives [lm] need a decoder (causal language model); {model} is an encoder")
+    if encoder is not None:
+        lm.base_model.load_state_dict(load_model(encoder, head="base").state_dict())
+    return lm.eval(), load_tokenizer(model)
 
 
 def _grid(result) -> np.ndarray:
@@ -92,6 +107,16 @@ def mlm_score_job(params, inputs, workdir: Path, progress) -> dict:
     p = MlmScoreParams.model_validate(params)
     task = get_task(p.task)
     encoder = str(inputs["encoder"].path("model")) if "encoder" in inputs else None
+    if p.objective == "lm":  # a decoder: its own next-token loss, no head to fit
+        model, tokenizer = _lm_model(p.model, encoder)
+        batches = batches_for(task, tokenizer, "lm", p.data.config())
+        s = score(model, batches, method=p.method, normalize="none", keep_per_example=True,
+                  progress=lambda i: progress(i, len(batches), "scoring"))
+        s = replace(s, meta={**s.meta, "task": task.name, "objective": "lm", "model": p.model, "encoder": encoder,
+                             "head": "checkpoint"})
+        s.save(workdir / "scores.json")
+        save_per_example(workdir, s, task, tokenizer, "lm", p.data.config())
+        return s.to_dict()
     model, tokenizer, info = _mlm_model(p.model, p.mlm_head, encoder=encoder)
     batches = batches_for(task, tokenizer, "mlm", p.data.config())
     with masked_positions_only(model):
@@ -181,6 +206,13 @@ def curve_job(params, inputs, workdir: Path, progress) -> dict:
 
         def evaluate(mask):
             return evaluate_mlm(model, batches, mask)
+    elif p.objective == "lm":  # a decoder's next-token accuracy on the texts
+        model, tokenizer = _lm_model(p.model)
+        batches = batches_for(task, tokenizer, "lm", data)
+        metric = LM_METRIC
+
+        def evaluate(mask):
+            return evaluate_batches(model, batches, metric, mask=mask)
     elif p.objective == "embedding":  # no labels: agreement with the unpruned encoder's similarities
         model, tokenizer, info = load_for(p.model, task, "embedding", seed=data.seed)
         pooling = info["pooling"]

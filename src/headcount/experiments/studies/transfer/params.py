@@ -43,6 +43,8 @@ class MlmScoreParams(ConfigSection):
     data: DataSettings
     method: Method
     mlm_head: MlmHeadParams
+    #: ``lm``: a decoder's own next-token loss in MLM's place (stated only then: earlier keys stay)
+    objective: Literal["mlm", "lm"] = "mlm"
 
 
 class HeadFitParams(ConfigSection):
@@ -75,7 +77,7 @@ class CurveParams(ConfigSection):
     ``orders``: ``{order: {replicate: input name}}``, the score grids that rank the heads.
     """
 
-    objective: Literal["task", "mlm", "embedding"]
+    objective: Literal["task", "mlm", "embedding", "lm"]
     task: str
     eval: DataSettings
     levels: tuple[float, ...]
@@ -91,8 +93,8 @@ class CurveParams(ConfigSection):
     def _mlm(self):
         if self.objective == "mlm" and (self.model is None or self.mlm_head is None):
             raise ValueError("an MLM curve needs model and mlm_head")
-        if self.objective == "embedding" and self.model is None:
-            raise ValueError("an embedding curve needs model")
+        if self.objective in ("embedding", "lm") and self.model is None:
+            raise ValueError(f"an {self.objective} curve needs model")
         return self
 
 

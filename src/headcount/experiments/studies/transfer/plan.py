@@ -168,10 +168,11 @@ def transfer_jobs(settings: TransferSettings, prefix: str = "") -> list[Job]:
                 "after": s.mlm.after_head}
     method = s.scoring.method
     views = list(s.pruning.views)
+    lm = {"objective": "lm"} if s.pretrain == "lm" else {}  # a decoder's next-token loss in MLM's place
 
     layout = Job(n.layout(), "transfer-layout", f"{JOBS}:layout_job", {"model": s.model})
     mlm_pre = {c: Job(n.mlm_pre(c), "transfer-mlm-score", f"{JOBS}:mlm_score_job",
-                      {"model": s.model, "task": name, "data": data, "method": method, "mlm_head": mlm_head},
+                      {"model": s.model, "task": name, "data": data, "method": method, "mlm_head": mlm_head, **lm},
                       uses_model=True)
                for c, name in p["corpora"].items()}
     jobs: list[Job] = [layout, *mlm_pre.values()]
@@ -213,7 +214,7 @@ def transfer_jobs(settings: TransferSettings, prefix: str = "") -> list[Job]:
                          deps={"model": head}, uses_model=True)
             mlm_after = Job(n.mlm_after(t, seed), "transfer-mlm-score", f"{JOBS}:mlm_score_job",
                             {"model": s.model, "task": p["corpora"][corpus], "data": data, "method": method,
-                             "mlm_head": mlm_head}, deps={"encoder": ft[t, seed]}, uses_model=True)
+                             "mlm_head": mlm_head, **lm}, deps={"encoder": ft[t, seed]}, uses_model=True)
             orders = {"mlm": {"pre-trained": "mlm"}, "task": {str(seed): "task"}}
             deps = {"model": ft[t, seed], "layout": layout, "mlm": mlm_pre[corpus], "task": after[t, seed]}
             if emb_pre:  # heads ranked by embedding importance too
@@ -251,7 +252,7 @@ def transfer_jobs(settings: TransferSettings, prefix: str = "") -> list[Job]:
                 ]
         # MLM prunability of the pre-trained model on this task's MLM texts
         jobs.append(Job(n.mlm_curve(t), "transfer-curve", f"{JOBS}:curve_job",
-                        {"objective": "mlm", "task": p["corpora"][corpus], "model": s.model, "mlm_head": mlm_head,
+                        {"objective": s.pretrain, "task": p["corpora"][corpus], "model": s.model, "mlm_head": mlm_head,
                          "eval": s.mlm.eval.model_dump(), "levels": p["curve_levels"], "normalize": s.pruning.normalize,
                          "views": views, "orders": {"mlm": {"pre-trained": "mlm"},
                                                     "task": {str(seed): f"task.{seed}" for seed in p["seeds"]}},

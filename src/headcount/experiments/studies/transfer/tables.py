@@ -103,9 +103,9 @@ def transfer_tables(store, settings: TransferSettings, prefix: str = "") -> dict
         for t in p["ids"]:
             full = float(ftd[(ftd["task"] == t) & ftd["seed"].isin(p["ba_seeds"])]["fine_tuned"].mean())
             c = curves[curves["task"] == t]
-            mlm_c = c[(c["objective"] == "mlm") & (c["order"] == "mlm") & (c["view"] == settings.before_after.view)]
+            mlm_c = c[(c["objective"].isin(("mlm", "lm"))) & (c["order"] == "mlm") & (c["view"] == settings.before_after.view)]
             if mlm_c.empty:  # a model without shared layers: the application view stands for both
-                mlm_c = c[(c["objective"] == "mlm") & (c["order"] == "mlm") & (c["view"] == "application")]
+                mlm_c = c[(c["objective"].isin(("mlm", "lm"))) & (c["order"] == "mlm") & (c["view"] == "application")]
             mlm_full = mlm_c[mlm_c["fraction"] == 0].iloc[0]
             task_c = c[(c["objective"] == "task") & (c["view"] == "application")]
             orders = ["mlm"] + (["random"] if settings.before_after.random_control else [])
