@@ -296,7 +296,7 @@ def pad_for_classification(model, tokenizer):
     refuses batches of more than one). Set it to the id headcount pads batches with (the
     tokenizer's padding id, else 0). Encoders and configs that have one are left as they are.
 
-    >>> pad_for_classification(load_model("gpt2-dir", head="classification"), tok)  # doctest: +SKIP
+    >>> model = pad_for_classification(load_model("decoder-dir", head="classification"), tok)  # doctest: +SKIP
     """
     from headcount.core.gates import layout
 
