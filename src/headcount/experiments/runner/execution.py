@@ -101,8 +101,9 @@ class Executor:
         """Fail early on an unusable executor (nothing to check by default)."""
 
     @contextmanager
-    def session(self):
-        """Context around one or more ``run`` calls (nothing by default)."""
+    def session(self, jobs: Sequence[Job] = ()):
+        """Context around one or more ``run`` calls (nothing by default); ``jobs``, those to run,
+        are checked against what the executor has (the Ray cluster's nodes) before the block runs."""
         yield self
 
     def run(self, jobs: Sequence[Job], store: RunStore, reporter: Reporter, keep_going: bool = True) -> Outcome:

@@ -228,9 +228,10 @@ def run_study(
     out = Path(out)
     _check_out_dir(out)
     store = RunStore(out)
-    # connect (Ray) before touching the run directory, and only when something is left to run
-    needs_executor = any(not store.is_done(j.key) for j in plan)
-    with exe.session() if needs_executor else nullcontext(), store:
+    # connect (Ray) and check the jobs against the cluster before touching the run directory (a
+    # refused run writes nothing), and only when something is left to run
+    left = [j for j in plan if not store.is_done(j.key)]
+    with exe.session(left) if left else nullcontext(), store:
         manifest_path = out / MANIFEST
         now = utcnow()
         replaced = None  # the manifest of another config that --force moves to history/
