@@ -7,6 +7,7 @@ default read from the object that declares it) and calls one function here with 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import replace
 from pathlib import Path
 
@@ -111,9 +112,10 @@ def score_command(model: str, task: str, settings: ScoreSettings, data: DataConf
     t = get_task(task)
     m, tok, info = load_for(model, t, objective, seed=data.seed, device=device)
     scorer = get_scorer(method)
-    if info["head"] == "new" and scorer.needs_loss:
-        echo(f"note: {model} has no trained head for {t.name}; scoring with a new, untrained task head "
-             "(fine-tune first for task importance)")
+    if info["head"] == "new":
+        echo(f"note: {model} has no trained head for {t.name}; "
+             + ("scoring with a new, untrained task head (fine-tune first for task importance)" if scorer.needs_loss
+                else f"a new, untrained task head was created ({method} scores do not read it)"))
     if info["head"] == "fitted":
         r = info["mlm_head"]
         echo(f"note: {model} has no masked-LM head; fitted one on the frozen encoder "
@@ -135,12 +137,34 @@ def score_command(model: str, task: str, settings: ScoreSettings, data: DataConf
             "head": info["head"]}
     if "mlm_head" in info:
         meta["mlm_head"] = info["mlm_head"]
+    bad = non_finite_scores(s, pruning_record(m) or {}, scorer.scores_mlps)
+    if bad:
+        meta["non_finite_scores"] = bad
+        first = (f"layer {bad['heads'][0][0]} head {bad['heads'][0][1]}" if bad["heads"]
+                 else f"the MLP of layer {bad['mlps'][0]}")
+        echo(f"warning: {len(bad['heads'])} head and {len(bad['mlps'])} MLP scores are not finite (NaN or inf; "
+             f"first: {first}): the model's weights or outputs are not finite; scores.json lists them")
     s = replace(s, meta={**s.meta, **meta})
     out = Path(out)
     s.save(out / "scores.json")
     plots.head_heatmap(s.to_dict(), out / "heads.png", title=f"{method} importance, {objective}: {t.name}")
     mark("write")
     return {**s.to_dict(), "seconds": s.meta.get("seconds", 0.0)}
+
+
+def non_finite_scores(s, record: dict, scores_mlps: bool = True) -> dict:
+    """The scores that are NaN or infinite where a number was due: ``{"heads": [[layer, head], ...],
+    "mlps": [layer, ...]}``, empty when there are none. A head or MLP the model no longer has
+    (``record``: its pruning record) has no score by design, nor has an MLP for a method that
+    scores none (``scores_mlps`` False: ``entropy``)."""
+    gone = {(layer, head) for layer, heads in enumerate(record.get("removed_heads", [])) for head in heads}
+    heads = [[layer, head] for layer, row in enumerate(s.heads.tolist()) for head, v in enumerate(row)
+             if (layer, head) not in gone and not math.isfinite(v)]
+    values = s.mlps.tolist()
+    gone_mlps = set(record.get("removed_mlps", []))
+    mlps = ([layer for layer, v in enumerate(values) if layer not in gone_mlps and not math.isfinite(v)]
+            if scores_mlps else [])
+    return {"heads": heads, "mlps": mlps} if heads or mlps else {}
 
 
 def prune_command(model: str, task: str, settings: PruneSettings, loop: PruneConfig, importance: DataConfig,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import struct
 from pathlib import Path
@@ -75,6 +76,7 @@ def check_config(path: Path) -> dict:
     if not isinstance(doc, dict):
         raise HeadcountError(f"{path} holds {_JSON_KINDS.get(type(doc), type(doc).__name__)}, not a JSON object "
                              "(a model config maps names to values: {\"model_type\": ...})")
+    check_finite_config(doc, str(path.parent))
     return doc
 
 
@@ -182,10 +184,16 @@ def load_model(spec: str = OFFLINE, head: str = "base", num_labels: int | None =
         except Exception as e:  # a pruning record that does not fit the weights
             raise HeadcountError(f"cannot load pruned checkpoint {spec!r} (bad pruning record or weights): "
                                  f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+    ignore_mismatched = bool(kwargs.pop("ignore_mismatched_sizes", False))
+    want_info = bool(kwargs.pop("output_loading_info", False))
     try:
         config = transformers.AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code, **config_kwargs)
+        check_finite_config(config.to_dict(), spec)
         get_adapter(config)
-        return auto.from_pretrained(path, config=config, trust_remote_code=trust_remote_code, **kwargs).eval()
+        # mismatched sizes are reported by the loading info below (transformers' own error points
+        # at a report its verbosity setting hides)
+        model, info = auto.from_pretrained(path, config=config, trust_remote_code=trust_remote_code,
+                                           output_loading_info=True, ignore_mismatched_sizes=True, **kwargs)
     except HeadcountError:
         raise
     except OSError as e:
@@ -193,6 +201,67 @@ def load_model(spec: str = OFFLINE, head: str = "base", num_labels: int | None =
     except Exception as e:  # a config or weights file the loader cannot read: the input, not a bug
         raise HeadcountError(f"cannot load model {spec!r}: {type(e).__name__}: "
                              f"{str(e).splitlines()[0] if str(e) else ''}") from None
+    object.__setattr__(model, NEW_WEIGHTS, check_loading(model, info, spec, ignore_mismatched))
+    model.eval()
+    return (model, info) if want_info else model
+
+
+#: the model attribute that lists the task-head tensors :func:`load_model` created new
+NEW_WEIGHTS = "headcount_new_weights"
+
+
+def new_weights(model) -> tuple[str, ...]:
+    """The tensors of ``model``'s task head that :func:`load_model` initialised anew (not in the
+    checkpoint: a classifier on a pre-trained encoder, an MLM head to fit); empty when none or
+    when the model was not loaded by :func:`load_model`."""
+    return tuple(getattr(model, NEW_WEIGHTS, ()) or ())
+
+
+def check_loading(model, info: dict, spec: str, ignore_mismatched: bool = False) -> tuple[str, ...]:
+    """Refuse a checkpoint whose weights do not fill the encoder body; return the task-head
+    tensors that were initialised anew.
+
+    From transformers' loading info (``output_loading_info=True``): a tensor of the wrong shape
+    (unless ``ignore_mismatched``: then it is new), and a missing or unexpected tensor of the
+    encoder body (the architecture adapter says which tensors are the body) are errors naming the
+    first such tensor: transformers would fill a missing one with random weights and drop an
+    unexpected one, silently. A missing task-head tensor is new; an unexpected one (the saved head
+    of another task) is dropped.
+    """
+    adapter = get_adapter(model)
+    order = {name: i for i, name in enumerate(model.state_dict())}
+    mismatched = sorted(info.get("mismatched_keys") or (), key=lambda m: (order.get(m[0], len(order)), m[0]))
+    if mismatched and not ignore_mismatched:
+        name, saved, wanted = mismatched[0]
+        more = f" (and {len(mismatched) - 1} more)" if len(mismatched) > 1 else ""
+        raise HeadcountError(f"cannot load model {spec!r}: tensor {name} has shape {list(saved)} in the checkpoint, "
+                             f"the model its config.json describes needs {list(wanted)}{more}")
+    missing = sorted(info.get("missing_keys") or (), key=lambda k: (order.get(k, len(order)), k))
+    unexpected = sorted(info.get("unexpected_keys") or ())
+    for keys, what in ((missing, "lacks"), (unexpected, "holds an unexpected")):
+        body = [k for k in keys if adapter.is_body_tensor(model, k)]
+        if body:
+            more = f" (and {len(body) - 1} more)" if len(body) > 1 else ""
+            consequence = ("it would run with random weights there" if what == "lacks"
+                           else "the model its config.json describes has no such weight")
+            raise HeadcountError(f"cannot load model {spec!r}: the checkpoint {what} encoder tensor {body[0]}{more}; "
+                                 f"{consequence}")
+    return tuple(missing) + tuple(m[0] for m in mismatched)
+
+
+def check_finite_config(doc, spec) -> None:
+    """Refuse a config holding a non-finite number (``layer_norm_eps: NaN`` makes every output NaN)."""
+    def walk(value, where):
+        if isinstance(value, float) and not math.isfinite(value):
+            raise HeadcountError(f"the config.json of {spec!r} sets {where} to {value}; a model config needs "
+                                 "finite numbers")
+        if isinstance(value, dict):
+            for k, v in value.items():
+                walk(v, f"{where}.{k}" if where else str(k))
+        elif isinstance(value, (list, tuple)):
+            for i, v in enumerate(value):
+                walk(v, f"{where}[{i}]")
+    walk(doc, "")
 
 
 def load_tokenizer(spec: str = OFFLINE, trust_remote_code: bool = False):

@@ -354,11 +354,12 @@ def load_pruned(path, model_class=None, **config_kwargs) -> nn.Module:
         # Another head: like from_pretrained, a module the checkpoint has no weight of at all
         # (the new task head, a pooler the saved head did not use) starts from random weights,
         # and weights of modules this model lacks (the saved head) are dropped. A module with
-        # only some of its weights saved is an error.
+        # only some of its weights saved, and any tensor of the encoder body, is an error.
+        adapter = get_adapter(model)
         saved_modules = {k.rsplit(".", 1)[0] for k in state}
         own_modules = {name for name, _ in model.named_modules()}
-        missing = [k for k in missing if k.rsplit(".", 1)[0] in saved_modules]
-        unexpected = [k for k in unexpected if k.rsplit(".", 1)[0] in own_modules]
+        missing = [k for k in missing if k.rsplit(".", 1)[0] in saved_modules or adapter.is_body_tensor(model, k)]
+        unexpected = [k for k in unexpected if k.rsplit(".", 1)[0] in own_modules or adapter.is_body_tensor(model, k)]
     if missing or unexpected:
         raise HeadcountError(
             f"checkpoint {path} does not match its pruning record (missing {missing[:3]}, unexpected {list(unexpected)[:3]})"

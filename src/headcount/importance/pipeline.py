@@ -16,7 +16,7 @@ from contextlib import nullcontext
 import numpy as np
 import transformers
 
-from headcount.core.models import load_model, load_tokenizer, resolve
+from headcount.core.models import load_model, load_tokenizer, new_weights, resolve
 from headcount.data.embedding import (
     EVAL_METRIC,
     PAIR_METRIC,
@@ -119,6 +119,8 @@ def load_for(model_spec: str, task, objective: str = "task", mlm_texts=None, see
     if objective == "task":
         head = task_head(model_spec, task)["head"]  # refuses a fine-tuned head that does not fit
         model = load_model(model_spec, head=task.kind, num_labels=task.num_labels).to(where)
+        if new_weights(model):  # the config names a task head, its weights are not all there
+            head = "new"
         return model, tokenizer, {"head": head, "device": str(where)}
     texts = mlm_texts if mlm_texts is not None else _texts(task, task.train_split, MLM_HEAD_MAX_TEXTS, seed)
     model, report = fit_mlm_head(model_spec, texts, device=where)

@@ -64,6 +64,7 @@ class Scorer:
         per_example: it can return per-example contributions (``Scores.per_example``), which
             the transfer study's paired bootstrap needs.
         description: one line for ``--help`` and the docs.
+        scores_mlps: False: its MLP scores are NaN by design (``entropy`` describes attention only).
     """
 
     name: str
@@ -76,6 +77,7 @@ class Scorer:
     per_example: bool = False
     description: str = ""
     meta: dict = field(default_factory=dict)
+    scores_mlps: bool = True
 
 
 _REGISTRY: dict[str, Scorer] = {}

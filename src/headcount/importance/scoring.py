@@ -424,7 +424,7 @@ for _s in (
            description="Michel et al.'s per-token form: sum over tokens of |dL/dg|"),
     Scorer("ablation", _ablation, accumulations=ACCUMULATE,
            description="the exact loss change when one head (MLP) alone is gated off"),
-    Scorer("entropy", _entropy, needs_loss=False, can_prune=False,
+    Scorer("entropy", _entropy, needs_loss=False, can_prune=False, scores_mlps=False,
            description="mean attention entropy per head (a description, not an importance)"),
     Scorer("magnitude", _magnitude, needs_data=False, needs_loss=False,
            description="Frobenius norm of each head's (MLP's) weights; needs no data"),

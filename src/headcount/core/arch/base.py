@@ -143,6 +143,34 @@ class Adapter:
         """The bare encoder model (``BertModel`` inside ``BertForSequenceClassification``)."""
         return getattr(model, "base_model", model)
 
+    #: submodules of the bare encoder model that only a task head reads (BERT's pooler): a
+    #: checkpoint without them gets them new with the head, a model without them drops them
+    head_parts: tuple[str, ...] = ("pooler",)
+
+    def is_body_tensor(self, model: nn.Module, name: str) -> bool:
+        """Whether tensor ``name`` (a state-dict key of ``model`` or of a checkpoint loaded into
+        it, with or without the base model's prefix) belongs to the encoder body: the bare
+        encoder model, less its :attr:`head_parts`. A missing or unexpected body tensor means
+        a broken checkpoint; a task head's (``classifier.*``, an MLM head) may be new or dropped.
+
+        Examples:
+            >>> import transformers
+            >>> m = transformers.BertForSequenceClassification(transformers.BertConfig(
+            ...     hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=8, vocab_size=10))
+            >>> a = Adapter()
+            >>> [a.is_body_tensor(m, k) for k in ("bert.encoder.layer.1.output.dense.weight", "encoder.layer.0.x",
+            ...                                   "classifier.weight", "bert.pooler.dense.bias")]
+            [True, True, False, False]
+        """
+        base = self.base(model)
+        prefix = getattr(model, "base_model_prefix", "") or ""
+        if prefix and name.startswith(prefix + "."):
+            name = name[len(prefix) + 1:]
+        first = name.split(".", 1)[0]
+        children = {n for n, _ in base.named_children()} | {n for n, _ in base.named_parameters(recurse=False)} \
+            | {n for n, _ in base.named_buffers(recurse=False)}
+        return first in children and first not in self.head_parts
+
     def encoder(self, model: nn.Module) -> nn.Module:
         """The module whose forward runs every block once (its pre-hook resets counters)."""
         raise NotImplementedError
