@@ -54,6 +54,19 @@ def input_mask(params: dict, inputs: dict) -> Mask | None:
     return None
 
 
+def job_task(params: dict):
+    """The task of a job: ``params["task"]``, scored by ``params["metric"]`` when given (a study's
+    metric that is not the task's own, e.g. the lottery study's accuracy on MRPC and QQP, whose
+    task YAMLs declare F1; :func:`headcount.experiments.studies.lottery.plan.lottery_metric`).
+
+    >>> job_task({"task": "glue/mrpc", "metric": "accuracy"}).metric, job_task({"task": "glue/mrpc"}).metric
+    ('accuracy', 'f1')
+    """
+    task = get_task(params["task"])
+    metric = params.get("metric")
+    return task if not metric or metric == task.metric else replace(task, metric=metric)
+
+
 def step_messages(progress):
     """Adapt the runner's ``progress(step, total, message)`` to a ``say(message)`` callback."""
     state = {"n": 0}
@@ -68,14 +81,15 @@ def step_messages(progress):
 def finetune_job(params, inputs, workdir: Path, progress) -> dict:
     """Fine-tune (or retrain with a mask from the pre-trained weights).
 
-    params: model, task, seed, train (TrainConfig fields), mask_mode ("prune" | "gate"),
+    params: model, task, seed, train (TrainConfig fields), mask_mode ("prune" | "gate"), metric
+    (optional: the score's metric when not the task's, :func:`job_task`),
     optional weight_mask from an upstream ``weight_mask`` job (its weight_mask.safetensors).
     Unset ones take :func:`headcount.train.finetune`'s defaults. Writes ``model/`` and ``metrics.json``.
     """
     weight_mask = inputs["weight_mask"].path("weight_mask.safetensors") if "weight_mask" in inputs else None
     given = {k: params[k] for k in ("mask_mode", "seed") if params.get(k) is not None}
     metrics = finetune(
-        model_spec(params, inputs), params["task"], mask=input_mask(params, inputs), weight_mask=weight_mask,
+        model_spec(params, inputs), job_task(params), mask=input_mask(params, inputs), weight_mask=weight_mask,
         config=TrainConfig(**params.get("train", {})), out_dir=workdir, progress=step_messages(progress), **given,
     )
     return metrics
@@ -159,7 +173,7 @@ def prune_job(params, inputs, workdir: Path, progress) -> dict:
     """
     how = settings_from(PruneSettings, params)
     objective = how.objective
-    task = get_task(params["task"])
+    task = job_task(params)
     data = _data(params)
     eval_data = _data(params, "eval_data" if "eval_data" in params else "data")
     model, tokenizer, info = load_for(model_spec(params, inputs), task, objective, seed=data.seed)
@@ -184,7 +198,7 @@ def evaluate_job(params, inputs, workdir: Path, progress) -> dict:
 
     params: model, task, objective, split, data (DataConfig fields).
     """
-    task = get_task(params["task"])
+    task = job_task(params)
     objective = _objective(params)
     data = _data(params)
     model, tokenizer, info = load_for(model_spec(params, inputs), task, objective, seed=data.seed)

@@ -66,8 +66,9 @@ from headcount.experiments.studies.lottery.jobs import (
     retrain_job,
     stability_job,
     subnetwork_job,
+    super_random_rng,
 )
-from headcount.experiments.studies.lottery.plan import expand, job_name, lottery_jobs, task_name
+from headcount.experiments.studies.lottery.plan import expand, job_name, lottery_jobs, lottery_metric, task_name
 from headcount.experiments.studies.lottery.report import lottery_sections, lottery_summary, report
 from headcount.experiments.studies.lottery.tables import (
     EXPERIMENTS,
@@ -92,6 +93,7 @@ __all__ = [
     "expand",
     "job_name",
     "lottery_jobs",
+    "lottery_metric",
     "lottery_sections",
     "lottery_summary",
     "magnitude_job",
@@ -104,6 +106,7 @@ __all__ = [
     "stability_job",
     "subnetwork_job",
     "summarize",
+    "super_random_rng",
     "task_name",
     "wide_table",
 ]

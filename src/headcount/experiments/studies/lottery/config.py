@@ -204,6 +204,8 @@ class MagnitudeSettings(create_model("MagnitudeFields", __base__=ConfigSection,
 
 #: How the super-survivors' random and bad controls are drawn (:class:`SuperSurvivorSettings`).
 SuperControls = Literal["reference", "as-good-mask"]
+SuperRandomDraws = Literal["per-seed", "per-task"]
+LotteryMetric = Literal["reference", "task"]
 
 
 class SuperSurvivorSettings(ConfigSection):
@@ -224,6 +226,12 @@ class SuperSurvivorSettings(ConfigSection):
             before): the super mask's controls as any good mask's: bad from the components it
             prunes, random uniformly from all (:func:`headcount.analysis.draw_controls`); its
             jobs keep their earlier keys.
+        random_draws: with ``controls: reference``, how often the random (middling) control is
+            drawn. ``per-seed`` (default, the authors' ``compute_super_masks.py``, whose loop over
+            the seeds draws the middlings again for every seed; the bad control it is drawn around
+            is resized once, on the first seed, and stays the same): one draw per retraining seed,
+            job ``subnetwork/super-random/<task>/seed<s>``. ``per-task`` (headcount before): one
+            draw for the task, retrained with every seed (job ``subnetwork/super-random/<task>``).
     """
 
     enabled: bool = True
@@ -231,6 +239,7 @@ class SuperSurvivorSettings(ConfigSection):
     seeds: list[int] | None = None
     draw_seed: int = Field(0, **SEED.limits())
     controls: SuperControls = "reference"
+    random_draws: SuperRandomDraws = "per-seed"
 
 
 class PatternCNNSettings(ConfigSection):
@@ -298,6 +307,11 @@ class LotterySettings(ConfigSection):
         patterns: :class:`PatternSettings`.
         keep_models: keep the checkpoints of retrained subnetworks (default: only metrics; the
             fine-tuned full models are always kept, later jobs read them).
+        metric: the dev metric of the stop rule and of every score the study reports.
+            ``reference`` (default, the authors' code: accuracy for every classification task but
+            CoLA, so accuracy where a task declares F1, i.e. GLUE's MRPC and QQP; any other
+            task's own metric) or ``task`` (the task's declared metric: F1 on MRPC and QQP, the
+            GLUE official one). See :func:`headcount.experiments.studies.lottery.plan.lottery_metric`.
 
     >>> LotterySettings(tasks=["offline/movies"], seeds=[1, 2]).random
     'bernoulli'
@@ -313,6 +327,7 @@ class LotterySettings(ConfigSection):
     super_survivors: SuperSurvivorSettings = SuperSurvivorSettings()
     patterns: PatternSettings = PatternSettings()
     keep_models: bool = False
+    metric: LotteryMetric = "reference"
 
     @field_validator("model")
     @classmethod
@@ -383,6 +398,7 @@ class SubnetworkParams(ConfigSection):
     seed: int | None = None
     mode: RandomDraw | None = None
     controls: SuperControls | None = None
+    draw: int | None = None  # reference random super control drawn per retraining seed: that seed
 
     @field_validator("kind")
     @classmethod
@@ -411,6 +427,7 @@ class RetrainParams(ConfigSection):
     train: TrainSettings
     mask_mode: Literal["prune", "gate"]
     keep_model: bool
+    metric: str | None = None  # the study's metric where it is not the task's (lottery_metric)
 
 
 class MagnitudeParams(ConfigSection):
@@ -424,6 +441,7 @@ class MagnitudeParams(ConfigSection):
     magnitude: MagnitudeSettings
     control: Literal["good", "random", "bad"]
     keep_models: bool
+    metric: str | None = None  # the study's metric where it is not the task's (lottery_metric)
 
 
 class PatternsParams(ConfigSection):

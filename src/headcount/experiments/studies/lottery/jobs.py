@@ -30,7 +30,7 @@ from headcount.analysis.subnetworks import cross_task_overlap, seed_stability
 from headcount.core.attention import attention_maps
 from headcount.core.masks import Mask
 from headcount.data.tasks import get_task
-from headcount.experiments.studies.jobs import finetune_job, model_spec, step_messages
+from headcount.experiments.studies.jobs import finetune_job, job_task, model_spec, step_messages
 from headcount.experiments.studies.lottery.config import (
     MagnitudeParams,
     OverlapParams,
@@ -61,6 +61,20 @@ def control_rng(seed: int, kind: str) -> np.random.Generator:
     if kind not in _CONTROL_IDS:
         raise HeadcountError(f"unknown control {kind!r}; use 'random' or 'bad'")
     return np.random.default_rng([int(seed) & 0xFFFFFFFF, _CONTROL_IDS[kind]])
+
+
+def super_random_rng(draw_seed: int, retrain_seed: int) -> np.random.Generator:
+    """The generator of the reference super-survivor random control (the middlings) of retraining
+    seed ``retrain_seed`` (``super_survivors.random_draws: per-seed``): the authors'
+    ``compute_super_masks.py`` draws the middlings again in its loop over the seeds, from one
+    Python ``random`` stream; here one numpy generator per (draw seed, retraining seed), so that a
+    seed's draw does not depend on which other seeds are retrained.
+
+    >>> a, b = super_random_rng(0, 1), super_random_rng(0, 2)
+    >>> int(a.integers(1 << 30)) != int(b.integers(1 << 30))
+    True
+    """
+    return np.random.default_rng([int(draw_seed) & 0xFFFFFFFF, _CONTROL_IDS["random"], int(retrain_seed) & 0xFFFFFFFF])
 
 
 def _link_tree(src: Path, dst: Path) -> None:
@@ -107,7 +121,8 @@ def subnetwork_job(params, inputs, workdir: Path, progress) -> dict:
     bad): a control of the super-survivors of all upstream masks, drawn as the authors' code
     (:func:`headcount.analysis.super_controls`: bad from the components pruned in every mask,
     random from the middlings around that bad control, which it rebuilds from the bad draw's
-    generator, so it is the ``bad`` job's of the same seed).
+    generator, so it is the ``bad`` job's of the same seed); ``draw`` (random, reference): the
+    retraining seed whose middlings these are (:func:`super_random_rng`; unset: one draw per task).
     inputs: ``good`` (a job with ``mask.json``), or for ``super`` and ``controls: reference``
     any number of them (one per seed).
 
@@ -127,11 +142,13 @@ def subnetwork_job(params, inputs, workdir: Path, progress) -> dict:
         if not inputs:
             raise HeadcountError(f"a reference super-survivor {p.kind} control needs at least one good mask")
         heads, mlps = _masks_of(inputs, sorted(inputs))
-        # random is drawn around the bad control: rebuilt from the bad job's own generator
-        drawn = super_controls({"heads": heads, "mlps": mlps}, p.kind, seed=control_rng(p.seed, p.kind),
+        # random is drawn around the bad control: rebuilt from the bad job's own generator; the
+        # middlings of retraining seed p.draw (random_draws: per-seed) from that seed's generator
+        rng = super_random_rng(p.seed, p.draw) if p.kind == "random" and p.draw is not None else control_rng(p.seed, p.kind)
+        drawn = super_controls({"heads": heads, "mlps": mlps}, p.kind, seed=rng,
                                **({"bad_seed": control_rng(p.seed, "bad")} if p.kind == "random" else {}))
         meta = {"kind": p.kind, "controls": "reference", "mode": p.mode if p.kind == "random" else None,
-                "seed": p.seed, "n_masks": len(inputs), "good_heads_kept": int(super_survivors(heads).sum()),
+                "seed": p.seed, "draw": p.draw, "n_masks": len(inputs), "good_heads_kept": int(super_survivors(heads).sum()),
                 "good_mlps_kept": int(super_survivors(mlps).sum())}
         heads, mlps = drawn["heads"], drawn["mlps"]
     else:
@@ -176,7 +193,8 @@ def magnitude_job(params, inputs, workdir: Path, progress) -> dict:
     (:func:`headcount.train.magnitude_prune.magnitude_prune`, by ``magnitude.procedure``).
 
     params (:class:`~.config.MagnitudeParams`): model (pre-trained), task, seed, train,
-    magnitude, control (``good`` | ``random`` | ``bad``), keep_models.
+    magnitude, control (``good`` | ``random`` | ``bad``), keep_models, metric (the study's metric
+    where it is not the task's: stop rule and score).
     inputs: ``full`` (the finished full fine-tuning of this seed: the weights the paper's search
     prunes without retraining, or IMP's round 0) for ``good``; ``match`` (the good magnitude job)
     for ``random`` and ``bad``, which prune once to exactly its sparsity, ranking the same
@@ -199,7 +217,7 @@ def magnitude_job(params, inputs, workdir: Path, progress) -> dict:
         for name in ("run.json", "metrics.json"):
             shutil.copy2(full.path(name), workdir / "full" / name)
         _link_tree(full.path("model"), workdir / "full" / "model")
-    summary = magnitude_prune(p.model, p.task, config=p.magnitude.config(p.control), train=p.train.config(),
+    summary = magnitude_prune(p.model, job_task(params), config=p.magnitude.config(p.control), train=p.train.config(),
                               seed=p.seed, out_dir=workdir, match=match, progress=step_messages(progress))
     if not p.keep_models:
         for d in [*workdir.glob("round_*"), workdir / "retrain"]:

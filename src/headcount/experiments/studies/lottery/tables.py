@@ -16,7 +16,7 @@ from headcount.analysis.patterns import CLASSES, pattern_distribution
 from headcount.experiments.report.format import nan_runs, seed_cell
 from headcount.experiments.studies.extra_eval import extra_job_name, extra_splits, reported_name
 from headcount.experiments.studies.lottery.config import LotterySettings
-from headcount.experiments.studies.lottery.plan import job_name, task_name
+from headcount.experiments.studies.lottery.plan import job_name, lottery_metric, task_name
 from headcount.experiments.studies.lottery.published import PAPER_HEADS_KEPT, paper_task, published
 from headcount.runtime.errors import HeadcountError
 
@@ -171,9 +171,10 @@ def chance_levels(settings: LotterySettings) -> dict[str, tuple[float, str]]:
         task = get_task(ref)
         splits = {task.name: task.validation_split,
                   **{reported_name(task.name, label, names): split for label, split in extra_splits(ref).items()}}
+        metric = lottery_metric(ref, settings.metric)  # the study's metric (accuracy on MRPC/QQP by default)
         for name, split in splits.items():
-            if task.metric not in ("accuracy", "f1"):
-                out[name] = chance_level(task.metric)
+            if metric not in ("accuracy", "f1"):
+                out[name] = chance_level(metric)
                 continue
             try:
                 labels = task.load(split, max_examples=settings.train.max_eval_examples,
@@ -181,7 +182,7 @@ def chance_levels(settings: LotterySettings) -> dict[str, tuple[float, str]]:
             except Exception as e:  # noqa: BLE001  (a report of a run whose data moved still works)
                 out[name] = (math.nan, f"unknown (dev labels not readable: {type(e).__name__})")
                 continue
-            out[name] = chance_level(task.metric, labels)
+            out[name] = chance_level(metric, labels)
     return out
 
 
@@ -213,6 +214,8 @@ def nan_table(store, settings: LotterySettings, scores, prefix: str = ""):
                  for seed in settings.seeds for kind in ("random", "bad")]
         names += [(f"{kind} subnetwork", None, job_name(prefix, "subnetwork", kind, tname))
                   for kind in ("super", "super-random", "super-bad")]
+        names += [("super-random subnetwork", seed, job_name(prefix, "subnetwork", "super-random", tname, f"seed{seed}"))
+                  for seed in (settings.super_survivors.seeds or settings.seeds)]  # drawn per retraining seed
         for label, seed, name in names:
             r = finished(store, name)
             if r is not None and r.result.get("empty"):
