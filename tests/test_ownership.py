@@ -594,3 +594,36 @@ def test_data_fetch_into_the_default_folder_works_on_a_fresh_machine(monkeypatch
     from headcount.data.tasks.offline import _clear_caches
 
     _clear_caches()
+
+
+def test_a_users_files_in_a_killed_finetunes_checkpoints_stay(w, tmp_path, monkeypatch):
+    """Checkpoints are listed file by file as the Trainer saves them; rotation, the discarding of a
+    checkpoint cut short and the clean-up after the run remove only those files (and folders left
+    empty): the user's notes in checkpoints/ and in a checkpoint folder stay where they are."""
+    import transformers
+
+    out = tmp_path / "ft"
+    args = ["finetune", "--model", w["pre"], "--task", w["task"], *FT, "--out", out]
+    args[args.index("--save-steps") + 1] = "1"
+    args[args.index("--epochs") + 1] = "2"
+    orig = transformers.Trainer._save_rng_state
+
+    def interrupted(self, output_dir):
+        orig(self, output_dir)
+        if self.state.global_step == 3:
+            raise KeyboardInterrupt  # a Ctrl-C while checkpoint-3 is being written
+
+    monkeypatch.setattr(transformers.Trainer, "_save_rng_state", interrupted)
+    code, _, err = cli(args)
+    assert code == 130, err
+    monkeypatch.setattr(transformers.Trainer, "_save_rng_state", orig)
+    assert (out / "checkpoints" / "checkpoint-2" / "trainer_state.json").is_file()
+    rec = Record.read(out)
+    assert "checkpoints/checkpoint-2/trainer_state.json" in rec.files
+    planted = plant(out, [], ["checkpoints/note.txt", "checkpoints/checkpoint-2/my_eval.txt"])
+    code, _, err = cli(args)
+    assert code == 0, err
+    kept(out, planted)
+    assert sorted(p.relative_to(out).as_posix() for p in (out / "checkpoints").rglob("*")) == \
+        ["checkpoints/checkpoint-2", "checkpoints/checkpoint-2/my_eval.txt", "checkpoints/note.txt"]
+    assert not (set(Record.read(out).files) & set(planted))

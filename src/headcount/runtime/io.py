@@ -17,7 +17,16 @@ from pathlib import Path
 from headcount.runtime.atomic import SESSION, TMP_PREFIX, _usual_mode, atomic_write_bytes, tmp_prefix
 from headcount.runtime.errors import HeadcountError
 from headcount.runtime.launch import refuse_launcher
-from headcount.runtime.record import LOCK_NAME, RECORD, Record, first_foreign, matches, refuse_foreign, sealed_intact
+from headcount.runtime.record import (
+    LOCK_NAME,
+    RECORD,
+    Record,
+    first_foreign,
+    matches,
+    refuse_foreign,
+    sealed_intact,
+    stamp,
+)
 
 # -- output directories: one guard for every command's --out ---------------------------------------
 #
@@ -220,6 +229,66 @@ def unlock_file(fd: int | None) -> None:
         os.close(fd)
 
 
+#: the open guards of direct writers (finetune, magnitude): what :func:`record_written` and
+#: :func:`remove_written` update while a library function (the Trainer's checkpoints) writes inside them
+_DIRECT: list["OutDir"] = []
+
+
+def _guard_of(path: Path) -> "tuple[OutDir, str] | None":
+    """The open direct guard whose folder holds ``path``, and ``path`` relative to it."""
+    path = Path(os.path.abspath(path))
+    for guard in reversed(_DIRECT):
+        base = Path(os.path.abspath(guard.path))
+        if base in path.parents:
+            return guard, path.relative_to(base).as_posix()
+    return None
+
+
+def record_written(path: Path) -> None:
+    """List every file under ``path`` (a folder a library wrote inside a direct writer's ``--out``,
+    e.g. a Trainer checkpoint) in that ``--out``'s record: ownership is per file, at every depth.
+    Outside such a guard (library use, a study job's private folder): nothing to record."""
+    found = _guard_of(path)
+    if found is None:
+        return
+    guard, rel = found
+    rec = guard.record
+    for top, _, files in os.walk(path):
+        for f in files:
+            sub = (Path(top) / f).relative_to(Path(path)).as_posix()
+            rec.files[f"{rel}/{sub}"] = stamp(Path(path) / sub)
+    rec.write()
+
+
+def remove_written(path: Path) -> bool:
+    """Remove a folder inside a direct writer's ``--out`` file by file: the files its record lists
+    (unchanged since) go, then the folders left empty; any other file stays where it is (and keeps
+    its folders). Returns False when no guard holds ``path`` (the caller's folder is its own)."""
+    found = _guard_of(path)
+    if found is None:
+        return False
+    guard, rel = found
+    rec = guard.record
+    for k in [k for k in rec.files if k.startswith(rel + "/")]:
+        p = guard.path / k
+        if rec.owns(k) and p.is_file() and not p.is_symlink():
+            p.unlink()
+        rec.forget(k)
+    if os.path.isdir(path) and not os.path.islink(path):
+        for top, dirs, _ in os.walk(path, topdown=False):
+            for d in dirs:
+                try:
+                    os.rmdir(Path(top) / d)
+                except OSError:
+                    pass
+        try:
+            os.rmdir(path)
+        except OSError:
+            pass
+    rec.write()
+    return True
+
+
 def read_marker(directory: Path) -> dict | None:
     """The record of ``directory`` as a dict (command, identity, files), None when there is none."""
     rec = Record.read(directory)
@@ -354,6 +423,8 @@ class OutDir:
                     atomic_write_bytes(self.path / RECORD, self._record_bytes)
                 except OSError:  # pragma: no cover - best effort: an extra session is harmless
                     pass
+        if self in _DIRECT:
+            _DIRECT.remove(self)
         unlock_file(self._fd)
         self._fd = None  # the path stays in ACTIVE_OUTS: the Ctrl-C message names it after the unwinding
 
@@ -453,8 +524,11 @@ def prepare_out(out, command: str, *, identity=None, outputs=(), force: bool = F
         raise
     ACTIVE_OUTS.append(path)
     before = {p.name for p in path.iterdir()}
-    return OutDir(path, rec, outputs, fd, before, identity=identity, created=created, claimed=claimed, notice=notice,
-                  echo=echo, direct=direct, record_bytes=record_bytes)
+    guard = OutDir(path, rec, outputs, fd, before, identity=identity, created=created, claimed=claimed, notice=notice,
+                   echo=echo, direct=direct, record_bytes=record_bytes)
+    if direct:
+        _DIRECT.append(guard)
+    return guard
 
 
 def io_error_message(e: OSError) -> str | None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
@@ -40,6 +39,7 @@ from headcount.train.trainer import (
     _trainer_class,
     _training_args,
     last_complete_checkpoint,
+    remove_checkpoint,
 )
 
 
@@ -188,9 +188,10 @@ def finetune(model_spec: str, task, *, mask=None, mask_mode: str = "prune", weig
         HeadcountError: a mask for another model shape, a fine-tuned classifier with another label
             count, or an ``out_dir`` that holds a different run.
 
-    >>> m = finetune("offline", "offline/movies", seed=1, out_dir="runs/ft")     # doctest: +SKIP
-    >>> m["final"]["score"]                                                       # doctest: +SKIP
-    0.84
+    Examples:
+        >>> m = finetune("offline", "offline/movies", seed=1, out_dir="runs/ft")     # doctest: +SKIP
+        >>> m["final"]["score"]                                                       # doctest: +SKIP
+        0.84
     """
     config = config or TrainConfig()
     out = Path(out_dir)
@@ -312,7 +313,7 @@ def finetune(model_spec: str, task, *, mask=None, mask_mode: str = "prune", weig
                     extra={"task": task.name, "seed": int(seed), "final": final})
         atomic_write_json(out / "metrics.json", metrics)
         if not config.keep_checkpoints:
-            shutil.rmtree(ckpt_dir, ignore_errors=True)
+            remove_checkpoint(ckpt_dir)  # headcount's files only: a user's note in checkpoints/ stays
         history.unlink(missing_ok=True)  # now in metrics.json
     progress(f"{task.name}: {task.metric} {final.get('score', float('nan')):.4f} "
              f"({train_seconds:.1f} s, {metrics['tokens_per_s']:.0f} tokens/s) -> {out}")

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from headcount.runtime.atomic import atomic_write_json
+from headcount.runtime.io import record_written, remove_written
 from headcount.train.config import TrainConfig, _use_cpu, use_bf16
 from headcount.train.data import EncodedDataset, LengthGroupedEpochSampler, _FixedOrder, _tasks
 
@@ -123,6 +124,11 @@ def _make_clock_callback(history_file: Path, seconds_before: float = 0.0):
             if ckpt.is_dir() and state.is_world_process_zero:
                 seconds = seconds_before + time.perf_counter() - self.t0 - self.eval_seconds
                 atomic_write_json(ckpt / CLOCK_FILE, {"train_seconds": round(max(seconds, 0.0), 3)})
+                record_written(ckpt)  # listed file by file in --out's record (a user's file beside them stays)
+                for old in Path(args.output_dir).glob("checkpoint-*"):  # keep the newest one (save_total_limit=1)
+                    step = old.name.partition("-")[2]
+                    if old.is_dir() and not old.is_symlink() and step.isdigit() and int(step) < state.global_step:
+                        remove_checkpoint(old)
 
         def on_evaluate(self, args, state, control, metrics=None, **kw):
             metrics = metrics or {}
@@ -167,7 +173,7 @@ def _training_args(out: Path, config: TrainConfig, seed: int):
         eval_strategy="epoch" if config.eval_each_epoch else "no",
         save_strategy="steps",
         save_steps=config.save_steps,
-        save_total_limit=1,
+        save_total_limit=None,  # the Clock callback keeps the newest checkpoint, removing only headcount's files
         logging_strategy="steps",
         logging_steps=config.logging_steps,
         include_num_input_tokens_seen="non_padding",
@@ -224,8 +230,16 @@ def last_complete_checkpoint(ckpt_dir: Path, discard: bool = True) -> str | None
         if best is None and isinstance(state, dict) and "global_step" in state:
             best = p
         elif best is None and discard:
-            shutil.rmtree(p, ignore_errors=True)  # partial: never resumed from
+            remove_checkpoint(p)  # partial: never resumed from
     return str(best) if best is not None else None
+
+
+def remove_checkpoint(path: Path) -> None:
+    """Remove a checkpoint folder: inside a command's ``--out``, only the files its record lists
+    (:func:`headcount.runtime.io.remove_written`; a user's file stays, with its folders); a
+    library caller's own folder (a study job's private one) goes whole."""
+    if not remove_written(path):
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _read_json(path: Path):
