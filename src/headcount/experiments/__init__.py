@@ -13,12 +13,16 @@ only :mod:`headcount.cli` imports it.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from headcount.experiments.runner import RunSummary
 
 #: the shipped study configs (``configs/`` in a checkout is a link to this folder)
 CONFIGS = Path(__file__).resolve().parent / "configs"
 
 
-def run_study(config, out, *, report: bool = True, **options):
+def run_study(config, out, *, report: bool = True, **options) -> "RunSummary":
     """Run (or resume) a study and draw its report: :func:`headcount.experiments.runner.run_study` with
     :func:`headcount.experiments.report.build_report` (the runner does not import the report).
 
@@ -30,7 +34,8 @@ def run_study(config, out, *, report: bool = True, **options):
             force, keep_going, quiet, console, device, precision, gpus_per_job).
 
     Returns:
-        The :class:`~headcount.experiments.runner.RunSummary` (``report``: the page's path, or None).
+        The run's summary (RunSummary): the run directory, the jobs planned, reused, run, failed
+        and skipped, and ``report``, the path of ``report.html`` (None when ``report=False``).
     """
     # lazy: the runner and the report import pandas, rich and the executors (~0.4 s), which the
     # score/prune/info commands never use

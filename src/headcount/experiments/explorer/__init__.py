@@ -72,8 +72,10 @@ def explore(run=None, *, model: str | None = None, task: str | None = None, scor
     Args:
         run: a study's run directory (transfer, lottery, or any whose jobs write ``scores.json``,
             ``mask.json`` or ``patterns.json``).
-        model, task: instead of ``run``: a checkpoint (or hub id, ``offline``) and a task.
-        scores, masks: with ``model``: paths of ``scores.json`` and ``mask.json`` files to show.
+        model: instead of ``run``: a checkpoint (or hub id, ``offline``), with ``task`` or ``texts``.
+        task: with ``model``: the task whose dev examples and quantities the page shows.
+        scores: with ``model``: paths of ``scores.json`` files to show.
+        masks: with ``model``: paths of ``mask.json`` files to show.
         texts: with ``model``: your own texts (strings or pairs) instead of the task's dev examples.
         examples: dev examples whose attention the page holds (1 to 16, each cut to 128 tokens).
         job: with ``run``: the finetune job whose model gives the attention (default: the first
