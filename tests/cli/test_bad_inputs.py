@@ -294,6 +294,30 @@ def read_only(monkeypatch):
                             else real(p, mode, **k))
 
 
+def crafted_record(d, key: str) -> Path:
+    """A run directory whose record lists ``key`` (a path outside it), beside a file of the user's."""
+    run_dir(d)
+    text_file(d, "victim.txt", "the user's\n")
+    data = json.loads((d / "run" / ".headcount-out.json").read_text())
+    data["files"][key] = None
+    (d / "run" / ".headcount-out.json").write_text(json.dumps(data))
+    return d / "run"
+
+
+def linked_jobs(d) -> Path:
+    run_dir(d)
+    (d / "run" / "jobs").rename(d / "elsewhere")
+    (d / "run" / "jobs").symlink_to(d / "elsewhere")
+    return d / "run"
+
+
+def empty_lock(d) -> Path:
+    out = d / "o"
+    out.mkdir()
+    (out / ".headcount.lock").write_bytes(b"")
+    return out
+
+
 def ro_dir(d) -> Path:
     out = d / "ro"
     out.mkdir()
@@ -628,6 +652,14 @@ ROWS = [
     Row("own-study-users-files", lambda w, d: ["study", str(demo_config(d, "", "")), "--out",
                                               users(d, "manifest.json", "report.html")], "no record"),
     Row("own-report-of-a-folder-without-record", lambda w, d: ["report", users(d, "manifest.json")], "no record"),
+    Row("own-record-points-outside", lambda w, d: ["report", crafted_record(d, "results/../../victim.txt")],
+        "refuses a record"),
+    Row("own-record-lists-parent", lambda w, d: ["report", crafted_record(d, "..")], "refuses a record"),
+    Row("own-record-absolute-path", lambda w, d: ["report", crafted_record(d, str(d / "victim.txt"))], "refuses a record"),
+    Row("own-run-jobs-is-a-link", lambda w, d: ["report", linked_jobs(d)], "does not list as its own"),
+    Row("own-empty-lock-of-the-user", lambda w, d: score(w, d, out=empty_lock(d)), "empty file that headcount did not create"),
+    Row("own-data-fetch-users-manifest", lambda w, d: ["data", "fetch", "--dir", users(d, "MANIFEST.json"), "--force"],
+        "does not list as its own"),
 ]
 
 
