@@ -91,7 +91,7 @@ def resolve_device(spec: str | torch.device | None = None, *, n_cuda: int | None
         return torch.device("cpu")
     if text == "cuda" or text.startswith("cuda:"):
         index_text = text[5:] if text.startswith("cuda:") else None
-        if index_text is not None and not index_text.isdigit():
+        if index_text is not None and not (index_text.isascii() and index_text.isdigit()):  # not "cuda:²"
             raise HeadcountError(f"unknown device {text!r}; use auto, cpu, cuda or cuda:N")
         if n == 0:
             build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "no CUDA"
@@ -283,7 +283,7 @@ def trainer_settings(device: str | None = None, precision: str | None = None) ->
     if text.startswith("cuda:") and launch_rank()[1] > 1:
         raise HeadcountError(f"--device {text} under torchrun / accelerate launch: each process trains on the GPU "
                              "of its LOCAL_RANK; use --device cuda (or auto)")
-    if text.startswith("cuda:") and text[5:].isdigit() and text != "cuda:0":
+    if text.startswith("cuda:") and text[5:].isascii() and text[5:].isdigit() and text != "cuda:0":
         n = int(text[5:])
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
         ids = [v.strip() for v in visible.split(",") if v.strip()] if visible is not None else None

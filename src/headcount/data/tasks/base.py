@@ -287,7 +287,8 @@ def _is_int_like(v) -> bool:
         return math.isfinite(v) and float(v).is_integer()
     if isinstance(v, str):
         s = v.strip()
-        return bool(s) and s.lstrip("+-").isdigit()
+        digits = s.lstrip("+-")
+        return bool(digits) and digits.isascii() and digits.isdigit()  # "²" is a digit int() refuses
     return False
 
 

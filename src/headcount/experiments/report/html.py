@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from headcount.analysis.figtext import literal_texts
 from headcount.experiments.report.content import ReportContent, ReportFigure, ReportTable
 from headcount.experiments.report.format import display_frame, looks_numeric
 from headcount.runtime.errors import HeadcountError
@@ -59,6 +60,7 @@ def figure_png(source: Any, dpi: int = 110) -> bytes:
             from matplotlib.backends.backend_agg import FigureCanvasAgg
 
             FigureCanvasAgg(source)
+        literal_texts(source)  # user text (a task named "a$^{$b") is drawn as written, not as mathtext
         source.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
         if "matplotlib.pyplot" in sys.modules:  # free pyplot-managed figures
             sys.modules["matplotlib.pyplot"].close(source)
