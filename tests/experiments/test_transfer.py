@@ -170,7 +170,7 @@ def test_seed_mean_ci_averages_finite_seeds_and_counts_the_others():
     est = [0.2, 0.4, 0.6, float("nan")]
     samples = [e + 0.05 * rng.standard_normal(200) for e in est[:3]] + [None]
     r = seed_mean_ci(est, samples, "spearman", seed=1)
-    assert r["estimate"] == pytest.approx(0.4) and (r["n"], r["n_finite"]) == (4, 3) and r["interval"] == "t"
+    assert r["estimate"] == pytest.approx(0.4) and (r["n"], r["n_finite"]) == (4, 3) and r["interval"] == "t, shared examples"
     # the seeds differ much more than the examples: the interval covers the seed spread, not the example noise
     assert r["low"] < 0.25 and r["high"] > 0.55
     clipped = seed_mean_ci([0.95, 0.99], [np.full(50, 0.95), np.full(50, 0.99)], "jaccard@0.1")

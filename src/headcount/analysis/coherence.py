@@ -207,13 +207,17 @@ def coherence(a, b, contributions: tuple | None = None, *, paired: bool = False,
 
 
 def seed_mean_ci(estimates: Sequence[float], samples: Sequence, statistic: str, *, level: float = LEVEL,
-                 n_boot: int = 2000, seed: int = 0) -> dict:
-    """A mean over seeds (pairs) of one statistic, with its hierarchical bootstrap interval.
+                 n_boot: int = 2000, seed: int = 0, examples: str = "shared", interval: str = "t") -> dict:
+    """A mean over seeds (pairs) of one statistic, with its interval over seeds and examples.
 
-    Seeds are resampled, then one of each drawn seed's example-bootstrap replicates
-    (:func:`~headcount.analysis.resampling.hierarchical_ci_from_replicates`, t interval, clipped to
-    :func:`statistic_range`). Seeds whose estimate is not finite (a constant grid) are left out
-    and counted: ``n`` (seeds given) vs ``n_finite`` (seeds averaged).
+    :func:`~headcount.analysis.resampling.hierarchical_ci_from_replicates`, clipped to
+    :func:`statistic_range`: by default the t interval over the seed estimates plus the example
+    noise the seeds share (``examples="shared"``: the transfer study scores every seed on the same
+    examples; the replicates are not aligned, so that noise is bounded by the seeds' mean bootstrap
+    variance); ``examples="independent"``: the t interval over the seed estimates alone;
+    ``interval="t-resampled"``: headcount's earlier interval (example noise counted twice). Seeds
+    whose estimate is not finite (a constant grid) are left out and counted: ``n`` (seeds given)
+    vs ``n_finite`` (seeds averaged).
 
     Args:
         estimates: each seed's statistic.
@@ -222,9 +226,12 @@ def seed_mean_ci(estimates: Sequence[float], samples: Sequence, statistic: str, 
         level: confidence level.
         n_boot: hierarchical resamples.
         seed: seed of the resampling.
+        examples: ``"shared"`` (default) or ``"independent"``: did the seeds score the same examples?
+        interval: ``"t"`` (default), ``"t-resampled"`` or ``"percentile"``.
 
     Returns:
-        ``{"estimate", "low", "high", "n", "n_finite", "interval"}`` (bounds None without samples).
+        ``{"estimate", "low", "high", "n", "n_finite", "interval"}`` (bounds None without samples;
+        ``interval`` e.g. ``t, shared examples``).
 
     >>> r = seed_mean_ci([0.5, 0.7, float("nan")], [np.full(10, 0.5), np.full(10, 0.7), None], "spearman")
     >>> r["estimate"], r["n"], r["n_finite"]
@@ -235,8 +242,9 @@ def seed_mean_ci(estimates: Sequence[float], samples: Sequence, statistic: str, 
            "low": None, "high": None, "n": len(estimates), "n_finite": len(keep), "interval": None}
     if keep and all(samples[i] is not None and len(samples[i]) for i in keep):
         r = hierarchical_ci_from_replicates([estimates[i] for i in keep], [np.asarray(samples[i]) for i in keep],
-                                            n_boot=n_boot, level=level, seed=seed, clip=statistic_range(statistic))
+                                            n_boot=n_boot, level=level, seed=seed, clip=statistic_range(statistic),
+                                            interval=interval, examples=examples)
         out["low"] = None if math.isnan(r.low) else float(r.low)
         out["high"] = None if math.isnan(r.high) else float(r.high)
-        out["interval"] = r.interval
+        out["interval"] = r.interval + (f", {examples} examples" if r.interval == "t" else "")
     return out
