@@ -145,6 +145,22 @@ def test_the_lottery_summary_tests_the_papers_order_over_seeds():
     assert "good > bad: difference -0.268" in magnitude and "good higher on 0 of 5 seeds, not significant" in magnitude
 
 
+def test_intervals_of_bounded_metrics_stay_inside_their_range():
+    """The demo's 'random retrained 0.841 [0.563, 1.119]' (n = 2): accuracy cannot pass 1."""
+    rng = np.random.default_rng(2)
+    for metric, (lo, hi) in (("accuracy", (0, 1)), ("f1", (0, 1)), ("mcc", (-1, 1)), ("pearson_spearman", (-1, 1))):
+        for n in (2, 3, 5):
+            v = np.clip(rng.normal(0.85 if lo == 0 else 0.0, 0.2 if lo == 0 else 0.8, n), lo, hi)
+            text = score_phrase(v, metric=metric)
+            low, high = (float(x) for x in re.search(r"\[(-?[\d.]+), (-?[\d.]+)\]", text).groups())
+            raw = seed_interval(v)
+            assert lo <= low <= high <= hi
+            assert ("clipped" in text) == (raw["low"] < lo or raw["high"] > hi)
+    demo = score_phrase([0.719, 0.963], metric="accuracy")  # mean 0.841, t interval [-0.71, 2.39] unclipped
+    assert demo.startswith("0.841 ± 0.173 [0.000, 1.000] (n=2, interval clipped")
+    assert "clipped" not in score_phrase([0.719, 0.963])  # an unknown metric: no range, no clipping
+
+
 def test_score_phrase_without_an_interval_makes_no_chance_claim():
     assert score_phrase([0.576], chance=0.576) == "0.576 (n=1, no interval)"
     assert score_phrase([0.576, 0.576], chance=None) == "0.576 ± 0.000 [0.576, 0.576] (n=2)"

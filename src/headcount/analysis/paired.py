@@ -41,7 +41,8 @@ from scipy import stats as _sps
 from headcount.analysis.helpers import LEVEL
 from headcount.runtime.errors import HeadcountError
 
-__all__ = ["EXACT_MAX", "PairedResult", "at_chance", "paired_sign_flip_test", "seed_interval"]
+__all__ = ["EXACT_MAX", "METRIC_RANGES", "PairedResult", "at_chance", "metric_range", "paired_sign_flip_test",
+           "seed_interval"]
 
 #: Up to this many seeds (pairs) every sign pattern is enumerated (2^20 patterns at most).
 EXACT_MAX = 20
@@ -140,25 +141,52 @@ def paired_sign_flip_test(a: Sequence[float], b: Sequence[float], alternative: A
                         alternative, exact)
 
 
-def seed_interval(values: Sequence[float], level: float = LEVEL) -> dict[str, float]:
+def seed_interval(values: Sequence[float], level: float = LEVEL,
+                  bounds: tuple[float, float] | None = None) -> dict[str, float]:
     """Mean, sample std, n and the t interval ``mean ± t(level, n-1) std / sqrt(n)`` over seeds.
 
     The t quantile (not 1.96) keeps the coverage with 3-5 seeds. NaN values are left out; the
-    bounds are NaN with fewer than two finite values.
+    bounds are NaN with fewer than two finite values. ``bounds``: the metric's range (e.g.
+    ``(0, 1)`` for accuracy, :func:`metric_range`): the interval is clipped to it, and
+    ``clipped`` says whether it was (the t interval of 2-3 seeds can reach past 1).
 
     >>> r = seed_interval([0.80, 0.82, 0.84])
     >>> round(r["low"], 3), round(r["high"], 3), r["n"]
     (0.77, 0.87, 3)
+    >>> r = seed_interval([0.70, 0.98], bounds=(0.0, 1.0))
+    >>> round(r["low"], 3), r["high"], r["clipped"]
+    (0.0, 1.0, True)
     """
     v = np.asarray(values, dtype=np.float64).ravel()
     v = v[np.isfinite(v)]
     n = int(v.size)
     mean = float(v.mean()) if n else math.nan
     if n < 2:
-        return {"mean": mean, "std": math.nan, "n": n, "low": math.nan, "high": math.nan}
+        return {"mean": mean, "std": math.nan, "n": n, "low": math.nan, "high": math.nan, "clipped": False}
     std = float(v.std(ddof=1))
     half = float(_sps.t.ppf(0.5 + level / 2, n - 1)) * std / math.sqrt(n)
-    return {"mean": mean, "std": std, "n": n, "low": mean - half, "high": mean + half}
+    low, high = mean - half, mean + half
+    clipped = False
+    if bounds is not None:
+        clipped = low < bounds[0] or high > bounds[1]
+        low, high = max(low, float(bounds[0])), min(high, float(bounds[1]))
+    return {"mean": mean, "std": std, "n": n, "low": low, "high": high, "clipped": clipped}
+
+
+#: the range of each bounded task metric (what an interval of its scores is clipped to)
+METRIC_RANGES: dict[str, tuple[float, float]] = {
+    "accuracy": (0.0, 1.0), "f1": (0.0, 1.0), "mlm_accuracy": (0.0, 1.0), "mcc": (-1.0, 1.0),
+    "pearson": (-1.0, 1.0), "spearman": (-1.0, 1.0), "pearson_spearman": (-1.0, 1.0),
+}
+
+
+def metric_range(metric) -> tuple[float, float] | None:
+    """The possible values of a task metric (None when unknown or unbounded).
+
+    >>> metric_range("accuracy"), metric_range("mcc"), metric_range("loss")
+    ((0.0, 1.0), (-1.0, 1.0), None)
+    """
+    return METRIC_RANGES.get(metric) if isinstance(metric, str) else None
 
 
 def at_chance(low, high, chance) -> bool | None:

@@ -9,7 +9,7 @@ import re
 
 import pandas as pd
 
-from headcount.analysis.paired import at_chance, paired_sign_flip_test, seed_interval
+from headcount.analysis.paired import at_chance, metric_range, paired_sign_flip_test, seed_interval
 from headcount.experiments.report import ReportContent, ReportTable, Section
 from headcount.experiments.studies.lottery.config import LotteryConfig, LotterySettings
 from headcount.experiments.studies.lottery.figures import (
@@ -230,22 +230,29 @@ def _short(experiment: str) -> str:
     return experiment.replace("magnitude ", "").replace(" retrained", "")
 
 
-def score_phrase(values, chance: float | None = None, n_total: int | None = None, digits: int = 3) -> str:
-    """``mean ± std [low, high] (n=k)`` of one experiment's per-seed scores (95% t interval),
-    followed by ``: at chance`` when the interval contains ``chance``; ``""`` without a score.
+def score_phrase(values, chance: float | None = None, n_total: int | None = None, digits: int = 3,
+                 metric: str | None = None) -> str:
+    """``mean ± std [low, high] (n=k)`` of one experiment's per-seed scores (95% t interval,
+    clipped to the ``metric``'s range, marked ``clipped``), followed by ``: at chance`` when the
+    interval contains ``chance`` (it cannot tell the score from chance: no stronger word); ``""``
+    without a score.
 
     >>> score_phrase([0.576, 0.576, 0.576], chance=0.576)
     '0.576 ± 0.000 [0.576, 0.576] (n=3): at chance'
     >>> score_phrase([0.8, float("nan")], chance=0.5, n_total=2)
     '0.800 (n=1 of 2, no interval)'
+    >>> print(score_phrase([0.70, 0.98], metric="accuracy"))
+    0.840 ± 0.198 [0.000, 1.000] (n=2, interval clipped to the metric's range)
     """
-    iv = seed_interval(values)
+    iv = seed_interval(values, bounds=metric_range(metric))
     n = iv["n"]
     if n == 0:
         return ""
     seeds = f"n={n}" + (f" of {n_total}" if n_total is not None and n_total > n else "")
     if n == 1:
         return f"{iv['mean']:.{digits}f} ({seeds}, no interval)"
+    if iv["clipped"]:
+        seeds += ", interval clipped to the metric's range"  # the t interval of 2-3 seeds reaches past it
     text = f"{iv['mean']:.{digits}f} ± {iv['std']:.{digits}f} [{iv['low']:.{digits}f}, {iv['high']:.{digits}f}] ({seeds})"
     return text + (": at chance" if at_chance(iv["low"], iv["high"], chance) else "")
 
@@ -311,7 +318,8 @@ def summary_text(scores, chance: dict | None = None, experiments=SUMMARY_EXPERIM
         cells = []
         for exp in experiments:
             e = t[t["experiment"] == exp]
-            phrase = score_phrase(e["score"].astype(float), level, n_total=len(e)) if len(e) else ""
+            phrase = (score_phrase(e["score"].astype(float), level, n_total=len(e),
+                                   metric=metrics[0] if metrics else None) if len(e) else "")
             if phrase:
                 cells.append(f"{exp} {phrase}")
         if not cells:

@@ -171,7 +171,7 @@ def chance_levels(settings: LotterySettings) -> dict[str, tuple[float, str]]:
         task = get_task(ref)
         splits = {task.name: task.validation_split,
                   **{reported_name(task.name, label, names): split for label, split in extra_splits(ref).items()}}
-        metric = lottery_metric(ref, settings.metric)  # the study's metric (accuracy on MRPC/QQP by default)
+        metric = lottery_metric(ref, getattr(settings, "metric", "reference"))  # the study's metric (accuracy on MRPC/QQP by default)
         for name, split in splits.items():
             if metric not in ("accuracy", "f1"):
                 out[name] = chance_level(metric)
