@@ -209,6 +209,12 @@ class StatsSettings(ConfigSection):
             permuted only within their layer, so layer effects shared by both grids do not
             count as agreement) or ``global`` (all heads permuted: the earlier default). The
             global p-value is always reported too (``p_value_global``).
+        seed_interval: the interval of a mean over seeds (``coherence_seeds.csv``, the tables'
+            ``[low, high]``): ``t`` (default): the t interval over the seed estimates plus the
+            example noise the seeds share (every seed scores the same examples; bounded by the
+            seeds' mean bootstrap variance: :func:`headcount.analysis.coherence.seed_mean_ci`);
+            ``t-resampled``: headcount's earlier interval, the t interval of the hierarchical
+            bootstrap samples, which counts example noise twice (too wide).
     """
 
     n_boot: int = Field(N_BOOT, **RESAMPLES.limits())
@@ -217,6 +223,7 @@ class StatsSettings(ConfigSection):
     level: float = Field(LEVEL, gt=0, lt=1)
     seed: int = Field(0, **SEED.limits())
     fractions: tuple[float, ...] = DEFAULT_FRACTIONS
+    seed_interval: Literal["t", "t-resampled"] = "t"
 
     @field_validator("fractions")
     @classmethod

@@ -279,7 +279,8 @@ def coherence_job(params, inputs, workdir: Path, progress) -> dict:
     seed_means = []
     for (comparison, view, task, task_b, stat), got in samples.items():
         m = seed_mean_ci([e for e, _ in got], [x for _, x in got], stat, level=st.level,
-                         seed=pair_seed(st.seed, f"{comparison}/{view}/{task}/{task_b}/{stat}"))
+                         seed=pair_seed(st.seed, f"{comparison}/{view}/{task}/{task_b}/{stat}"),
+                         interval=st.seed_interval, examples="shared")
         seed_means.append({"comparison": comparison, "view": view, "task": task, "task_b": task_b, "statistic": stat,
                            **m})
     mass = []
