@@ -187,7 +187,7 @@ def test_body_and_head_tensors_on_every_architecture(arch, tmp_path):
     new = new_weights(model)
     assert new and not [k for k in new if adapter.is_body_tensor(model, k)], new
     assert all(adapter.is_body_tensor(model, k) for k in adapter.base(model).state_dict()
-               if not k.startswith(adapter.head_parts))
+               if not k.startswith(adapter.task_head_parts))
     assert new_weights(load_model(str(path), head="base")) == ()
 
     state = load_file(path / "model.safetensors")
@@ -219,3 +219,31 @@ def test_mismatched_sizes_can_still_be_asked_for(tmp_path):
     assert {"classifier.weight", "classifier.bias"} <= set(new_weights(model))
     with pytest.raises(HeadcountError, match="classifier.weight has shape"):
         load_model(str(path), head="classification", num_labels=5)
+
+
+# -- inputs longer than the model's positions ---------------------------------------------------------------------
+def test_the_position_limit_of_every_architecture(arch):
+    """``max_tokens`` is the longest input that runs: one more token fails where positions are a
+    table (RoBERTa's start after the padding index), and None means no table (DeBERTa-v3 style)."""
+    model = tiny_model(arch, head="base")
+    n = get_adapter(model).max_tokens(model.config)
+    with torch.no_grad():
+        model(input_ids=torch.full((1, n or 200), 5))
+        if n is not None and arch.split("-")[0] != "modernbert":  # rotary: longer runs, past its context
+            with pytest.raises((RuntimeError, IndexError)):
+                model(input_ids=torch.full((1, n + 1), 5))
+
+
+def test_max_length_beyond_the_positions_is_cut_and_said(world, tmp_path, capsys):
+    """--max-length 256 on a model with 64 positions: was a tensor-size RuntimeError (internal error)."""
+    words = " ".join(["good film"] * 100)
+    (tmp_path / "long.csv").write_text("sentence,label\n" + "".join(f"{words},{'negative' if i % 2 else 'positive'}\n"
+                                                                      for i in range(4)))
+    (tmp_path / "long.yaml").write_text("files: {train: long.csv, validation: long.csv}\ntext: sentence\n"
+                                        "labels: [negative, positive]\n")
+    for command in ("score", "prune"):
+        code, out, err = run_cli(capsys, command, "--model", world["clf"], "--task", tmp_path / "long.yaml",
+                                 "--max-length", "256", "--out", tmp_path / command)
+        assert code == 0, err
+        said = [line for line in out.splitlines() if "--max-length 256 is more than the 64 positions" in line]
+        assert len(said) == 1, out

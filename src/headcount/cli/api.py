@@ -111,6 +111,7 @@ def score_command(model: str, task: str, settings: ScoreSettings, data: DataConf
     objective, method = settings.objective, settings.method
     t = get_task(task)
     m, tok, info = load_for(model, t, objective, seed=data.seed, device=device)
+    data = fit_positions(data, tok, model, echo)
     scorer = get_scorer(method)
     if info["head"] == "new":
         echo(f"note: {model} has no trained head for {t.name}; "
@@ -152,6 +153,17 @@ def score_command(model: str, task: str, settings: ScoreSettings, data: DataConf
     return {**s.to_dict(), "seconds": s.meta.get("seconds", 0.0)}
 
 
+def fit_positions(data: DataConfig, tokenizer, model: str, echo=_echo_none) -> DataConfig:
+    """``data`` with ``max_length`` cut to the model's positions (``load_tokenizer`` sets them as
+    ``model_max_length``; tokenizing truncates to them in any case), said in one line."""
+    limit = getattr(tokenizer, "model_max_length", None)
+    if isinstance(limit, int) and 2 <= limit < data.max_length:
+        echo(f"note: --max-length {data.max_length} is more than the {limit} positions of {model}: "
+             f"inputs are cut to {limit} tokens")
+        return replace(data, max_length=limit)
+    return data
+
+
 def non_finite_scores(s, record: dict, scores_mlps: bool = True) -> dict:
     """The scores that are NaN or infinite where a number was due: ``{"heads": [[layer, head], ...],
     "mlps": [layer, ...]}``, empty when there are none. A head or MLP the model no longer has
@@ -179,6 +191,8 @@ def prune_command(model: str, task: str, settings: PruneSettings, loop: PruneCon
     objective, method = settings.objective, settings.method
     t = get_task(task)
     m, tok, info = load_for(model, t, objective, seed=importance.seed, device=device)
+    importance = fit_positions(importance, tok, model, echo)
+    stop = fit_positions(stop, tok, model, _echo_none)  # one note is enough
     if info["head"] == "new":
         echo(f"note: {model} has no trained head for {t.name}: the metric is that of an untrained head "
              "(fine-tune first: `headcount finetune`)")

@@ -8,6 +8,7 @@ beside) ``heads``: a shared head that is 0 is removed at every depth.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,6 +17,52 @@ import torch
 from headcount.core.gates import layout
 from headcount.runtime.atomic import atomic_write_json
 from headcount.runtime.errors import HeadcountError
+
+
+#: the most layers (and heads per layer) a mask file may give: no encoder has more, and a
+#: larger count ("n_layers": 1e999) would only exhaust memory
+MAX_SIZE = 10_000
+
+
+def _json(value) -> str:
+    try:
+        return json.dumps(value)[:40]
+    except (TypeError, ValueError):
+        return type(value).__name__
+
+
+def _count(value, what: str) -> int:
+    """A whole number 1..MAX_SIZE (``n_layers``)."""
+    ok = (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+          and value == int(value) and 1 <= value <= MAX_SIZE)
+    if not ok:
+        raise HeadcountError(f"mask '{what}' must be a whole number in 1..{MAX_SIZE}, got {_json(value)}")
+    return int(value)
+
+
+def _flags(value, what: str) -> list[int]:
+    """A non-empty list of 0/1 numbers, at most MAX_SIZE long."""
+    if not isinstance(value, list) or not value:
+        raise HeadcountError(f"mask '{what}' must be a non-empty list of 0/1, got {_json(value)}")
+    if len(value) > MAX_SIZE:
+        raise HeadcountError(f"mask '{what}' has {len(value)} entries; at most {MAX_SIZE}")
+    for i, v in enumerate(value):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v not in (0, 1):
+            raise HeadcountError(f"mask '{what}[{i}]' must be 0 or 1, got {_json(v)}")
+    return [int(v) for v in value]
+
+
+def _grid(value, what: str) -> list[list[int]]:
+    """``[n_layers][n_heads]`` 0/1 numbers, every row as long."""
+    if not isinstance(value, list) or not value:
+        raise HeadcountError(f"mask '{what}' must be a non-empty [n_layers][n_heads] list of 0/1, got {_json(value)}")
+    if len(value) > MAX_SIZE:
+        raise HeadcountError(f"mask '{what}' has {len(value)} layers; at most {MAX_SIZE}")
+    rows = [_flags(row, f"{what}[{i}]") for i, row in enumerate(value)]
+    if len({len(r) for r in rows}) > 1:
+        raise HeadcountError(f"mask '{what}' rows differ in length ({', '.join(str(len(r)) for r in rows[:8])}{', ...' if len(rows) > 8 else ''}): "
+                             "every layer needs one entry per head")
+    return rows
 
 
 @dataclass(frozen=True)
@@ -107,24 +154,29 @@ class Mask:
 
     @classmethod
     def from_dict(cls, d: dict) -> "Mask":
+        """A mask from its JSON form; every field is checked (one line naming the field and what
+        is wrong), so no value reaches torch that it cannot hold."""
         if not isinstance(d, dict) or ("heads" not in d and "shared_heads" not in d):
             raise HeadcountError("a mask needs a 'heads' (or 'shared_heads') entry")
         meta = {k: v for k, v in d.items() if k not in ("heads", "mlps", "shared_heads", "n_heads_kept", "n_mlps_kept")}
-        try:
-            if "heads" in d:
-                heads = torch.tensor(d["heads"], dtype=torch.float32)
-            else:
-                shared = torch.tensor(d["shared_heads"], dtype=torch.float32)
-                n_layers = int(d.get("n_layers") or len(d.get("mlps") or []) or 0)
-                if n_layers == 0:
-                    raise HeadcountError("a mask with only 'shared_heads' needs 'mlps' or 'n_layers'")
-                heads = shared.unsqueeze(0).repeat(n_layers, 1)
-            if "shared_heads" in d and "heads" in d:
-                heads = heads * torch.tensor(d["shared_heads"], dtype=torch.float32).unsqueeze(0)
-            mlps = torch.tensor(d["mlps"], dtype=torch.float32) if "mlps" in d else torch.ones(heads.shape[0])
-        except (TypeError, ValueError, RuntimeError) as e:
-            raise HeadcountError(f"mask entries must be lists of 0/1 numbers ({e})") from None
-        return cls(heads, mlps, meta)
+        shared = _flags(d["shared_heads"], "shared_heads") if "shared_heads" in d else None
+        mlps = _flags(d["mlps"], "mlps") if "mlps" in d else None
+        given = _count(d["n_layers"], "n_layers") if "n_layers" in d else None
+        if "heads" in d:
+            heads = _grid(d["heads"], "heads")
+            if given is not None and given != len(heads):
+                raise HeadcountError(f"mask 'n_layers' is {given}, 'heads' has {len(heads)} layers")
+        else:
+            n_layers = given if given is not None else len(mlps) if mlps is not None else None
+            if n_layers is None:
+                raise HeadcountError("a mask with only 'shared_heads' needs 'mlps' or 'n_layers'")
+            heads = [list(shared)] * n_layers
+        if shared is not None and len(shared) != len(heads[0]):
+            raise HeadcountError(f"mask 'shared_heads' has {len(shared)} entries, 'heads' {len(heads[0])} per layer")
+        t = torch.tensor(heads, dtype=torch.float32)
+        if shared is not None and "heads" in d:
+            t = t * torch.tensor(shared, dtype=torch.float32).unsqueeze(0)
+        return cls(t, torch.tensor(mlps, dtype=torch.float32) if mlps is not None else torch.ones(t.shape[0]), meta)
 
     @classmethod
     def load(cls, path) -> "Mask":

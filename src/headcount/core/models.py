@@ -282,7 +282,20 @@ def load_tokenizer(spec: str = OFFLINE, trust_remote_code: bool = False):
             raise HeadcountError(_no_tokenizer(spec, path))
         raise HeadcountError(f"the tokenizer of {spec!r} has no vocabulary (only special tokens: every word would "
                              "be [UNK]); save the tokenizer of its base model with it")
+    limit = max_tokens(path)
+    if limit is not None and not (0 < int(getattr(tokenizer, "model_max_length", 0) or 0) <= limit):
+        tokenizer.model_max_length = limit  # tokenize() truncates to it: a longer input has no positions
     return tokenizer
+
+
+def max_tokens(spec: str) -> int | None:
+    """The longest input ``spec``'s position embeddings take (the architecture adapter reads it
+    from the config), or None when there is no such limit or the config cannot be read."""
+    try:
+        config = transformers.AutoConfig.from_pretrained(resolve(spec))
+        return get_adapter(config).max_tokens(config)
+    except (OSError, ValueError, HeadcountError):
+        return None
 
 
 #: the files a saved tokenizer keeps its vocabulary in (``tokenizer_config.json`` alone holds none)

@@ -145,12 +145,12 @@ class Adapter:
 
     #: submodules of the bare encoder model that only a task head reads (BERT's pooler): a
     #: checkpoint without them gets them new with the head, a model without them drops them
-    head_parts: tuple[str, ...] = ("pooler",)
+    task_head_parts: tuple[str, ...] = ("pooler",)
 
     def is_body_tensor(self, model: nn.Module, name: str) -> bool:
         """Whether tensor ``name`` (a state-dict key of ``model`` or of a checkpoint loaded into
         it, with or without the base model's prefix) belongs to the encoder body: the bare
-        encoder model, less its :attr:`head_parts`. A missing or unexpected body tensor means
+        encoder model, less its :attr:`task_head_parts`. A missing or unexpected body tensor means
         a broken checkpoint; a task head's (``classifier.*``, an MLM head) may be new or dropped.
 
         Examples:
@@ -169,7 +169,13 @@ class Adapter:
         first = name.split(".", 1)[0]
         children = {n for n, _ in base.named_children()} | {n for n, _ in base.named_parameters(recurse=False)} \
             | {n for n, _ in base.named_buffers(recurse=False)}
-        return first in children and first not in self.head_parts
+        return first in children and first not in self.task_head_parts
+
+    def max_tokens(self, config) -> int | None:
+        """The longest input (in tokens, special tokens included) the model's position embeddings
+        take (or, rotary, were trained for); None: no such limit (relative positions only)."""
+        n = getattr(config, "max_position_embeddings", None)
+        return int(n) if isinstance(n, int) and n > 0 else None
 
     def encoder(self, model: nn.Module) -> nn.Module:
         """The module whose forward runs every block once (its pre-hook resets counters)."""

@@ -103,6 +103,9 @@ def tokenize(texts: Sequence[tuple[str, ...]], tokenizer, max_length: int = 128,
     """
     if max_length < 2:
         raise HeadcountError(f"max_length must be at least 2, not {max_length}")
+    limit = getattr(tokenizer, "model_max_length", None)  # the model's positions (load_tokenizer sets it)
+    if isinstance(limit, int) and 2 <= limit < max_length:
+        max_length = limit
     widths = {len(t) for t in texts}
     if len(widths) > 1 or widths - {1, 2}:
         raise HeadcountError("every example must have one text, or every example two (a pair)")

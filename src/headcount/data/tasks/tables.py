@@ -249,11 +249,18 @@ def _read_jsonl(p: Path, text: str) -> Table:
         if _blank(line):
             continue
         try:
-            row = json.loads(line)
+            row = json.loads(line, object_pairs_hook=_no_twice)
         except json.JSONDecodeError as e:
             raise HeadcountError(f"{p}, line {lineno}: not JSON ({e.msg})") from None
+        except _Twice as e:
+            raise HeadcountError(f"{p}, line {lineno}: the key {e.args[0]!r} appears twice in one object "
+                                 "(which value is meant?)") from None
         if not isinstance(row, dict):
             raise HeadcountError(f"{p}, line {lineno}: each line must be a JSON object, got {type(row).__name__}")
+        bad = _lone_surrogate(row)
+        if bad is not None:
+            raise HeadcountError(f"{p}, line {lineno}: {bad} holds a lone surrogate ({_escaped(bad, row)}), "
+                                 "which is not text (a \\ud800-\\udfff escape must come in a valid pair)")
         rows.append(row)
     _check_count(p, len(rows), sum(not _blank(line) for line in lines), "non-blank lines",
                  "every non-blank line must be one JSON object")
@@ -261,6 +268,46 @@ def _read_jsonl(p: Path, text: str) -> Table:
     for row in rows:
         names.update(dict.fromkeys(row))
     return Table({n: [row.get(n) for row in rows] for n in names}, str(p))
+
+
+class _Twice(Exception):
+    pass
+
+
+def _no_twice(pairs: list) -> dict:
+    """A JSON object's ``object_pairs_hook``: a key given twice is an error, not the last one kept."""
+    out: dict = {}
+    for key, value in pairs:
+        if key in out:
+            raise _Twice(key)
+        out[key] = value
+    return out
+
+
+def _lone_surrogate(value, where: str = "the row"):
+    """Where ``value`` (a parsed JSON row) holds a string with a lone UTF-16 surrogate (JSON's
+    ``"\\ud800"`` parses, but no tokenizer can encode it), or None."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return where
+        return None
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        if isinstance(key, str) and _lone_surrogate(key) is not None:
+            return f"a key of {where}"
+        found = _lone_surrogate(item, f"field {key!r}" if where == "the row" else f"{where}[{key!r}]")
+        if found is not None:
+            return found
+    return None
+
+
+def _escaped(where: str, row: dict) -> str:
+    """The first lone surrogate of ``row``, written as its JSON escape."""
+    text = json.dumps(row)
+    found = re.search(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}", text)
+    return found.group(0) if found else "?"
 
 
 def _read_parquet(p: Path) -> Table:
