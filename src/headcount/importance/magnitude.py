@@ -25,6 +25,7 @@ The procedures that decide how far to prune (the paper's search without retraini
 from __future__ import annotations
 
 import json
+import struct
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -339,7 +340,28 @@ def save_weight_mask(mask: WeightMask, path, meta: dict | None = None) -> Path:
     header = {k: json.dumps(v) for k, v in {**mask_sparsity(mask), **(meta or {})}.items()}
     with atomic_path(path) as tmp:
         save_file(tensors, str(tmp), metadata=header)
+        _sort_metadata(tmp)
     return path
+
+
+def _sort_metadata(path: Path) -> None:
+    """Rewrite a safetensors header with its metadata keys sorted, in place and at its length.
+
+    safetensors keeps the metadata in a hash map, so each process writes its keys in another
+    order: identical masks gave files with different bytes (and SHA-256s in the folder's record).
+    The header is re-serialised compactly as safetensors writes it and padded with spaces to its
+    old size, so the data offsets stay; a header that would not fit is left as written.
+    """
+    with open(path, "r+b") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        raw = f.read(n)
+        header = json.loads(raw, object_pairs_hook=dict)
+        if isinstance(header.get("__metadata__"), dict):
+            header["__metadata__"] = dict(sorted(header["__metadata__"].items()))
+        text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+        if len(text) <= n:
+            f.seek(8)
+            f.write(text + b" " * (n - len(text)))
 
 
 def load_weight_mask(path) -> WeightMask:
