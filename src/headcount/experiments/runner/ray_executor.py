@@ -109,6 +109,7 @@ class RayExecutor(Executor):
         self._ray = None
         self._local = True  # a private local instance (it cannot grow; every node is this machine)
         self._prepared: dict[str, dict] = {}
+        self.driver_node: str | None = None  # the node this process is attached to
         self.collector_node: str | None = None  # where the progress collector ran (the driver's node)
 
     @property
@@ -275,7 +276,7 @@ class _Loop:
         here = ray.get_runtime_context().get_node_id()  # the collector lives and dies with the driver's node
         sink = ray.remote(_Collector).options(
             num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False)).remote()
-        exe.collector_node = ray.get(sink.node.remote())
+        exe.driver_node, exe.collector_node = here, ray.get(sink.node.remote())
         sys_path = exe._sys_path()
         nodes = {n.node_id: n for n in alive_nodes(ray)}
         next_nodes_check = time.monotonic() + 2.0
@@ -338,9 +339,10 @@ class _Loop:
             self.where[key] = where
             label = _label(where)
             if len(before) > 1:
-                self.reporter.job_started(job, f"retry (attempt {len(before)}, the last on {_label(before[-2])}) on {label}:")
+                self.reporter.job_started(job, "retry", f"{label} (attempt {len(before)}; the last on "
+                                          f"{_label(before[-2])})")
             else:
-                self.reporter.job_started(job, f"start on {label}:")
+                self.reporter.job_started(job, "start", label)
         for key, (completed, total, desc) in state.items():
             if key in by_key:
                 self.reporter.step(by_key[key], completed, total, desc)

@@ -97,10 +97,15 @@ def _output_to(path: Path):
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
+    streams = sys.stdout, sys.stderr  # and the Python streams, should they not be descriptors 1 and 2
+    text = open(path, "a", buffering=1, encoding="utf-8", errors="replace")
+    sys.stdout = sys.stderr = text
     try:
         yield
     finally:
-        for stream in (sys.stdout, sys.stderr):
+        sys.stdout, sys.stderr = streams
+        text.close()
+        for stream in streams:
             try:
                 stream.flush()
             except (OSError, ValueError, AttributeError):  # pragma: no cover
