@@ -150,7 +150,7 @@ class Adapter:
     def is_body_tensor(self, model: nn.Module, name: str) -> bool:
         """Whether tensor ``name`` (a state-dict key of ``model`` or of a checkpoint loaded into
         it, with or without the base model's prefix) belongs to the encoder body: the bare
-        encoder model, less its :attr:`task_head_parts`. A missing or unexpected body tensor means
+        encoder model, less its ``task_head_parts``. A missing or unexpected body tensor means
         a broken checkpoint; a task head's (``classifier.*``, an MLM head) may be new or dropped.
 
         Examples:
