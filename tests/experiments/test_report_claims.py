@@ -1,5 +1,5 @@
 """The reports' claim sentences are computed from the numbers: every estimate with its interval,
-"at chance" wherever an interval contains the chance level, orderings backed by a paired test
+"interval contains chance" wherever an interval contains the chance level, orderings backed by a paired test
 over seeds ("not significant" when it says so), and the MLM head's caveat on the MLM side.
 
 Small tables built by hand: no training, no model.
@@ -124,8 +124,8 @@ def test_the_lottery_summary_says_at_chance_for_every_task_and_experiment_whose_
             assert shown in para, (task, exp)  # the estimate with its interval beside it
             hit = iv["low"] <= CHANCE[task][0] <= iv["high"]
             expected += hit
-            assert (f"{shown}: at chance" in para) == hit, (task, exp)
-    assert expected == 5 and text.count("at chance") == expected + 1  # +1: the method sentence defines it
+            assert (f"{shown}: interval contains chance" in para) == hit, (task, exp)
+    assert expected == 5 and text.count("interval contains chance") == expected + 1  # +1: the method sentence defines it
 
 
 def test_the_lottery_summary_tests_the_papers_order_over_seeds():
@@ -211,11 +211,11 @@ def test_coherence_says_at_chance_for_every_task_and_not_significant_where_p_is_
     settings = T.TransferSettings(tasks=["offline/movies"], seeds=[1, 2, 3])
     text = coherence_sentence(_tables(), "mlm-vs-task", "MLM vs task (fine-tuned)", settings)
     assert "amazon 0.19 [0.09, 0.28] (n=3), p <= 0.014 on each of 3 seeds" in text  # significant: with its p
-    assert ("tweets 0.12 [-0.05, 0.29] (n=3): at chance (the interval contains 0.00), "
+    assert ("tweets 0.12 [-0.05, 0.29] (n=3): interval contains chance (0.00), "
             "not significant (largest p over 3 seeds = 0.18)") in text
     jaccard = text.split("Top-25% Jaccard")[1]
-    assert "amazon 0.16 [0.07, 0.25] (n=3): at chance" in jaccard and "tweets 0.23 [0.12, 0.33] (n=3): at chance" in jaccard
-    assert text.count("at chance") == 3  # every task and statistic whose interval contains chance, no other
+    assert "amazon 0.16 [0.07, 0.25] (n=3): interval contains chance" in jaccard and "tweets 0.23 [0.12, 0.33] (n=3): interval contains chance" in jaccard
+    assert text.count("interval contains chance") == 3  # every task and statistic whose interval contains chance, no other
     assert "two-sided permutation test, heads permuted within layers" in text and "[95% interval" in text
 
 
@@ -227,7 +227,7 @@ def test_a_summary_row_without_an_interval_gets_the_t_interval_over_seeds():
     iv = seed_interval([0.1, 0.5, 0.9])
     text = coherence_sentence(_tables(coherence_summary=summ, coherence=per_seed), "seed-vs-seed", "Seed vs seed",
                               settings)
-    assert f"amazon 0.50 [{iv['low']:.2f}, {iv['high']:.2f}] (n=3): at chance" in text
+    assert f"amazon 0.50 [{iv['low']:.2f}, {iv['high']:.2f}] (n=3): interval contains chance" in text
     assert "t interval over seeds" in text and "not significant (largest p over 3 seeds = 0.2)" in text
 
 

@@ -29,7 +29,7 @@ from headcount.runtime.errors import HeadcountError
 _one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
 
 TABLES = ["finetune", "mlm", "coherence_summary", "coherence", "layer_mass", "head_scores", "prunability", "curves",
-          "before_after", "acceptable_deduction_summary", "acceptable_deduction"]
+          "before_after", "before_after_seeds", "acceptable_deduction_summary", "acceptable_deduction"]
 FIGURES = ["heatmaps", "scatter", "correlation-matrix", "layer-mass", "prunability", "before-after",
            "acceptable-deduction"]
 
@@ -414,6 +414,18 @@ def test_the_study_runs_end_to_end_with_every_table_and_figure(run):
     ba = pd.read_csv(out / "results" / "before_after.csv")
     assert set(ba["setting"]) == {"prune (mlm) then fine-tune", "prune (random) then fine-tune",
                                   "fine-tune then prune (task)", "fine-tune then prune (mlm)"}
+    # per seed: the pruned-then-fine-tuned job's own score beside the same seed's gated curve point
+    per_seed = pd.read_csv(out / "results" / "before_after_seeds.csv")
+    runs = RunStore(out)
+    for _, r in per_seed.iterrows():
+        job = runs.result(T.Names().pruned_finetune(r["task"], int(r["seed"]), "mlm", float(r["level"])))
+        assert r["prune_mlm_then_finetune"] == pytest.approx(job.result["final"]["score"], nan_ok=True)
+        point = curves[(curves["task"] == r["task"]) & (curves["seed"] == r["seed"]) & (curves["objective"] == "task")
+                       & (curves["order"] == "mlm") & (curves["view"] == "application")
+                       & np.isclose(curves["fraction"], r["level"])]["score"]
+        assert r["finetune_then_prune_mlm"] == pytest.approx(float(point.iloc[0]), nan_ok=True)
+    assert len(per_seed) == 2 * 2  # 2 tasks x 2 levels x 1 before/after seed
+    assert "seed by seed:" in (out / "report.html").read_text(encoding="utf-8")
     ad = pd.read_csv(out / "results" / "acceptable_deduction.csv")
     assert sorted(ad["task"].unique()) == ["good", "has-not"] and ad["relative_score"].notna().all()
     ft = pd.read_csv(out / "results" / "finetune.csv")

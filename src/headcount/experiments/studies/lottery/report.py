@@ -218,8 +218,8 @@ ALPHA = 0.05
 
 #: How the summary's numbers and tests are made (the paragraph's first sentence).
 SUMMARY_METHOD = (
-    "Dev metric per task: mean ± sample std over seeds [95% t interval over seeds] (n seeds); \"at chance\": "
-    "the interval contains the chance level. Orderings: exact paired sign-flip permutation test on the "
+    "Dev metric per task: mean ± sample std over seeds [95% t interval over seeds] (n seeds); \"interval contains chance\": "
+    "the interval cannot tell the score from the chance level. Orderings: exact paired sign-flip permutation test on the "
     "per-seed differences (all 2^n sign patterns), one-sided in the paper's direction (good > random > bad), "
     f"significant when p < {ALPHA:g} (each test on its own: no correction for the several tests)."
 )
@@ -233,12 +233,12 @@ def _short(experiment: str) -> str:
 def score_phrase(values, chance: float | None = None, n_total: int | None = None, digits: int = 3,
                  metric: str | None = None) -> str:
     """``mean ± std [low, high] (n=k)`` of one experiment's per-seed scores (95% t interval,
-    clipped to the ``metric``'s range, marked ``clipped``), followed by ``: at chance`` when the
-    interval contains ``chance`` (it cannot tell the score from chance: no stronger word); ``""``
+    clipped to the ``metric``'s range, marked ``clipped``), followed by ``: interval contains chance`` when
+    the interval contains ``chance`` (it cannot tell the score from chance: no stronger word); ``""``
     without a score.
 
     >>> score_phrase([0.576, 0.576, 0.576], chance=0.576)
-    '0.576 ± 0.000 [0.576, 0.576] (n=3): at chance'
+    '0.576 ± 0.000 [0.576, 0.576] (n=3): interval contains chance'
     >>> score_phrase([0.8, float("nan")], chance=0.5, n_total=2)
     '0.800 (n=1 of 2, no interval)'
     >>> print(score_phrase([0.70, 0.98], metric="accuracy"))
@@ -254,7 +254,7 @@ def score_phrase(values, chance: float | None = None, n_total: int | None = None
     if iv["clipped"]:
         seeds += ", interval clipped to the metric's range"  # the t interval of 2-3 seeds reaches past it
     text = f"{iv['mean']:.{digits}f} ± {iv['std']:.{digits}f} [{iv['low']:.{digits}f}, {iv['high']:.{digits}f}] ({seeds})"
-    return text + (": at chance" if at_chance(iv["low"], iv["high"], chance) else "")
+    return text + (": interval contains chance" if at_chance(iv["low"], iv["high"], chance) else "")
 
 
 def ordering_phrase(a_scores, b_scores, a: str, b: str, alpha: float = ALPHA) -> str:
@@ -292,13 +292,13 @@ def ordering_phrase(a_scores, b_scores, a: str, b: str, alpha: float = ALPHA) ->
 
 def summary_text(scores, chance: dict | None = None, experiments=SUMMARY_EXPERIMENTS) -> str:
     """The summary paragraph from the per-seed scores: per task, every experiment's mean ± std
-    [95% t interval] (n), ``at chance`` wherever the interval contains the task's chance level,
+    [95% t interval] (n), ``interval contains chance`` wherever the interval contains the task's chance level,
     and the paper's orderings good > random > bad tested over seeds (:func:`ordering_phrase`).
 
     Args:
         scores: :func:`~.tables.seed_scores` (columns experiment, task, seed, metric, score).
         chance: task -> ``(chance level, what it is)`` (:func:`~.tables.chance_levels`);
-            a task without one gets no ``at chance`` verdicts and says so.
+            a task without one gets no ``interval contains chance`` verdicts and says so.
         experiments: the experiments stated, in order (those without scores are left out).
 
     >>> import pandas as pd

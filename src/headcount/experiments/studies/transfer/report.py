@@ -229,8 +229,9 @@ def transfer_sections(store, settings: TransferSettings, prefix: str = "", table
                 "(percentile bootstrap intervals over scoring examples, paired by example id where both grids "
                 "come from the same examples (pairing); two-sided permutation p-values: p_value heads permuted "
                 "within their layer by default, p_value_global over all heads); here the mean over seeds "
-                "(estimate_min/max: range over seeds; low/high: hierarchical bootstrap over seeds and examples, "
-                "t interval (ci), approximate where the pairs share a grid: the MLM grid of every seed, "
+                "(estimate_min/max: range over seeds; low/high: the interval over seeds named in ci, by default the t "
+                "interval over the seed estimates with the noise of the examples every seed shares added once "
+                "(stats.seed_interval), approximate where the pairs share a grid: the MLM grid of every seed, "
                 "seed-vs-seed pairs; p_value_max, p_value_global_max: the largest over seeds; n_finite of n: "
                 "seeds with a number; chance: the expected value for unrelated scores).",
                 figures=F("correlation-matrix", "layer-mass"),
@@ -255,7 +256,11 @@ def transfer_sections(store, settings: TransferSettings, prefix: str = "", table
             "Pruned before: the pre-trained model without its least MLM-important heads, fine-tuned with the "
             "full model's settings. Pruned after: the fine-tuned model with its least important heads (by task "
             "or by MLM importance) gated off, not retrained.",
-            figures=F("before-after"), tables=[T("before_after", "Scores before vs after, per level.")]))
+            figures=F("before-after"),
+            tables=[T("before_after", "Scores before vs after, per level."),
+                    T("before_after_seeds", "Per seed: the pruned-then-fine-tuned model beside the same seed's "
+                                            "fine-tuned model gated at the same level (the summary counts the seeds "
+                                            "where pruning first scores higher).")]))
         sections.append(Section(
             "Acceptable deduction",
             "For each task, the largest masked-LM loss increase of the pruned pre-trained model at which the "

@@ -2,7 +2,8 @@
 
 Each sentence gives the mean over seeds with its interval and the paired test over seeds
 (:mod:`headcount.analysis.paired`): a difference is claimed only when its test rejects at
-:data:`ALPHA`, otherwise the comparison reads "at chance"; comparisons that rest on a fitted MLM
+:data:`ALPHA` (otherwise "not significant"), and "interval contains chance" marks an interval that
+cannot tell the estimate from the chance level; comparisons that rest on a fitted MLM
 head carry :func:`mlm_caveat`. Also the cell formats the summary and the report's tables share
 (:func:`cell`: ``mean ± std [low, high]``, ``(n=k of m)`` when seeds gave no number).
 """
@@ -13,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from headcount.analysis.helpers import LEVEL
-from headcount.analysis.paired import at_chance, seed_interval
+from headcount.analysis.paired import at_chance, paired_sign_flip_test, seed_interval
 from headcount.experiments.report.format import finite, seed_cell
 from headcount.experiments.studies.transfer.config import TransferSettings
 from headcount.experiments.studies.transfer.tables import fmt, prunability_table, stat_rows
@@ -83,14 +84,14 @@ def coherence_interval(tables: dict, row, level: float = LEVEL) -> tuple[float, 
 
 
 def coherence_phrase(tables: dict, row, level: float = LEVEL, alpha: float = ALPHA) -> str:
-    """One task's coherence statistic: ``estimate [low, high] (n=k)``, ``: at chance`` when the
-    interval contains the chance level, and the permutation verdict (``p <= ... on each of k seeds``
+    """One task's coherence statistic: ``estimate [low, high] (n=k)``, ``: interval contains
+    chance`` when it does, and the permutation verdict (``p <= ... on each of k seeds``
     or ``not significant (largest p over k seeds = ...)``) when the statistic has p-values.
 
     >>> r = pd.Series({"comparison": "c", "statistic": "jaccard@0.25", "task": "amazon", "task_b": None,
     ...                "estimate": 0.16, "low": 0.07, "high": 0.25, "chance": 0.1429, "n_finite": 3})
     >>> coherence_phrase({}, r)
-    'amazon 0.16 [0.07, 0.25] (n=3): at chance (the interval contains 0.14)'
+    'amazon 0.16 [0.07, 0.25] (n=3): interval contains chance (0.14)'
     """
     task, tb = row.get("task"), row.get("task_b")
     name = str(task) if pd_isna(tb) or tb == task else f"{task} / {tb}"
@@ -104,7 +105,7 @@ def coherence_phrase(tables: dict, row, level: float = LEVEL, alpha: float = ALP
     if not _finite(chance) and stat.startswith(("spearman", "kendall")):  # a table without the column
         chance = 0.0
     if at_chance(low, high, chance):
-        text += f": at chance (the interval contains {float(chance):.2f})"
+        text += f": interval contains chance ({float(chance):.2f})"
     p = row.get("p_value_max")
     if _finite(p):
         over = f"each of {n} seeds" if n and n > 1 else "its seed"
@@ -115,9 +116,9 @@ def coherence_phrase(tables: dict, row, level: float = LEVEL, alpha: float = ALP
 
 def coherence_sentence(tables: dict, comparison: str, label: str, settings: TransferSettings,
                        caveat: str = "") -> str:
-    """The summary's sentence on one comparison: per task, Spearman with its interval, ``at chance``
+    """The summary's sentence on one comparison: per task, Spearman with its interval, ``interval contains chance``
     where the interval contains 0, and the permutation verdict; then the top-25% Jaccard with its
-    interval and ``at chance`` where it contains the Jaccard chance level. ``""`` without rows.
+    interval and ``interval contains chance`` where it contains the Jaccard chance level. ``""`` without rows.
 
     Args:
         tables: :func:`~.tables.transfer_tables` output (``coherence_summary``; ``coherence`` for
@@ -231,9 +232,46 @@ def deduction_sentence(tables: dict, settings: TransferSettings, caveat: str = "
             + (f"; {caveat}" if caveat else "") + "): " + "; ".join(parts) + ".")
 
 
+def before_after_sentence(tables: dict, caveat: str = "") -> str:
+    """Pruning before fine-tuning vs removing the same (MLM-ranked) heads from the fine-tuned
+    model, seed by seed: at each level, on how many seeds the pruned-then-fine-tuned model scores
+    higher, and the two-sided paired sign-flip test over seeds, or, when the seeds are too few
+    for any p below :data:`ALPHA` (3 seeds: the smallest two-sided p is 2/2^3 = 0.25), "not
+    testable at this n". ``""`` without the per-seed table.
+
+    >>> t = {"before_after_seeds": pd.DataFrame({"task": ["a"] * 3, "level": [0.5] * 3, "seed": [1, 2, 3],
+    ...      "prune_mlm_then_finetune": [0.8, 0.7, 0.9], "finetune_then_prune_mlm": [0.6, 0.75, 0.5]})}
+    >>> before_after_sentence(t)
+    'Pruning before fine-tuning vs removing the same MLM-ranked heads after it (no retraining), seed by seed: a: higher on 2 of 3 seeds at 50%; not testable at this n (with 3 seeds the smallest two-sided sign-flip p is 0.25).'
+    """
+    d = tables.get("before_after_seeds")
+    if d is None or d.empty:
+        return ""
+    parts, floors = [], []
+    for t, g in d.groupby("task", sort=False):
+        levels = []
+        for level, x in g.groupby("level", sort=True):
+            a = pd.to_numeric(x["prune_mlm_then_finetune"], errors="coerce").to_numpy(float)
+            b = pd.to_numeric(x["finetune_then_prune_mlm"], errors="coerce").to_numpy(float)
+            r = paired_sign_flip_test(a, b)
+            floors.append(r.min_p)
+            txt = f"higher on {r.n_above} of {r.n} seeds at {float(level):.0%}"
+            if r.min_p <= ALPHA:
+                txt += f" (p = {r.p_value:.3g})"
+            levels.append(txt)
+        parts.append(f"{t}: " + ", ".join(levels))
+    floor = max(floors) if floors else float("nan")
+    tail = ""
+    if floors and all(f > ALPHA for f in floors):
+        n = int(d.groupby(["task", "level"]).size().max())
+        tail = f"; not testable at this n (with {n} seeds the smallest two-sided sign-flip p is {floor:.2g})"
+    return ("Pruning before fine-tuning vs removing the same MLM-ranked heads after it (no retraining)"
+            + (f" ({caveat})" if caveat else "") + ", seed by seed: " + "; ".join(parts) + tail + ".")
+
+
 def transfer_summary(tables: dict, settings: TransferSettings, prefix: str = "") -> str:
     """The headline numbers as text (for the report's summary): every estimate with its interval
-    (or mean ± std over seeds, n), ``at chance`` wherever an interval contains the chance level,
+    (or mean ± std over seeds, n), ``interval contains chance`` wherever an interval contains the chance level,
     ``not significant`` wherever a p-value is >= 0.05, and the MLM head's caveat (:func:`mlm_caveat`)
     on every sentence that rests on it.
 
@@ -255,7 +293,8 @@ def transfer_summary(tables: dict, settings: TransferSettings, prefix: str = "")
         txt = coherence_sentence(tables, comparison, label, settings, caveat if mlm_side else "")
         if txt:
             parts.append(txt)
-    for txt in (prunability_sentence(tables, settings, caveat), deduction_sentence(tables, settings, caveat)):
+    for txt in (prunability_sentence(tables, settings, caveat), deduction_sentence(tables, settings, caveat),
+                before_after_sentence(tables, caveat)):
         if txt:
             parts.append(txt)
     return "\n\n".join(parts)
