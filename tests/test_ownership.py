@@ -500,6 +500,34 @@ def test_an_empty_lock_beside_a_one_file_output_is_kept(w, tmp_path, cmd):
     assert _tree(tmp_path) == before
 
 
+@pytest.mark.parametrize("earlier", [False, True], ids=["new-lock", "killed-runs-lock"])
+def test_a_run_killed_while_writing_its_lock_leaves_no_empty_lock(tmp_path, monkeypatch, earlier):
+    """A lock appears with its text or not at all (an unnamed file linked into place), and a killed
+    run's lock is written over, never emptied first: a kill at the first write of the text leaves
+    no lock, or the old one, so an empty ``.headcount.lock`` is always the user's."""
+    import os
+
+    from headcount.runtime.lock import lock_file, unlock_file
+
+    old = b"headcount lock: session 12345678 pid 1 on h since t\n"
+    if earlier:
+        (tmp_path / LOCK_NAME).write_bytes(old)
+
+    def killed(*a, **k):
+        raise KeyboardInterrupt  # SIGKILL at the first byte of the lock's text
+
+    with monkeypatch.context() as m:
+        m.setattr(os, "write", killed)
+        m.setattr(os, "pwrite", killed)
+        with pytest.raises(KeyboardInterrupt):
+            lock_file(tmp_path)
+    assert [p.name for p in tmp_path.iterdir()] == ([LOCK_NAME] if earlier else [])
+    if earlier:
+        assert (tmp_path / LOCK_NAME).read_bytes() == old
+    unlock_file(lock_file(tmp_path))  # the next run takes it
+    assert (tmp_path / LOCK_NAME).read_text().startswith("headcount lock: session ")
+
+
 # -- headcount data fetch: a record like every other output -------------------------------------------------------
 def _archive() -> Path:
     from headcount.data.tasks.offline import VADER_ARCHIVE, vader_dir

@@ -29,11 +29,13 @@ def lock_file(directory: Path, what: str = "", name: str = LOCK_NAME) -> int:
     """
     path = Path(directory) / name
     flags = os.O_RDWR | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    now = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    text = (f"{_LOCK_TEXT}session {SESSION} pid {os.getpid()} on {socket.gethostname()} since {now}"
+            f"{' ' + what if what else ''}\n").encode()
     created = True
     try:
-        try:
-            fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o644)
-        except FileExistsError:
+        fd = _create_with_text(path, text, flags)
+        if fd is None:
             created = False  # someone's: headcount's (its text in it) or a user's file (refused below)
             fd = os.open(path, flags)
     except OSError as e:
@@ -58,20 +60,57 @@ def lock_file(directory: Path, what: str = "", name: str = LOCK_NAME) -> int:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         try:
-            holder = os.read(fd, 200).decode(errors="replace").strip().removeprefix(_LOCK_TEXT.strip())
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip().removeprefix(_LOCK_TEXT.strip())
         finally:
             os.close(fd)
         raise HeadcountError(f"{directory} is in use by another headcount process ({holder.strip() or 'unknown'})") from None
     if not created and not os.pread(fd, 64, 0):
-        # an empty file headcount did not create now (it writes its text at once, under the lock):
-        # the user's, never written into or removed
+        # an empty file headcount did not create now (a lock appears with its text, see
+        # _create_with_text): the user's, never written into or removed
         os.close(fd)
         raise HeadcountError(f"{path} is an empty file that headcount did not create, not headcount's lock file; "
                              "move it away")
-    os.ftruncate(fd, 0)
-    now = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    os.pwrite(fd, f"{_LOCK_TEXT}session {SESSION} pid {os.getpid()} on {socket.gethostname()} since {now}"
-                  f"{' ' + what if what else ''}\n".encode(), 0)
+    if not created:  # a killed run's lock: this run's text, written over it (never emptied on the way)
+        os.pwrite(fd, text, 0)
+        os.ftruncate(fd, len(text))
+    return fd
+
+
+def _create_with_text(path: Path, text: bytes, flags: int) -> int | None:
+    """Create the file ``path`` holding ``text`` in one step; its open descriptor, None when ``path`` exists.
+
+    On Linux the text is written into an unnamed file of the folder (``O_TMPFILE``) that is then
+    linked at ``path``: the lock appears with its text or not at all, so a kill leaves no empty lock
+    (an empty ``.headcount.lock`` is always someone else's). Elsewhere (no ``O_TMPFILE``) the file is
+    created and written at once, and a kill in between can leave it empty.
+    """
+    if getattr(os, "O_TMPFILE", 0) and os.path.isdir("/proc/self/fd"):
+        try:
+            fd = os.open(path.parent, os.O_TMPFILE | os.O_RDWR | getattr(os, "O_CLOEXEC", 0), 0o644)
+        except OSError as e:
+            if e.errno not in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
+                raise
+            fd = None  # this file system has no unnamed files
+        if fd is not None:
+            try:
+                os.write(fd, text)
+                folder = os.open(path.parent, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
+                try:  # a dir fd makes os.link use linkat(AT_SYMLINK_FOLLOW): the /proc link names the unnamed file
+                    os.link(f"/proc/self/fd/{fd}", path.name, src_dir_fd=folder, dst_dir_fd=folder)
+                finally:
+                    os.close(folder)
+            except FileExistsError:
+                os.close(fd)
+                return None
+            except BaseException:
+                os.close(fd)
+                raise
+            return fd
+    try:
+        fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        return None
+    os.write(fd, text)
     return fd
 
 
