@@ -399,6 +399,40 @@ def _study_copy(w, tmp_path) -> Path:
     return out
 
 
+def _make_1_key(out: Path) -> str:
+    return next(e["key"] for e in json.loads((out / "plan.json").read_text())["jobs"] if e["name"] == "make-1")
+
+
+@pytest.mark.parametrize("case", ["edited", "users-before"])
+def test_a_failed_jobs_traceback_is_listed_and_a_users_one_stays(w, tmp_path, monkeypatch, case):
+    """``logs/<key>.error.txt`` is listed when headcount writes it and removed, when the job later
+    succeeds, only while it is headcount's: the user's notes added to it stay; a user's file of
+    that name is never replaced (the run is refused with one line)."""
+    monkeypatch.setenv("TOY_FAIL", "make-1")
+    out = tmp_path / "run"
+    code, _, err = cli(argv(w, "study", out))
+    assert code != 0, err
+    log = out / "logs" / f"{_make_1_key(out)}.error.txt"
+    assert log.is_file() and Record.read(out).owns(log.relative_to(out).as_posix())
+    if case == "users-before":  # the same name in another run directory, the user's file there
+        other = tmp_path / "other"
+        shutil.copytree(w["earlier"]["study"], other, symlinks=True)
+        mine = other / "logs" / log.name
+        mine.parent.mkdir(exist_ok=True)
+        mine.write_text("the user's notes\n")
+        assert _make_1_key(other) == _make_1_key(out)
+        (other / "jobs" / _make_1_key(other) / "DONE").unlink()  # make-1 runs again, and fails
+        code, _, err = cli(argv(w, "study", other))
+        _one_line(code, err)
+        assert "error.txt" in err and mine.read_text() == "the user's notes\n"
+        return
+    log.write_text(log.read_text() + "my notes on this failure\n")
+    monkeypatch.delenv("TOY_FAIL")
+    code, _, err = cli(argv(w, "study", out))
+    assert code == 0, err
+    assert log.read_text().endswith("my notes on this failure\n")
+
+
 def test_a_user_file_in_a_stale_job_folder_stays_and_refuses_the_job(w, tmp_path):
     """jobs/<key>/ without DONE: headcount's files go, a user's file stays where it is and the run is refused."""
     out = _study_copy(w, tmp_path)

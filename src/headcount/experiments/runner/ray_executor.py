@@ -34,7 +34,6 @@ from headcount.experiments.runner.ray_cluster import (
 )
 from headcount.experiments.runner.ray_task import _Collector, _label, _ray_job
 from headcount.experiments.runner.store import RunStore, job_meta, pack_dir
-from headcount.runtime.atomic import atomic_write_bytes
 from headcount.runtime.device import ENV_DEVICE, check_gpus_per_job, pool_devices
 from headcount.runtime.errors import HeadcountError
 
@@ -380,7 +379,7 @@ class _Loop:
         where = res.get("where") or {}
         log = res.get("log") or b""
         if log:
-            atomic_write_bytes(store.root / "logs" / f"{job.key}.log", log)
+            store.write_log(f"logs/{job.key}.log", log)  # listed; a user's file of that name is never replaced
         if res["ok"]:
             meta = job_meta(res["started"], res["finished"], self.exe.name, where.get("host"))
             meta.update(node_id=where.get("node_id"), node_address=where.get("node_address"))

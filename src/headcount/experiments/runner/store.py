@@ -37,9 +37,9 @@ from typing import Any
 
 import pandas as pd
 
-from headcount.experiments.runner.jobfiles import DONE, clear_stale, list_job_files
+from headcount.experiments.runner.jobfiles import DONE, clear_stale, list_job_files, remove_listed, write_listed
 from headcount.experiments.runner.jobs import Job, JobResult, Plan, headcount_version
-from headcount.runtime.atomic import atomic_write_json, atomic_write_text, tmp_prefix
+from headcount.runtime.atomic import atomic_write_json, tmp_prefix
 from headcount.runtime.errors import HeadcountError
 from headcount.runtime.io import ACTIVE_OUTS, first_missing, lock_file, remove_created, unlock_file
 from headcount.runtime.launch import refuse_launcher
@@ -227,7 +227,7 @@ class RunStore:
         os.replace(tmp, final)
         _fsync_dir(self.jobs_dir)
         self._list_job_files(job.key)
-        (self.root / "logs" / f"{job.key}.error.txt").unlink(missing_ok=True)
+        self._remove_log(f"logs/{job.key}.error.txt")  # the traceback of an earlier failure: headcount's only
         return self.load(job.key, job.name)
 
     def _list_job_files(self, key: str) -> None:
@@ -248,10 +248,17 @@ class RunStore:
                 shutil.rmtree(tmp, ignore_errors=True)
 
     def record_failure(self, job: Job, text: str) -> Path:
-        """Write the traceback of a failed job to ``logs/<key>.error.txt``."""
-        path = self.root / "logs" / f"{job.key}.error.txt"
-        atomic_write_text(path, f"job: {job.name}\nkey: {job.key}\nfn: {job.fn}\ntime: {utcnow()}\n\n{text}")
-        return path
+        """Write the traceback of a failed job to ``logs/<key>.error.txt`` (see :meth:`write_log`)."""
+        return self.write_log(f"logs/{job.key}.error.txt",
+                              f"job: {job.name}\nkey: {job.key}\nfn: {job.fn}\ntime: {utcnow()}\n\n{text}".encode())
+
+    def write_log(self, rel: str, data: bytes) -> Path:
+        """Write ``RUN/<rel>`` (a job's traceback or output under ``logs/``), listed in the record;
+        a file of that name the record does not list is refused (:func:`jobfiles.write_listed`)."""
+        return write_listed(self.root, self.record, rel, data)
+
+    def _remove_log(self, rel: str) -> None:
+        remove_listed(self.root, self.record, rel)
 
     def clean_tmp(self) -> int:
         """Remove the temporary directories left by killed runs; returns how many. Call under the lock.
