@@ -658,6 +658,28 @@ def test_data_fetch_into_the_default_folder_works_on_a_fresh_machine(monkeypatch
     _clear_caches()
 
 
+def test_magnitude_removes_an_earlier_mask_only_while_it_is_headcounts(w, tmp_path, monkeypatch):
+    """A magnitude run whose search keeps no mask removes the earlier ``weight_mask.safetensors``
+    only while the record lists it: a user's file saved there during the run stays, and the run
+    is refused with one line (its result would sit beside the user's mask)."""
+    import dataclasses
+
+    import headcount.train.magnitude_prune as mp
+
+    out = tmp_path / "mag"
+    search = mp.prasanna_magnitude_mask
+
+    def no_mask(*a, **k):
+        (out / "weight_mask.safetensors").write_bytes(b"the user's mask\n")  # saved while the run goes on
+        return dataclasses.replace(search(*a, **k), mask=None, step=0)
+
+    monkeypatch.setattr(mp, "prasanna_magnitude_mask", no_mask)
+    code, _, err = cli(["magnitude", "--model", w["pre"], "--task", w["task"], *FT, "--rounds", "2", "--out", out])
+    last = err.strip().splitlines()[-1]  # after the progress lines
+    assert code == 2 and last.startswith("error: ") and "weight_mask.safetensors" in last and "Traceback" not in err
+    assert (out / "weight_mask.safetensors").read_bytes() == b"the user's mask\n"
+
+
 def test_a_users_files_in_a_killed_finetunes_checkpoints_stay(w, tmp_path, monkeypatch):
     """Checkpoints are listed file by file as the Trainer saves them; rotation, the discarding of a
     checkpoint cut short and the clean-up after the run remove only those files (and folders left

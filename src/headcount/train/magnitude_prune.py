@@ -37,6 +37,7 @@ from headcount.importance.magnitude import (
 from headcount.runtime.atomic import atomic_dir, atomic_write_json, atomic_write_text
 from headcount.runtime.device import resolve_device
 from headcount.runtime.errors import HeadcountError
+from headcount.runtime.io import remove_written_file
 from headcount.train import TrainConfig, evaluate, finetune, use_bf16
 from headcount.train.config import _use_cpu
 from headcount.train.data import _as_task
@@ -208,7 +209,7 @@ def prasanna_magnitude_prune(model_spec: str, task, *, config: MagnitudeConfig |
         "rewind": "pre-trained", "match": None, "trace": found.trace,
     }
     if found.no_passing_mask:
-        mask_file.unlink(missing_ok=True)  # an earlier run's mask is not this result
+        remove_written_file(mask_file)  # an earlier run's mask is not this result (a user's file is refused)
         if found.stopped == "threshold":
             say(f"no step kept {task.metric} >= {config.threshold} x {found.full_metric:.4f} without retraining "
                 "(step 1 failed): no mask, nothing retrained")
@@ -256,7 +257,7 @@ def _skipped(out: Path, model_spec, task, seed, config: MagnitudeConfig, match: 
                "config": asdict(config), "full_metric": None, "round": None, "metric": None, "sparsity": None,
                "pruned": None, "total": None, "no_passing_mask": True, "skipped": True, "match": str(match),
                "seconds": 0.0, "trace": []}
-    (out / "weight_mask.safetensors").unlink(missing_ok=True)
+    remove_written_file(out / "weight_mask.safetensors")
     atomic_write_text(out / "trace.csv", _trace_csv([]))
     atomic_write_json(out / "magnitude.json", summary)
     say(f"skipped: {match} kept no mask (no pruning step passed), so there is no sparsity to match")
@@ -419,7 +420,7 @@ def iterative_magnitude_prune(model_spec: str, task, *, config: MagnitudeConfig 
         "trace": rows,
     }
     if final_mask is None:  # nothing passed: no mask (not the full model at sparsity 0)
-        (out / "weight_mask.safetensors").unlink(missing_ok=True)
+        remove_written_file(out / "weight_mask.safetensors")
     else:
         save_weight_mask(final_mask, out / "weight_mask.safetensors",
                          meta={"round": best["round"], "variant": config.variant, "control": config.control,
