@@ -680,6 +680,81 @@ def test_magnitude_removes_an_earlier_mask_only_while_it_is_headcounts(w, tmp_pa
     assert (out / "weight_mask.safetensors").read_bytes() == b"the user's mask\n"
 
 
+def test_a_folder_headcount_replaces_keeps_a_users_file_at_any_depth(tmp_path):
+    """``atomic_dir`` checks every depth: a user's file inside a subfolder the new version also has
+    is not deleted with the old version (the replacement is refused, naming it)."""
+    from headcount.runtime.atomic import atomic_dir
+    from headcount.runtime.errors import HeadcountError
+
+    old = tmp_path / "model"
+    (old / "sub").mkdir(parents=True)
+    (old / "sub" / "weights.bin").write_text("old\n")
+    (old / "sub" / "notes.txt").write_text("the user's\n")
+    with pytest.raises(HeadcountError, match="sub/notes.txt"):
+        with atomic_dir(old) as tmp:
+            (tmp / "sub").mkdir()
+            (tmp / "sub" / "weights.bin").write_text("new\n")
+    assert (old / "sub" / "notes.txt").read_text() == "the user's\n" and (old / "sub" / "weights.bin").read_text() == "old\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["model"]
+
+
+def test_a_staged_folder_output_is_replaced_file_by_file(tmp_path):
+    """A staged output that is a folder is listed file by file when committed; the next commit
+    replaces it only while every file under it is headcount's: a user's file saved in it (any
+    depth) refuses the commit, naming it, and stays."""
+    from headcount.runtime.errors import HeadcountError
+    from headcount.runtime.io import prepare_out
+
+    out = tmp_path / "out"
+
+    def run():
+        with prepare_out(out, "score", outputs=("d",)) as guard:
+            (guard.staging() / "d" / "sub").mkdir(parents=True)
+            (guard.staging() / "d" / "sub" / "x.bin").write_text("headcount's\n")
+            guard.commit()
+
+    run()
+    assert Record.read(out).owns("d/sub/x.bin")
+    (out / "d" / "sub" / "notes.txt").write_text("the user's\n")
+    with pytest.raises(HeadcountError, match="d/sub/notes.txt"):
+        run()
+    assert (out / "d" / "sub" / "notes.txt").read_text() == "the user's\n"
+    (out / "d" / "sub" / "notes.txt").unlink()
+    run()  # headcount's files only: replaced
+    assert sorted(p.name for p in out.iterdir()) == sorted([LOCK_NAME, RECORD, "d"])
+
+
+def test_finetune_replaces_its_model_only_file_by_file(w, tmp_path, monkeypatch):
+    """``model/`` is listed file by file when saved; a run that saves it again (resumed after a kill
+    before ``metrics.json``) replaces it only while every file is headcount's: a file the user
+    rewrote there is refused with one line and stays."""
+    import headcount.train.finetuning as ft
+
+    out = tmp_path / "ft"
+    write = ft.atomic_write_json
+
+    def killed(path, obj):
+        if Path(path).name == "metrics.json":
+            raise KeyboardInterrupt  # a kill after model/ was saved
+        return write(path, obj)
+
+    monkeypatch.setattr(ft, "atomic_write_json", killed)
+    args = ["finetune", "--model", w["pre"], "--task", w["task"], *FT, "--out", out]
+    code, _, err = cli(args)
+    assert code == 130, err
+    monkeypatch.setattr(ft, "atomic_write_json", write)
+    rec = Record.read(out)
+    assert rec.owns("model/config.json") and rec.files["model/config.json"] is not None
+    (out / "model" / "config.json").write_text('{"the user\'s": "config"}\n')
+    before = _tree(tmp_path)
+    code, _, err = cli(args)
+    last = err.strip().splitlines()[-1]
+    assert code == 2 and last.startswith("error: ") and "config.json" in last, err
+    assert (out / "model" / "config.json").read_text() == '{"the user\'s": "config"}\n'
+    assert {k: v for k, v in _tree(tmp_path).items() if k.startswith("ft/model/")} == \
+        {k: v for k, v in before.items() if k.startswith("ft/model/")}
+
+
 def test_a_users_files_in_a_killed_finetunes_checkpoints_stay(w, tmp_path, monkeypatch):
     """Checkpoints are listed file by file as the Trainer saves them; rotation, the discarding of a
     checkpoint cut short and the clean-up after the run remove only those files (and folders left

@@ -243,10 +243,11 @@ def save_tokenizer(tokenizer, directory) -> None:
     tokenizer.save_pretrained(directory)
 
 
-def save_pruned(model: nn.Module, out_dir, tokenizer=None, extra: dict | None = None) -> Path:
+def save_pruned(model: nn.Module, out_dir, tokenizer=None, extra: dict | None = None, owned=None) -> Path:
     """Write a pruned checkpoint: config (with the pruning record), safetensors weights,
     tokenizer, and ``headcount.json`` (a human-readable summary). Atomic: the directory appears
-    complete or not at all.
+    complete or not at all; an existing one is replaced only as :func:`~headcount.runtime.atomic.atomic_dir`
+    allows (``owned``: its test of the files there).
 
     >>> save_pruned(shrink(model, mask), "pruned/")     # doctest: +SKIP
     """
@@ -254,7 +255,7 @@ def save_pruned(model: nn.Module, out_dir, tokenizer=None, extra: dict | None = 
     _record(model)
     n_layers, n_heads = layout(model)
     rec = pruning_record(model)
-    with atomic_dir(out_dir) as tmp:
+    with atomic_dir(out_dir, owned=owned) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
         if tokenizer is not None:
             save_tokenizer(tokenizer, tmp)

@@ -11,7 +11,7 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
-from headcount.runtime.atomic import TMP_PREFIX, _usual_mode, atomic_write_bytes, tmp_prefix
+from headcount.runtime.atomic import TMP_PREFIX, _entries_under, _usual_mode, atomic_write_bytes, tmp_prefix
 from headcount.runtime.errors import HeadcountError
 from headcount.runtime.launch import refuse_launcher
 from headcount.runtime.lock import first_missing, lock_file, lock_session, remove_created, unlock_file
@@ -150,6 +150,28 @@ def record_written(path: Path) -> None:
     rec.write()
 
 
+def owned_check(path: Path):
+    """For :func:`~headcount.runtime.atomic.atomic_dir`: a test of the files under ``path`` (relative
+    paths) by the record of the direct writer's ``--out`` that holds it; None outside such a guard.
+    A file the record lists is headcount's while unchanged. One it does not list is headcount's
+    only while the record lists ``path`` itself and nothing under it (a folder claimed or sealed
+    before its files were listed: a killed run's); once its files are listed, any other is the
+    user's. (``atomic_dir`` refuses a file without a namesake in the new version in any case.)"""
+    found = _guard_of(path)
+    if found is None:
+        return None
+    guard, rel = found
+    rec = guard.record
+
+    def owned(sub: str) -> bool:
+        key = f"{rel}/{sub}"
+        if key in rec.files:
+            return rec.owns(key)
+        return rel in rec.files and not any(k.startswith(rel + "/") for k in rec.files)  # listed before files were
+
+    return owned
+
+
 def remove_written(path: Path) -> bool:
     """Remove a folder inside a direct writer's ``--out`` file by file: the files its record lists
     (unchanged since) go, then the folders left empty; any other file stays where it is (and keeps
@@ -203,6 +225,18 @@ def remove_written_file(path: Path) -> None:
     path.unlink()
     guard.record.forget(rel)
     guard.record.write()
+
+
+def _foreign_under(rec: Record, rel: str) -> list[str]:
+    """The files under the folder ``rel`` of ``rec``'s folder (any depth) that are not headcount's:
+    listed and unchanged, or, in a folder whose files were never listed (a record of a folder
+    sealed whole), every file. Empty when ``rel`` is not a folder."""
+    path = rec.folder / rel
+    if not path.is_dir() or path.is_symlink():
+        return []
+    per_file = any(k.startswith(rel + "/") for k in rec.files)
+    return [f"{rel}/{sub}" for sub in _entries_under(path)
+            if (per_file or os.path.islink(path / sub)) and not rec.owns(f"{rel}/{sub}")]
 
 
 def read_marker(directory: Path) -> dict | None:
@@ -289,6 +323,8 @@ class OutDir:
         refuse_foreign(self.path, rec.in_the_way(names))
         stale = [n for n in rec.files if "/" not in n and n not in names and os.path.lexists(self.path / n)]
         refuse_foreign(self.path, [n for n in stale if not rec.owns(n)])
+        # at every depth: a folder replaced or removed may hold only headcount's files
+        refuse_foreign(self.path, [f for n in [*names, *stale] for f in _foreign_under(rec, n)])
         if self._notice and self._echo is not None:
             self._echo(self._notice)
         rec.claim(names, rewrite=True)  # a kill between the renames and the seal leaves them headcount's
@@ -304,9 +340,13 @@ class OutDir:
             for name in stale:
                 os.replace(self.path / name, trash / name)
                 rec.forget(name)
-            rec.files = {k: v for k, v in rec.files.items() if "/" in k or k in names or os.path.lexists(self.path / k)}
+            rec.files = {k: v for k, v in rec.files.items() if k in names or os.path.lexists(self.path / k)}
             rec.claim(names)
             rec.seal(names)
+            for name in names:  # a folder's files are listed one by one
+                if (self.path / name).is_dir() and not (self.path / name).is_symlink():
+                    rec.files.update({f"{name}/{sub}": stamp(self.path / name / sub)
+                                      for sub in _entries_under(self.path / name)})
             if self.identity is not None:
                 rec.identity = self.identity
             rec.write()

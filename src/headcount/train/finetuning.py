@@ -25,6 +25,7 @@ from headcount.importance.magnitude import (
 from headcount.runtime.atomic import atomic_dir, atomic_write_json
 from headcount.runtime.device import pad_multiple
 from headcount.runtime.errors import HeadcountError
+from headcount.runtime.io import owned_check, record_written
 from headcount.runtime.launch import launch_rank
 from headcount.train.config import MASK_MODES, TrainConfig
 from headcount.train.data import DynamicPadding, _as_task, _datasets
@@ -143,13 +144,15 @@ def _save_model(model, tokenizer, path: Path, extra: dict) -> None:
         rec = dict(pruning_record(model) or {})
         rec["gates"] = {"heads": gates.heads.int().tolist(), "mlps": gates.mlps.int().tolist()}
         setattr(model.config, RECORD, rec)
+    owned = owned_check(path)  # an earlier model/ is replaced only where its record says each file is headcount's
     if pruning_record(model):
-        save_pruned(model, path, tokenizer=tokenizer, extra=extra)
-        return
-    with atomic_dir(path) as tmp:
-        model.save_pretrained(tmp, safe_serialization=True)
-        if tokenizer is not None:  # without the padding/truncation of its last call: the same file every run
-            save_tokenizer(tokenizer, tmp)
+        save_pruned(model, path, tokenizer=tokenizer, extra=extra, owned=owned)
+    else:
+        with atomic_dir(path, owned=owned) as tmp:
+            model.save_pretrained(tmp, safe_serialization=True)
+            if tokenizer is not None:  # without the padding/truncation of its last call: the same file every run
+                save_tokenizer(tokenizer, tmp)
+    record_written(path)  # listed file by file in --out's record
 
 
 def finetune(model_spec: str, task, *, mask=None, mask_mode: str = "prune", weight_mask=None, seed: int = 0,
