@@ -20,7 +20,15 @@ import headcount.experiments.studies.transfer as T
 from headcount.analysis import at_chance, paired_sign_flip_test, seed_interval
 from headcount.experiments.studies.lottery.report import ordering_phrase, score_phrase, summary_text
 from headcount.experiments.studies.lottery.tables import chance_level, chance_levels
-from headcount.experiments.studies.transfer.summary import coherence_sentence, deduction_sentence, mlm_caveat, prunability_sentence, transfer_summary
+from headcount.experiments.studies.transfer.summary import (
+    MARK,
+    coherence_sentence,
+    deduction_sentence,
+    mlm_caveat,
+    prunability_sentence,
+    transfer_caveats,
+    transfer_summary,
+)
 from headcount.experiments.studies.transfer.tables import prunability_table
 
 SEEDS = (1337, 42, 86, 71, 166)
@@ -249,8 +257,11 @@ def test_every_mlm_side_sentence_carries_the_fitted_heads_accuracy():
                      before_after=ba)
     paragraphs = transfer_summary(tables, settings).split("\n\n")
     mlm_side = [p for p in paragraphs if p.startswith(("Masked LM", "MLM vs", "Heads removable", "Acceptable"))]
-    assert len(mlm_side) == 5 and all(caveat in p for p in mlm_side)
-    assert not any(caveat in p for p in paragraphs if p.startswith("Task vs task"))
+    # each MLM-side sentence carries the mark; the caveat itself is said once (the report's box)
+    assert len(mlm_side) == 5 and all(MARK in p.split(":", 1)[0] for p in mlm_side)
+    assert not any(MARK in p or caveat in p for p in paragraphs if p.startswith("Task vs task"))
+    assert not any("fitted on the frozen encoder" in p for p in paragraphs)
+    assert transfer_caveats(tables) == [caveat + ", not evidence about masked-LM pre-training as such."]
     ci = sps.binomtest(165, 1500).proportion_ci(method="wilson")
     assert f"accuracy 0.11 [{ci.low:.2f}, {ci.high:.2f}] (Wilson interval over 1,500 masked tokens" in paragraphs[0]
     # the removable shares with their spread over seeds; the deduction with the score it rests on
@@ -266,5 +277,6 @@ def test_a_checkpoint_head_is_named_as_such():
     own = MLM.assign(head="checkpoint")
     assert mlm_caveat({"mlm": own}) == "† the checkpoint's own MLM head, masked-token accuracy 0.11 (amazon)"
     assert "not in this run's tables" in mlm_caveat({})
+    assert transfer_caveats({"mlm": own}) == [mlm_caveat({"mlm": own}) + "."]
     assert re.search(r"its own head\)\.$", transfer_summary(_tables(mlm=own), T.TransferSettings(
         tasks=["offline/movies"], seeds=[1, 2])).split("\n\n")[0])

@@ -40,6 +40,25 @@ def paper_task(task: str) -> str | None:
     return _KEYS.get(re.sub(r"[^a-z0-9]", "", task.rsplit("/", 1)[-1].lower()))
 
 
+#: Offline tasks the paper lacks -> its nearest task: binary sentiment polarity of short English
+#: texts, as SST-2 (docs/lottery.md sets offline/amazon beside SST-2 the same way). Used only where
+#: the cell says which task it is (the report's glance table).
+NEAREST: dict[str, str] = {"offline/amazon": "SST-2", "offline/movies": "SST-2", "offline/tweets": "SST-2"}
+
+
+def nearest_published(experiment: str, task: str) -> tuple[float | None, str | None]:
+    """The paper's dev mean for the task, or for its nearest task (:data:`NEAREST`), and that task's name.
+
+    >>> nearest_published("full", "offline/tweets"), nearest_published("full", "glue/rte"), nearest_published("full", "x")
+    ((0.93, 'SST-2'), (0.63, 'RTE'), (None, None))
+    """
+    col = paper_task(task) or NEAREST.get(task)
+    row = PRASANNA_2020.get(experiment)
+    if col is None or row is None:
+        return None, None
+    return row[PAPER_TASKS.index(col)], col
+
+
 def published(experiment: str, task: str) -> float | None:
     """The paper's dev mean for an experiment (a row of :data:`PRASANNA_2020`) and task, or None.
 

@@ -348,10 +348,70 @@ def lottery_summary(store, settings: LotterySettings, prefix: str = "") -> str:
     return summary_text(scores, chance_levels(settings), experiments)
 
 
+#: The glance table's quantity for each experiment.
+GLANCE_NAMES = {"full": "full model, fine-tuned", "good pruned": "good subnetwork, not retrained",
+                "good retrained": "good subnetwork, retrained", "random retrained": "random subnetwork, retrained",
+                "bad retrained": "bad subnetwork, retrained", "magnitude good retrained": "magnitude: good, retrained",
+                "magnitude random retrained": "magnitude: random, retrained",
+                "magnitude bad retrained": "magnitude: bad, retrained"}
+
+#: The glance table's caption for a lottery study.
+LOTTERY_GLANCE = ("This run's dev metric (mean ± std over seeds) beside Prasanna et al.'s published dev mean "
+                  "(BERT-base, 5 seeds), for the task or, for an offline sentiment task the paper lacks, its nearest "
+                  "(SST-2, named in the cell); the tables below have the rest.")
+
+
+def lottery_glance(store, settings: LotterySettings, prefix: str = "") -> list[dict]:
+    """The glance rows of a lottery part, per task: each experiment's mean ± std over seeds beside
+    the paper's mean (:func:`~.published.nearest_published`), and the heads the good subnetwork keeps.
+
+    >>> lottery_glance(RunStore("runs/lottery-offline"), config)[0]["quantity"]   # doctest: +SKIP
+    'full model, fine-tuned'
+    """
+    from headcount.experiments.report.format import seed_cell
+    from headcount.experiments.studies.lottery.published import PAPER_HEADS_KEPT, nearest_published
+
+    scores = seed_scores(store, settings, prefix)
+    names = [e for e in SUMMARY_EXPERIMENTS if settings.magnitude.enabled or not e.startswith("magnitude")]
+    main = summarize(scores[scores["experiment"].isin(names)], names)
+    rows = []
+    for task in dict.fromkeys(main["task"]):
+        sub = main[main["task"] == task].set_index("experiment")
+        for exp in names:
+            if exp not in sub.index:
+                continue
+            r = sub.loc[exp]
+            value, col = nearest_published(exp, task)
+            rows.append({"quantity": GLANCE_NAMES[exp] + (f" ({r['metric']})" if exp == "full" else ""), "task": task,
+                         "this run": seed_cell(r["mean"], r["std"], n=r.get("n"), n_total=r.get("n_total")),
+                         "paper": "" if value is None else f"{value:.2f} ({col})"})
+        good = [e for e in ("good pruned", "good retrained") if e in sub.index]
+        kept = float(sub.loc[good[0], "heads_kept"]) if good else math.nan
+        if math.isfinite(kept):
+            _, col = nearest_published("full", task)
+            paper = f"{PAPER_HEADS_KEPT[col]} of 144 ({col})" if col in PAPER_HEADS_KEPT else ""
+            total = _heads_total(scores, task)
+            rows.append({"quantity": "heads the good subnetwork keeps", "task": task,
+                         "this run": f"{kept:.1f}" + (f" of {total}" if total else ""), "paper": paper})
+    return rows
+
+
+def _heads_total(scores, task) -> int | None:
+    """The model's number of heads: the full model's heads_kept (it keeps every head), when recorded."""
+    full = scores[(scores["experiment"] == "full") & (scores["task"] == task)]
+    v = pd.to_numeric(full.get("heads_kept", pd.Series(dtype=float)), errors="coerce").dropna()
+    return int(v.iloc[0]) if len(v) else None
+
+
 def report(store, config: LotteryConfig):
     """``report_fn`` of the ``lottery`` study type: :func:`lottery_summary` and :func:`lottery_sections`.
 
     >>> report(RunStore("runs/lottery-offline"), config).sections[0].title  # doctest: +SKIP
     "The paper's main tables"
     """
-    return ReportContent(summary=lottery_summary(store, config), sections=lottery_sections(store, config))
+    from headcount.experiments.studies.transfer.report import glance_table, headline_of
+
+    sections = lottery_sections(store, config)
+    return ReportContent(summary=lottery_summary(store, config), sections=sections,
+                         glance=glance_table(lottery_glance(store, config), "glance", LOTTERY_GLANCE),
+                         headline=headline_of(sections, ("lottery_scores",)))

@@ -14,12 +14,15 @@ from headcount.experiments.studies.transfer.config import TransferConfig, Transf
 from headcount.experiments.studies.transfer.figures import figures
 from headcount.experiments.studies.transfer.plan import COMPARISONS, plan_of
 from headcount.experiments.studies.transfer.summary import (
+    MARK,
     NA,
     _finite,
     _no_full_score,
     _over_seeds,
     _share,
     cell,
+    stat_rows,
+    transfer_caveats,
     transfer_summary,
 )
 from headcount.experiments.studies.transfer.tables import artifact, transfer_tables
@@ -141,6 +144,58 @@ def main_section(tables: dict, settings: TransferSettings, art: str = "") -> Sec
                    "The questions of Chiang & Chen (2021), answered with this run's numbers. The paper has no "
                    "public code and headcount records no published values to set beside these; the figures and "
                    "the raw tables (folded, with their CSV files) follow.", tables=ts)
+
+
+#: The report's columns for the glance table (one row per number).
+GLANCE_COLUMNS = ["quantity", "task", "this run", "paper"]
+
+
+def transfer_glance(tables: dict, settings: TransferSettings) -> list[dict]:
+    """The glance rows of a transfer part, per task: the fine-tuned score, Spearman of MLM vs task
+    importance and of task importance before vs after fine-tuning (mean over seeds [interval]),
+    the share of heads removable by task / MLM / random order, the acceptable deduction. MLM-side
+    rows carry ``†``. The paper column is blank: Chiang & Chen (2021) publish no numbers that
+    headcount records.
+
+    >>> transfer_glance(transfer_tables(store, config), config)[0]["quantity"]   # doctest: +SKIP
+    'fine-tuned accuracy'
+    """
+    rows = []
+    pr = main_pruning(tables, settings) if not tables["finetune"].empty else pd.DataFrame()
+    summ = tables["coherence_summary"]
+    pct = f"{settings.before_after.threshold:.0%}"
+    for _, r in pr.iterrows():
+        t = r["task"]
+        rows.append({"quantity": f"fine-tuned {r['metric']}", "task": t, "this run": r["fine-tuned"]})
+        for comparison, what in (("mlm-vs-task", f"Spearman, MLM{MARK} vs task importance"),
+                                 ("task-before-vs-after", "Spearman, task importance: pre-trained vs fine-tuned")):
+            d = stat_rows(summ, comparison, "spearman") if not summ.empty else summ
+            d = d[d["task"] == t] if len(d) else d
+            if len(d):
+                x = d.iloc[0]
+                rows.append({"quantity": what, "task": t,
+                             "this run": cell(x.get("estimate"), low=x.get("low"), high=x.get("high"))})
+        shares = [r.get(f"removable at {pct}, by {o}", "") for o in ("task", "mlm", "random")]
+        if any(shares):
+            rows.append({"quantity": f"heads removable at >= {pct}, by task / MLM{MARK} / random",
+                         "task": t, "this run": " / ".join(x or "?" for x in shares)})
+        if r.get("acceptable deduction: heads removed"):
+            rows.append({"quantity": f"acceptable deduction{MARK} (heads pruned, then fine-tuned)", "task": t,
+                         "this run": r["acceptable deduction: heads removed"]})
+    return [{**row, "paper": ""} for row in rows]
+
+
+def glance_table(rows: list[dict], name: str, caption: str):
+    """The report's glance table (:attr:`ReportContent.glance`) from glance rows; None without rows."""
+    if not rows:
+        return None
+    return ReportTable(name, pd.DataFrame(rows, columns=GLANCE_COLUMNS), caption=caption)
+
+
+#: The glance table's caption for a transfer study.
+TRANSFER_GLANCE = ("This run's main numbers (mean ± std over seeds, [interval] where there is one; the tables below "
+                   "have the rest). Chiang & Chen (2021) publish no numbers that headcount records: the paper column "
+                   "is blank.")
 
 
 def nan_table(tables: dict) -> pd.DataFrame:
@@ -280,4 +335,17 @@ def report(store, config: TransferConfig):
     'Main results'
     """
     tables = transfer_tables(store, config)
-    return ReportContent(summary=transfer_summary(tables, config), sections=transfer_sections(store, config, tables=tables))
+    sections = transfer_sections(store, config, tables=tables)
+    return ReportContent(summary=transfer_summary(tables, config), sections=sections,
+                         glance=glance_table(transfer_glance(tables, config), "glance", TRANSFER_GLANCE),
+                         headline=headline_of(sections, HEADLINES), caveats=transfer_caveats(tables))
+
+
+#: The transfer study's headline figures, the first one drawn is shown at the top.
+HEADLINES = ("heatmaps", "scatter", "prunability")
+
+
+def headline_of(sections: list, names, art: str = "") -> str:
+    """The first of ``names`` (with the artifact prefix ``art``) that is a figure of ``sections``, or ``""``."""
+    drawn = {f.name for s in sections for f in s.figures}
+    return next((f"{art}{n}" for n in names if f"{art}{n}" in drawn), "")

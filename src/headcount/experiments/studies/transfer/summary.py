@@ -4,7 +4,8 @@ Each sentence gives the mean over seeds with its interval and the paired test ov
 (:mod:`headcount.analysis.paired`): a difference is claimed only when its test rejects at
 :data:`ALPHA` (otherwise "not significant"), and "interval contains chance" marks an interval that
 cannot tell the estimate from the chance level; comparisons that rest on a fitted MLM
-head carry :func:`mlm_caveat`. Also the cell formats the summary and the report's tables share
+head carry its mark, ``†`` (:data:`MARK`), and :func:`transfer_caveats` says once what it stands for
+(:func:`mlm_caveat`: the report's box of caveats). Also the cell formats the summary and the report's tables share
 (:func:`cell`: ``mean ± std [low, high]``, ``(n=k of m)`` when seeds gave no number).
 """
 
@@ -33,6 +34,34 @@ SUMMARY_COMPARISONS: tuple[tuple[str, str, bool], ...] = (
     ("task-vs-task", "Task vs task", False),
     ("seed-vs-seed", "Seed vs seed (same task)", False),
 )
+
+
+#: What the summary's MLM-side sentences carry instead of the whole caveat (said once, in the report's box).
+MARK = "†"
+
+
+def _marked(caveat: str, inside: str = "") -> str:
+    """A sentence's tag for ``caveat``: ``†`` alone (the caveat is in the box), or the caveat in brackets.
+
+    >>> _marked(MARK), _marked("† a head"), _marked("")
+    ('†', ' († a head)', '')
+    """
+    if not caveat:
+        return ""
+    return MARK if caveat == MARK else f" ({inside}{caveat})"
+
+
+def transfer_caveats(tables: dict) -> list[str]:
+    """What the ``†`` of the summary stands for, once: the MLM head the MLM side rests on
+    (:func:`mlm_caveat`), and for a fitted head that it is not evidence about masked-LM pre-training.
+
+    >>> transfer_caveats({"mlm": pd.DataFrame({"corpus": ["a"], "head": ["fitted"], "head_heldout_accuracy": [0.09]})})[0][-76:]
+    'importance for that head, not evidence about masked-LM pre-training as such.'
+    """
+    caveat = mlm_caveat(tables)
+    m = tables.get("mlm")
+    fitted = m is not None and not m.empty and "head" in m and (m["head"] == "fitted").any()
+    return [caveat + (", not evidence about masked-LM pre-training as such." if fitted else ".")]
 
 
 def mlm_caveat(tables: dict) -> str:
@@ -135,7 +164,7 @@ def coherence_sentence(tables: dict, comparison: str, label: str, settings: Tran
     level = settings.stats.level
     how = {coherence_interval(tables, r, level)[2] for _, r in d.iterrows()} - {""}
     test = ("heads permuted within layers" if settings.stats.permutation == "within-layer" else "heads permuted globally")
-    text = (f"{label}{f' ({caveat})' if caveat else ''}: Spearman, mean over seeds [{level:.0%} interval"
+    text = (f"{label}{_marked(caveat)}: Spearman, mean over seeds [{level:.0%} interval"
             f"{': ' + ', '.join(sorted(how)) if how else ''}], p: two-sided permutation test, {test}: "
             + "; ".join(coherence_phrase(tables, r, level) for _, r in d.iterrows()) + ".")
     j = stat_rows(s, comparison, "jaccard@0.25") if 0.25 in settings.stats.fractions else d.iloc[0:0]
@@ -196,7 +225,7 @@ def prunability_sentence(tables: dict, settings: TransferSettings, caveat: str =
             txt += " (each seed's curve, mean ± std: " + ", ".join(spread) + ")"
         parts.append(txt)
     return (f"Heads removable with >= {threshold:.0%} of the fine-tuned score (no retraining), by order"
-            + (f" (the mlm order: {caveat})" if caveat else "") + ": " + "; ".join(parts) + ".")
+            + (" (the mlm order†)" if caveat == MARK else _marked(caveat, "the mlm order: ")) + ": " + "; ".join(parts) + ".")
 
 
 def deduction_sentence(tables: dict, settings: TransferSettings, caveat: str = "") -> str:
@@ -228,8 +257,8 @@ def deduction_sentence(tables: dict, settings: TransferSettings, caveat: str = "
                         + (f", against {threshold:g} x full = {threshold * float(full):.2f}" if _finite(full) else "")
                         + ")")
         parts.append(txt)
-    return (f"Acceptable deduction (prune by MLM, then fine-tune, >= {threshold:.0%}"
-            + (f"; {caveat}" if caveat else "") + "): " + "; ".join(parts) + ".")
+    return (f"Acceptable deduction{MARK if caveat == MARK else ''} (prune by MLM, then fine-tune, >= {threshold:.0%}"
+            + (f"; {caveat}" if caveat and caveat != MARK else "") + "): " + "; ".join(parts) + ".")
 
 
 def before_after_sentence(tables: dict, caveat: str = "") -> str:
@@ -266,29 +295,26 @@ def before_after_sentence(tables: dict, caveat: str = "") -> str:
         n = int(d.groupby(["task", "level"]).size().max())
         tail = f"; not testable at this n (with {n} seeds the smallest two-sided sign-flip p is {floor:.2g})"
     return ("Pruning before fine-tuning vs removing the same MLM-ranked heads after it (no retraining)"
-            + (f" ({caveat})" if caveat else "") + ", seed by seed: " + "; ".join(parts) + tail + ".")
+            + _marked(caveat) + ", seed by seed: " + "; ".join(parts) + tail + ".")
 
 
 def transfer_summary(tables: dict, settings: TransferSettings, prefix: str = "") -> str:
     """The headline numbers as text (for the report's summary): every estimate with its interval
     (or mean ± std over seeds, n), ``interval contains chance`` wherever an interval contains the chance level,
-    ``not significant`` wherever a p-value is >= 0.05, and the MLM head's caveat (:func:`mlm_caveat`)
-    on every sentence that rests on it.
+    ``not significant`` wherever a p-value is >= 0.05, and ``†`` on every sentence that rests on
+    the MLM head (what it stands for: :func:`transfer_caveats`, said once in the report's box).
 
     >>> transfer_summary(transfer_tables(store, config), config)    # doctest: +SKIP
-    'Masked LM of the pre-trained model: ...'
+    'Masked LM of the pre-trained model†: ...'
     """
-    caveat = mlm_caveat(tables)
+    caveat = MARK
     parts = []
     m = tables.get("mlm")
     if m is not None and not m.empty:
-        fitted = "head" in m and (m["head"] == "fitted").any()
-        parts.append("Masked LM of the pre-trained model: " + "; ".join(
-            f"{r['corpus']}: accuracy {_mlm_accuracy(r)}, loss {fmt(r.get('validation_loss'))} "
-            + (f"(head fitted on the frozen encoder, its held-out masked-token accuracy "
-               f"{fmt(r.get('head_heldout_accuracy'))})" if r.get("head") == "fitted" else "(its own head)")
-            for _, r in m.iterrows())
-            + (f". {caveat}, not evidence about masked-LM pre-training as such." if fitted else "."))
+        parts.append(f"Masked LM of the pre-trained model{MARK}: " + "; ".join(
+            f"{r['corpus']}: accuracy {_mlm_accuracy(r)}, loss {fmt(r.get('validation_loss'))}"
+            + ("" if r.get("head") == "fitted" else " (its own head)")
+            for _, r in m.iterrows()) + ".")
     for comparison, label, mlm_side in SUMMARY_COMPARISONS:
         txt = coherence_sentence(tables, comparison, label, settings, caveat if mlm_side else "")
         if txt:
