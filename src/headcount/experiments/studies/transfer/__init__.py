@@ -89,7 +89,7 @@ Design choices (the paper leaves them open):
   ``layout`` job records the groups (:func:`headcount.core.gates.shared_groups`).
 
 Composable: :func:`transfer_jobs` returns the jobs of a :class:`TransferSettings` under a name
-prefix and :func:`transfer_sections` the report sections, so another study type (the demo)
+prefix and :func:`.report.transfer_sections` the report sections, so another study type (the demo)
 can include a transfer part.
 
 The package: :mod:`.config` (settings and job parameters), :mod:`.plan` (settings -> jobs),
@@ -99,8 +99,6 @@ in :mod:`headcount.analysis.coherence` (views, coherence) and :mod:`headcount.an
 """
 
 from __future__ import annotations
-
-import importlib
 
 from headcount.experiments.runner import register_study
 from headcount.experiments.studies.transfer.config import (
@@ -118,29 +116,11 @@ from headcount.experiments.studies.transfer.config import (
 )
 from headcount.experiments.studies.transfer.plan import COMPARISONS, Names, expand, plan_of, transfer_jobs
 
-# Names served on first use: the job functions, the report and the maths they need import torch
-# models, pandas and matplotlib (about 1 s), which validating or planning a config does not need.
-_LAZY = {
-    **dict.fromkeys(("layout_job", "mlm_score_job", "head_fit_job", "mask_job", "curve_job", "coherence_job",
-                     "_load_per_example"), ".jobs"),
-    **dict.fromkeys(("transfer_tables",), ".tables"),
-    **dict.fromkeys(("transfer_summary",), ".summary"),
-    **dict.fromkeys(("transfer_sections",), ".report"),
-    **dict.fromkeys(("coherence", "shared_view", "view_of"), "headcount.analysis.coherence"),
-    **dict.fromkeys(("removal_mask", "acceptable_deduction"), "headcount.analysis.removal"),
-    **dict.fromkeys(("fit_task_head",), "headcount.data.heads"),
-    **dict.fromkeys(("evaluate_mlm", "mlm_model"), "headcount.data.mlm_head"),
-}
-
+# The job functions, the tables and the report import torch models, pandas and matplotlib (about
+# 1 s), which validating or planning a config does not need: import them from their modules.
 __all__ = ["COMPARISONS", "BeforeAfterSettings", "DataSettings", "MlmSettings", "Names", "PruningSettings",
            "ScoringSettings", "StatsSettings", "TaskSpec", "TrainSettings", "TransferConfig", "TransferSettings",
-           "expand", "plan_of", "task_id", "transfer_jobs", *sorted(k for k in _LAZY if not k.startswith("_"))]
-
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name], __name__), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+           "expand", "plan_of", "task_id", "transfer_jobs"]
 
 
 def _report(store, config: TransferConfig):

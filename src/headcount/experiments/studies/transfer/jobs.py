@@ -53,7 +53,7 @@ def _grid(result) -> np.ndarray:
     return np.asarray(result.load_json("scores.json")["heads"], dtype=np.float64)
 
 
-def _load_per_example(result):
+def per_example_of(result):
     """``(rows, ids)`` of a score job: ``[n_examples, n_layers, n_heads]`` per-example contributions
     and their example ids (None for results saved without ids); ``(None, None)`` without the file."""
     # each row is one example's share of its batch's score: for gradient-token they sum to the grid
@@ -253,7 +253,7 @@ def coherence_job(params, inputs, workdir: Path, progress) -> dict:
     views = _views(p.views, lay)
     st = p.stats
     grids = {alias: _grid(inputs[alias]) for alias in p.grids}
-    per_example = {alias: _load_per_example(inputs[alias]) for alias in p.grids}  # (rows, ids)
+    per_example = {alias: per_example_of(inputs[alias]) for alias in p.grids}  # (rows, ids)
     rows = []
     samples: dict[tuple, list] = {}  # (comparison, view, task, task_b, statistic) -> [(estimate, samples)]
     for i, pair in enumerate(p.pairs):
