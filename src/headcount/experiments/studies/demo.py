@@ -28,8 +28,8 @@ HEADLINES = ("lottery_scores", "transfer-heatmaps", "transfer-scatter")
 #: The glance table's caption in the demo.
 GLANCE = ("This run's main numbers (mean ± std over seeds, [interval] where there is one) beside the papers': "
           "Prasanna et al.'s published dev means (BERT-base, 5 seeds; for a sentiment task the paper lacks, its "
-          "nearest, SST-2, named in the cell); Chiang & Chen (2021) publish no numbers that headcount records. "
-          "The tables below have the rest.")
+          "nearest, SST-2, named in the cell), none for Chiang & Chen (2021), who publish no numbers that "
+          "headcount records. The tables below have the rest.")
 
 
 class DemoConfig(StudyConfig):
