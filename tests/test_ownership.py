@@ -786,3 +786,92 @@ def test_a_users_files_in_a_killed_finetunes_checkpoints_stay(w, tmp_path, monke
     assert sorted(p.relative_to(out).as_posix() for p in (out / "checkpoints").rglob("*")) == \
         ["checkpoints/checkpoint-2", "checkpoints/checkpoint-2/my_eval.txt", "checkpoints/note.txt"]
     assert not (set(Record.read(out).files) & set(planted))
+
+
+def _interrupted_in_checkpoint_3(w, out, monkeypatch) -> list:
+    """A finetune stopped while checkpoint-3 is being saved (its weights, optimizer and RNG written,
+    trainer_state.json not), left as a SIGKILL leaves it (checkpoints/ claimed, not sealed)."""
+    import transformers
+
+    args = ["finetune", "--model", w["pre"], "--task", w["task"], *FT, "--out", out]
+    args[args.index("--save-steps") + 1] = "1"
+    args[args.index("--epochs") + 1] = "2"
+    orig = transformers.Trainer._save_rng_state
+
+    def interrupted(self, output_dir):
+        orig(self, output_dir)
+        if self.state.global_step == 3:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(transformers.Trainer, "_save_rng_state", interrupted)
+    code, _, err = cli(args)
+    assert code == 130, err
+    monkeypatch.setattr(transformers.Trainer, "_save_rng_state", orig)
+    # as another process leaves it: its session (listed), its temporary folder, checkpoints/ claimed, not sealed
+    saving, = (out / "checkpoints").glob(".headcount-tmp.*.checkpoint-3.save")
+    session = saving.name.split(".")[2]
+    saving.rename(saving.with_name(saving.name.replace(session, "0123abcd")))
+    rec = Record.read(out)
+    rec.files = {k.replace(f".headcount-tmp.{session}.", ".headcount-tmp.0123abcd."): v for k, v in rec.files.items()}
+    rec.files["checkpoints"] = None
+    rec.sessions.append("0123abcd")
+    rec.write()
+    return args
+
+
+def test_a_checkpoint_cut_short_never_lists_a_users_file(w, tmp_path, monkeypatch):
+    """A Trainer checkpoint is saved into a temporary folder and moved into place file by file,
+    each listed first: a checkpoint cut short is never in place, and a user's file saved where the
+    resumed run puts that checkpoint is never listed, so never removed by the rotation or the
+    clean-up; the killed run's temporary folder goes, though checkpoints/ was only claimed."""
+    out = tmp_path / "ft"
+    args = _interrupted_in_checkpoint_3(w, out, monkeypatch)
+    assert not (out / "checkpoints" / "checkpoint-3").exists()
+    assert len(list((out / "checkpoints").glob(".headcount-tmp.*.checkpoint-3.save"))) == 1
+    planted = plant(out, [], ["checkpoints/checkpoint-3/my_note.txt", "checkpoints/checkpoint-4/notes/a.txt"])
+    code, _, err = cli(args)
+    assert code == 0, err
+    kept(out, planted)
+    assert sorted(p.relative_to(out).as_posix() for p in (out / "checkpoints").rglob("*")) == [
+        "checkpoints/checkpoint-3", "checkpoints/checkpoint-3/my_note.txt", "checkpoints/checkpoint-4",
+        "checkpoints/checkpoint-4/notes", "checkpoints/checkpoint-4/notes/a.txt"]
+    assert not (set(Record.read(out).files) & set(planted))
+
+
+def test_a_users_file_in_a_killed_checkpoints_temporary_folder_is_refused(w, tmp_path, monkeypatch):
+    """A killed run's temporary folder is emptied of what that run claimed there, never removed
+    whole: a file the user put inside it refuses the run with one line naming it, and nothing
+    there changes; moved away, the run resumes."""
+    out = tmp_path / "ft"
+    args = _interrupted_in_checkpoint_3(w, out, monkeypatch)
+    saving, = (out / "checkpoints").glob(".headcount-tmp.*.checkpoint-3.save")
+    note = saving / "checkpoint-3" / "my_note.txt"
+    note.write_text("the user's note\n")
+    before = _tree(tmp_path)
+    code, _, err = cli(args)
+    _one_line(code, err)
+    assert "my_note.txt" in err
+    assert _tree(tmp_path) == before
+    note.rename(tmp_path / "my_note.txt")
+    code, _, err = cli(args)
+    assert code == 0, err
+    assert not saving.exists() and (tmp_path / "my_note.txt").read_text() == "the user's note\n"
+
+
+def test_a_users_evaluations_json_saved_after_the_check_is_refused_not_deleted(w, tmp_path, monkeypatch):
+    """finetune removes an earlier evaluations.json at a fresh start only while the record says,
+    at that moment, that it is headcount's: one the user saved after the run began is refused."""
+    import headcount.train.finetuning as ft
+
+    out = tmp_path / "ft"
+    orig = ft.prepare_model
+
+    def user_saves(*a, **k):
+        (out / "evaluations.json").write_text('["the user\'s"]\n')
+        return orig(*a, **k)
+
+    monkeypatch.setattr(ft, "prepare_model", user_saves)
+    code, _, err = cli(["finetune", "--model", w["pre"], "--task", w["task"], *FT, "--out", out])
+    last = err.strip().splitlines()[-1]
+    assert code == 2 and last.startswith("error: ") and "evaluations.json" in last and "Traceback" not in err, err
+    assert (out / "evaluations.json").read_text() == '["the user\'s"]\n'

@@ -179,9 +179,10 @@ def test_finetune_killed_while_writing_resumes_and_matches(capsys, world, uninte
     args = ["finetune", "--model", world["pre"], "--task", world["task"], *FT, "--out", str(out)]
     r = child(args, env={"KILL_POINT": point, "KILL_STEP": str(step)})
     assert r.returncode == -signal.SIGKILL, r.stderr
-    if point == "checkpoint":  # the partial checkpoint is there, without its trainer_state.json
-        partial = out / "checkpoints" / f"checkpoint-{step}"
+    if point == "checkpoint":  # the partial checkpoint is in its temporary folder, without its trainer_state.json
+        partial, = (out / "checkpoints").glob(f".headcount-tmp.*.checkpoint-{step}.save/checkpoint-{step}")
         assert partial.is_dir() and not (partial / "trainer_state.json").exists()
+        assert not (out / "checkpoints" / f"checkpoint-{step}").exists()  # never in place until complete
     else:  # the half-written final model sits in a temp directory inside --out
         assert [p.name for p in out.iterdir() if p.name.startswith(".headcount-tmp.") and ".model." in p.name], \
             list(out.iterdir())
@@ -451,7 +452,7 @@ def test_magnitude_killed_in_a_checkpoint_resumes_and_matches(capsys, world, tmp
     out = tmp_path / "b"
     r = child([*args, "--out", str(out)], env={"KILL_POINT": "checkpoint", "KILL_STEP": "4"})
     assert r.returncode == -signal.SIGKILL, r.stderr
-    assert (out / "full" / "checkpoints" / "checkpoint-4").is_dir()  # partial
+    assert list((out / "full" / "checkpoints").glob(".headcount-tmp.*.checkpoint-4.save/checkpoint-4"))  # partial
     code, _, err = run_cli(capsys, *args, "--out", out)
     assert code == 0, err
     a, b = (json.loads((d / "magnitude.json").read_text()) for d in (tmp_path / "a", out))

@@ -20,6 +20,7 @@ from headcount.runtime.record import (
     RECORD,
     Record,
     first_foreign,
+    linked_parent,
     matches,
     refuse_foreign,
     sealed_intact,
@@ -225,6 +226,120 @@ def remove_written_file(path: Path) -> None:
     path.unlink()
     guard.record.forget(rel)
     guard.record.write()
+
+
+def _owned_now(guard: "OutDir", rel: str) -> bool:
+    """Whether ``rel`` is headcount's now: listed and unchanged, and, for a name claimed but not yet
+    written by this run (a top-level name absent when the run began), not a file that appeared since."""
+    rec = guard.record
+    if rec.files.get(rel, 0) is None and "/" not in rel and rel not in guard._before:
+        return False  # claimed by this run, which has not written it: whoever put it there, not headcount
+    return rec.owns(rel)
+
+
+def write_listed_json(path: Path, obj) -> None:
+    """Write a JSON file a direct writer rewrites as it runs (``evaluations.json``) and list its
+    stamp in the record after each write: a file found there that is not headcount's (the user's,
+    or changed since headcount wrote it) is refused, never written over. Outside a guard: a plain
+    atomic write."""
+    from headcount.runtime.atomic import atomic_write_json
+
+    path = Path(path)
+    found = _guard_of(path)
+    if found is None:
+        atomic_write_json(path, obj)
+        return
+    guard, rel = found
+    rec = guard.record
+    if os.path.lexists(path) and not (_owned_now(guard, rel) and path.is_file() and not path.is_symlink()):
+        refuse_foreign(guard.path, [rel])
+    rec.claim([rel], rewrite=True)  # a kill between the write and the stamp leaves it headcount's
+    rec.write()
+    atomic_write_json(path, obj)
+    rec.seal([rel])
+    rec.write()
+
+
+def remove_listed(path: Path, refuse: bool = True) -> None:
+    """Remove one file of a direct writer's ``--out`` only while the record says, now, that it is
+    headcount's. A file that is not (the user's, saved since the run began or changed since
+    headcount wrote it) stays: with ``refuse`` the run is refused with one line naming it (the
+    run would write that name again), otherwise it is only dropped from the record. Outside a
+    guard the caller's own file goes."""
+    path = Path(path)
+    found = _guard_of(path)
+    if found is None:
+        path.unlink(missing_ok=True)
+        return
+    guard, rel = found
+    rec = guard.record
+    if os.path.lexists(path):
+        if _owned_now(guard, rel) and path.is_file() and not path.is_symlink():
+            path.unlink()
+        elif refuse:
+            refuse_foreign(guard.path, [rel])
+    rec.forget(rel)
+    rec.write()
+
+
+def claim_under(folder: Path, names) -> None:
+    """Claim ``names`` (relative to ``folder``, a temporary folder a library is about to write
+    into inside a direct writer's ``--out``) in the record, so that a later run removes exactly
+    these if this one is killed while writing (:meth:`Record.clean_tmp`). Outside a guard: nothing."""
+    found = _guard_of(folder)
+    if found is None:
+        return
+    guard, rel = found
+    guard.record.claim(f"{rel}/{n}" for n in names)
+    guard.record.write()
+
+
+def move_listed(src: Path, dst: Path, last: tuple[str, ...] = ()) -> list[str]:
+    """Move the files of ``src`` (a temporary folder this process wrote) into the folder ``dst``,
+    file by file, ``last`` ones last (a Trainer checkpoint: ``trainer_state.json``, which makes
+    it complete). Inside a direct writer's ``--out`` every file is first listed in the record
+    under its final name, so a kill during the moves leaves only listed files in ``dst``; a file
+    in the way that the record does not list as headcount's (a user's note saved into a cut-short
+    checkpoint) is refused with one line, before anything moves. ``src`` is removed when empty
+    (its claims dropped). Returns the files moved (relative paths)."""
+    src, dst = Path(src), Path(dst)
+    files = sorted(_entries_under(src), key=lambda f: (f in last, f))
+    found = _guard_of(dst)
+    if found is not None:
+        guard, rel = found
+        rec = guard.record
+        theirs = []
+        for f in files:
+            key = f"{rel}/{f}"
+            link = linked_parent(guard.path, key)
+            if link or (os.path.lexists(dst / f) and not (rec.owns(key) and (dst / f).is_file()
+                                                          and not (dst / f).is_symlink())):
+                theirs.append(link or key)
+        refuse_foreign(guard.path, sorted(set(theirs)))
+        for f in files:
+            rec.files[f"{rel}/{f}"] = stamp(src / f)  # the same bytes (and mtime) once moved
+        rec.write()
+    elif dst.is_symlink():
+        raise HeadcountError(f"{dst} is a link, not a folder headcount wrote; move it away")
+    for f in files:
+        (dst / f).parent.mkdir(parents=True, exist_ok=True)
+        os.replace(src / f, dst / f)
+    for top, dirs, _ in os.walk(src, topdown=False):
+        for d in dirs:
+            try:
+                os.rmdir(Path(top) / d)
+            except OSError:
+                pass
+    try:
+        os.rmdir(src)
+    except OSError:
+        pass
+    if found is not None:
+        srel = _guard_of(src)[1]
+        for k in [k for k in rec.files if k.startswith(srel + "/")]:
+            rec.forget(k)
+        rec.write()
+    return files
 
 
 def _foreign_under(rec: Record, rel: str) -> list[str]:
@@ -464,7 +579,9 @@ def prepare_out(out, command: str, *, identity=None, outputs=(), force: bool = F
                     raise HeadcountError(f"--out {out} holds a different `headcount {command}` run (different "
                                          f"{what}); use another --out, or --force to replace its files")
                 notice = f"--force: replacing the earlier {command} run in {out} (different {what}): {', '.join(ours)}"
-            rec.clean_tmp(["", *(n for n, s in rec.files.items() if s and s.get("kind") == "dir")])
+            # in the folders the record lists, sealed or only claimed (a killed direct writer's checkpoints/)
+            rec.clean_tmp(["", *(n for n, s in rec.files.items() if (s.get("kind") == "dir" if s else "/" not in n)
+                                 and (path / n).is_dir() and not (path / n).is_symlink())])
         claimed = rec is None
         if rec is None:
             rec = Record(path, command)

@@ -247,7 +247,7 @@ class Record:
         itself, never recursively), recursively when ``recursive``. Returns how many were removed.
         """
         ours = set(self.sessions) - {SESSION}
-        n = 0
+        found: list[tuple[Path, bool]] = []
         for sub in under:
             base = self.folder / sub if sub else self.folder
             if not base.is_dir() or base.is_symlink():
@@ -261,14 +261,61 @@ class Record:
                     continue
                 for e in entries:
                     if tmp_session(e.name) in ours:
-                        if e.is_dir(follow_symlinks=False):
-                            shutil.rmtree(e.path, ignore_errors=True)
-                        else:
-                            Path(e.path).unlink(missing_ok=True)
-                        n += 1
+                        found.append((Path(e.path), e.is_dir(follow_symlinks=False)))
                     elif sub and recursive and e.is_dir(follow_symlinks=False):
                         stack.append(Path(e.path))
-        return n
+        # a user's file in one of them refuses the run before anything is removed
+        theirs = [x for p, is_dir in found if is_dir for x in self._clean_tmp_dir(p, ours, dry=True)]
+        if theirs:
+            raise HeadcountError(
+                f"{self.folder} holds {describe(theirs)} inside a temporary folder of a killed headcount run, "
+                "which headcount did not write there; headcount never deletes a file it did not write: move it "
+                "away and run again")
+        for p, is_dir in found:
+            if is_dir:
+                self._clean_tmp_dir(p, ours)
+            else:
+                p.unlink(missing_ok=True)
+        return len(found)
+
+    def _clean_tmp_dir(self, d: Path, ours: set[str], dry: bool = False) -> list[str]:
+        """Empty a killed session's temporary folder of what it wrote there, then remove the
+        folders left empty. When the record lists files under it (claimed before a library wrote
+        them, as for a Trainer checkpoint), only those go, and any other file is returned (the
+        user's: it stays). A folder the record lists nothing under (written in one library call:
+        its content was never known) goes whole."""
+        rel = d.relative_to(self.folder).as_posix()
+        listed = [k for k in self.files if k.startswith(rel + "/")]
+        if not listed:
+            if not dry:
+                shutil.rmtree(d, ignore_errors=True)
+            return []
+        theirs, ours_here = [], []
+        for top, dirs, files in os.walk(d):
+            for f in [*files, *(x for x in dirs if os.path.islink(Path(top) / x))]:
+                p = Path(top) / f
+                key = p.relative_to(self.folder).as_posix()
+                plain = p.is_file() and not p.is_symlink()
+                # a claimed or listed file, or the session's own temporary file (an atomic write cut short)
+                (ours_here if plain and ((key in self.files and self.owns(key)) or tmp_session(f) in ours)
+                 else theirs).append(p)
+        if dry:
+            return [p.relative_to(self.folder).as_posix() for p in theirs]
+        for p in ours_here:
+            p.unlink()
+        for k in listed:
+            self.forget(k)
+        for top, dirs, _ in os.walk(d, topdown=False):
+            for x in dirs:
+                try:
+                    os.rmdir(Path(top) / x)
+                except OSError:
+                    pass
+        try:
+            os.rmdir(d)
+        except OSError:
+            pass
+        return [p.relative_to(self.folder).as_posix() for p in theirs]
 
 
 def first_foreign(folder: Path, ignore: Iterable[str] = ()) -> str | None:

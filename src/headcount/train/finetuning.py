@@ -25,7 +25,7 @@ from headcount.importance.magnitude import (
 from headcount.runtime.atomic import atomic_dir, atomic_write_json
 from headcount.runtime.device import pad_multiple
 from headcount.runtime.errors import HeadcountError
-from headcount.runtime.io import owned_check, record_written
+from headcount.runtime.io import owned_check, record_written, remove_listed
 from headcount.runtime.launch import launch_rank
 from headcount.train.config import MASK_MODES, TrainConfig
 from headcount.train.data import DynamicPadding, _as_task, _datasets
@@ -136,6 +136,18 @@ def _identity(model_spec, task, seed, config, mask, mask_mode, weight_mask_diges
     }
 
 
+def _rank0_session(args) -> str:
+    """Rank 0's session token on every rank (the temporary folder every rank saves a checkpoint
+    into is named for it, and --out's record lists rank 0's session only)."""
+    from headcount.runtime.atomic import SESSION
+
+    if int(getattr(args, "world_size", 1)) > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
+        box = [SESSION]
+        torch.distributed.broadcast_object_list(box, src=0)
+        return box[0]
+    return SESSION
+
+
 def _save_model(model, tokenizer, path: Path, extra: dict) -> None:
     from headcount.core.surgery import RECORD, pruning_record, save_pruned, save_tokenizer
 
@@ -237,7 +249,7 @@ def finetune(model_spec: str, task, *, mask=None, mask_mode: str = "prune", weig
     args = _training_args(out, config, seed)
     history = out / "evaluations.json"
     if resume is None and writer:
-        history.unlink(missing_ok=True)  # a fresh start: earlier evaluations do not count
+        remove_listed(history)  # a fresh start: earlier evaluations do not count (a user's file there is refused)
     clock = _make_clock_callback(history, float(before.get("train_seconds", 0.0)))
     cbs = [clock, _make_progress_callback(progress, task.metric), *callbacks]
     Trainer = _trainer_class()
@@ -257,6 +269,8 @@ def finetune(model_spec: str, task, *, mask=None, mask_mode: str = "prune", weig
         callbacks=cbs,
     )
     trainer.headcount_group_by_length = config.group_by_length
+    trainer.headcount_clock = clock
+    trainer.headcount_session = _rank0_session(args)
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
     trainer.remove_callback(PrinterCallback)  # progress goes through `progress`, not print()
@@ -317,7 +331,7 @@ def finetune(model_spec: str, task, *, mask=None, mask_mode: str = "prune", weig
         atomic_write_json(out / "metrics.json", metrics)
         if not config.keep_checkpoints:
             remove_checkpoint(ckpt_dir)  # headcount's files only: a user's note in checkpoints/ stays
-        history.unlink(missing_ok=True)  # now in metrics.json
+        remove_listed(history, refuse=False)  # now in metrics.json (a file the user saved there meanwhile stays)
     progress(f"{task.name}: {task.metric} {final.get('score', float('nan')):.4f} "
              f"({train_seconds:.1f} s, {metrics['tokens_per_s']:.0f} tokens/s) -> {out}")
     return metrics
