@@ -875,3 +875,29 @@ def test_a_users_evaluations_json_saved_after_the_check_is_refused_not_deleted(w
     last = err.strip().splitlines()[-1]
     assert code == 2 and last.startswith("error: ") and "evaluations.json" in last and "Traceback" not in err, err
     assert (out / "evaluations.json").read_text() == '["the user\'s"]\n'
+
+
+def test_a_killed_model_saves_temporary_folder_loses_only_what_it_claimed(w, tmp_path):
+    """finetune claims the files of model/ in its temporary folder before saving them: a killed
+    save's folder is emptied of those (and of its own half-written temporary files) only; a file
+    the user put in it refuses the run with one line until moved away."""
+    out = tmp_path / "ft"
+    shutil.copytree(w["earlier"]["finetune"], out, symlinks=True)
+    saving = out / ".headcount-tmp.0123abcd.model.x1y2z3.tmp"
+    saving.mkdir()
+    for name in ("config.json", "model.safetensors", ".headcount-tmp.0123abcd.vocab.txt.abcd.tmp"):
+        (saving / name).write_text("half\n")
+    (saving / "draft.md").write_text("the user's draft\n")
+    rec = Record.read(out)
+    rec.sessions.append("0123abcd")
+    rec.claim([f"{saving.name}/config.json", f"{saving.name}/model.safetensors", f"{saving.name}/vocab.txt"])
+    rec.write()
+    args = argv(w, "finetune", out)
+    before = _tree(tmp_path)
+    code, _, err = cli(args)
+    _one_line(code, err)
+    assert "draft.md" in err and _tree(tmp_path) == before
+    (saving / "draft.md").rename(tmp_path / "draft.md")
+    code, _, err = cli(args)
+    assert code == 0, err
+    assert not saving.exists() and not [k for k in Record.read(out).files if saving.name in k]

@@ -294,6 +294,17 @@ def claim_under(folder: Path, names) -> None:
     guard.record.write()
 
 
+def forget_under(folder: Path) -> None:
+    """Drop the record's entries under ``folder`` (a temporary folder of this process that is gone)."""
+    found = _guard_of(folder)
+    if found is None:
+        return
+    guard, rel = found
+    for k in [k for k in guard.record.files if k.startswith(rel + "/")]:
+        guard.record.forget(k)
+    guard.record.write()
+
+
 def move_listed(src: Path, dst: Path, last: tuple[str, ...] = ()) -> list[str]:
     """Move the files of ``src`` (a temporary folder this process wrote) into the folder ``dst``,
     file by file, ``last`` ones last (a Trainer checkpoint: ``trainer_state.json``, which makes
@@ -334,11 +345,7 @@ def move_listed(src: Path, dst: Path, last: tuple[str, ...] = ()) -> list[str]:
         os.rmdir(src)
     except OSError:
         pass
-    if found is not None:
-        srel = _guard_of(src)[1]
-        for k in [k for k in rec.files if k.startswith(srel + "/")]:
-            rec.forget(k)
-        rec.write()
+    forget_under(src)
     return files
 
 

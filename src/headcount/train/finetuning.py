@@ -25,11 +25,12 @@ from headcount.importance.magnitude import (
 from headcount.runtime.atomic import atomic_dir, atomic_write_json
 from headcount.runtime.device import pad_multiple
 from headcount.runtime.errors import HeadcountError
-from headcount.runtime.io import owned_check, record_written, remove_listed
+from headcount.runtime.io import claim_under, forget_under, owned_check, record_written, remove_listed
 from headcount.runtime.launch import launch_rank
 from headcount.train.config import MASK_MODES, TrainConfig
 from headcount.train.data import DynamicPadding, _as_task, _datasets
 from headcount.train.trainer import (
+    CHECKPOINT_FILES,
     CLOCK_FILE,
     _epochs,
     _make_clock_callback,
@@ -160,10 +161,17 @@ def _save_model(model, tokenizer, path: Path, extra: dict) -> None:
     if pruning_record(model):
         save_pruned(model, path, tokenizer=tokenizer, extra=extra, owned=owned)
     else:
-        with atomic_dir(path, owned=owned) as tmp:
-            model.save_pretrained(tmp, safe_serialization=True)
-            if tokenizer is not None:  # without the padding/truncation of its last call: the same file every run
-                save_tokenizer(tokenizer, tmp)
+        tmp = None
+        try:
+            with atomic_dir(path, owned=owned) as tmp:
+                # claimed: a run killed while saving leaves a temporary folder the next run empties of these only
+                claim_under(tmp, CHECKPOINT_FILES)
+                model.save_pretrained(tmp, safe_serialization=True)
+                if tokenizer is not None:  # without the padding/truncation of its last call: the same file every run
+                    save_tokenizer(tokenizer, tmp)
+        finally:
+            if tmp is not None:
+                forget_under(tmp)
     record_written(path)  # listed file by file in --out's record
 
 
@@ -271,6 +279,8 @@ def finetune(model_spec: str, task, *, mask=None, mask_mode: str = "prune", weig
     trainer.headcount_group_by_length = config.group_by_length
     trainer.headcount_clock = clock
     trainer.headcount_session = _rank0_session(args)
+    if resume:  # what the next checkpoint will hold (claimed before it is saved)
+        trainer._headcount_saved = tuple(p.name for p in Path(resume).iterdir() if p.is_file())
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
     trainer.remove_callback(PrinterCallback)  # progress goes through `progress`, not print()
