@@ -24,7 +24,8 @@ from cli_helpers import run_cli
 from training_helpers import make_checkpoint, make_task, one_thread
 
 from headcount.runtime.errors import HeadcountError
-from headcount.runtime.io import LOCK_NAME, OUT_MARKER, lock_file, unlock_file
+from headcount.runtime.io import LOCK_NAME, lock_file, unlock_file
+from headcount.runtime.record import RECORD
 
 _one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
 
@@ -145,7 +146,7 @@ def test_shrink_output_is_recognised_and_force_says_what_it_replaces(capsys, wor
     out = tmp_path / "small"
     code, _, err = run_cli(capsys, "shrink", "--model", world["clf"], "--mask", world["mask"], "--out", out)
     assert code == 0, err
-    assert (out / "config.json").is_file() and json.loads((out / OUT_MARKER).read_text())["command"] == "shrink"
+    assert (out / "config.json").is_file() and json.loads((out / RECORD).read_text())["command"] == "shrink"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["small"]  # nothing written beside --out
     first = snapshot(out)
     # the same inputs again: allowed (rewrites its own files)

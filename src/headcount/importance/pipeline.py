@@ -16,7 +16,7 @@ from contextlib import nullcontext
 import numpy as np
 import transformers
 
-from headcount.core.models import load_model, load_tokenizer, new_weights, resolve
+from headcount.core.models import load_model, load_tokenizer, model_source, new_weights, resolve
 from headcount.data.embedding import (
     EVAL_METRIC,
     PAIR_METRIC,
@@ -36,9 +36,8 @@ from headcount.data.tasks import encode, make_batches, mlm_batches, tokenize
 from headcount.data.tasks.base import subset_indices
 from headcount.data.tasks.batching import batch_order
 from headcount.importance.pruning import PruneConfig, iterative_prune
-from headcount.importance.scoring import get_scorer, score
+from headcount.importance.scoring import score
 from headcount.importance.settings import (
-    MAX_LENGTH_RANGE,
     OBJECTIVES,
     DataConfig,
     PruneSettings,
@@ -47,7 +46,8 @@ from headcount.importance.settings import (
     default_of,
     settings_from,
 )
-from headcount.runtime.device import resolve_device, runtime
+from headcount.runtime.bounds import MAX_LENGTH_RANGE
+from headcount.runtime.device import Runtime, resolve_device, runtime
 from headcount.runtime.errors import HeadcountError
 
 __all__ = ["MAX_LENGTH_RANGE", "OBJECTIVES", "DataConfig", "PruneSettings", "ScoreSettings",
@@ -94,10 +94,11 @@ def task_head(model_spec: str, task) -> dict:
 def load_for(model_spec: str, task, objective: str = "task", mlm_texts=None, seed: int = 0, device=None):
     """The model for ``objective`` on ``task``, on its device: ``(model, tokenizer, info)``.
 
+    ``model_spec``: a spec or a :class:`~headcount.core.models.ModelSource`; resolved here once.
     ``device``: ``auto`` | ``cpu`` | ``cuda`` | ``cuda:N``; None = ``$HEADCOUNT_DEVICE`` (set by the
-    study runner for each job), else ``auto`` (the GPU when there is one). The model is moved
-    there once; the verbs it is then given (score, evaluate, prune) keep it there.
-    ``info["device"]`` names it.
+    study runner for each job), else ``auto`` (the GPU when there is one); or a resolved
+    :class:`~headcount.runtime.device.Runtime`. The model is moved there once; the verbs it is then
+    given (score, evaluate, prune) keep it there. ``info["device"]`` names it.
 
     ``info["head"]`` says where the output head came from: ``"checkpoint"``, ``"new"`` (a task
     head that was not in the checkpoint: untrained), ``"fitted"`` (an MLM head fitted on the
@@ -108,10 +109,12 @@ def load_for(model_spec: str, task, objective: str = "task", mlm_texts=None, see
     check_objective(objective)
     if objective == "embedding-supervised":
         check_pairs(task)  # refused before anything loads
-    where = resolve_device(device)  # an unavailable device is refused before anything loads
+    # an unavailable device is refused before anything loads
+    where = device.device if isinstance(device, Runtime) else resolve_device(device)
+    model_spec = model_source(model_spec)  # resolved once: the loaders below take it as it is
     tokenizer = load_tokenizer(model_spec)
     if is_embedding(objective):
-        spec = Contrastive(supervised=objective == "embedding-supervised", pooling=pooling_of(resolve(model_spec)),
+        spec = Contrastive(supervised=objective == "embedding-supervised", pooling=pooling_of(model_spec.path),
                            seed=seed)
         model = load_model(model_spec, head="base").to(where)
         return model, tokenizer, {"head": "pooling", "pooling": spec.pooling, "contrastive": spec,
@@ -198,7 +201,8 @@ def prune_model(model, importance_batches, stop_batches, metric: str, *, setting
     ``settings``: the method, normalisation and accumulation of importance (:class:`PruneSettings`;
     its splits are the caller's business: they chose the batches). ``config``: the loop.
     ``device`` / ``precision`` / ``tokens_per_batch``: see :mod:`headcount.runtime.device` (None: where
-    the model is, or ``$HEADCOUNT_DEVICE``). The working copy is made on that device. Importance
+    the model is, or ``$HEADCOUNT_DEVICE``; ``device`` may be a resolved
+    :class:`~headcount.runtime.device.Runtime`). The working copy is made on that device. Importance
     is taken at the mask's gate values (``at_mask``), as the references' gate tensors are.
     ``contrastive``: the embedding objectives (``info["contrastive"]`` of :func:`load_for`):
     importance uses its loss, on the batches as given; the stop rule (``metric``:
@@ -212,32 +216,29 @@ def prune_model(model, importance_batches, stop_batches, metric: str, *, setting
     """
     settings = settings or PruneSettings()
     method, normalize, accumulate = settings.method, settings.normalize, settings.accumulate
-    rt = runtime(model, device, precision, tokens_per_batch)
-    where = dict(device=rt.device, precision=rt.precision, tokens_per_batch=rt.tokens_per_batch)
+    rt = runtime(model, device, precision, tokens_per_batch)  # the verbs below are handed it as it is
 
     def score_fn(m, mask):
         with decoding(m, metric):
-            return score(m, importance_batches, method=method, normalize=normalize, mask=mask, at_mask=True,
-                         accumulate=accumulate, contrastive=contrastive, **where)
+            return score(m, importance_batches, method=settings.scorer, normalize=normalize, mask=mask,
+                         at_mask=True, accumulate=accumulate, contrastive=contrastive, device=rt)
 
     reference = None
     if contrastive is not None and metric == SIMILARITY_METRIC:  # the unpruned model's embeddings
-        reference = embed(model, stop_batches, contrastive.pooling, device=rt.device, precision=rt.precision)
+        reference = embed(model, stop_batches, contrastive.pooling, device=rt)
 
     def eval_fn(m, mask):
         if reference is not None:
-            r = similarity_agreement(embed(m, stop_batches, contrastive.pooling, mask, device=rt.device,
-                                           precision=rt.precision), reference)
+            r = similarity_agreement(embed(m, stop_batches, contrastive.pooling, mask, device=rt), reference)
         elif contrastive is not None:  # the pairs' correlation, batches as given
             with contrastive_loss(m, contrastive):
-                r = evaluate_batches(m, stop_batches, EVAL_METRIC[metric], mask=mask,
-                                     **{**where, "tokens_per_batch": 0})
+                r = evaluate_batches(m, stop_batches, EVAL_METRIC[metric], mask=mask, device=rt, tokens_per_batch=0)
         else:
-            r = evaluate_batches(m, stop_batches, metric, mask=mask, **where)
+            r = evaluate_batches(m, stop_batches, metric, mask=mask, device=rt)
         return r["score"], r["loss"]
 
     result = iterative_prune(model, score_fn, eval_fn, config or PruneConfig(), progress=progress)
-    accumulated = {"accumulate": accumulate} if get_scorer(method).accumulations else {}
+    accumulated = {"accumulate": accumulate} if settings.scorer.accumulations else {}
     result.meta.update({**rt.meta(), "method": method, **accumulated})
     result.mask = result.mask.with_meta(device=str(rt.device), precision=rt.precision, method=method, **accumulated)
     return result

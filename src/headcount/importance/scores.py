@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from headcount.importance.scorers import get_scorer
+from headcount.importance.scorers import Scorer, get_scorer
 from headcount.runtime.atomic import atomic_write_json
 from headcount.runtime.errors import HeadcountError
 
@@ -48,11 +48,6 @@ def groups_by_length(order: str, accumulate: str) -> bool:
     """
     check_batch_order(order)
     return order == "length" or (order == "auto" and accumulate != "cumulative")
-
-
-def check_method(method: str) -> str:
-    """``method`` if a scorer of that name is registered, else a one-line error (the one check of it)."""
-    return get_scorer(method).name
 
 
 def check_normalize(mode: str) -> str:
@@ -154,10 +149,12 @@ def _minmax(x: torch.Tensor) -> torch.Tensor:
     return (x - lo) / (hi - lo) if hi > lo else torch.zeros_like(x)
 
 
-def check_accumulate(accumulate: str, method: str = "gradient") -> None:
+def check_accumulate(accumulate: str, method: str | Scorer = "gradient") -> None:
     """Refuse an unknown accumulation, and ``cumulative`` for methods it does not define
-    (``gradient-token`` sums per-token absolute values: it has no running batch gradient)."""
+    (``gradient-token`` sums per-token absolute values: it has no running batch gradient).
+    ``method``: a scorer's name, or the :class:`~headcount.importance.scorers.Scorer` itself."""
     if accumulate not in ACCUMULATE:
         raise HeadcountError(f"unknown accumulation {accumulate!r}; choose one of {', '.join(ACCUMULATE)}")
-    if accumulate != DEFAULT_ACCUMULATE and accumulate not in get_scorer(method).accumulations:
-        raise HeadcountError(f"accumulate {accumulate!r} is defined for the gradient method only, not {method!r}")
+    scorer = method if isinstance(method, Scorer) else get_scorer(method)
+    if accumulate != DEFAULT_ACCUMULATE and accumulate not in scorer.accumulations:
+        raise HeadcountError(f"accumulate {accumulate!r} is defined for the gradient method only, not {scorer.name!r}")

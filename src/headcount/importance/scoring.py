@@ -311,7 +311,7 @@ def magnitude_scores(model: nn.Module) -> Scores:
     return Scores(heads=heads, mlps=mlps, method="magnitude")
 
 
-def score(model: nn.Module, batches=(), method: str = "gradient", normalize: str = "none",
+def score(model: nn.Module, batches=(), method: str | Scorer = "gradient", normalize: str = "none",
           mask=None, keep_per_example: bool = False, progress=None, *, device=None, precision=None,
           tokens_per_batch: int | None = None, accumulate: str = DEFAULT_ACCUMULATE,
           at_mask: bool = False, contrastive=None) -> Scores:
@@ -320,7 +320,8 @@ def score(model: nn.Module, batches=(), method: str = "gradient", normalize: str
     Args:
         model: any model with a registered adapter, with the head for the objective.
         batches: dicts of tensors with ``labels``; ignored by ``magnitude``.
-        method: a registered scorer (:func:`headcount.importance.scorers.scorer_names`).
+        method: a registered scorer's name (:func:`headcount.importance.scorers.scorer_names`), or the
+            :class:`~headcount.importance.scorers.Scorer` itself (a command that found it passes it on).
         normalize: one of :data:`NORMALIZE`.
         mask: optional :class:`~headcount.core.masks.Mask` held fixed while scoring (pruning loop):
             a head it removes scores 0 (gradient methods: its gate is 0 and the scored gate 1).
@@ -330,7 +331,9 @@ def score(model: nn.Module, batches=(), method: str = "gradient", normalize: str
             layer-wise normalisation counts; the loss is the same.
         keep_per_example: keep per-example contributions (gradient methods).
         device: ``auto`` | ``cpu`` | ``cuda`` | ``cuda:N``; None: ``$HEADCOUNT_DEVICE``, else the
-            model's device (see :mod:`headcount.runtime.device`). The model is moved there and stays.
+            model's device (see :mod:`headcount.runtime.device`); or a resolved
+            :class:`~headcount.runtime.device.Runtime` (its precision and budget are used). The model is
+            moved there and stays.
         precision: ``auto`` | ``fp32`` | ``bf16`` (autocast); None: ``$HEADCOUNT_PRECISION``, else auto.
         tokens_per_batch: token budget of one forward pass (batches merged; same scores);
             None: the device's default; 0: the batches as given.
@@ -348,9 +351,9 @@ def score(model: nn.Module, batches=(), method: str = "gradient", normalize: str
     """
     from headcount.runtime.device import runtime
 
-    scorer = get_scorer(method)
+    scorer = method if isinstance(method, Scorer) else get_scorer(method)
     check_normalize(normalize)
-    check_accumulate(accumulate, method)
+    check_accumulate(accumulate, scorer)
     if contrastive is not None:
         tokens_per_batch = 0  # in-batch negatives: a batch is the unit of the loss, never merged
     rt = runtime(model, device, precision, tokens_per_batch)

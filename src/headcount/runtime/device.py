@@ -25,7 +25,6 @@ so that a GPU gets enough work per launch. Both defaults for CUDA are judgement,
 
 from __future__ import annotations
 
-import math
 import os
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -225,6 +224,16 @@ class Runtime:
     def autocast(self):
         return autocast(self.device, self.precision)
 
+    def place(self, model) -> "Runtime":
+        """Move ``model`` to this device (in place, once); this runtime."""
+        if model_device(model) != self.device:
+            model.to(self.device)
+        return self
+
+    def with_budget(self, tokens_per_batch: int) -> "Runtime":
+        """This runtime with another token budget (0: the batches as given, no merging or rounding)."""
+        return _settle(self.device, self.precision, tokens_per_batch)
+
     def meta(self) -> dict:
         """What results record: ``device``, ``device_name``, ``precision``, ``tokens_per_batch``."""
         return {"device": str(self.device), "device_name": device_name(self.device), "precision": self.precision,
@@ -237,35 +246,36 @@ class Runtime:
         return f"device {where}, {'bf16 autocast' if self.precision == 'bf16' else 'fp32'}"
 
 
-def runtime(model, device: str | torch.device | None = None, precision: str | None = None,
-            tokens_per_batch: int | None = None) -> Runtime:
-    """Place ``model`` (see :func:`place`) and settle precision, padding multiple and token budget.
-
-    ``tokens_per_batch``: None = the device's default; 0 = batches as given (no merging, no rounding).
-    """
-    dev = place(model, device)
+def _settle(dev: torch.device, precision: str | None, tokens_per_batch: int | None) -> Runtime:
     if tokens_per_batch is not None and tokens_per_batch < 0:
         raise HeadcountError(f"--tokens-per-batch must be >= 0, got {tokens_per_batch}")
     budget = default_tokens_per_batch(dev) if tokens_per_batch is None else int(tokens_per_batch)
     return Runtime(dev, resolve_precision(precision, dev), pad_multiple(dev) if budget else 1, budget)
 
 
-def check_gpus_per_job(value, name: str = "gpus_per_job") -> float:
-    """GPUs a job that runs a model asks the Ray executor for: a finite number > 0 (0.5: two such
-    jobs share a GPU). The one rule for ``--gpus-per-job`` and ``RayExecutor(gpus_per_job=...)``.
+def resolve_runtime(device: str | torch.device | None = None, precision: str | None = None,
+                    tokens_per_batch: int | None = None) -> Runtime:
+    """The :class:`Runtime` of a command's or job's specs, resolved once, before any work (an
+    unavailable device or precision: one ``error:`` line, exit 2); the verbs it is handed
+    (``device=rt``) use it as it is. None: ``$HEADCOUNT_DEVICE`` / ``$HEADCOUNT_PRECISION``, else auto.
 
-    >>> check_gpus_per_job(0.5)
-    0.5
+    >>> resolve_runtime("cpu", "fp32", 0)
+    Runtime(device=device(type='cpu'), precision='fp32', pad_multiple=1, tokens_per_batch=0)
     """
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value > 0):
-        raise HeadcountError(f"{name} must be a number > 0 (got {value!r})")
-    return float(value)
+    return _settle(resolve_device(device), precision, tokens_per_batch)
 
 
-def check_spec(device: str | None = None, precision: str | None = None) -> tuple[torch.device, str]:
-    """Validate command-line specs before any work (a bad one: one ``error:`` line, exit 2)."""
-    dev = resolve_device(device)
-    return dev, resolve_precision(precision, dev)
+def runtime(model, device: str | torch.device | Runtime | None = None, precision: str | None = None,
+            tokens_per_batch: int | None = None) -> Runtime:
+    """Place ``model`` (see :func:`place`) and settle precision, padding multiple and token budget.
+
+    ``device`` a :class:`Runtime` (:func:`resolve_runtime`): the model goes to its device and it is
+    used as it is (``precision`` is then ignored; ``tokens_per_batch``, when given, replaces its budget).
+    ``tokens_per_batch``: None = the device's default; 0 = batches as given (no merging, no rounding).
+    """
+    if isinstance(device, Runtime):
+        return (device if tokens_per_batch is None else device.with_budget(tokens_per_batch)).place(model)
+    return _settle(place(model, device), precision, tokens_per_batch)
 
 
 def trainer_settings(device: str | None = None, precision: str | None = None) -> dict:
@@ -340,4 +350,4 @@ def job_environment(device: str) -> dict[str, str]:
 
 __all__ = ["resolve_device", "resolve_precision", "autocast", "place", "runtime", "Runtime", "to_device",
            "model_device", "device_name", "pad_multiple", "default_tokens_per_batch", "pool_devices",
-           "job_environment", "check_spec", "ENV_DEVICE", "ENV_PRECISION", "PRECISIONS"]
+           "job_environment", "resolve_runtime", "ENV_DEVICE", "ENV_PRECISION", "PRECISIONS"]

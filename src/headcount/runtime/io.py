@@ -38,7 +38,6 @@ from headcount.runtime.record import (
 # flock keeps two processes out of one directory; temporary files of a killed run are removed by
 # the next run only when their session is one the record lists.
 
-OUT_MARKER = RECORD  # the record's file name (kept as the name commands and tests use)
 
 #: the --out directories this command has taken (cli.main clears it; the Ctrl-C message names the last)
 ACTIVE_OUTS: list[Path] = []

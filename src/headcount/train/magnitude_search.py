@@ -49,10 +49,19 @@ from headcount.importance.magnitude import (
     masked_weights,
     weight_targets,
 )
-from headcount.importance.settings import METRIC_SHARE, RATE, ROUNDS, STEP_NUMBER, check_bounds
+from headcount.runtime.bounds import Bound, check_bounds
 from headcount.runtime.errors import HeadcountError
 
 PROCEDURES = ("prasanna", "imp")
+#: pruning rounds (steps) of a magnitude search
+ROUNDS = Bound(1, 1000, integer=True)
+#: a step number that may be 0 (rewinding to step 0: the pre-trained weights)
+STEP_NUMBER = Bound(0, 10**9, integer=True)
+#: the share of the full model's metric a magnitude step must keep: the command line and the study configs
+#: take a FRACTION; the library any finite share (above 1: no step passes)
+METRIC_SHARE = Bound(0, 10**6)
+#: a fraction pruned per step: strictly between 0 and 1
+RATE = Bound(0, 1, low_open=True, high_open=True)
 SCHEDULES = ("remaining", "original")
 #: which step the paper's search keeps when all ``rounds`` steps pass (``MagnitudeConfig.at_cap``)
 AT_CAP = ("reference", "last")
@@ -105,7 +114,7 @@ class MagnitudeConfig:
     rewind_step: int = 0
     at_cap: str = "reference"
 
-    #: the sane range of each numeric field (:mod:`headcount.importance.settings`; ``sparsity``: :func:`check_sparsity`)
+    #: the sane range of each numeric field (above; ``sparsity``: :func:`check_sparsity`)
     BOUNDS = {"rounds": ROUNDS, "threshold": METRIC_SHARE, "rate": RATE, "rewind_step": STEP_NUMBER}
 
     def __post_init__(self):

@@ -39,6 +39,8 @@ over examples), :mod:`.synthetic`, :mod:`.cnn`, :mod:`.labels` (labelled data fi
 
 from headcount.analysis.patterns.cnn import (
     ARCHITECTURES,
+    CNN_EPOCHS,
+    MAP_SIDE,
     PRASANNA_MIN_SIZE,
     PatternCNN,
     load_pattern_cnn,
@@ -70,16 +72,19 @@ from headcount.analysis.patterns.layout import (
     mean_attention_maps,
     resample_attention,
 )
-from headcount.analysis.patterns.synthetic import SyntheticMaps, synthetic_attention_maps
+from headcount.analysis.patterns.synthetic import MAPS_PER_CLASS, SyntheticMaps, synthetic_attention_maps
 
 __all__ = [
     "ARCHITECTURES",
     "BLOCK_MIN",
     "BLOCK_MIN_ENTROPY",
     "CLASSES",
+    "CNN_EPOCHS",
     "DIAGONAL_MIN",
     "DIAGONAL_NEIGHBOUR_OFFSETS",
     "DIAGONAL_OFFSETS",
+    "MAPS_PER_CLASS",
+    "MAP_SIDE",
     "MAP_SIZE",
     "PRASANNA_MIN_SIZE",
     "VERTICAL_MIN",

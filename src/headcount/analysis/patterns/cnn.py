@@ -33,10 +33,15 @@ from headcount.analysis.patterns.features import CLASSES, MAP_SIZE, _check_squar
 from headcount.analysis.patterns.labels import label_ids
 from headcount.analysis.patterns.layout import center_pad
 from headcount.runtime.atomic import atomic_path, atomic_write_json
+from headcount.runtime.bounds import Bound
 from headcount.runtime.errors import HeadcountError
 
 #: The CNN architectures: the paper's (default) and headcount's earlier small net.
 ARCHITECTURES: tuple[str, ...] = ("prasanna", "small")
+#: the side of an attention map (the pattern CNN's input)
+MAP_SIDE = Bound(4, 4096, integer=True)
+#: passes of the pattern CNN over its maps
+CNN_EPOCHS = Bound(1, 10**4, integer=True)
 
 #: Smallest map side the ``prasanna`` net reads: 32 -> 28 -> 14 -> 10 -> 5 -> 1 cells after its
 #: unpadded convolutions and poolings. Smaller training maps are centre-padded up to it.

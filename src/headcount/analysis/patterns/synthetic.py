@@ -8,7 +8,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from headcount.analysis.patterns.features import CLASSES, DIAGONAL_OFFSETS, MAP_SIZE, _runs, _specials
+from headcount.runtime.bounds import Bound
 from headcount.runtime.errors import HeadcountError
+
+#: synthetic maps per class
+MAPS_PER_CLASS = Bound(1, 10**5, integer=True)
 
 
 @dataclass(frozen=True)

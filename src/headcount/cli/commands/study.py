@@ -9,8 +9,6 @@ import typer
 from headcount import experiments
 from headcount.cli.commands import app
 from headcount.experiments.report import build_report, print_summary
-from headcount.importance.settings import GPUS_PER_JOB
-from headcount.runtime.device import check_gpus_per_job as _check
 from headcount.runtime.errors import HeadcountError
 
 GPUS_PER_JOB_HELP = ("with --executor ray: GPUs each job that runs a model asks Ray for (0.5: two jobs share a "
@@ -18,11 +16,13 @@ GPUS_PER_JOB_HELP = ("with --executor ray: GPUs each job that runs a model asks 
 
 
 def check_gpus_per_job(value: float | None) -> None:
-    """``--gpus-per-job``: :func:`headcount.runtime.device.check_gpus_per_job`'s rule, checked before anything
-    loads (the local executor refuses it when it is made: :func:`headcount.experiments.runner.executors.make_executor`)."""
+    """``--gpus-per-job``: :func:`headcount.experiments.runner.ray_executor.check_gpus_per_job`'s rule, checked
+    before the study loads (the local executor refuses it when it is made:
+    :func:`headcount.experiments.runner.executors.make_executor`)."""
     if value is not None:
-        _check(value, "--gpus-per-job")
-        GPUS_PER_JOB.check(value, "--gpus-per-job")  # and no more than a machine has (Ray would wait for ever)
+        from headcount.experiments.runner.ray_executor import check_gpus_per_job as check  # lazy: --help stays light
+
+        check(value, "--gpus-per-job")
 
 
 def jobs_line(summary) -> str:

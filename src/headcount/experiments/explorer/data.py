@@ -38,7 +38,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from headcount.importance.settings import Bound
+from headcount.runtime.bounds import Bound
 from headcount.runtime.errors import HeadcountError
 
 FORMAT = 1

@@ -30,7 +30,7 @@ from headcount.data.tasks import resolve_task_ref
 from headcount.experiments.runner.jobs import stable_hash
 from headcount.experiments.runner.registry import StudyType, get_study_type
 from headcount.experiments.runner.schema import SEED_FIELDS, ConfigSection, StudyConfig
-from headcount.importance.settings import SEED
+from headcount.runtime.bounds import SEED
 from headcount.runtime.errors import HeadcountError
 from headcount.runtime.yamlfile import dotted as _dotted
 from headcount.runtime.yamlfile import load_yaml_with_lines
@@ -231,7 +231,7 @@ def _no_booleans_as_numbers(data: Any, dumped: Any, lines: dict[tuple, int], whe
 
 
 def _seeds_in_range(dumped: Any, lines: dict[tuple, int], where: str, path: tuple = ()) -> None:
-    """Every seed (:data:`SEED_FIELDS`, at any depth) in :data:`headcount.importance.settings.SEED`'s range."""
+    """Every seed (:data:`SEED_FIELDS`, at any depth) in :data:`headcount.runtime.bounds.SEED`'s range."""
     for key, value in _items(dumped):
         here = path + (key,)
         if key in SEED_FIELDS and value is not None:

@@ -34,16 +34,30 @@ from headcount.experiments.runner.ray_cluster import (
 )
 from headcount.experiments.runner.ray_task import _Collector, _label, _ray_job
 from headcount.experiments.runner.store import RunStore, job_meta, pack_dir
-from headcount.runtime.device import ENV_DEVICE, check_gpus_per_job, pool_devices
+from headcount.runtime.bounds import Bound
+from headcount.runtime.device import ENV_DEVICE, pool_devices
 from headcount.runtime.errors import HeadcountError
 
 #: seconds a submitted job may wait for a place while none of the study's jobs runs (then it is reported)
 PLACEMENT_TIMEOUT = 600.0
 #: GPUs a model-running job asks Ray for when the cluster has GPUs (``RayExecutor(gpus_per_job=...)``)
-GPUS_PER_JOB = 1.0
+DEFAULT_GPUS_PER_JOB = 1.0
+#: what ``gpus_per_job`` may be: more than 0 (0.5: two such jobs share a GPU), no more than a machine has
+#: (Ray would wait for ever)
+GPUS_PER_JOB = Bound(0, 256, low_open=True)
 
 
-def ray_gpus(job: Job, cluster: Mapping[str, float], *, gpus_per_job: float = GPUS_PER_JOB,
+def check_gpus_per_job(value, name: str = "gpus_per_job") -> float:
+    """GPUs a job that runs a model asks the Ray executor for, in :data:`GPUS_PER_JOB`: the one rule
+    for ``--gpus-per-job`` and ``RayExecutor(gpus_per_job=...)``.
+
+    >>> check_gpus_per_job(0.5)
+    0.5
+    """
+    return float(GPUS_PER_JOB.check(value, name))
+
+
+def ray_gpus(job: Job, cluster: Mapping[str, float], *, gpus_per_job: float = DEFAULT_GPUS_PER_JOB,
              device: str = "auto") -> float:
     """The GPUs a job asks Ray for: its ``resources.gpus`` when it names some; else, for a job
     that runs a model (``job.uses_model``) on a cluster with GPUs (``cluster["GPU"]``, from
@@ -94,7 +108,7 @@ class RayExecutor(Executor):
                  placement_timeout: float = PLACEMENT_TIMEOUT):
         if ship_inputs not in ("auto", "always", "never"):
             raise HeadcountError(f"ship_inputs must be auto, always or never (got {ship_inputs!r})")
-        self.gpus_per_job = check_gpus_per_job(GPUS_PER_JOB if gpus_per_job is None else gpus_per_job)
+        self.gpus_per_job = check_gpus_per_job(DEFAULT_GPUS_PER_JOB if gpus_per_job is None else gpus_per_job)
         self.gpus_per_job_given = gpus_per_job is not None
         if isinstance(placement_timeout, bool) or not isinstance(placement_timeout, (int, float)) \
                 or not placement_timeout > 0:

@@ -2,7 +2,7 @@
 
 ``run_study`` runs the jobs; the page is drawn by the ``report`` function it is given, called
 once every job has finished (the runner does not know how reports look: ``headcount.experiments.report``
-builds on the runner, not the other way round). :func:`headcount.cli.api.run_study` is the two
+builds on the runner, not the other way round). :func:`headcount.experiments.run_study` is the two
 together, what ``headcount study CONFIG.yaml --out RUN`` calls. Running it again with the
 same config continues where it stopped: finished jobs (``RUN/jobs/<key>/DONE``) are reused, the
 temporary directories of jobs that were interrupted are removed, and the rest runs.
@@ -210,7 +210,7 @@ def run_study(
     t0 = time.perf_counter()
     if report and not callable(report):  # report=True of earlier versions: the caller must say how
         raise HeadcountError("run_study(report=...) takes a function such as headcount.experiments.report.build_report "
-                             "(headcount.cli.api.run_study draws the report itself)")
+                             "(headcount.experiments.run_study draws the report itself)")
     loaded = _coerce_config(config)
     exe = make_executor(executor, address, **({} if gpus_per_job is None else {"gpus_per_job": gpus_per_job}))
     if device is None and "device" in getattr(loaded.config, "model_fields_set", ()):

@@ -32,9 +32,10 @@ from headcount.importance.pipeline import (
     settings_from,
 )
 from headcount.importance.pruning import PruneConfig
-from headcount.importance.scoring import get_scorer, score
+from headcount.importance.scoring import score
 from headcount.importance.settings import check_objective, default_of
 from headcount.runtime.atomic import atomic_path, atomic_write_text
+from headcount.runtime.device import resolve_runtime
 from headcount.train import TrainConfig, finetune
 
 
@@ -114,12 +115,13 @@ def score_job(params, inputs, workdir: Path, progress) -> dict:
     how = settings_from(ScoreSettings, params)
     task = get_task(params["task"])
     data = _data(params)
-    model, tokenizer, info = load_for(model_spec(params, inputs), task, how.objective, seed=data.seed)
-    scorer = get_scorer(how.method)
+    rt = resolve_runtime()  # $HEADCOUNT_DEVICE / $HEADCOUNT_PRECISION (set by the runner), once
+    model, tokenizer, info = load_for(model_spec(params, inputs), task, how.objective, seed=data.seed, device=rt)
+    scorer = how.scorer
     batches = [] if not scorer.needs_data else batches_for(task, tokenizer, how.objective, data,
                                                                group_by_length=how.grouped)
     with decoding(model, metric_for(task, how.objective)):
-        s = score(model, batches, method=how.method, normalize=how.normalize,
+        s = score(model, batches, method=scorer, normalize=how.normalize, device=rt,
                   mask=input_mask(params, inputs), keep_per_example=scorer.per_example,
                   accumulate=how.accumulate, progress=lambda i: progress(i, len(batches), "scoring"),
                   contrastive=info.get("contrastive"))
@@ -176,7 +178,8 @@ def prune_job(params, inputs, workdir: Path, progress) -> dict:
     task = job_task(params)
     data = _data(params)
     eval_data = _data(params, "eval_data" if "eval_data" in params else "data")
-    model, tokenizer, info = load_for(model_spec(params, inputs), task, objective, seed=data.seed)
+    rt = resolve_runtime()  # $HEADCOUNT_DEVICE / $HEADCOUNT_PRECISION (set by the runner), once
+    model, tokenizer, info = load_for(model_spec(params, inputs), task, objective, seed=data.seed, device=rt)
     imp = batches_for(task, tokenizer, objective, data, split=how.importance_split or task.train_split,
                       group_by_length=how.grouped)
     stop = batches_for(task, tokenizer, objective, eval_data, split=how.stop_split or task.validation_split)
@@ -186,7 +189,7 @@ def prune_job(params, inputs, workdir: Path, progress) -> dict:
         progress(row["step"], None, f"{row['phase']}: {row['heads_kept']} heads, {metric} {row['metric']:.3f}")
 
     result = prune_model(model, imp, stop, metric, settings=how, config=PruneConfig(**params.get("prune", {})),
-                         progress=report)
+                         progress=report, device=rt)
     mask = result.mask.with_meta(task=task.name, objective=objective, metric_name=metric, head=info["head"])
     mask.save(workdir / "mask.json")
     atomic_write_text(workdir / "trace.csv", result.trace_csv())
@@ -201,10 +204,11 @@ def evaluate_job(params, inputs, workdir: Path, progress) -> dict:
     task = job_task(params)
     objective = _objective(params)
     data = _data(params)
-    model, tokenizer, info = load_for(model_spec(params, inputs), task, objective, seed=data.seed)
+    rt = resolve_runtime()  # $HEADCOUNT_DEVICE / $HEADCOUNT_PRECISION (set by the runner), once
+    model, tokenizer, info = load_for(model_spec(params, inputs), task, objective, seed=data.seed, device=rt)
     batches = batches_for(task, tokenizer, objective, data, split=params.get("split") or task.validation_split)
     mask = input_mask(params, inputs)
-    r = evaluate_batches(model, batches, metric_for(task, objective), mask=mask)
+    r = evaluate_batches(model, batches, metric_for(task, objective), mask=mask, device=rt)
     return {**r, "metric_name": metric_for(task, objective), "head": info["head"],
             "heads_kept": mask.n_heads_kept if mask is not None else None,
             "mlps_kept": mask.n_mlps_kept if mask is not None else None}

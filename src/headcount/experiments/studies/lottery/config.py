@@ -24,22 +24,12 @@ from pydantic import (
     model_validator,
 )
 
-from headcount.analysis.patterns import ARCHITECTURES, MAP_SIZE, train_pattern_cnn
+from headcount.analysis.patterns import ARCHITECTURES, CNN_EPOCHS, MAP_SIDE, MAP_SIZE, train_pattern_cnn
 from headcount.data.tasks import get_task
 from headcount.experiments.runner import ConfigSection, StudyConfig
 from headcount.experiments.runner.config import format_validation_error, model_ref, task_ref
 from headcount.experiments.runner.schema import fields_of, nonempty_model
-from headcount.importance.settings import (
-    BATCH_SIZE,
-    CNN_EPOCHS,
-    EXAMPLES,
-    FRACTION,
-    LEARNING_RATE,
-    MAP_SIDE,
-    MAX_LENGTH,
-    SEED,
-    STEPS,
-)
+from headcount.runtime.bounds import BATCH_SIZE, EXAMPLES, FRACTION, LEARNING_RATE, MAX_LENGTH, SEED, STEPS
 from headcount.runtime.errors import HeadcountError
 from headcount.train import TrainConfig
 from headcount.train.magnitude_search import MagnitudeConfig, check_procedure

@@ -141,7 +141,8 @@ def lottery_sections(store, settings: LotterySettings, prefix: str = "", tag: st
     )
     sections.append(Section(
         "Good, random and bad subnetworks", text,
-        figures={f"{tag}_scores": scores_figure(main, main_names, "dev metric, mean ± std over seeds"),
+        figures={f"{tag}_scores": scores_figure(main, main_names, "dev metric, mean ± std over seeds",
+                                                         s.pruning.threshold),
                  f"{tag}_prune_trace": trace_figure(store, s, prefix)},
         tables=[_raw(f"{tag}_main_wide", wide_table(main), "All experiments x tasks: mean ± std over seeds."),
                 _raw(f"{tag}_main", main, "Tidy main table (also the sizes: heads/MLPs kept, weight sparsity)."),
@@ -154,7 +155,8 @@ def lottery_sections(store, settings: LotterySettings, prefix: str = "", tag: st
         figures = {f"{tag}_survivors": survivor_figure(stab)} if stab else {}
         if not sup.empty:
             figures[f"{tag}_super_scores"] = scores_figure(pd.concat([main[main["experiment"] == "full"], sup]),
-                                                           ["full", *SUPER_EXPERIMENTS], "super-survivors, retrained")
+                                                           ["full", *SUPER_EXPERIMENTS], "super-survivors, retrained",
+                                                           s.pruning.threshold)
         sections.append(Section(
             "Stability across seeds and super-survivors",
             "How often each head and MLP survives across seeds (super-survivors, kept by every seed, marked *); "

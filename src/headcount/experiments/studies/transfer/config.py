@@ -27,16 +27,7 @@ from headcount.experiments.runner import ConfigSection, StudyConfig
 from headcount.experiments.runner.config import model_ref, task_ref
 from headcount.experiments.runner.schema import fields_of, nonempty_model
 from headcount.importance.pipeline import DataConfig
-from headcount.importance.settings import (
-    BATCH_SIZE,
-    DRAWS,
-    EXAMPLES,
-    FRACTION,
-    MAX_LENGTH,
-    RESAMPLES,
-    SEED,
-    STEPS,
-)
+from headcount.runtime.bounds import BATCH_SIZE, DRAWS, EXAMPLES, FRACTION, MAX_LENGTH, RESAMPLES, SEED, STEPS
 from headcount.runtime.errors import HeadcountError
 from headcount.train import TrainConfig
 
