@@ -2,9 +2,9 @@
 
 matplotlib reads a text with two ``$`` as mathtext: a task named ``a$^{$b`` (or a setting, a
 metric, a label a user chose) fails to draw, an internal error after the work is done.
-:func:`plain` escapes one string; :func:`literal_texts` escapes every text a figure holds
+[`plain`][headcount.analysis.figtext.plain] escapes one string; [`literal_texts`][headcount.analysis.figtext.literal_texts] escapes every text a figure holds
 (titles, axis labels, legends, annotations, fixed tick labels), and is called where figures are
-rendered (:func:`headcount.analysis.plots` saving, the report's ``figure_png``), so a figure
+rendered ([`headcount.analysis.plots`][headcount.analysis.plots] saving, the report's ``figure_png``), so a figure
 drawn anywhere is covered. headcount's own figures use no mathtext; numeric tick labels (which
 may) are left alone.
 

@@ -1,10 +1,10 @@
 """Claims over seeds: is experiment A above experiment B on the same seeds, is a score at chance?
 
-The reports' ordering claims ("good > random > bad") rest on one test, :func:`paired_sign_flip_test`:
+The reports' ordering claims ("good > random > bad") rest on one test, [`paired_sign_flip_test`][headcount.analysis.paired.paired_sign_flip_test]:
 the paired sign-flip permutation test on the per-seed differences ``a - b``. Under the null
 hypothesis (no difference) each seed's difference is as likely to have either sign, so the
 null distribution of the mean difference is that of the mean with every pattern of signs. With
-up to :data:`EXACT_MAX` seeds all ``2^n`` patterns are enumerated (exact); above, a seeded
+up to ``EXACT_MAX`` seeds all ``2^n`` patterns are enumerated (exact); above, a seeded
 random sample of them is drawn.
 
 Why this test and not a paired t test or Wilcoxon's signed-rank test: it is exact for any
@@ -14,10 +14,10 @@ tests ranks, and with 5 seeds has the same floor). Its floor matters: with ``n``
 smallest two-sided p-value is ``2 / 2^n`` (5 seeds: 2/32 = 0.0625) and the smallest one-sided
 one ``1 / 2^n`` (5 seeds: 1/32 = 0.031), so with 5 seeds only a one-sided test, of a direction
 fixed before the data (a paper's claim), can reach 0.05, and only when every seed agrees.
-:attr:`PairedResult.min_p` says what the design can reach; a report says "not significant"
+``PairedResult.min_p`` says what the design can reach; a report says "not significant"
 whenever ``p >= 0.05`` and that the design cannot show significance when ``min_p >= 0.05``.
 
-:func:`seed_interval` gives a score's t interval over seeds and :func:`at_chance` whether an
+[`seed_interval`][headcount.analysis.paired.seed_interval] gives a score's t interval over seeds and [`at_chance`][headcount.analysis.paired.at_chance] whether an
 interval contains a chance level (a score "at chance").
 
 >>> r = paired_sign_flip_test([0.80, 0.82, 0.79, 0.85, 0.81], [0.70, 0.75, 0.72, 0.74, 0.70], "greater")
@@ -96,11 +96,11 @@ def paired_sign_flip_test(a: Sequence[float], b: Sequence[float], alternative: A
         a: one value per seed (NaN: left out with its pair).
         b: the other experiment's value on the same seeds, in the same order.
         alternative: ``"two-sided"`` (|mean| as extreme), ``"greater"`` (H1: a > b) or ``"less"``.
-        n_resamples: random sign patterns drawn above :data:`EXACT_MAX` pairs.
+        n_resamples: random sign patterns drawn above ``EXACT_MAX`` pairs.
         seed: seed of those draws.
 
     Returns:
-        A :class:`PairedResult`. The p-value counts the sign patterns whose mean difference is
+        A [`PairedResult`][headcount.analysis.paired.PairedResult]. The p-value counts the sign patterns whose mean difference is
         at least as extreme as the observed one (the observed pattern included), over all ``2^n``
         patterns when exact, else ``(1 + hits) / (1 + n_resamples)``.
 
@@ -147,7 +147,7 @@ def seed_interval(values: Sequence[float], level: float = LEVEL,
 
     The t quantile (not 1.96) keeps the coverage with 3-5 seeds. NaN values are left out; the
     bounds are NaN with fewer than two finite values. ``bounds``: the metric's range (e.g.
-    ``(0, 1)`` for accuracy, :func:`metric_range`): the interval is clipped to it, and
+    ``(0, 1)`` for accuracy, [`metric_range`][headcount.analysis.paired.metric_range]): the interval is clipped to it, and
     ``clipped`` says whether it was (the t interval of 2-3 seeds can reach past 1).
 
     >>> r = seed_interval([0.80, 0.82, 0.84])

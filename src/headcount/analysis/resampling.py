@@ -1,6 +1,6 @@
-"""Uncertainty by resampling: percentile bootstrap over examples (:func:`bootstrap_ci`), paired by
-example id (:func:`paired_bootstrap_ci`), and hierarchical over seeds then examples
-(:func:`hierarchical_bootstrap_ci`, :func:`hierarchical_ci_from_replicates`).
+"""Uncertainty by resampling: percentile bootstrap over examples ([`bootstrap_ci`][headcount.analysis.resampling.bootstrap_ci]), paired by
+example id ([`paired_bootstrap_ci`][headcount.analysis.resampling.paired_bootstrap_ci]), and hierarchical over seeds then examples
+([`hierarchical_bootstrap_ci`][headcount.analysis.resampling.hierarchical_bootstrap_ci], [`hierarchical_ci_from_replicates`][headcount.analysis.resampling.hierarchical_ci_from_replicates]).
 
 Own code: no library resamples seeds then examples within each with per-example contributions.
 """
@@ -83,7 +83,7 @@ def bootstrap_ci(
         paired: resample all arrays with the same indices.
 
     Returns:
-        A :class:`BootstrapResult`; non-finite resample values are ignored for the percentiles
+        A [`BootstrapResult`][headcount.analysis.resampling.BootstrapResult]; non-finite resample values are ignored for the percentiles
         (an all-NaN statistic gives ``nan`` bounds).
 
     >>> from headcount.analysis import spearman
@@ -163,7 +163,7 @@ def paired_bootstrap_ci(
     examples): an unpaired bootstrap resamples the two independently and ignores that an example
     that is hard for one is often hard for the other, so its intervals are too wide for
     differences and wrong for correlations. Rows are paired by id, not by position: ``b`` is
-    put in ``ids_a``'s order first, then :func:`bootstrap_ci` draws one index set per resample.
+    put in ``ids_a``'s order first, then [`bootstrap_ci`][headcount.analysis.resampling.bootstrap_ci] draws one index set per resample.
 
     Args:
         statistic: function of the two aggregated grids (float or array).
@@ -177,7 +177,7 @@ def paired_bootstrap_ci(
         reduce: ``"sum"`` (importance convention) or ``"mean"`` over examples.
 
     Returns:
-        A :class:`BootstrapResult` (same draws as ``bootstrap_ci(..., paired=True)`` on the
+        A [`BootstrapResult`][headcount.analysis.resampling.BootstrapResult] (same draws as ``bootstrap_ci(..., paired=True)`` on the
         aligned arrays).
 
     Raises:
@@ -221,7 +221,7 @@ def _id_list(ids, name: str) -> list:
 class HierarchicalBootstrapResult(BootstrapResult):
     """A confidence interval for a mean over seeds from a two-level (seeds, then examples) bootstrap.
 
-    Attributes (beyond :class:`BootstrapResult`'s; ``estimate`` is the mean over seeds of each
+    Attributes (beyond [`BootstrapResult`][headcount.analysis.resampling.BootstrapResult]'s; ``estimate`` is the mean over seeds of each
     seed's statistic, ``samples`` ``[n_boot, ...]`` the mean over a resample of seeds):
         n_seeds: number of seeds.
         interval: how ``low``/``high`` were read: ``"t"``, ``"t-resampled"`` or ``"percentile"``
@@ -256,14 +256,14 @@ def hierarchical_bootstrap_ci(
     """CI for a mean over seeds of a per-seed statistic: resample seeds, then examples within each.
 
     The quantity is ``mean_s statistic(grids of seed s)`` where seed s's grids aggregate its
-    per-example contributions (as in :func:`bootstrap_ci`). Both sources of error count: which
+    per-example contributions (as in [`bootstrap_ci`][headcount.analysis.resampling.bootstrap_ci]). Both sources of error count: which
     seeds were trained (seed variance) and which examples were scored (example noise).
     Averaging each seed's example-bootstrap bounds, the old summary, ignores the first: with
     seed variance comparable to example noise it covers the truth far less often than nominal.
 
     Each seed gets ``n_boot`` example resamples of its statistic (a pool); a hierarchical
     resample then draws ``n_seeds`` seeds with replacement and, for each, a random member of its
-    pool, and averages (:func:`hierarchical_ci_from_replicates`).
+    pool, and averages ([`hierarchical_ci_from_replicates`][headcount.analysis.resampling.hierarchical_ci_from_replicates]).
 
     Args:
         statistic: function of one seed's aggregated grids (one per ``per_seed`` argument);
@@ -276,7 +276,7 @@ def hierarchical_bootstrap_ci(
         seed: int or ``numpy.random.Generator``.
         reduce: ``"mean"`` (default) or ``"sum"`` over a seed's examples.
         paired: within a seed, resample all arrays with the same indices (same examples).
-        interval: how the bounds are read; see :func:`hierarchical_ci_from_replicates`
+        interval: how the bounds are read; see [`hierarchical_ci_from_replicates`][headcount.analysis.resampling.hierarchical_ci_from_replicates]
             (``"t"``, the default: example noise counted once; ``"t-resampled"``: headcount's
             earlier interval, which counts it twice; ``"percentile"``).
         clip: ``(lowest, highest)`` possible value of the statistic (e.g. ``(-1, 1)`` for a
@@ -288,7 +288,7 @@ def hierarchical_bootstrap_ci(
             every seed).
 
     Returns:
-        A :class:`HierarchicalBootstrapResult`.
+        A [`HierarchicalBootstrapResult`][headcount.analysis.resampling.HierarchicalBootstrapResult].
 
     >>> rng = np.random.default_rng(0)
     >>> seeds = [rng.normal(mu, 1.0, size=200) for mu in (0.9, 1.0, 1.1, 1.2)]  # 4 seeds x 200 examples
@@ -363,7 +363,7 @@ def hierarchical_ci_from_replicates(
     For results that already hold each seed's bootstrap samples (``BootstrapResult.samples`` of
     one comparison per seed): a hierarchical resample draws ``n_seeds`` seeds with replacement
     and one random replicate of each, then averages them (``samples``). This is the second stage
-    of :func:`hierarchical_bootstrap_ci`.
+    of [`hierarchical_bootstrap_ci`][headcount.analysis.resampling.hierarchical_bootstrap_ci].
 
     Bounds (``interval``):
 
@@ -400,7 +400,7 @@ def hierarchical_ci_from_replicates(
         aligned: the replicates are aligned across seeds (``examples="shared"`` only).
 
     Returns:
-        A :class:`HierarchicalBootstrapResult`; ``estimate`` is the mean of ``estimates``.
+        A [`HierarchicalBootstrapResult`][headcount.analysis.resampling.HierarchicalBootstrapResult]; ``estimate`` is the mean of ``estimates``.
 
     >>> est = [0.5, 0.7]; reps = [np.full(10, 0.5), np.full(10, 0.7)]   # no example noise
     >>> r = hierarchical_ci_from_replicates(est, reps, n_boot=400, interval="percentile")
@@ -468,7 +468,7 @@ def _check_interval(interval: str, examples: str) -> None:
 
 
 def _t_bounds(est: np.ndarray, pools: list[np.ndarray], alpha: float, shared: bool, aligned: bool):
-    """The ``"t"`` bounds of :func:`hierarchical_ci_from_replicates` (elementwise for vector statistics)."""
+    """The ``"t"`` bounds of [`hierarchical_ci_from_replicates`][headcount.analysis.resampling.hierarchical_ci_from_replicates] (elementwise for vector statistics)."""
     n = est.shape[0]
     with np.errstate(all="ignore"):
         mean = est.mean(axis=0)

@@ -1,6 +1,6 @@
 """Functions behind the CLI that are not a single module's verb.
 
-A command (:mod:`headcount.cli.commands`) builds the settings objects from its options (each option's
+A command (``headcount.cli.commands``) builds the settings objects from its options (each option's
 default read from the object that declares it) and calls one function here with them.
 """
 
@@ -67,7 +67,7 @@ def _on(meta: dict) -> str:
 
 
 def _where() -> str:
-    """The device and precision commands would run on here (the device rule, :mod:`headcount.runtime.device`)."""
+    """The device and precision commands would run on here (the device rule, ``headcount.runtime.device``)."""
     dev = resolve_device(None)
     name = device_name(dev)
     return f"{dev}{f' ({name})' if name != 'cpu' else ''}, {resolve_precision(None, dev)}"
@@ -102,10 +102,10 @@ def score_command(model: str, task, settings: ScoreSettings, data: DataConfig, o
                   device=None, precision=None, tokens_per_batch=None, mark=_echo_none) -> dict:
     """``headcount score``: load, batch, score, write ``scores.json`` and ``heads.png``.
 
-    ``task``: a :class:`~headcount.data.tasks.Task` (or its name); ``settings`` and ``data`` are
+    ``task``: a ``Task`` (or its name); ``settings`` and ``data`` are
     validated when built (a bad method is refused before any load; ``settings.scorer`` is the scorer);
-    ``device`` / ``precision`` / ``tokens_per_batch``: where it runs (:mod:`headcount.runtime.device`),
-    resolved here once into a :class:`~headcount.runtime.device.Runtime` that every verb is handed.
+    ``device`` / ``precision`` / ``tokens_per_batch``: where it runs (``headcount.runtime.device``),
+    resolved here once into a ``Runtime`` that every verb is handed.
     ``mark(phase)`` is called at the end of each phase (``load``, ``data``, ``score``, ``write``):
     the command's ``HEADCOUNT_TIMING`` line.
     """
@@ -186,7 +186,7 @@ def prune_command(model: str, task, settings: PruneSettings, loop: PruneConfig, 
 
     ``importance`` / ``stop``: the examples importance and the stop rule are computed on (their
     splits: ``settings.importance_split`` / ``settings.stop_split``, else train / validation).
-    ``task``, ``device`` / ``precision`` / ``tokens_per_batch``: as :func:`score_command`.
+    ``task``, ``device`` / ``precision`` / ``tokens_per_batch``: as [`score_command`][headcount.cli.api.score_command].
     """
     rt = resolve_runtime(device, precision, tokens_per_batch)  # an unavailable one: refused before loading
     objective, method = settings.objective, settings.method

@@ -38,8 +38,8 @@ def offline_model_dir() -> Path:
 
 
 class ModelSource(str):
-    """A model spec resolved once (:func:`model_source`): the string is the spec as given (what
-    messages and results name), :attr:`path` where it loads from; every loader takes it as a spec
+    """A model spec resolved once ([`model_source`][headcount.core.models.model_source]): the string is the spec as given (what
+    messages and results name), ``path`` where it loads from; every loader takes it as a spec
     and does not resolve it again.
 
     >>> src = model_source("/nonexistent/ckpt")  # doctest: +ELLIPSIS
@@ -60,7 +60,7 @@ class ModelSource(str):
 
 
 def model_source(spec: str | None) -> ModelSource:
-    """``spec`` resolved once (:func:`resolve`: its checks run here); a :class:`ModelSource` is returned as it is."""
+    """``spec`` resolved once ([`resolve`][headcount.core.models.resolve]: its checks run here); a [`ModelSource`][headcount.core.models.ModelSource] is returned as it is."""
     if isinstance(spec, ModelSource):
         return spec
     return ModelSource(OFFLINE if spec is None else spec, resolve(spec))
@@ -237,14 +237,14 @@ def load_model(spec: str = OFFLINE, head: str = "base", num_labels: int | None =
     return (model, info) if want_info else model
 
 
-#: the model attribute that lists the task-head tensors :func:`load_model` created new
+#: the model attribute that lists the task-head tensors [`load_model`][headcount.core.models.load_model] created new
 NEW_WEIGHTS = "headcount_new_weights"
 
 
 def new_weights(model) -> tuple[str, ...]:
-    """The tensors of ``model``'s task head that :func:`load_model` initialised anew (not in the
+    """The tensors of ``model``'s task head that [`load_model`][headcount.core.models.load_model] initialised anew (not in the
     checkpoint: a classifier on a pre-trained encoder, an MLM head to fit); empty when none or
-    when the model was not loaded by :func:`load_model`."""
+    when the model was not loaded by [`load_model`][headcount.core.models.load_model]."""
     return tuple(getattr(model, NEW_WEIGHTS, ()) or ())
 
 

@@ -6,7 +6,7 @@ indices of the heads it still has (``headcount_kept_heads``), each feed-forward 
 projection those of its neurons (``headcount_kept_neurons``).
 
 What was removed is recorded in ``model.config.headcount_pruning``; ``save_pretrained`` writes
-it into ``config.json`` and :func:`load_pruned` replays it before loading the weights.
+it into ``config.json`` and [`load_pruned`][headcount.core.surgery.load_pruned] replays it before loading the weights.
 """
 
 from __future__ import annotations
@@ -203,7 +203,7 @@ def shrink(model: nn.Module, mask: Mask, residual_gates: bool = True) -> nn.Modu
     Heads and MLPs that are 0 at every application of a physical layer are removed; where a
     shared layer is masked at some depths only (ALBERT per-application masks), the rest stays
     as persistent gates (unless ``residual_gates=False``), recorded so that
-    :func:`load_pruned` restores them.
+    [`load_pruned`][headcount.core.surgery.load_pruned] restores them.
 
     >>> shrink(model, Mask.load("mask.json"))       # doctest: +SKIP
     """
@@ -246,7 +246,7 @@ def save_tokenizer(tokenizer, directory) -> None:
 def save_pruned(model: nn.Module, out_dir, tokenizer=None, extra: dict | None = None, owned=None) -> Path:
     """Write a pruned checkpoint: config (with the pruning record), safetensors weights,
     tokenizer, and ``headcount.json`` (a human-readable summary). Atomic: the directory appears
-    complete or not at all; an existing one is replaced only as :func:`~headcount.runtime.atomic.atomic_dir`
+    complete or not at all; an existing one is replaced only as ``atomic_dir``
     allows (``owned``: its test of the files there).
 
     >>> save_pruned(shrink(model, mask), "pruned/")     # doctest: +SKIP
@@ -316,7 +316,7 @@ def _align_to(model: nn.Module, state: dict) -> dict:
 
 
 def load_pruned(path, model_class=None, **config_kwargs) -> nn.Module:
-    """Load a checkpoint written by :func:`save_pruned`; outputs equal the saved model's.
+    """Load a checkpoint written by [`save_pruned`][headcount.core.surgery.save_pruned]; outputs equal the saved model's.
 
     Args:
         path: the checkpoint directory.

@@ -71,8 +71,8 @@ def evaluate_batches(model, batches, metric: str, mask=None, *, device=None, pre
         model: a model returning ``loss`` and ``logits``.
         batches: prepared batches (dynamic padding).
         metric: a task metric name (see ``headcount.data.tasks.compute_metrics``) or ``"mlm_accuracy"``.
-        mask: optional :class:`~headcount.core.masks.Mask` applied as gates.
-        device / precision / tokens_per_batch: see :mod:`headcount.runtime.device` (None: the model's
+        mask: optional [`Mask`][headcount.core.masks.Mask] applied as gates.
+        device / precision / tokens_per_batch: see ``headcount.runtime.device`` (None: the model's
             device or ``$HEADCOUNT_DEVICE``; auto precision; the device's token budget). Batches
             are merged up to the budget: the loss (weighted per example, or per masked token)
             and the metric do not depend on how examples are batched.

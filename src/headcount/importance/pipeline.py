@@ -4,9 +4,9 @@
 ``objective="mlm"``: masked LM on the task's texts (or any MLM corpus); a checkpoint without an
 MLM head gets one fitted on the frozen encoder, and the returned info says so.
 ``objective="embedding"`` / ``"embedding-supervised"``: the contrastive loss of
-:mod:`headcount.data.embedding` on the encoder's pooled states (no head; the texts, or the pairs).
+``headcount.data.embedding`` on the encoder's pooled states (no head; the texts, or the pairs).
 
-The settings these verbs take are declared in :mod:`headcount.importance.settings` (re-exported here).
+The settings these verbs take are declared in [`headcount.importance.settings`][headcount.importance.settings] (re-exported here).
 """
 
 from __future__ import annotations
@@ -94,16 +94,16 @@ def task_head(model_spec: str, task) -> dict:
 def load_for(model_spec: str, task, objective: str = "task", mlm_texts=None, seed: int = 0, device=None):
     """The model for ``objective`` on ``task``, on its device: ``(model, tokenizer, info)``.
 
-    ``model_spec``: a spec or a :class:`~headcount.core.models.ModelSource`; resolved here once.
+    ``model_spec``: a spec or a [`ModelSource`][headcount.core.models.ModelSource]; resolved here once.
     ``device``: ``auto`` | ``cpu`` | ``cuda`` | ``cuda:N``; None = ``$HEADCOUNT_DEVICE`` (set by the
     study runner for each job), else ``auto`` (the GPU when there is one); or a resolved
-    :class:`~headcount.runtime.device.Runtime`. The model is moved there once; the verbs it is then
+    ``Runtime``. The model is moved there once; the verbs it is then
     given (score, evaluate, prune) keep it there. ``info["device"]`` names it.
 
     ``info["head"]`` says where the output head came from: ``"checkpoint"``, ``"new"`` (a task
     head that was not in the checkpoint: untrained), ``"fitted"`` (an MLM head fitted on the
     frozen encoder) or ``"pooling"`` (the embedding objectives: the encoder alone;
-    ``info["contrastive"]`` is the :class:`~headcount.data.embedding.Contrastive` to score with, its
+    ``info["contrastive"]`` is the ``Contrastive`` to score with, its
     pooling read from the checkpoint's sentence-transformers config, its views seeded by ``seed``).
     """
     check_objective(objective)
@@ -163,13 +163,13 @@ def batches_for(task, tokenizer, objective: str, data: DataConfig, split: str | 
 
 def example_order(task, tokenizer, objective: str, data: DataConfig, split: str | None = None,
                   group_by_length: bool = True):
-    """Which examples :func:`batches_for`'s batches hold, in the order of their rows.
+    """Which examples [`batches_for`][headcount.importance.pipeline.batches_for]'s batches hold, in the order of their rows.
 
     Per-example scores come out in this order. ``(source, index)``: ``source`` is
     ``"<task name>/<split>"``, ``index`` ``[n_examples]`` int64 positions in that split, so one text
     has the same id whatever the objective or the tokenizer (MLM and task importance of a task's
     examples pair up by id; different texts never do). Recomputed with the rule of
-    :func:`batches_for` (the seeded subset, then the batches' length grouping; tokens come from
+    [`batches_for`][headcount.importance.pipeline.batches_for] (the seeded subset, then the batches' length grouping; tokens come from
     the cache).
     """
     split = split or data.split or task.train_split
@@ -198,20 +198,20 @@ def prune_model(model, importance_batches, stop_batches, metric: str, *, setting
                 tokens_per_batch: int | None = None, contrastive: Contrastive | None = None):
     """Iterative pruning of ``model``: importance on one set of batches, the stop rule on another.
 
-    ``settings``: the method, normalisation and accumulation of importance (:class:`PruneSettings`;
+    ``settings``: the method, normalisation and accumulation of importance ([`PruneSettings`][headcount.importance.settings.PruneSettings];
     its splits are the caller's business: they chose the batches). ``config``: the loop.
-    ``device`` / ``precision`` / ``tokens_per_batch``: see :mod:`headcount.runtime.device` (None: where
+    ``device`` / ``precision`` / ``tokens_per_batch``: see ``headcount.runtime.device`` (None: where
     the model is, or ``$HEADCOUNT_DEVICE``; ``device`` may be a resolved
-    :class:`~headcount.runtime.device.Runtime`). The working copy is made on that device. Importance
+    ``Runtime``). The working copy is made on that device. Importance
     is taken at the mask's gate values (``at_mask``), as the references' gate tensors are.
-    ``contrastive``: the embedding objectives (``info["contrastive"]`` of :func:`load_for`):
+    ``contrastive``: the embedding objectives (``info["contrastive"]`` of [`load_for`][headcount.importance.pipeline.load_for]):
     importance uses its loss, on the batches as given; the stop rule (``metric``:
-    :func:`metric_for`'s) is, unsupervised, the Spearman agreement of the pruned model's pairwise
+    [`metric_for`][headcount.importance.pipeline.metric_for]'s) is, unsupervised, the Spearman agreement of the pruned model's pairwise
     similarities of the stop texts with the unpruned model's
-    (:func:`~headcount.data.embedding.similarity_agreement`), supervised, the pairs' cosine
+    ([`similarity_agreement`][headcount.data.embedding.similarity_agreement]), supervised, the pairs' cosine
     Pearson/Spearman with their labels.
 
-    Returns the :class:`~headcount.importance.pruning.PruneResult` of :func:`~headcount.importance.pruning.iterative_prune`,
+    Returns the [`PruneResult`][headcount.importance.pruning.PruneResult] of [`iterative_prune`][headcount.importance.pruning.iterative_prune],
     its ``meta`` (and mask meta) naming the device and precision.
     """
     settings = settings or PruneSettings()

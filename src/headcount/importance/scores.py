@@ -1,10 +1,10 @@
 """The Scores value and the options of scoring, each checked once.
 
-:class:`Scores`: head importance ``[n_layers, n_heads]`` and MLP importance ``[n_layers]`` of one
+[`Scores`][headcount.importance.scores.Scores]: head importance ``[n_layers, n_heads]`` and MLP importance ``[n_layers]`` of one
 model for one objective (+ optional per-example rows ``[n_examples, n_layers, n_heads]``), with
-JSON I/O; :func:`normalize_scores` (Prasanna et al.'s per-layer L2 then global min-max); the
-accumulation, normalisation and batch-order options (:data:`ACCUMULATE`, :data:`NORMALIZE`,
-:data:`BATCH_ORDERS`) with their checks. The scorers that compute scores are in :mod:`.scoring`.
+JSON I/O; [`normalize_scores`][headcount.importance.scores.normalize_scores] (Prasanna et al.'s per-layer L2 then global min-max); the
+accumulation, normalisation and batch-order options (``ACCUMULATE``, ``NORMALIZE``,
+``BATCH_ORDERS``) with their checks. The scorers that compute scores are in [`scoring`][headcount.importance.scoring].
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def groups_by_length(order: str, accumulate: str) -> bool:
 
 
 def check_normalize(mode: str) -> str:
-    """``mode`` if it is one of :data:`NORMALIZE`, else a one-line error (the one check of it)."""
+    """``mode`` if it is one of ``NORMALIZE``, else a one-line error (the one check of it)."""
     if mode not in NORMALIZE:
         raise HeadcountError(f"unknown normalisation {mode!r}; choose one of {', '.join(NORMALIZE)}")
     return mode
@@ -152,7 +152,7 @@ def _minmax(x: torch.Tensor) -> torch.Tensor:
 def check_accumulate(accumulate: str, method: str | Scorer = "gradient") -> None:
     """Refuse an unknown accumulation, and ``cumulative`` for methods it does not define
     (``gradient-token`` sums per-token absolute values: it has no running batch gradient).
-    ``method``: a scorer's name, or the :class:`~headcount.importance.scorers.Scorer` itself."""
+    ``method``: a scorer's name, or the [`Scorer`][headcount.importance.scorers.Scorer] itself."""
     if accumulate not in ACCUMULATE:
         raise HeadcountError(f"unknown accumulation {accumulate!r}; choose one of {', '.join(ACCUMULATE)}")
     scorer = method if isinstance(method, Scorer) else get_scorer(method)

@@ -1,11 +1,11 @@
 """The settings of the verbs that the commands and the studies share, declared once.
 
-:class:`DataConfig` (which examples, how they are batched), :class:`ScoreSettings` (how
-importance is computed) and :class:`PruneSettings` (what drives a pruning run; the loop's own
-settings are :class:`~headcount.importance.pruning.PruneConfig`). ``headcount score`` / ``headcount prune``
-read their options' defaults from these classes (:func:`default_of`), the studies' job
-functions validate their parameters into them (:func:`settings_from`), and
-:mod:`headcount.importance.pipeline` takes them. Kept free of transformers so that the command line,
+[`DataConfig`][headcount.importance.settings.DataConfig] (which examples, how they are batched), [`ScoreSettings`][headcount.importance.settings.ScoreSettings] (how
+importance is computed) and [`PruneSettings`][headcount.importance.settings.PruneSettings] (what drives a pruning run; the loop's own
+settings are [`PruneConfig`][headcount.importance.pruning.PruneConfig]). ``headcount score`` / ``headcount prune``
+read their options' defaults from these classes ([`default_of`][headcount.importance.settings.default_of]), the studies' job
+functions validate their parameters into them ([`settings_from`][headcount.importance.settings.settings_from]), and
+[`headcount.importance.pipeline`][headcount.importance.pipeline] takes them. Kept free of transformers so that the command line,
 which needs the defaults to declare its options, starts without loading it.
 """
 
@@ -21,7 +21,7 @@ from headcount.importance.scores import DEFAULT_ACCUMULATE, check_accumulate, ch
 from headcount.runtime.bounds import BATCH_SIZE, EXAMPLES, MAX_LENGTH, SEED
 from headcount.runtime.errors import HeadcountError
 
-#: ``embedding`` / ``embedding-supervised``: the contrastive objectives of :mod:`headcount.data.embedding`
+#: ``embedding`` / ``embedding-supervised``: the contrastive objectives of ``headcount.data.embedding``
 OBJECTIVES = ("task", "mlm", *EMBEDDING_OBJECTIVES)
 
 
@@ -54,11 +54,11 @@ class ScoreSettings:
     Attributes:
         objective: ``task`` (the task's loss), ``mlm`` (masked LM on the task's texts),
             ``embedding`` (SimCSE on the task's texts) or ``embedding-supervised`` (pairs as positives).
-        method: a registered scorer (:mod:`headcount.importance.scorers`).
-        normalize: one of :data:`~headcount.importance.scores.NORMALIZE` (raw scores by default).
-        accumulate: how gradients sum over batches (:data:`~headcount.importance.scores.ACCUMULATE`).
+        method: a registered scorer ([`headcount.importance.scorers`][headcount.importance.scorers]).
+        normalize: one of ``NORMALIZE`` (raw scores by default).
+        accumulate: how gradients sum over batches (``ACCUMULATE``).
         batch_order: the order of the batches importance is computed on
-            (:data:`~headcount.importance.scores.BATCH_ORDERS`; ``auto``: the split's order in fixed-size
+            (``BATCH_ORDERS``; ``auto``: the split's order in fixed-size
             batches for ``cumulative``, as the references do; grouped by length otherwise).
 
     >>> ScoreSettings(method="nonesuch")  # doctest: +ELLIPSIS
@@ -83,7 +83,7 @@ class ScoreSettings:
 
     @property
     def scorer(self) -> Scorer:
-        """The registered :class:`~headcount.importance.scorers.Scorer` that ``method`` names."""
+        """The registered [`Scorer`][headcount.importance.scorers.Scorer] that ``method`` names."""
         return self._scorer
 
     @property
@@ -95,14 +95,14 @@ class ScoreSettings:
 @dataclass(frozen=True)
 class PruneSettings(ScoreSettings):
     """What drives a pruning run (``headcount prune``, the studies' prune jobs); the loop's own
-    settings (threshold, step, schedule) are :class:`~headcount.importance.pruning.PruneConfig`.
+    settings (threshold, step, schedule) are [`PruneConfig`][headcount.importance.pruning.PruneConfig].
 
     Attributes:
-        objective: one of :data:`OBJECTIVES`.
-        method: importance method, a registered scorer that can drive pruning (:func:`prune_methods`).
+        objective: one of [`OBJECTIVES`][headcount.importance.settings.OBJECTIVES].
+        method: importance method, a registered scorer that can drive pruning ([`prune_methods`][headcount.importance.settings.prune_methods]).
         normalize: Prasanna et al.'s layer-wise then global normalisation by default.
-        accumulate: as :class:`ScoreSettings`.
-        batch_order: as :class:`ScoreSettings` (the importance batches; the stop rule's batches
+        accumulate: as [`ScoreSettings`][headcount.importance.settings.ScoreSettings].
+        batch_order: as [`ScoreSettings`][headcount.importance.settings.ScoreSettings] (the importance batches; the stop rule's batches
             are grouped by length: a metric does not depend on their order).
         importance_split: where importance is computed (None: the task's train split).
         stop_split: where the stop rule's metric is computed (None: the validation split).

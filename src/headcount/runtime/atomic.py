@@ -2,8 +2,8 @@
 names of headcount's temporary files.
 
 Every temporary file or folder headcount makes is named ``.headcount-tmp.<session>.<name>...``,
-``<session>`` a random token of the process (:data:`SESSION`): a folder's record
-(:mod:`headcount.runtime.record`) lists the sessions that wrote into it, so a later run can prove that a
+``<session>`` a random token of the process ([`SESSION`][headcount.runtime.atomic.SESSION]): a folder's record
+([`headcount.runtime.record`][headcount.runtime.record]) lists the sessions that wrote into it, so a later run can prove that a
 leftover temporary file is headcount's before removing it.
 """
 
@@ -107,7 +107,7 @@ def atomic_dir(path: str | os.PathLike, owned=None):
     An existing ``path`` is replaced only when, at every depth, each file it holds has a namesake
     in the new directory (an earlier version of the same output) and, when ``owned`` is given
     (relative path -> whether that file is headcount's, by its folder's record), is headcount's;
-    otherwise :class:`HeadcountError` naming them, and nothing is deleted.
+    otherwise [`HeadcountError`][headcount.runtime.errors.HeadcountError] naming them, and nothing is deleted.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

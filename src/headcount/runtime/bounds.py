@@ -1,9 +1,9 @@
-"""The sane range of a numeric setting (:class:`Bound`), and the ranges that several layers share.
+"""The sane range of a numeric setting ([`Bound`][headcount.runtime.bounds.Bound]), and the ranges that several layers share.
 
-A range that one concern owns is declared beside it: training's in :mod:`headcount.train.config`
-and :mod:`headcount.train.magnitude_search`, the pattern CNN's in :mod:`headcount.analysis.patterns`,
-the export tolerance in :mod:`headcount.core.export`, the Ray executor's GPUs per job in
-:mod:`headcount.experiments.runner.ray_executor`. What stays here is generic: sizes of data and
+A range that one concern owns is declared beside it: training's in [`headcount.train.config`][headcount.train.config]
+and [`headcount.train.magnitude_search`][headcount.train.magnitude_search], the pattern CNN's in [`headcount.analysis.patterns`][headcount.analysis.patterns],
+the export tolerance in [`headcount.core.export`][headcount.core.export], the Ray executor's GPUs per job in
+[`headcount.experiments.runner.ray_executor`][headcount.experiments.runner.ray_executor]. What stays here is generic: sizes of data and
 batches, seeds, steps, learning rates, fractions, resamples and token budgets, which the
 importance settings, training, the pattern CNN, the study configs and the command line all use.
 """
@@ -26,8 +26,8 @@ def _num(x) -> str:
 class Bound:
     """The sane range of a numeric setting: a finite number (never a bool) from ``low`` to ``high``,
     an end open where said; ``integer``: an int. One declaration serves the library's settings
-    classes (their ``__post_init__``, :func:`check_bounds`), the command line (options that no
-    settings class checks: :func:`headcount.cli.commands.bounded`) and the study configs (pydantic:
+    classes (their ``__post_init__``, [`check_bounds`][headcount.runtime.bounds.check_bounds]), the command line (options that no
+    settings class checks: [`headcount.cli.commands.bounded`][headcount.cli.commands.bounded]) and the study configs (pydantic:
     ``Field(default, **bound.limits())``).
 
     >>> LEARNING_RATE.check(0.5, "lr")
@@ -90,7 +90,7 @@ _FIELD_WORDS = {"lr": "learning rate", "rounds": "rounds (max steps)"}
 
 
 def check_bounds(obj, bounds: Mapping[str, Bound]) -> None:
-    """Check the fields of a settings dataclass ``obj`` against ``bounds`` (field -> :class:`Bound`);
+    """Check the fields of a settings dataclass ``obj`` against ``bounds`` (field -> [`Bound`][headcount.runtime.bounds.Bound]);
     a field whose default is None may be None. The error names the field in words
     (``max_train_examples`` -> "max train examples", ``lr`` -> "learning rate").
     """

@@ -9,16 +9,16 @@ Where a spec comes from, first found wins:
 1. the argument (``--device`` / ``--precision`` on the command line, ``device=`` in the API);
 2. the environment: ``HEADCOUNT_DEVICE`` / ``HEADCOUNT_PRECISION`` (the study runner sets
    ``HEADCOUNT_DEVICE`` for each job from the config's ``device:`` and its device pool);
-3. for the commands and study jobs, which load the model themselves (:func:`load_for
-   <headcount.importance.pipeline.load_for>`): ``auto``. For the library verbs (``hc.score``,
+3. for the commands and study jobs, which load the model themselves (``load_for
+   <headcount.importance.pipeline.load_for>``): ``auto``. For the library verbs (``hc.score``,
    ``evaluate_batches``), which are handed a model: the device the model is on.
 
-The model goes to its device once (:func:`place`); batches follow it (:func:`to_device`); every
+The model goes to its device once ([`place`][headcount.runtime.device.place]); batches follow it ([`to_device`][headcount.runtime.device.to_device]); every
 accumulator lives on that device and comes back to the CPU once, at the end.
 
-Batches are re-packed before they reach the model (:mod:`headcount.data.tasks.batching`): padded
-lengths are rounded up to a multiple (:func:`pad_multiple`) so that kernels see few distinct
-shapes, and consecutive batches are merged up to a token budget (:func:`default_tokens_per_batch`)
+Batches are re-packed before they reach the model ([`headcount.data.tasks.batching`][headcount.data.tasks.batching]): padded
+lengths are rounded up to a multiple ([`pad_multiple`][headcount.runtime.device.pad_multiple]) so that kernels see few distinct
+shapes, and consecutive batches are merged up to a token budget ([`default_tokens_per_batch`][headcount.runtime.device.default_tokens_per_batch])
 so that a GPU gets enough work per launch. Both defaults for CUDA are judgement, not measurement
 (see docs/gpus.md).
 """
@@ -255,7 +255,7 @@ def _settle(dev: torch.device, precision: str | None, tokens_per_batch: int | No
 
 def resolve_runtime(device: str | torch.device | None = None, precision: str | None = None,
                     tokens_per_batch: int | None = None) -> Runtime:
-    """The :class:`Runtime` of a command's or job's specs, resolved once, before any work (an
+    """The ``Runtime`` of a command's or job's specs, resolved once, before any work (an
     unavailable device or precision: one ``error:`` line, exit 2); the verbs it is handed
     (``device=rt``) use it as it is. None: ``$HEADCOUNT_DEVICE`` / ``$HEADCOUNT_PRECISION``, else auto.
 
@@ -267,9 +267,9 @@ def resolve_runtime(device: str | torch.device | None = None, precision: str | N
 
 def runtime(model, device: str | torch.device | Runtime | None = None, precision: str | None = None,
             tokens_per_batch: int | None = None) -> Runtime:
-    """Place ``model`` (see :func:`place`) and settle precision, padding multiple and token budget.
+    """Place ``model`` (see [`place`][headcount.runtime.device.place]) and settle precision, padding multiple and token budget.
 
-    ``device`` a :class:`Runtime` (:func:`resolve_runtime`): the model goes to its device and it is
+    ``device`` a ``Runtime`` ([`resolve_runtime`][headcount.runtime.device.resolve_runtime]): the model goes to its device and it is
     used as it is (``precision`` is then ignored; ``tokens_per_batch``, when given, replaces its budget).
     ``tokens_per_batch``: None = the device's default; 0 = batches as given (no merging, no rounding).
     """

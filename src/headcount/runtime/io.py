@@ -1,5 +1,5 @@
 """Atomic writes (a result is either the old file or the complete new one, never half), and the
-``--out`` guard every command uses (:func:`prepare_out`)."""
+``--out`` guard every command uses ([`prepare_out`][headcount.runtime.io.prepare_out])."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ from headcount.runtime.record import (
 #
 # What headcount promises about an --out directory (docs/promises.md, "What headcount promises about your
 # files"): it writes only inside it; a file is headcount's only if the folder's record
-# (``.headcount-out.json``, see :mod:`headcount.runtime.record`) lists it, and nothing else is ever
+# (``.headcount-out.json``, see [`headcount.runtime.record`][headcount.runtime.record]) lists it, and nothing else is ever
 # replaced or deleted, ``--force`` included; a folder without a record that holds anything is
 # refused; the outputs of one command appear together (written into a staging directory inside
 # --out and renamed into place only after all of them succeeded); ``.headcount.lock`` held with
@@ -77,7 +77,7 @@ def check_file_out(out, command: str, marker_of, identity=None, force: bool = Fa
 @contextmanager
 def one_file_out(path: Path, command: str, option: str = "--out"):
     """The guard of a one-file output (``export --format onnx``, ``explore``): create its folder,
-    hold ``.headcount.lock.NAME`` beside it (see :func:`lock_file`; removed after), and on failure
+    hold ``.headcount.lock.NAME`` beside it (see [`lock_file`][headcount.runtime.lock.lock_file]; removed after), and on failure
     remove the folders it created. The caller checks the file itself (a file headcount did not
     write is never replaced) before and again inside the block, and writes it atomically.
 
@@ -119,8 +119,8 @@ def one_file_out(path: Path, command: str, option: str = "--out"):
             remove_created(path.parent, created)
 
 
-#: the open guards of direct writers (finetune, magnitude): what :func:`record_written` and
-#: :func:`remove_written` update while a library function (the Trainer's checkpoints) writes inside them
+#: the open guards of direct writers (finetune, magnitude): what [`record_written`][headcount.runtime.io.record_written] and
+#: [`remove_written`][headcount.runtime.io.remove_written] update while a library function (the Trainer's checkpoints) writes inside them
 _DIRECT: list["OutDir"] = []
 
 
@@ -151,7 +151,7 @@ def record_written(path: Path) -> None:
 
 
 def owned_check(path: Path):
-    """For :func:`~headcount.runtime.atomic.atomic_dir`: a test of the files under ``path`` (relative
+    """For ``atomic_dir``: a test of the files under ``path`` (relative
     paths) by the record of the direct writer's ``--out`` that holds it; None outside such a guard.
     A file the record lists is headcount's while unchanged. One it does not list is headcount's
     only while the record lists ``path`` itself and nothing under it (a folder claimed or sealed
@@ -284,7 +284,7 @@ def remove_listed(path: Path, refuse: bool = True) -> None:
 def claim_under(folder: Path, names) -> None:
     """Claim ``names`` (relative to ``folder``, a temporary folder a library is about to write
     into inside a direct writer's ``--out``) in the record, so that a later run removes exactly
-    these if this one is killed while writing (:meth:`Record.clean_tmp`). Outside a guard: nothing."""
+    these if this one is killed while writing ([`Record.clean_tmp`][headcount.runtime.record.Record.clean_tmp]). Outside a guard: nothing."""
     found = _guard_of(folder)
     if found is None:
         return
@@ -373,12 +373,12 @@ def _differences(old, new) -> list[str]:
 
 
 class OutDir:
-    """A command's ``--out`` directory, checked, locked and recorded (see :func:`prepare_out`).
+    """A command's ``--out`` directory, checked, locked and recorded (see [`prepare_out`][headcount.runtime.io.prepare_out]).
 
-    Two ways to write: stage the outputs in :meth:`staging` and :meth:`commit` them (each staged
+    Two ways to write: stage the outputs in ``staging`` and ``commit`` them (each staged
     entry replaces its namesake, which the record lists; listed files the new run did not write
     are removed), or write the declared ``outputs`` directly into the folder (``finetune``,
-    ``magnitude``: they resume); :meth:`close` then records what they wrote. Use as a context
+    ``magnitude``: they resume); ``close`` then records what they wrote. Use as a context
     manager; the lock is released and the staging directory removed on exit.
     """
 
@@ -524,7 +524,7 @@ def check_out_path(out, option: str = "--out") -> Path:
 
 def prepare_out(out, command: str, *, identity=None, outputs=(), force: bool = False, echo=None,
                 distributed: bool = False, direct: bool = False) -> OutDir:
-    """Check, create, lock and record a command's ``--out``; returns an :class:`OutDir`.
+    """Check, create, lock and record a command's ``--out``; returns an [`OutDir`][headcount.runtime.io.OutDir].
 
     Args:
         out: the directory.

@@ -2,12 +2,12 @@
 
 The rule every writer follows (docs/promises.md): **a file or
 folder is headcount's only if the record of the folder it sits in lists it**, and, for a file, only
-while its content is what the record says (a SHA-256 for files up to :data:`HASH_LIMIT`, size and
+while its content is what the record says (a SHA-256 for files up to ``HASH_LIMIT``, size and
 mtime above). Nothing else is ever replaced or deleted, ``--force`` included: a name headcount
 would write that is not headcount's is refused with one line.
 
 Temporary files are named ``.headcount-tmp.<session>.<name>...``: ``<session>`` is a random token
-of the process that made them (:data:`SESSION`). A folder's record lists the sessions that wrote
+of the process that made them (``SESSION``). A folder's record lists the sessions that wrote
 into it *before* they write, so a later run can prove a temporary file is headcount's (its prefix
 and a session of the record) and remove it; a user's ``.draft.tmp`` never matches.
 
@@ -98,8 +98,8 @@ def linked_parent(folder: Path, rel: str) -> str | None:
 #
 # A one-file output (``export --format onnx``, ``explore``) has no folder of its own, so no record
 # beside it: it carries its own. Its headcount marker holds ``SEAL_TAG`` + 64 zeros when the file is
-# made; :func:`seal_bytes` replaces the zeros by the SHA-256 of the whole file as it was with the
-# zeros (same length: an ONNX protobuf or a page stays valid). :func:`sealed_intact` undoes that and
+# made; [`seal_bytes`][headcount.runtime.record.seal_bytes] replaces the zeros by the SHA-256 of the whole file as it was with the
+# zeros (same length: an ONNX protobuf or a page stays valid). [`sealed_intact`][headcount.runtime.record.sealed_intact] undoes that and
 # compares: a file the user edited afterwards (a note added to a page) is no longer headcount's.
 
 SEAL_TAG = "headcount-sha256:"
@@ -117,7 +117,7 @@ def seal_bytes(data: bytes) -> bytes:
 
 
 def sealed_intact(path: Path) -> bool:
-    """Whether the file at ``path`` is exactly what :func:`seal_bytes` made (unchanged since)."""
+    """Whether the file at ``path`` is exactly what [`seal_bytes`][headcount.runtime.record.seal_bytes] made (unchanged since)."""
     try:
         data = Path(path).read_bytes()
     except OSError:
@@ -138,7 +138,7 @@ def matches(name: str, patterns: Iterable[str]) -> bool:
 
 
 class Record:
-    """The record of one folder. :meth:`read` it, change it, :meth:`write` it (atomically)."""
+    """The record of one folder. ``read`` it, change it, ``write`` it (atomically)."""
 
     def __init__(self, folder: Path, command: str, identity=None, files: dict | None = None,
                  sessions: list[str] | None = None):
@@ -212,10 +212,10 @@ class Record:
         return [n for n in names if os.path.lexists(self.folder / n) and not self.owns(n)]
 
     def claim(self, names: Iterable[str], rewrite: bool = False) -> None:
-        """List ``names`` as being written (call before writing them, then :meth:`write`).
+        """List ``names`` as being written (call before writing them, then ``write``).
 
         ``rewrite``: the caller checked that the listed ones are headcount's and is about to replace
-        them: their stamps become claims too, so a run killed between the write and :meth:`seal`
+        them: their stamps become claims too, so a run killed between the write and ``seal``
         leaves them headcount's (not "changed by the user").
         """
         for n in names:

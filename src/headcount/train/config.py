@@ -1,4 +1,4 @@
-"""The fine-tuning settings (:class:`TrainConfig`: Prasanna et al.'s hyper-parameters by default) and
+"""The fine-tuning settings (``TrainConfig``: Prasanna et al.'s hyper-parameters by default) and
 where they run (CPU, bf16)."""
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ class TrainConfig:
     logging_steps: int = 50
     use_cpu: bool = False
 
-    #: the sane range of each numeric field (:mod:`headcount.runtime.bounds`, training's own above): the command line and the
+    #: the sane range of each numeric field ([`headcount.runtime.bounds`][headcount.runtime.bounds], training's own above): the command line and the
     #: study configs build a TrainConfig, so this one check is theirs too
     BOUNDS = {"lr": LEARNING_RATE, "batch_size": BATCH_SIZE, "epochs": EPOCHS, "max_length": MAX_LENGTH,
               "weight_decay": WEIGHT_DECAY, "warmup": WARMUP, "max_grad_norm": GRAD_NORM,

@@ -76,7 +76,7 @@ def mask_summary(mask: Mask | None, mode: str | None = None) -> dict | None:
 
 
 def prepare_model(model_spec: str, task, *, mask=None, mask_mode: str = "prune", weight_mask=None, seed: int = 0):
-    """Load ``model_spec`` for ``task`` and apply the masks (what :func:`finetune` trains).
+    """Load ``model_spec`` for ``task`` and apply the masks (what [`finetune`][headcount.train.finetuning.finetune] trains).
 
     Structured retraining: ``mask`` removes heads/MLPs from the weights as loaded (pre-trained
     weights for a pre-trained checkpoint). ``weight_mask`` (names -> bool, True = kept) installs
@@ -182,7 +182,7 @@ def finetune(model_spec: str, task, *, mask=None, mask_mode: str = "prune", weig
 
     Structured retraining = pass ``mask``: it is applied to the weights as loaded (the
     pre-trained ones) before training; ``mask_mode="prune"`` removes the heads/MLPs physically
-    (the checkpoint is a pruned one, see :func:`~headcount.core.surgery.load_pruned`), ``"gate"`` keeps
+    (the checkpoint is a pruned one, see [`load_pruned`][headcount.core.surgery.load_pruned]), ``"gate"`` keeps
     the shapes and holds the gates at 0 (recorded in the checkpoint, restored on load).
     Magnitude retraining = pass ``weight_mask`` (names -> bool, or a ``weight_mask.safetensors``).
 
@@ -192,12 +192,12 @@ def finetune(model_spec: str, task, *, mask=None, mask_mode: str = "prune", weig
 
     Args:
         model_spec: hub id, local checkpoint directory, or ``"offline"``.
-        task: a task name, task YAML path, or a :class:`headcount.data.tasks.Task`.
-        mask: a :class:`~headcount.core.masks.Mask`, its dict, or a ``mask.json`` path.
+        task: a task name, task YAML path, or a ``headcount.data.tasks.Task``.
+        mask: a [`Mask`][headcount.core.masks.Mask], its dict, or a ``mask.json`` path.
         mask_mode: ``"prune"`` (physical) or ``"gate"`` (fixed gates).
-        weight_mask: a magnitude mask (see :mod:`headcount.importance.magnitude`) or its file.
+        weight_mask: a magnitude mask (see ``headcount.importance.magnitude``) or its file.
         seed: seeds the head initialisation, data order and dropout.
-        config: hyper-parameters (default :class:`TrainConfig`).
+        config: hyper-parameters (default ``TrainConfig``).
         out_dir: the run's folder.
         progress: called with one-line progress messages.
         callbacks: extra ``transformers.TrainerCallback`` objects.

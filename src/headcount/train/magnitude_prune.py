@@ -1,10 +1,10 @@
 """Magnitude-pruning runs: a weight mask searched or drawn, then the retraining, in one resumable folder.
 
-:func:`magnitude_prune` dispatches on ``MagnitudeConfig.procedure``: :func:`prasanna_magnitude_prune`
+[`magnitude_prune`][headcount.train.magnitude_prune.magnitude_prune] dispatches on ``MagnitudeConfig.procedure``: [`prasanna_magnitude_prune`][headcount.train.magnitude_prune.prasanna_magnitude_prune]
 (the paper's search on the fine-tuned weights, then one retraining from the pre-trained weights)
-or :func:`iterative_magnitude_prune` (IMP with rewinding); a control (``random`` / ``bad``) or a
+or [`iterative_magnitude_prune`][headcount.train.magnitude_prune.iterative_magnitude_prune] (IMP with rewinding); a control (``random`` / ``bad``) or a
 given sparsity is one shot. The procedures themselves, their settings and the stop rule are in
-:mod:`headcount.train.magnitude_search`.
+[`headcount.train.magnitude_search`][headcount.train.magnitude_search].
 
 Output folder (claimed before any work, so a kill leaves it resumable and headcount's):
 ``weight_mask.safetensors``, ``trace.csv`` (one row per step: sparsity, metric, passed),
@@ -121,9 +121,9 @@ def magnitude_prune(model_spec: str, task, *, config: MagnitudeConfig | None = N
                     callbacks: Sequence = ()) -> dict:
     """Magnitude pruning by ``config.procedure``; one shot when ``config.sparsity`` or ``match`` is given.
 
-    ``"prasanna"``: :func:`prasanna_magnitude_prune`; ``"imp"``: :func:`iterative_magnitude_prune`.
+    ``"prasanna"``: [`prasanna_magnitude_prune`][headcount.train.magnitude_prune.prasanna_magnitude_prune]; ``"imp"``: [`iterative_magnitude_prune`][headcount.train.magnitude_prune.iterative_magnitude_prune].
     A one shot (the random and bad controls) ranks the full fine-tuned weights and retrains once
-    from the pre-trained ones, for either procedure (:func:`iterative_magnitude_prune` with one round).
+    from the pre-trained ones, for either procedure ([`iterative_magnitude_prune`][headcount.train.magnitude_prune.iterative_magnitude_prune] with one round).
 
     >>> r = magnitude_prune("offline", "offline/movies", out_dir="runs/mag")          # doctest: +SKIP
     >>> r["procedure"], r["sparsity"], r["metric"]                                    # doctest: +SKIP
@@ -160,7 +160,7 @@ def prasanna_magnitude_prune(model_spec: str, task, *, config: MagnitudeConfig |
     """The paper's procedure end to end: fine-tune, search without retraining, retrain the kept mask once.
 
     1. ``out_dir/full``: the full model fine-tuned from ``model_spec`` (a finished folder is reused).
-    2. :func:`prasanna_magnitude_mask` on those fine-tuned weights, evaluated on the dev subset of
+    2. [`prasanna_magnitude_mask`][headcount.train.magnitude_search.prasanna_magnitude_mask] on those fine-tuned weights, evaluated on the dev subset of
        ``train`` (``max_eval_examples``, ``data_seed``): ``trace.csv`` (step, sparsity, metric =
        the un-retrained dev metric, passed, ...), ``weight_mask.safetensors`` (the kept mask: at
        the cap, the step before the last unless ``config.at_cap="last"``).
@@ -168,7 +168,7 @@ def prasanna_magnitude_prune(model_spec: str, task, *, config: MagnitudeConfig |
        weights, a new head with the same seed) -> the reported ``metric``.
 
     When no step passes: ``no_passing_mask: true``, ``metric``/``sparsity`` null, no mask file,
-    nothing retrained. Resumable (each fine-tuning is a :func:`~headcount.train.finetune` folder).
+    nothing retrained. Resumable (each fine-tuning is a [`finetune`][headcount.train.finetune] folder).
 
     Returns:
         The summary written to ``magnitude.json``: procedure, full_metric (the full fine-tuning),
@@ -284,13 +284,13 @@ def iterative_magnitude_prune(model_spec: str, task, *, config: MagnitudeConfig 
     When no round passes: ``no_passing_mask: true``, ``metric``/``sparsity`` null and no
     ``weight_mask.safetensors`` (earlier versions reported the full model at sparsity 0).
 
-    Everything is resumable: each round is a :func:`~headcount.train.finetune` folder.
+    Everything is resumable: each round is a [`finetune`][headcount.train.finetune] folder.
 
     Args:
         model_spec: the pre-trained model (the rewind target).
         task: task name, YAML path or object.
-        config: :class:`MagnitudeConfig`.
-        train: :class:`~headcount.train.TrainConfig` for every fine-tuning.
+        config: [`MagnitudeConfig`][headcount.train.magnitude_search.MagnitudeConfig].
+        train: [`TrainConfig`][headcount.train.TrainConfig] for every fine-tuning.
         seed: training seed (and the random control's).
         out_dir: output folder: ``weight_mask.safetensors`` (the last passing mask), ``trace.csv``,
             ``magnitude.json``, ``full/``, ``round_XX/``.

@@ -280,7 +280,7 @@ def last_complete_checkpoint(ckpt_dir: Path, discard: bool = True) -> str | None
 
 def remove_checkpoint(path: Path) -> None:
     """Remove a checkpoint folder: inside a command's ``--out``, only the files its record lists
-    (:func:`headcount.runtime.io.remove_written`; a user's file stays, with its folders); a
+    ([`headcount.runtime.io.remove_written`][headcount.runtime.io.remove_written]; a user's file stays, with its folders); a
     library caller's own folder (a study job's private one) goes whole."""
     if not remove_written(path):
         shutil.rmtree(path, ignore_errors=True)

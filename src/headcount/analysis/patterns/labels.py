@@ -112,7 +112,7 @@ def load_labelled_maps(maps_path, labels_path, classes: Sequence[str] = CLASSES)
         maps_path: a .safetensors file with a float tensor named ``maps``, shape ``[N, S, S]``, and
             optionally an integer tensor ``lengths`` ``[N]``: map i is then ``maps[i, :L_i, :L_i]``
             (per-example maps of a padded batch) and is centre-padded back to S x S
-            (:func:`~headcount.analysis.patterns.center_pad`), the input the CNN reads.
+            ([`center_pad`][headcount.analysis.patterns.center_pad]), the input the CNN reads.
         labels_path: a .csv with a ``label`` column, or a .json list (or ``{"labels": [...]}``);
             labels are class names or ids, one per map, in order.
         classes: class names the labels refer to.
@@ -165,7 +165,7 @@ def load_labelled_maps(maps_path, labels_path, classes: Sequence[str] = CLASSES)
 
 
 def save_labelled_maps(maps, labels, maps_path, labels_path, classes: Sequence[str] = CLASSES) -> tuple[Path, Path]:
-    """Write maps and labels in the format :func:`load_labelled_maps` reads (atomically).
+    """Write maps and labels in the format [`load_labelled_maps`][headcount.analysis.patterns.labels.load_labelled_maps] reads (atomically).
 
     Args:
         maps: ``[N, S, S]``.

@@ -59,7 +59,7 @@ def synthetic_attention_maps(
             ([CLS] segment A [SEP] segment B [SEP]).
 
     Returns:
-        A :class:`SyntheticMaps`.
+        A [`SyntheticMaps`][headcount.analysis.patterns.synthetic.SyntheticMaps].
 
     >>> s = synthetic_attention_maps(n_per_class=2, size=16, seed=0)
     >>> s.maps.shape, sorted(set(s.labels.tolist()))

@@ -28,7 +28,7 @@ def setting(cls, field: str, *names: str, **kwargs):
 
 def bounded(bound: Bound):
     """The ``callback=`` of a numeric option that no settings class checks: a value outside
-    ``bound`` (a :class:`~headcount.runtime.bounds.Bound`) is refused while the command line is read, before the
+    ``bound`` (a [`Bound`][headcount.runtime.bounds.Bound]) is refused while the command line is read, before the
     command runs, in one line that names the option (``--seed must be an integer in 0..4294967295,
     got -1``). None (an option left out) passes.
     """

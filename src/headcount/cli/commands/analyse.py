@@ -58,7 +58,7 @@ def _since_start() -> float | None:
 def _imported_for_good():
     """Imports that make objects living as long as the process (~10^6 for transformers' modules):
     the cyclic garbage collector is off while they are made (it would walk them again and again),
-    and in a process that froze its objects (the console script: :func:`headcount.cli.app.main`) they
+    and in a process that froze its objects (the console script: [`headcount.cli.app.main`][headcount.cli.app.main]) they
     are frozen too, so that no later collection walks them (~0.7 s of a command on 2 busy cores)."""
     enabled = gc.isenabled()
     gc.disable()
@@ -74,7 +74,7 @@ def _imported_for_good():
 @contextmanager
 def _naming_out_on_interrupt(out):
     """A Ctrl-C before ``prepare_out`` has taken ``--out`` names it in its line too (the line of
-    :func:`headcount.cli.app.main` names the last of ``ACTIVE_OUTS``), as it does once the run has it:
+    [`headcount.cli.app.main`][headcount.cli.app.main] names the last of ``ACTIVE_OUTS``), as it does once the run has it:
     whatever ``--out`` holds is kept, untouched."""
     try:
         yield
@@ -85,7 +85,7 @@ def _naming_out_on_interrupt(out):
 
 
 def _heavy_imports():
-    """What a command that loads a checkpoint imports: :mod:`headcount.cli.api` and what loading runs."""
+    """What a command that loads a checkpoint imports: [`headcount.cli.api`][headcount.cli.api] and what loading runs."""
     with _imported_for_good():
         # lazy: transformers, matplotlib: loaded when a command runs, not for --help; and what loading a
         # checkpoint imports (transformers.modeling_utils: torch.distributed, dynamo, ~2 s)

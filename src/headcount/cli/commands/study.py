@@ -16,9 +16,9 @@ GPUS_PER_JOB_HELP = ("with --executor ray: GPUs each job that runs a model asks 
 
 
 def check_gpus_per_job(value: float | None) -> None:
-    """``--gpus-per-job``: :func:`headcount.experiments.runner.ray_executor.check_gpus_per_job`'s rule, checked
+    """``--gpus-per-job``: [`headcount.experiments.runner.ray_executor.check_gpus_per_job`][headcount.experiments.runner.ray_executor.check_gpus_per_job]'s rule, checked
     before the study loads (the local executor refuses it when it is made:
-    :func:`headcount.experiments.runner.executors.make_executor`)."""
+    [`headcount.experiments.runner.executors.make_executor`][headcount.experiments.runner.executors.make_executor])."""
     if value is not None:
         from headcount.experiments.runner.ray_executor import check_gpus_per_job as check  # lazy: --help stays light
 

@@ -2,7 +2,7 @@
 
 An adapter is the only place that knows attribute paths such as
 ``encoder.layer[i].attention.self.query``. Generic code (gates, surgery, scoring) sees
-:class:`Block` objects: one per *application* of a transformer layer, in execution order.
+[`Block`][headcount.core.arch.base.Block] objects: one per *application* of a transformer layer, in execution order.
 ALBERT applies one shared layer at every depth, so its blocks repeat the same modules.
 """
 
@@ -182,11 +182,11 @@ class Adapter:
         raise NotImplementedError
 
     def blocks(self, model: nn.Module) -> list[Block]:
-        """One :class:`Block` per application, in execution order."""
+        """One [`Block`][headcount.core.arch.base.Block] per application, in execution order."""
         raise NotImplementedError
 
     def layout(self, model: nn.Module) -> Layout:
-        """The model's :class:`Layout` (from its config and module tree; nothing is installed)."""
+        """The model's [`Layout`][headcount.core.arch.base.Layout] (from its config and module tree; nothing is installed)."""
         groups: dict[int, list[int]] = {}
         blocks = self.blocks(model)
         for app, block in enumerate(blocks):
@@ -207,7 +207,7 @@ class Adapter:
         """Whether the sequence-classification head reads every position (e.g. mean pooling)
         rather than only the first one and the pooled output (BERT-style heads: False).
 
-        Tells :func:`headcount.data.heads.fit_task_head` what to cache of the frozen encoder's output.
+        Tells ``headcount.data.heads.fit_task_head`` what to cache of the frozen encoder's output.
         """
         return False
 

@@ -100,7 +100,7 @@ def expected_files(root: Path | None = None) -> dict[Path, str]:
 
 
 def is_fetched(root: Path | None = None) -> bool:
-    """Whether ``headcount data fetch`` has run for ``root`` (default :func:`data_root`).
+    """Whether ``headcount data fetch`` has run for ``root`` (default [`data_root`][headcount.data.tasks.paths.data_root]).
 
     >>> isinstance(is_fetched(), bool)
     True
@@ -157,7 +157,7 @@ def _adopters() -> dict:
     """Every file ``fetch`` writes (relative to the data folder) -> whether a file found there without
     a record is the very one ``fetch`` writes (its checksum; a manifest of ``fetch``'s own form):
     the data folder is a cache headcount owns, and a folder fetched by an earlier headcount that
-    kept no record is adopted file by file (:func:`headcount.runtime.owned.owned_folder`)."""
+    kept no record is adopted file by file ([`headcount.runtime.owned.owned_folder`][headcount.runtime.owned.owned_folder])."""
     def same(sha):
         return lambda p: sha256_file(p) == sha
 

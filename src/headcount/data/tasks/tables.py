@@ -1,7 +1,7 @@
 """Reading local data files (csv, tsv, jsonl, parquet) into columns, with one-line errors.
 
-A :class:`Table` is plain columns (``dict[str, list]``) plus where they came from, so that the
-code that turns rows into examples (:meth:`headcount.data.tasks.base.Task.load`) is the same for local
+A [`Table`][headcount.data.tasks.tables.Table] is plain columns (``dict[str, list]``) plus where they came from, so that the
+code that turns rows into examples ([`headcount.data.tasks.base.Task.load`][headcount.data.tasks.base.Task.load]) is the same for local
 files, the Hugging Face hub and the offline data.
 """
 
@@ -45,7 +45,7 @@ class Table:
 
 
 def read_text(path: str | os.PathLike) -> str:
-    """Read a UTF-8 text file; a one-line :class:`HeadcountError` when that is impossible.
+    """Read a UTF-8 text file; a one-line [`HeadcountError`][headcount.runtime.errors.HeadcountError] when that is impossible.
 
     >>> read_text(__file__).startswith("Reading", 3)
     True
@@ -73,7 +73,7 @@ def read_table(path: str | os.PathLike) -> Table:
 
     CSV/TSV cells are read as strings exactly as written (no ``NA`` guessing); numbers are
     converted later where a number is expected. A ``.tsv`` is plain tab-separated text (quotes are
-    text, :func:`read_tsv`), a ``.csv`` is CSV (quoted fields may span lines). Every row is read
+    text, [`read_tsv`][headcount.data.tasks.tables.read_tsv]), a ``.csv`` is CSV (quoted fields may span lines). Every row is read
     or the file is refused: a row with the wrong number of fields, a quote never closed, and a
     count of rows that does not match the file's lines (or a parquet file's metadata).
 

@@ -1,4 +1,4 @@
-"""The page model of the explorer: one JSON-able dict that :mod:`.page` renders.
+"""The page model of the explorer: one JSON-able dict that [`page`][headcount.experiments.explorer.page] renders.
 
 Layout of the dict (``FORMAT`` 1)::
 
@@ -22,10 +22,10 @@ level that removed the head; null: none did), ``step`` (the iterative pruning st
 the head; null: kept), ``pattern`` (an index into ``categories``).
 Values that are not finite are null.
 
-Attention (:func:`encode_attention`): per head, one byte string over the examples; for each
+Attention ([`encode_attention`][headcount.experiments.explorer.data.encode_attention]): per head, one byte string over the examples; for each
 example of ``n`` tokens: ``n`` counts (one per query row), then for each row ``count`` pairs
 ``(key index, round(weight x 255))``, the row's largest weights, largest first: at most ``k``,
-and only those of at least ``min_weight`` (the largest is always kept). :func:`decode_attention`
+and only those of at least ``min_weight`` (the largest is always kept). [`decode_attention`][headcount.experiments.explorer.data.decode_attention]
 reads it back (the page's script does the same).
 """
 
@@ -123,7 +123,7 @@ def add_quantity(page: dict, name: str, heads, mlps=None, *, kind: str, categori
     """Add a quantity (a [layers, heads] grid and an optional [layers] MLP column) to ``page``.
 
     ``key``: the job name (or file) it comes from, and its seed group is read from
-    (:func:`seed_group`; default ``name``). A name already on the page gets `` [key]``.
+    ([`seed_group`][headcount.experiments.explorer.data.seed_group]; default ``name``). A name already on the page gets `` [key]``.
 
     Raises:
         HeadcountError: a grid that does not fit the page's layers x heads (the message names ``name``).
@@ -153,7 +153,7 @@ def add_quantity(page: dict, name: str, heads, mlps=None, *, kind: str, categori
 def add_seed_summaries(page: dict) -> None:
     """For each group of score grids over two or more seeds, their mean; for each group of masks
     over two or more seeds, survival (kept by k of n). Members are grouped by their keys' seed
-    group (:func:`seed_group`: job names that differ only in ``seed<k>``); the summary is named
+    group ([`seed_group`][headcount.experiments.explorer.data.seed_group]: job names that differ only in ``seed<k>``); the summary is named
     after its members' name without the seed (``, seed 1``), or after the group of keys.
 
     >>> page = new_page(1, 2, "t", {})
@@ -262,7 +262,7 @@ def finish(page: dict) -> dict:
 # -- attention --------------------------------------------------------------------------------
 def choose_k(n_rows: int, budget: int = BUDGET_BYTES) -> int:
     """Weights kept per query row so that ``n_rows`` rows fit ``budget`` bytes at worst
-    (a count byte per row and two bytes per weight); between 1 and :data:`TOP_K`.
+    (a count byte per row and two bytes per weight); between 1 and [`TOP_K`][headcount.experiments.explorer.data.TOP_K].
 
     >>> choose_k(144 * 16 * 128)   # BERT-base, 16 examples of 128 tokens
     5

@@ -1,10 +1,10 @@
 """The explorer page: one self-contained HTML file (inline style, script and data; nothing is
 fetched, so it opens from disk with the network off).
 
-The page model (:mod:`.data`) travels as JSON in ``<script type="application/json"
+The page model ([`data`][headcount.experiments.explorer.data]) travels as JSON in ``<script type="application/json"
 id="hc-data">`` (``<``, ``>`` and ``&`` escaped as ``\\u003c``...: no text of the data can end the
-tag); :func:`page_data` reads it back. The second line of the file marks it as headcount's
-(:func:`marker`): a later run replaces only a file that carries it.
+tag); [`page_data`][headcount.experiments.explorer.page.page_data] reads it back. The second line of the file marks it as headcount's
+([`marker`][headcount.experiments.explorer.page.marker]): a later run replaces only a file that carries it.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""Where an explorer page's numbers come from: a run directory (:func:`from_run`) or a model and
-a task with optional score and mask files (:func:`from_model`); and the attention examples
-(:func:`attention_examples`) both compute with :func:`headcount.core.attention.attention_maps`.
+"""Where an explorer page's numbers come from: a run directory ([`from_run`][headcount.experiments.explorer.sources.from_run]) or a model and
+a task with optional score and mask files ([`from_model`][headcount.experiments.explorer.sources.from_model]); and the attention examples
+([`attention_examples`][headcount.experiments.explorer.sources.attention_examples]) both compute with [`headcount.core.attention.attention_maps`][headcount.core.attention.attention_maps].
 """
 
 from __future__ import annotations
@@ -356,7 +356,7 @@ def _texts(task, texts, examples: int) -> tuple[list[tuple[str, ...]], int]:
 def attention_examples(model: str, task, *, examples: int = DEFAULT_EXAMPLES, texts=None, device=None,
                        layout: tuple[int, int] | None = None) -> dict:
     """Attention of ``model`` on ``examples`` dev examples of ``task`` (or on ``texts``), each cut
-    to :data:`MAX_TOKENS` tokens: ``{"tokens", "maps" ([layers, heads, n, n] per example, NaN for
+    to [`MAX_TOKENS`][headcount.experiments.explorer.sources.MAX_TOKENS] tokens: ``{"tokens", "maps" ([layers, heads, n, n] per example, NaN for
     a pruned head), "entropy" [layers, heads], "layout", "task", "n", "note"}``.
 
     Raises:

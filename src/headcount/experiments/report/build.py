@@ -63,14 +63,14 @@ def build_report(run_dir: str | os.PathLike, *, loaded=None, store=None) -> Path
     The study type's ``report_fn(store, config)`` supplies the sections; the page adds the
     config, the jobs with their timings (also ``results/jobs.csv``) and the software versions.
     ``RUN/results/summary.json`` keeps the summary and the main tables as shown (cells as text),
-    for the terminal (:func:`~headcount.experiments.report.terminal.print_summary`).
+    for the terminal ([`print_summary`][headcount.experiments.report.terminal.print_summary]).
     Each output is replaced atomically, and only when the run directory's record lists it as
     headcount's (a file the user added under ``results/`` stays); nothing under ``jobs/`` is touched.
 
     Args:
         run_dir: a run directory made by ``headcount study``.
         loaded: the validated config (read from ``RUN/study.yaml`` when omitted).
-        store: the run's :class:`~headcount.experiments.runner.store.RunStore` (opened when omitted).
+        store: the run's [`RunStore`][headcount.experiments.runner.store.RunStore] (opened when omitted).
 
     Returns:
         The path of ``report.html``.

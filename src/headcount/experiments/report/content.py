@@ -2,7 +2,7 @@
 
 Figures are matplotlib ``Figure`` objects, PNG files, or PNG bytes; tables are pandas
 DataFrames (each becomes ``results/<name>.csv`` and an HTML table). Draw figures with
-:func:`new_figure` (no pyplot state, Agg rendering) from saved results only.
+[`new_figure`][headcount.experiments.report.content.new_figure] (no pyplot state, Agg rendering) from saved results only.
 """
 
 from __future__ import annotations
@@ -108,10 +108,10 @@ class Section:
     Args:
         title: the heading.
         text: paragraphs separated by blank lines; ```code``` spans are kept.
-        figures: ``{name: Figure | png path | png bytes}`` or a list of :class:`ReportFigure`.
-        tables: ``{name: DataFrame}`` or a list of :class:`ReportTable`.
+        figures: ``{name: Figure | png path | png bytes}`` or a list of [`ReportFigure`][headcount.experiments.report.content.ReportFigure].
+        tables: ``{name: DataFrame}`` or a list of [`ReportTable`][headcount.experiments.report.content.ReportTable].
         main: whether its tables are main tables (the ones ``headcount study`` prints in the
-            terminal too, see :meth:`ReportContent.main_tables`); None: a section of shown
+            terminal too, see [`ReportContent.main_tables`][headcount.experiments.report.content.ReportContent.main_tables]); None: a section of shown
             tables only (no figures, none collapsed) is one.
     """
 

@@ -1,4 +1,4 @@
-"""Render a :class:`ReportContent` into one self-contained ``report.html`` (+ CSVs and PNGs).
+"""Render a [`ReportContent`][headcount.experiments.report.content.ReportContent] into one self-contained ``report.html`` (+ CSVs and PNGs).
 
 Figures are embedded as base64 PNG, tables as HTML (and written to ``results/<name>.csv``),
 followed by the config as given, the jobs with their timings, and the versions of the software

@@ -1,8 +1,8 @@
 """The report's main tables as plain text, for the end of ``headcount study`` / ``demo`` / ``report``.
 
-The numbers come from one place: the study type's ``report_fn``. :func:`summary_record` keeps
+The numbers come from one place: the study type's ``report_fn``. [`summary_record`][headcount.experiments.report.terminal.summary_record] keeps
 what the report shows first (the summary and the main tables, cells as the HTML shows them) and
-``build_report`` writes it to ``RUN/results/summary.json``; :func:`print_summary` reads that file
+``build_report`` writes it to ``RUN/results/summary.json``; [`print_summary`][headcount.experiments.report.terminal.print_summary] reads that file
 and prints the tables with rich, at most 100 columns wide: a table too wide for that is split
 into column groups that each repeat its label columns (task, metric, ...).
 """
@@ -33,7 +33,7 @@ MAX_ROWS = 30
 
 
 def summary_record(content) -> dict:
-    """The summary text and the main tables of a :class:`~headcount.experiments.report.ReportContent`, cells as text.
+    """The summary text and the main tables of a [`ReportContent`][headcount.experiments.report.ReportContent], cells as text.
 
     Returns:
         ``{"title", "summary", "tables": [{"name", "section", "caption", "columns", "rows"}]}``;
@@ -130,7 +130,7 @@ def _console(file=None, width: int | None = None):
 
 
 def print_tables(record: dict, console=None, *, max_rows: int = MAX_ROWS) -> None:
-    """Print the tables of a :func:`summary_record` (each caption's first sentence above it)."""
+    """Print the tables of a [`summary_record`][headcount.experiments.report.terminal.summary_record] (each caption's first sentence above it)."""
     console = console or _console()
     width = console.width
     section = None

@@ -1,4 +1,4 @@
-"""What every executor shares: calling a job function, the :class:`Executor` interface, the outcome of a
+"""What every executor shares: calling a job function, the [`Executor`][headcount.experiments.runner.execution.Executor] interface, the outcome of a
 run, skipping jobs whose inputs failed, and the environment a job runs in (device, precision)."""
 
 from __future__ import annotations

@@ -242,7 +242,7 @@ def lookup(params, where: str):
 
 def input_items(params) -> dict[tuple[str, str], str]:
     """``{(params key, value): digest}`` of the local inputs the params name (models, tasks,
-    files): what a node must see with the same content (see :mod:`headcount.data.fingerprint`)."""
+    files): what a node must see with the same content (see [`headcount.data.fingerprint`][headcount.data.fingerprint])."""
     from headcount.data.fingerprint import params_fingerprint
 
     out = {}

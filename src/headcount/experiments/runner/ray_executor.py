@@ -1,6 +1,6 @@
 """The Ray executor: each job a Ray task with its resources (CPUs, GPUs), on a cluster
 (``--address``, else ``$RAY_ADDRESS``) or on a local Ray instance it starts. Before the first job
-is submitted, the cluster is checked (:mod:`headcount.experiments.runner.ray_cluster`): every job
+is submitted, the cluster is checked ([`headcount.experiments.runner.ray_cluster`][headcount.experiments.runner.ray_cluster]): every job
 fits on some node, and every node runs this headcount and sees the study's input files. Tasks run
 in a scratch directory on their node, with their output (stdout, stderr) in a file, and return
 the result dict, their files and that output as bytes; the driver alone writes the store (the
@@ -48,7 +48,7 @@ GPUS_PER_JOB = Bound(0, 256, low_open=True)
 
 
 def check_gpus_per_job(value, name: str = "gpus_per_job") -> float:
-    """GPUs a job that runs a model asks the Ray executor for, in :data:`GPUS_PER_JOB`: the one rule
+    """GPUs a job that runs a model asks the Ray executor for, in [`GPUS_PER_JOB`][headcount.experiments.runner.ray_executor.GPUS_PER_JOB]: the one rule
     for ``--gpus-per-job`` and ``RayExecutor(gpus_per_job=...)``.
 
     >>> check_gpus_per_job(0.5)
@@ -92,7 +92,7 @@ class RayExecutor(Executor):
             cluster, so workers without the run directory can read them), ``"always"``, ``"never"``.
         max_retries: Ray retries of a task whose worker or node died (not of a job that raised).
         gpus_per_job: GPUs a job that runs a model (``Job.uses_model``) asks for when the cluster
-            has GPUs (:func:`ray_gpus`; default 1); fractional values share a GPU between jobs.
+            has GPUs ([`ray_gpus`][headcount.experiments.runner.ray_executor.ray_gpus]; default 1); fractional values share a GPU between jobs.
             Given, it is refused on a cluster without GPUs.
         placement_timeout: seconds a submitted job may wait for a place while none of the study's
             jobs runs; then it is reported as failed (never waited on for ever).
@@ -150,7 +150,7 @@ class RayExecutor(Executor):
 
     def _job_env(self, job: Job, gpus: float | None = None) -> dict:
         """A job's ``HEADCOUNT_DEVICE`` under Ray: ``auto`` (its GPUs) when it was given GPUs
-        (``gpus``, default its ``resources``: see :func:`ray_gpus`) and the study's device is not
+        (``gpus``, default its ``resources``: see [`ray_gpus`][headcount.experiments.runner.ray_executor.ray_gpus]) and the study's device is not
         ``cpu``; else ``cpu``, so that no task uses a GPU Ray did not give it. With the study's
         ``precision:``, also ``HEADCOUNT_PRECISION``.
 
@@ -193,7 +193,7 @@ class RayExecutor(Executor):
     def prepare(self, jobs: Sequence[Job]) -> None:
         """Check the cluster before anything is written or submitted: the GPU settings, a node
         for every job, and (on a cluster) every node that can run jobs runs this headcount and
-        sees the study's input files. Refusals are one :class:`HeadcountError` line."""
+        sees the study's input files. Refusals are one [`HeadcountError`][headcount.runtime.errors.HeadcountError] line."""
         ray = self._ray
         todo = list(jobs)
         if ray is None or not todo:
@@ -216,7 +216,7 @@ class RayExecutor(Executor):
     @contextmanager
     def session(self, jobs: Sequence[Job] = ()):
         """Start or join Ray for the duration of the block (shutting down what this call started),
-        and check the cluster for ``jobs`` (:meth:`prepare`) before the block runs."""
+        and check the cluster for ``jobs`` (``prepare``) before the block runs."""
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         self.check()
         import ray

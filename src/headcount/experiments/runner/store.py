@@ -12,7 +12,7 @@ Layout::
       history/<n>-<hash>/   config, manifest, plan and report of an earlier config (``--force``)
       report.html, results/*.csv, figures/*.png   the report (``headcount report RUN``)
       .headcount.lock       held (flock) by the process running the study
-      .headcount-out.json   the record: which files are headcount's (:mod:`headcount.runtime.record`);
+      .headcount-out.json   the record: which files are headcount's ([`headcount.runtime.record`][headcount.runtime.record]);
                             nothing else in the folder is ever replaced, moved or deleted
 
 A job directory appears in one ``rename`` of a complete temporary directory whose ``DONE``
@@ -159,7 +159,7 @@ class RunStore:
         return (self.job_dir(key) / DONE).is_file()
 
     def load(self, key: str, name: str | None = None) -> JobResult:
-        """The finished job ``key`` as a :class:`JobResult`."""
+        """The finished job ``key`` as a [`JobResult`][headcount.experiments.runner.jobs.JobResult]."""
         d = self.job_dir(key)
         if not (d / DONE).is_file():
             raise HeadcountError(f"job {name or key!r} has not finished in {self.root}")
@@ -176,7 +176,7 @@ class RunStore:
         )
 
     def new_tmp_dir(self, key: str) -> Path:
-        """A fresh temporary directory for job ``key`` (ignored until :meth:`commit`)."""
+        """A fresh temporary directory for job ``key`` (ignored until ``commit``)."""
         self.jobs_dir.mkdir(parents=True, exist_ok=True)
         d = self.jobs_dir / f"{tmp_prefix(key)}{uuid.uuid4().hex[:8]}"
         d.mkdir()
@@ -187,12 +187,12 @@ class RunStore:
 
         Args:
             job: the job that produced it.
-            tmp: a directory from :meth:`new_tmp_dir` holding the files the job wrote.
+            tmp: a directory from ``new_tmp_dir`` holding the files the job wrote.
             result: the job function's JSON-able return value.
             meta: timings and provenance (merged with the job's name/kind/params/inputs).
 
         Returns:
-            The stored :class:`JobResult`.
+            The stored [`JobResult`][headcount.experiments.runner.jobs.JobResult].
         """
         for reserved in RESERVED:
             if (tmp / reserved).exists():
@@ -234,11 +234,11 @@ class RunStore:
         list_job_files(self.root, self.record, key)
 
     def clear_stale(self, keys) -> None:
-        """Clean each ``jobs/<key>/`` without ``DONE`` of headcount's files (:func:`jobfiles.clear_stale`)."""
+        """Clean each ``jobs/<key>/`` without ``DONE`` of headcount's files (``jobfiles.clear_stale``)."""
         clear_stale(self.root, self.record, keys)
 
     def commit_files(self, job: Job, files: Mapping[str, bytes], result: Mapping, meta: Mapping) -> JobResult:
-        """Like :meth:`commit`, for files that came back as bytes (from a Ray task)."""
+        """Like ``commit``, for files that came back as bytes (from a Ray task)."""
         tmp = self.new_tmp_dir(job.key)
         try:
             unpack_files(files, tmp)
@@ -248,13 +248,13 @@ class RunStore:
                 shutil.rmtree(tmp, ignore_errors=True)
 
     def record_failure(self, job: Job, text: str) -> Path:
-        """Write the traceback of a failed job to ``logs/<key>.error.txt`` (see :meth:`write_log`)."""
+        """Write the traceback of a failed job to ``logs/<key>.error.txt`` (see ``write_log``)."""
         return self.write_log(f"logs/{job.key}.error.txt",
                               f"job: {job.name}\nkey: {job.key}\nfn: {job.fn}\ntime: {utcnow()}\n\n{text}".encode())
 
     def write_log(self, rel: str, data: bytes) -> Path:
         """Write ``RUN/<rel>`` (a job's traceback or output under ``logs/``), listed in the record;
-        a file of that name the record does not list is refused (:func:`jobfiles.write_listed`)."""
+        a file of that name the record does not list is refused (``jobfiles.write_listed``)."""
         return write_listed(self.root, self.record, rel, data)
 
     def _remove_log(self, rel: str) -> None:
@@ -371,7 +371,7 @@ class RunStore:
     def lock(self) -> None:
         """Take ``RUN/.headcount.lock`` (flock) and the run directory's record.
 
-        The lock file is opened without following links (:func:`headcount.runtime.io.lock_file`): one
+        The lock file is opened without following links ([`headcount.runtime.io.lock_file`][headcount.runtime.io.lock_file]): one
         that is a symlink, a directory, a hard link or a user's file is refused, never written
         through. A folder without headcount's record that holds anything is refused, and so is a
         run directory where a name the study writes is not headcount's; a refused folder is left

@@ -1,8 +1,8 @@
 """The demo study: a quick transfer part and a quick lottery part on the offline default.
 
 ``headcount demo`` runs ``configs/demo.yaml`` (quick profile) or ``configs/demo-full.yaml``.
-Orchestration only: the jobs and report sections are those of :mod:`.transfer` and
-:mod:`.lottery`, under the name prefixes ``transfer/`` and ``lottery/``; jobs that the two parts
+Orchestration only: the jobs and report sections are those of [`transfer`][headcount.experiments.studies.transfer] and
+[`lottery`][headcount.experiments.studies.lottery], under the name prefixes ``transfer/`` and ``lottery/``; jobs that the two parts
 share (same kind and settings, e.g. the same fine-tuning) run once.
 """
 
@@ -35,7 +35,7 @@ GLANCE = ("This run's main numbers (mean ± std over seeds, [interval] where the
 class DemoConfig(StudyConfig):
     """``study: demo``: an optional ``transfer`` part and an optional ``lottery`` part.
 
-    ``notice`` opens the report (default :data:`NOTICE`).
+    ``notice`` opens the report (default [`NOTICE`][headcount.experiments.studies.demo.NOTICE]).
 
     >>> DemoConfig(study="demo").transfer is None
     True

@@ -58,7 +58,7 @@ def input_mask(params: dict, inputs: dict) -> Mask | None:
 def job_task(params: dict):
     """The task of a job: ``params["task"]``, scored by ``params["metric"]`` when given (a study's
     metric that is not the task's own, e.g. the lottery study's accuracy on MRPC and QQP, whose
-    task YAMLs declare F1; :func:`headcount.experiments.studies.lottery.plan.lottery_metric`).
+    task YAMLs declare F1; [`headcount.experiments.studies.lottery.plan.lottery_metric`][headcount.experiments.studies.lottery.plan.lottery_metric]).
 
     >>> job_task({"task": "glue/mrpc", "metric": "accuracy"}).metric, job_task({"task": "glue/mrpc"}).metric
     ('accuracy', 'f1')
@@ -83,9 +83,9 @@ def finetune_job(params, inputs, workdir: Path, progress) -> dict:
     """Fine-tune (or retrain with a mask from the pre-trained weights).
 
     params: model, task, seed, train (TrainConfig fields), mask_mode ("prune" | "gate"), metric
-    (optional: the score's metric when not the task's, :func:`job_task`),
+    (optional: the score's metric when not the task's, [`job_task`][headcount.experiments.studies.jobs.job_task]),
     optional weight_mask from an upstream ``weight_mask`` job (its weight_mask.safetensors).
-    Unset ones take :func:`headcount.train.finetune`'s defaults. Writes ``model/`` and ``metrics.json``.
+    Unset ones take [`headcount.train.finetune`][headcount.train.finetune]'s defaults. Writes ``model/`` and ``metrics.json``.
     """
     weight_mask = inputs["weight_mask"].path("weight_mask.safetensors") if "weight_mask" in inputs else None
     given = {k: params[k] for k in ("mask_mode", "seed") if params.get(k) is not None}
@@ -101,7 +101,7 @@ def _data(params: dict, key: str = "data") -> DataConfig:
 
 
 def _objective(params: dict) -> str:
-    """The job's objective: ``params["objective"]``, else the default of :class:`ScoreSettings`."""
+    """The job's objective: ``params["objective"]``, else the default of [`ScoreSettings`][headcount.importance.settings.ScoreSettings]."""
     return check_objective(params.get("objective") or default_of(ScoreSettings, "objective"))
 
 
@@ -109,7 +109,7 @@ def score_job(params, inputs, workdir: Path, progress) -> dict:
     """Importance scores of a model for an objective; writes ``scores.json`` (+ per-example
     contributions ``per_example.safetensors`` for bootstrap statistics).
 
-    params: model, task, and the fields of :class:`~headcount.importance.settings.ScoreSettings` (objective,
+    params: model, task, and the fields of [`ScoreSettings`][headcount.importance.settings.ScoreSettings] (objective,
     method, normalize, accumulate; unset ones take its defaults), data (DataConfig fields).
     """
     how = settings_from(ScoreSettings, params)
@@ -136,7 +136,7 @@ def save_per_example(workdir: Path, s, task, tokenizer, objective: str, data, gr
     """Write ``per_example.safetensors`` (when ``s`` kept per-example contributions): ``heads``
     ``[n_examples, n_layers, n_heads]`` and ``example_ids`` ``[n_examples]`` (each row's position in
     its split; the metadata ``example_source`` names the task and split), so that two score jobs
-    of the same examples can be paired by id (:func:`load_per_example`)."""
+    of the same examples can be paired by id ([`load_per_example`][headcount.experiments.studies.jobs.load_per_example])."""
     if s.per_example is None:
         return
     tensors = {"heads": s.per_example.contiguous()}
@@ -168,7 +168,7 @@ def load_per_example(path) -> tuple:
 def prune_job(params, inputs, workdir: Path, progress) -> dict:
     """Iterative pruning of a model to a threshold; writes ``mask.json`` and ``trace.csv``.
 
-    params: model, task, the fields of :class:`~headcount.importance.settings.PruneSettings` (objective,
+    params: model, task, the fields of [`PruneSettings`][headcount.importance.settings.PruneSettings] (objective,
     method, normalize, accumulate, importance_split, stop_split; unset ones take its defaults),
     prune (PruneConfig fields), data (importance examples), eval_data (stop-rule examples; default:
     the same as data).

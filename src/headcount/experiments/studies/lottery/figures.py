@@ -1,4 +1,4 @@
-"""The figures of a lottery report (matplotlib Figures drawn with :func:`headcount.experiments.report.new_figure`)."""
+"""The figures of a lottery report (matplotlib Figures drawn with [`headcount.experiments.report.new_figure`][headcount.experiments.report.new_figure])."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The job functions of the lottery study (the runner's signature: ``(params, inputs, workdir,
-progress) -> dict``). Orchestration only: each validates its params (:mod:`.config`), loads
-what it needs, calls the maths (:mod:`headcount.analysis`, :mod:`headcount.importance.magnitude`,
-:mod:`headcount.train`) and writes its files.
+progress) -> dict``). Orchestration only: each validates its params ([`config`][headcount.experiments.studies.lottery.config]), loads
+what it needs, calls the maths (``headcount.analysis``, ``headcount.importance.magnitude``,
+``headcount.train``) and writes its files.
 """
 
 from __future__ import annotations
@@ -113,16 +113,16 @@ def _masks_of(inputs, names) -> tuple[np.ndarray, np.ndarray]:
 def subnetwork_job(params, inputs, workdir: Path, progress) -> dict:
     """A head/MLP subnetwork derived from good masks; writes ``mask.json``.
 
-    params (:class:`~.config.SubnetworkParams`): ``kind``: ``random`` or ``bad`` (a control of
+    params ([`SubnetworkParams`][headcount.experiments.studies.lottery.config.SubnetworkParams]): ``kind``: ``random`` or ``bad`` (a control of
     the upstream ``good`` mask, drawn separately for heads and MLPs with
-    :func:`headcount.analysis.draw_controls`), or ``super`` (the super-survivors: kept in every
-    upstream mask, :func:`headcount.analysis.super_survivors`); ``mode``: ``uniform`` |
+    [`headcount.analysis.draw_controls`][headcount.analysis.draw_controls]), or ``super`` (the super-survivors: kept in every
+    upstream mask, [`headcount.analysis.super_survivors`][headcount.analysis.super_survivors]); ``mode``: ``uniform`` |
     ``bernoulli`` (random only); ``seed``: the draw seed; ``controls: reference`` (random or
     bad): a control of the super-survivors of all upstream masks, drawn as the authors' code
-    (:func:`headcount.analysis.super_controls`: bad from the components pruned in every mask,
+    ([`headcount.analysis.super_controls`][headcount.analysis.super_controls]: bad from the components pruned in every mask,
     random from the middlings around that bad control, which it rebuilds from the bad draw's
     generator, so it is the ``bad`` job's of the same seed); ``draw`` (random, reference): the
-    retraining seed whose middlings these are (:func:`super_random_rng`; unset: one draw per task).
+    retraining seed whose middlings these are ([`super_random_rng`][headcount.experiments.studies.lottery.jobs.super_random_rng]; unset: one draw per task).
     inputs: ``good`` (a job with ``mask.json``), or for ``super`` and ``controls: reference``
     any number of them (one per seed).
 
@@ -174,7 +174,7 @@ def subnetwork_job(params, inputs, workdir: Path, progress) -> dict:
 
 
 def retrain_job(params, inputs, workdir: Path, progress) -> dict:
-    """Retrain a subnetwork from the pre-trained weights: :func:`headcount.experiments.studies.jobs.finetune_job`
+    """Retrain a subnetwork from the pre-trained weights: [`headcount.experiments.studies.jobs.finetune_job`][headcount.experiments.studies.jobs.finetune_job]
     with an upstream ``mask`` (physically pruned) or ``weight_mask``; the checkpoint is removed
     afterwards unless ``params["keep_model"]`` (nothing downstream reads it).
 
@@ -190,9 +190,9 @@ def retrain_job(params, inputs, workdir: Path, progress) -> dict:
 
 def magnitude_job(params, inputs, workdir: Path, progress) -> dict:
     """Magnitude pruning with retraining from the pre-trained weights
-    (:func:`headcount.train.magnitude_prune.magnitude_prune`, by ``magnitude.procedure``).
+    ([`headcount.train.magnitude_prune.magnitude_prune`][headcount.train.magnitude_prune.magnitude_prune], by ``magnitude.procedure``).
 
-    params (:class:`~.config.MagnitudeParams`): model (pre-trained), task, seed, train,
+    params ([`MagnitudeParams`][headcount.experiments.studies.lottery.config.MagnitudeParams]): model (pre-trained), task, seed, train,
     magnitude, control (``good`` | ``random`` | ``bad``), keep_models, metric (the study's metric
     where it is not the task's: stop rule and score).
     inputs: ``full`` (the finished full fine-tuning of this seed: the weights the paper's search
@@ -234,12 +234,12 @@ def _special_ids(tokenizer) -> set[int]:
 def patterns_job(params, inputs, workdir: Path, progress) -> dict:
     """Pattern classes of the heads of a (fine-tuned) model, in two views.
 
-    Attention probabilities of dev examples (:func:`headcount.core.attention.attention_maps`, eval
+    Attention probabilities of dev examples ([`headcount.core.attention.attention_maps`][headcount.core.attention.attention_maps], eval
     mode, on the model's device).
 
     1. Rule classifier on per-head mean maps (headcount): averaged per head over the examples of
        the most common structure (e.g. ``[CLS] text [SEP]``) on a fixed ``size`` x ``size`` layout
-       (:func:`headcount.analysis.patterns.commonest_structure_maps`); result keys ``labels``
+       ([`headcount.analysis.patterns.commonest_structure_maps`][headcount.analysis.patterns.commonest_structure_maps]); result keys ``labels``
        ``[n_layers, n_heads]``, ``counts`` (heads), ``features``.
     2. CNN on per-example maps (Prasanna et al.), when an upstream ``cnn`` job is given: every
        example's map of every head, centre-padded with zeros to the CNN's side (longer inputs
@@ -247,7 +247,7 @@ def patterns_job(params, inputs, workdir: Path, progress) -> dict:
        the model's device; ``cnn_example_ids`` ``[n_examples, n_layers, n_heads]`` (ids into
        ``cnn_classes``) and ``cnn_counts`` over examples x heads.
 
-    params (:class:`~.config.PatternsParams`): task, split, data, size; inputs: ``model``, ``cnn``.
+    params ([`PatternsParams`][headcount.experiments.studies.lottery.config.PatternsParams]): task, split, data, size; inputs: ``model``, ``cnn``.
     Writes ``maps.safetensors`` (``maps`` [n_layers, n_heads, size, size]) and ``patterns.json``.
 
     >>> patterns_job({"task": "offline/movies", "size": 32}, {"model": full}, out, print)["counts"]  # doctest: +SKIP
@@ -322,7 +322,7 @@ def patterns_job(params, inputs, workdir: Path, progress) -> dict:
 def pattern_cnn_job(params, inputs, workdir: Path, progress) -> dict:
     """Train the pattern CNN on user-labelled maps; writes ``cnn/`` (model.safetensors, config.json).
 
-    params (:class:`~.config.PatternCNNParams`): maps, labels (paths), epochs, seed, holdout, batch_size,
+    params ([`PatternCNNParams`][headcount.experiments.studies.lottery.config.PatternCNNParams]): maps, labels (paths), epochs, seed, holdout, batch_size,
     lr, architecture, size, digests. Trains on the job's device (``$HEADCOUNT_DEVICE``, else auto).
 
     >>> pattern_cnn_job({"maps": "maps.safetensors", "labels": "labels.csv"}, {}, out, print)  # doctest: +SKIP
@@ -339,7 +339,7 @@ def pattern_cnn_job(params, inputs, workdir: Path, progress) -> dict:
 
 def stability_job(params, inputs, workdir: Path, progress) -> dict:
     """Stability of the good masks of one task across seeds
-    (:func:`headcount.analysis.subnetworks.seed_stability`): Krippendorff's alpha, Cochran's Q,
+    ([`headcount.analysis.subnetworks.seed_stability`][headcount.analysis.subnetworks.seed_stability]): Krippendorff's alpha, Cochran's Q,
     pairwise Jaccard, for heads, MLPs and both; how often each head/MLP survives; the super-survivors.
 
     inputs: one prune job (``mask.json``) per seed.
@@ -354,10 +354,10 @@ def stability_job(params, inputs, workdir: Path, progress) -> dict:
 
 
 def overlap_job(params, inputs, workdir: Path, progress) -> dict:
-    """Overlap of good subnetworks across tasks (:func:`headcount.analysis.subnetworks.cross_task_overlap`):
+    """Overlap of good subnetworks across tasks ([`headcount.analysis.subnetworks.cross_task_overlap`][headcount.analysis.subnetworks.cross_task_overlap]):
     mean Jaccard of kept heads (and MLPs) over all seed pairs of two tasks, and of their super-survivors.
 
-    params (:class:`~.config.OverlapParams`): tasks (names, in order), seeds.
+    params ([`OverlapParams`][headcount.experiments.studies.lottery.config.OverlapParams]): tasks (names, in order), seeds.
     inputs: ``t{i}-s{j}`` -> prune job of task i, seed j.
 
     >>> overlap_job({"tasks": ["a", "b"], "seeds": [1]}, {"t0-s0": pa, "t1-s0": pb}, out, print)["heads_jaccard"]  # doctest: +SKIP

@@ -1,4 +1,4 @@
-"""The job graph of a lottery study: :func:`lottery_jobs` (settings -> jobs), pure and cheap.
+"""The job graph of a lottery study: [`lottery_jobs`][headcount.experiments.studies.lottery.plan.lottery_jobs] (settings -> jobs), pure and cheap.
 
 Job names (``{prefix}finetune/{task}/seed{s}``, ...) and parameters are what a run's store
 keys results by: changing a parameter's name or value re-runs that job and everything after it.
@@ -24,7 +24,7 @@ def task_name(task: str) -> str:
     """The registered name of a task (its YAML ``name`` for a file), used in job names.
 
     Builds the task to read it; not the same as the transfer study's
-    :func:`headcount.experiments.studies.transfer.config.task_name`, which returns the reference as written.
+    [`headcount.experiments.studies.transfer.config.task_name`][headcount.experiments.studies.transfer.config.task_name], which returns the reference as written.
 
     >>> task_name("offline/movies")
     'offline/movies'
@@ -107,17 +107,17 @@ def lottery_jobs(settings: LotterySettings, prefix: str = "") -> list[Job]:
     per-task``: ``{prefix}subnetwork/super-random/{task}``, one draw),
     ``{prefix}retrain/{super|super-random|super-bad}/{task}/seed{s}``,
     ``{prefix}stability/{task}``, ``{prefix}overlap``, ``{prefix}pattern-cnn``.
-    A task with extra dev sets (:attr:`~headcount.data.tasks.Task.extra_eval_splits`: MNLI's
+    A task with extra dev sets ([`extra_eval_splits`][headcount.data.tasks.Task.extra_eval_splits]: MNLI's
     mismatched one) adds ``<name>/eval-<label>`` evaluations of the full fine-tuning, the good
-    pruned model and every retrained subnetwork (:mod:`headcount.experiments.studies.extra_eval`); its
+    pruned model and every retrained subnetwork ([`headcount.experiments.studies.extra_eval`][headcount.experiments.studies.extra_eval]); its
     retrained checkpoints are kept (they are evaluated again), so its retrain jobs' keys differ.
     Jobs that run a model are marked ``uses_model`` (a GPU under Ray).
     The full fine-tuning, pruning and evaluation are the shared jobs of
-    :mod:`headcount.experiments.studies.jobs` (same parameters, same keys: another study's identical
+    [`headcount.experiments.studies.jobs`][headcount.experiments.studies.jobs] (same parameters, same keys: another study's identical
     fine-tuning is computed once).
 
     Args:
-        settings: a :class:`LotterySettings` (a :class:`LotteryConfig` is one).
+        settings: a [`LotterySettings`][headcount.experiments.studies.lottery.config.LotterySettings] (a [`LotteryConfig`][headcount.experiments.studies.lottery.config.LotteryConfig] is one).
         prefix: prepended to every job name (e.g. ``"lottery/"`` inside a demo study).
 
     Returns:
@@ -253,7 +253,7 @@ def lottery_jobs(settings: LotterySettings, prefix: str = "") -> list[Job]:
 
 
 def expand(config: LotteryConfig) -> list[Job]:
-    """``expand_fn`` of the ``lottery`` study type: :func:`lottery_jobs` without a prefix.
+    """``expand_fn`` of the ``lottery`` study type: [`lottery_jobs`][headcount.experiments.studies.lottery.plan.lottery_jobs] without a prefix.
 
     >>> len(expand(LotteryConfig(study="lottery", tasks=["offline/movies"], seeds=[1, 2]))) > 10
     True

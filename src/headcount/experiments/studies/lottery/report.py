@@ -92,13 +92,13 @@ def lottery_sections(store, settings: LotterySettings, prefix: str = "", tag: st
     pattern mix (full vs good vs super-survivors), per-head pattern grid.
 
     Args:
-        store: the run's :class:`~headcount.experiments.runner.RunStore`.
-        settings: the :class:`LotterySettings` the jobs came from.
-        prefix: the job-name prefix given to :func:`lottery_jobs`.
+        store: the run's [`RunStore`][headcount.experiments.runner.RunStore].
+        settings: the [`LotterySettings`][headcount.experiments.studies.lottery.config.LotterySettings] the jobs came from.
+        prefix: the job-name prefix given to ``lottery_jobs``.
         tag: prefix of table and figure names (default: from ``prefix``, else ``lottery``).
 
     Returns:
-        A list of :class:`~headcount.experiments.report.Section`.
+        A list of [`Section`][headcount.experiments.report.Section].
 
     >>> lottery_sections(store, config)[0].title           # doctest: +SKIP
     "The paper's main tables"
@@ -209,7 +209,7 @@ SUMMARY_EXPERIMENTS: tuple[str, ...] = ("full", "good pruned", "good retrained",
                                         "magnitude bad retrained")
 
 #: The paper's order of the retrained subnetworks (good > random > bad), per pruning kind: each
-#: pair is tested one-sided in this direction (:func:`ordering_phrase`).
+#: pair is tested one-sided in this direction ([`ordering_phrase`][headcount.experiments.studies.lottery.report.ordering_phrase]).
 ORDERINGS: dict[str, tuple[str, str, str]] = {
     "structured": ("good retrained", "random retrained", "bad retrained"),
     "magnitude": ("magnitude good retrained", "magnitude random retrained", "magnitude bad retrained"),
@@ -260,7 +260,7 @@ def score_phrase(values, chance: float | None = None, n_total: int | None = None
 
 
 def ordering_phrase(a_scores, b_scores, a: str, b: str, alpha: float = ALPHA) -> str:
-    """``a > b`` tested over seeds (one-sided exact paired sign-flip test, :func:`paired_sign_flip_test`).
+    """``a > b`` tested over seeds (one-sided exact paired sign-flip test, [`paired_sign_flip_test`][headcount.analysis.paired.paired_sign_flip_test]).
 
     Args:
         a_scores: per-seed scores of the experiment the paper puts higher (NaN: left out with its pair).
@@ -295,11 +295,11 @@ def ordering_phrase(a_scores, b_scores, a: str, b: str, alpha: float = ALPHA) ->
 def summary_text(scores, chance: dict | None = None, experiments=SUMMARY_EXPERIMENTS) -> str:
     """The summary paragraph from the per-seed scores: per task, every experiment's mean ± std
     [95% t interval] (n), ``interval contains chance`` wherever the interval contains the task's chance level,
-    and the paper's orderings good > random > bad tested over seeds (:func:`ordering_phrase`).
+    and the paper's orderings good > random > bad tested over seeds ([`ordering_phrase`][headcount.experiments.studies.lottery.report.ordering_phrase]).
 
     Args:
-        scores: :func:`~.tables.seed_scores` (columns experiment, task, seed, metric, score).
-        chance: task -> ``(chance level, what it is)`` (:func:`~.tables.chance_levels`);
+        scores: [`seed_scores`][headcount.experiments.studies.lottery.tables.seed_scores] (columns experiment, task, seed, metric, score).
+        chance: task -> ``(chance level, what it is)`` ([`chance_levels`][headcount.experiments.studies.lottery.tables.chance_levels]);
             a task without one gets no ``interval contains chance`` verdicts and says so.
         experiments: the experiments stated, in order (those without scores are left out).
 
@@ -339,8 +339,8 @@ def summary_text(scores, chance: dict | None = None, experiments=SUMMARY_EXPERIM
 
 
 def lottery_summary(store, settings: LotterySettings, prefix: str = "") -> str:
-    """The summary: :func:`summary_text` of the run's per-seed scores, with each task's chance
-    level (:func:`~.tables.chance_levels`).
+    """The summary: [`summary_text`][headcount.experiments.studies.lottery.report.summary_text] of the run's per-seed scores, with each task's chance
+    level ([`chance_levels`][headcount.experiments.studies.lottery.tables.chance_levels]).
 
     >>> lottery_summary(RunStore("runs/lottery-offline"), config)  # doctest: +SKIP
     'Dev metric per task: mean ± sample std over seeds [95% t interval over seeds] ...'
@@ -365,7 +365,7 @@ LOTTERY_GLANCE = ("This run's dev metric (mean ± std over seeds) beside Prasann
 
 def lottery_glance(store, settings: LotterySettings, prefix: str = "") -> list[dict]:
     """The glance rows of a lottery part, per task: each experiment's mean ± std over seeds beside
-    the paper's mean (:func:`~.published.nearest_published`), and the heads the good subnetwork keeps.
+    the paper's mean ([`nearest_published`][headcount.experiments.studies.lottery.published.nearest_published]), and the heads the good subnetwork keeps.
 
     >>> lottery_glance(RunStore("runs/lottery-offline"), config)[0]["quantity"]   # doctest: +SKIP
     'full model, fine-tuned'
@@ -406,7 +406,7 @@ def _heads_total(scores, task) -> int | None:
 
 
 def report(store, config: LotteryConfig):
-    """``report_fn`` of the ``lottery`` study type: :func:`lottery_summary` and :func:`lottery_sections`.
+    """``report_fn`` of the ``lottery`` study type: [`lottery_summary`][headcount.experiments.studies.lottery.report.lottery_summary] and [`lottery_sections`][headcount.experiments.studies.lottery.report.lottery_sections].
 
     >>> report(RunStore("runs/lottery-offline"), config).sections[0].title  # doctest: +SKIP
     "The paper's main tables"

@@ -160,7 +160,7 @@ def chance_level(metric: str, labels=None) -> tuple[float, str]:
 
 
 def chance_levels(settings: LotterySettings) -> dict[str, tuple[float, str]]:
-    """Per reported task (extra dev sets included): :func:`chance_level` on the dev subset every
+    """Per reported task (extra dev sets included): [`chance_level`][headcount.experiments.studies.lottery.tables.chance_level] on the dev subset every
     evaluation uses (``train.max_eval_examples`` drawn with ``train.data_seed``). A task whose
     labels cannot be read gets ``(nan, "unknown ...")``, never an error."""
     from headcount.data.tasks import get_task
@@ -275,7 +275,7 @@ def mean_std(mean, std, digits: int = 3) -> str:
 
 def wide_table(summary):
     """Experiments x tasks with ``mean ± std`` cells (the paper's layout); blank where a score is missing,
-    ``(n=k of m)`` where only k of m seeds gave a number (with the ``n``/``n_total`` of :func:`summarize`).
+    ``(n=k of m)`` where only k of m seeds gave a number (with the ``n``/``n_total`` of [`summarize`][headcount.experiments.studies.lottery.tables.summarize]).
 
     >>> wide_table(pd.DataFrame({"experiment": ["full"], "task": ["t"], "mean": [0.8], "std": [0.01]}))["t"][0]
     '0.800 ± 0.010'
@@ -295,11 +295,11 @@ def wide_table(summary):
 
 def paper_table(summary, experiments: dict[str, str], heads: bool = False):
     """One of the paper's main tables, one row per task: this run's ``mean ± std`` over seeds
-    beside Prasanna et al.'s published mean (:mod:`.published`), both to the paper's two decimals
+    beside Prasanna et al.'s published mean ([`published`][headcount.experiments.studies.lottery.published]), both to the paper's two decimals
     (the tidy ``main`` table has the full precision).
 
     Args:
-        summary: :func:`summarize` of the run's scores.
+        summary: [`summarize`][headcount.experiments.studies.lottery.tables.summarize] of the run's scores.
         experiments: experiment (a row of ``summary``) -> column header, in order.
         heads: add the good subnetwork's heads kept (mean over seeds), and the paper's.
 
@@ -387,7 +387,7 @@ def pattern_tables(store, settings, prefix):
 
     Distribution rows: ``task, seed, classifier, group, pattern, fraction`` and, new with the
     CNN on per-example maps, ``counted_over`` (``heads`` for the rule classifier, ``examples x
-    heads`` for the CNN, as Prasanna et al. count) and ``view`` (:data:`PATTERN_VIEWS`);
+    heads`` for the CNN, as Prasanna et al. count) and ``view`` ([`PATTERN_VIEWS`][headcount.experiments.studies.lottery.tables.PATTERN_VIEWS]);
     aggregated over seeds into ``mean, std, n``. Per-head rows: the rule class (``pattern``) and
     features; with the CNN, ``pattern_cnn_commonest`` (its commonest class over the examples) and
     ``cnn_share_<class>`` (the share of examples it gives each class).

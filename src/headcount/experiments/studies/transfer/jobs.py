@@ -1,9 +1,9 @@
 """The transfer study's job functions ``(params, inputs, workdir, progress) -> dict``: orchestration only.
 
-Each validates its params into the model of :mod:`.config` that declares them, then calls the
-core (:mod:`headcount.data.heads`, :mod:`headcount.importance.scoring`, :mod:`headcount.data.evaluation`) and the
-analysis (:mod:`headcount.analysis.coherence`, :mod:`headcount.analysis.removal`), and writes
-its files atomically. Fine-tuning and task scores use the shared jobs of :mod:`headcount.experiments.studies.jobs`.
+Each validates its params into the model of [`config`][headcount.experiments.studies.transfer.config] that declares them, then calls the
+core ([`headcount.data.heads`][headcount.data.heads], [`headcount.importance.scoring`][headcount.importance.scoring], [`headcount.data.evaluation`][headcount.data.evaluation]) and the
+analysis ([`headcount.analysis.coherence`][headcount.analysis.coherence], [`headcount.analysis.removal`][headcount.analysis.removal]), and writes
+its files atomically. Fine-tuning and task scores use the shared jobs of [`headcount.experiments.studies.jobs`][headcount.experiments.studies.jobs].
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ def layout_job(params, inputs, workdir: Path, progress) -> dict:
 def mlm_score_job(params, inputs, workdir: Path, progress) -> dict:
     """Masked-LM importance of the pre-trained model, or of a fine-tuned encoder (input ``encoder``).
 
-    params: :class:`~.params.MlmScoreParams`. Writes ``scores.json`` and
+    params: [`MlmScoreParams`][headcount.experiments.studies.transfer.params.MlmScoreParams]. Writes ``scores.json`` and
     ``per_example.safetensors`` like the shared ``score_job``.
 
     >>> mlm_score_job(params, {}, Path("out"), print)["objective"]   # doctest: +SKIP
@@ -109,7 +109,7 @@ def mlm_score_job(params, inputs, workdir: Path, progress) -> dict:
 def head_fit_job(params, inputs, workdir: Path, progress) -> dict:
     """A task head fitted on the frozen pre-trained encoder ("before fine-tuning" has a task loss).
 
-    params: :class:`~.params.HeadFitParams` (``train``: lr, epochs, weight_decay, batch_size,
+    params: [`HeadFitParams`][headcount.experiments.studies.transfer.params.HeadFitParams] (``train``: lr, epochs, weight_decay, batch_size,
     max_length, max_train_examples, max_eval_examples, eval_batch_size, data_seed are read).
     Writes ``model/`` (encoder unchanged) and ``metrics.json`` (``final``: validation metrics, as
     ``finetune_job``). Trains and evaluates on the job's device (``$HEADCOUNT_DEVICE``, else auto).
@@ -148,7 +148,7 @@ def head_fit_job(params, inputs, workdir: Path, progress) -> dict:
 def mask_job(params, inputs, workdir: Path, progress) -> dict:
     """A mask removing ``level`` of the heads: by the upstream ``scores`` or at random (``order: random``).
 
-    params: :class:`~.params.MaskParams`. Writes ``mask.json``.
+    params: [`MaskParams`][headcount.experiments.studies.transfer.params.MaskParams]. Writes ``mask.json``.
 
     >>> mask_job({"level": 0.5, "order": "random", "seed": 0, ...}, {"layout": layout}, Path("o"), print)  # doctest: +SKIP
     """
@@ -165,7 +165,7 @@ def mask_job(params, inputs, workdir: Path, progress) -> dict:
 def curve_job(params, inputs, workdir: Path, progress) -> dict:
     """Prunability curve: the metric of a model with the lowest-ranked heads gated off, level by level.
 
-    params: :class:`~.params.CurveParams` (validation split). Writes ``curve.csv``; returns
+    params: [`CurveParams`][headcount.experiments.studies.transfer.params.CurveParams] (validation split). Writes ``curve.csv``; returns
     ``full`` and ``rows`` (one per view, order, replicate, level).
 
     >>> curve_job(params, inputs, Path("out"), print)["rows"][0]["fraction"]   # doctest: +SKIP
@@ -239,7 +239,7 @@ def curve_job(params, inputs, workdir: Path, progress) -> dict:
 def coherence_job(params, inputs, workdir: Path, progress) -> dict:
     """Coherence of every pair of score grids the study compares, in every view.
 
-    params: :class:`~.params.CoherenceParams` (``pairs``: ``a``/``b`` are input names of score
+    params: [`CoherenceParams`][headcount.experiments.studies.transfer.params.CoherenceParams] (``pairs``: ``a``/``b`` are input names of score
     jobs; ``grids``: what each input is). Writes ``coherence.csv`` (one row per pair, view and
     statistic), ``coherence_seeds.csv`` (the mean over the pairs of each comparison, view and task:
     hierarchical bootstrap interval over seeds and examples) and ``layer_mass.csv``; returns

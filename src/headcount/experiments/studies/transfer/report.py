@@ -1,7 +1,7 @@
 """The transfer study's report: the summary, and the sections of figures and tables.
 
-:func:`transfer_summary` and :func:`transfer_sections` work under a job-name prefix, so another
-study (the demo) can include a transfer part; :func:`report` is the study type's ``report_fn``.
+[`transfer_summary`][headcount.experiments.studies.transfer.summary.transfer_summary] and [`transfer_sections`][headcount.experiments.studies.transfer.report.transfer_sections] work under a job-name prefix, so another
+study (the demo) can include a transfer part; [`report`][headcount.experiments.studies.transfer.report.report] is the study type's ``report_fn``.
 """
 
 from __future__ import annotations
@@ -186,7 +186,7 @@ def transfer_glance(tables: dict, settings: TransferSettings) -> list[dict]:
 
 
 def glance_table(rows: list[dict], name: str, caption: str):
-    """The report's glance table (:attr:`ReportContent.glance`) from glance rows; None without rows."""
+    """The report's glance table ([`ReportContent.glance`][headcount.experiments.report.content.ReportContent.glance]) from glance rows; None without rows."""
     if not rows:
         return None
     return ReportTable(name, pd.DataFrame(rows, columns=GLANCE_COLUMNS), caption=caption)
@@ -241,14 +241,14 @@ def transfer_sections(store, settings: TransferSettings, prefix: str = "", table
     """The report sections of a finished transfer part (figures and tables from saved results).
 
     Args:
-        store: the run's :class:`~headcount.experiments.runner.RunStore`.
+        store: the run's [`RunStore`][headcount.experiments.runner.RunStore].
         settings: the part's settings.
-        prefix: the job-name prefix given to :func:`transfer_jobs`; figure and table names get
+        prefix: the job-name prefix given to ``transfer_jobs``; figure and table names get
             it too (``/`` -> ``-``), so several parts fit in one report.
-        tables: :func:`transfer_tables` output, when already computed.
+        tables: [`transfer_tables`][headcount.experiments.studies.transfer.tables.transfer_tables] output, when already computed.
 
     Returns:
-        A list of :class:`~headcount.experiments.report.Section`.
+        A list of [`Section`][headcount.experiments.report.Section].
 
     >>> sections = transfer_sections(store, config)      # doctest: +SKIP
     """

@@ -1,12 +1,12 @@
 """The transfer study's summary: one sentence per comparison, no stronger than its table.
 
 Each sentence gives the mean over seeds with its interval and the paired test over seeds
-(:mod:`headcount.analysis.paired`): a difference is claimed only when its test rejects at
-:data:`ALPHA` (otherwise "not significant"), and "interval contains chance" marks an interval that
+([`headcount.analysis.paired`][headcount.analysis.paired]): a difference is claimed only when its test rejects at
+[`ALPHA`][headcount.experiments.studies.transfer.summary.ALPHA] (otherwise "not significant"), and "interval contains chance" marks an interval that
 cannot tell the estimate from the chance level; comparisons that rest on a fitted MLM
-head carry its mark, ``†`` (:data:`MARK`), and :func:`transfer_caveats` says once what it stands for
-(:func:`mlm_caveat`: the report's box of caveats). Also the cell formats the summary and the report's tables share
-(:func:`cell`: ``mean ± std [low, high]``, ``(n=k of m)`` when seeds gave no number).
+head carry its mark, ``†`` ([`MARK`][headcount.experiments.studies.transfer.summary.MARK]), and [`transfer_caveats`][headcount.experiments.studies.transfer.summary.transfer_caveats] says once what it stands for
+([`mlm_caveat`][headcount.experiments.studies.transfer.summary.mlm_caveat]: the report's box of caveats). Also the cell formats the summary and the report's tables share
+([`cell`][headcount.experiments.studies.transfer.summary.cell]: ``mean ± std [low, high]``, ``(n=k of m)`` when seeds gave no number).
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def _marked(caveat: str, inside: str = "") -> str:
 
 def transfer_caveats(tables: dict) -> list[str]:
     """What the ``†`` of the summary stands for, once: the MLM head the MLM side rests on
-    (:func:`mlm_caveat`), and for a fitted head that it is not evidence about masked-LM pre-training.
+    ([`mlm_caveat`][headcount.experiments.studies.transfer.summary.mlm_caveat]), and for a fitted head that it is not evidence about masked-LM pre-training.
 
     >>> transfer_caveats({"mlm": pd.DataFrame({"corpus": ["a"], "head": ["fitted"], "head_heldout_accuracy": [0.09]})})[0][-76:]
     'importance for that head, not evidence about masked-LM pre-training as such.'
@@ -150,12 +150,12 @@ def coherence_sentence(tables: dict, comparison: str, label: str, settings: Tran
     interval and ``interval contains chance`` where it contains the Jaccard chance level. ``""`` without rows.
 
     Args:
-        tables: :func:`~.tables.transfer_tables` output (``coherence_summary``; ``coherence`` for
+        tables: [`transfer_tables`][headcount.experiments.studies.transfer.tables.transfer_tables] output (``coherence_summary``; ``coherence`` for
             the fallback interval; the application view).
-        comparison: a key of :data:`~.plan.COMPARISONS`.
+        comparison: a key of [`COMPARISONS`][headcount.experiments.studies.transfer.plan.COMPARISONS].
         label: its name in the text.
         settings: the part's settings (``stats``: level, fractions, permutation).
-        caveat: appended to the label (the MLM head's, :func:`mlm_caveat`, for MLM-side comparisons).
+        caveat: appended to the label (the MLM head's, [`mlm_caveat`][headcount.experiments.studies.transfer.summary.mlm_caveat], for MLM-side comparisons).
     """
     s = tables["coherence_summary"]
     d = stat_rows(s, comparison, "spearman")
@@ -265,7 +265,7 @@ def before_after_sentence(tables: dict, caveat: str = "") -> str:
     """Pruning before fine-tuning vs removing the same (MLM-ranked) heads from the fine-tuned
     model, seed by seed: at each level, on how many seeds the pruned-then-fine-tuned model scores
     higher, and the two-sided paired sign-flip test over seeds, or, when the seeds are too few
-    for any p below :data:`ALPHA` (3 seeds: the smallest two-sided p is 2/2^3 = 0.25), "not
+    for any p below [`ALPHA`][headcount.experiments.studies.transfer.summary.ALPHA] (3 seeds: the smallest two-sided p is 2/2^3 = 0.25), "not
     testable at this n". ``""`` without the per-seed table.
 
     >>> t = {"before_after_seeds": pd.DataFrame({"task": ["a"] * 3, "level": [0.5] * 3, "seed": [1, 2, 3],
@@ -302,7 +302,7 @@ def transfer_summary(tables: dict, settings: TransferSettings, prefix: str = "")
     """The headline numbers as text (for the report's summary): every estimate with its interval
     (or mean ± std over seeds, n), ``interval contains chance`` wherever an interval contains the chance level,
     ``not significant`` wherever a p-value is >= 0.05, and ``†`` on every sentence that rests on
-    the MLM head (what it stands for: :func:`transfer_caveats`, said once in the report's box).
+    the MLM head (what it stands for: [`transfer_caveats`][headcount.experiments.studies.transfer.summary.transfer_caveats], said once in the report's box).
 
     >>> transfer_summary(transfer_tables(store, config), config)    # doctest: +SKIP
     'Masked LM of the pre-trained model†: ...'
@@ -338,7 +338,7 @@ NA = "n/a (full score undefined)"
 
 
 def _share(x) -> str:
-    """A removable share as a percentage; :data:`NA` when it is NaN (the full metric is undefined).
+    """A removable share as a percentage; [`NA`][headcount.experiments.studies.transfer.summary.NA] when it is NaN (the full metric is undefined).
 
     >>> _share(0.25), _share(float("nan"))
     ('25%', 'n/a (full score undefined)')
@@ -353,7 +353,7 @@ def _no_full_score(row) -> bool:
 
 def cell(mean, std=None, low=None, high=None, digits: int = 2, n=None, n_total=None) -> str:
     """``mean ± std [low, high]`` with the parts that are defined, ``(n=k of m)`` when only k of
-    m seeds gave a number (:func:`headcount.experiments.report.format.seed_cell`); blank without a mean.
+    m seeds gave a number ([`headcount.experiments.report.format.seed_cell`][headcount.experiments.report.format.seed_cell]); blank without a mean.
 
     >>> cell(0.3141, 0.02, 0.2, 0.4), cell(0.5), cell(float("nan")), cell(0.5, float("nan"), None, 0.7)
     ('0.31 ± 0.02 [0.20, 0.40]', '0.50', '', '0.50')

@@ -1,7 +1,7 @@
 """The transfer study's tables: saved results -> tidy pandas DataFrames (and small helpers on them).
 
-:func:`transfer_tables` reads every finished job of a transfer part through :class:`.plan.Names`;
-the figures (:mod:`.figures`) and the report (:mod:`.report`) are drawn from its output only.
+[`transfer_tables`][headcount.experiments.studies.transfer.tables.transfer_tables] reads every finished job of a transfer part through [`plan.Names`][headcount.experiments.studies.transfer.plan.Names];
+the figures ([`figures`][headcount.experiments.studies.transfer.figures]) and the report ([`report`][headcount.experiments.studies.transfer.report]) are drawn from its output only.
 """
 
 from __future__ import annotations
@@ -175,7 +175,7 @@ def prunability_table(curves: pd.DataFrame, threshold: float) -> pd.DataFrame:
 
     ``removable_fraction``: the largest level such that at it and every lower level the mean
     score over replicates stays at or above ``threshold`` x the full model's
-    (:func:`~headcount.analysis.summaries.largest_contiguous_passing`; 0 when the lowest level fails);
+    ([`largest_contiguous_passing`][headcount.analysis.summaries.largest_contiguous_passing]; 0 when the lowest level fails);
     ``removable_fraction_raw``: the largest passing level, ignoring failures below it. Both are NaN
     (n/a) when the full model's metric is (e.g. a correlation metric on constant labels): nothing
     can be compared with it, which is not "nothing removable".
@@ -237,7 +237,7 @@ def coherence_summary(rows: pd.DataFrame, seed_means: list | None) -> pd.DataFra
 
 
 def _keys(df: pd.DataFrame) -> pd.Series:
-    """One text key per row from the :data:`KEYS` columns (None and NaN alike: no task_b)."""
+    """One text key per row from the [`KEYS`][headcount.experiments.studies.transfer.tables.KEYS] columns (None and NaN alike: no task_b)."""
     def text(v) -> str:
         return "" if v is None or (isinstance(v, float) and math.isnan(v)) else str(v)
 
