@@ -25,7 +25,7 @@ from headcount.importance.magnitude import (
 from headcount.runtime.atomic import atomic_dir, atomic_write_json
 from headcount.runtime.device import pad_multiple
 from headcount.runtime.errors import HeadcountError
-from headcount.runtime.io import claim_under, forget_under, owned_check, record_written, remove_listed
+from headcount.runtime.written import claim_under, forget_under, owned_check, record_written, remove_listed
 from headcount.runtime.launch import launch_rank
 from headcount.train.config import MASK_MODES, TrainConfig
 from headcount.train.data import DynamicPadding, _as_task, _datasets

@@ -37,7 +37,7 @@ from headcount.importance.magnitude import (
 from headcount.runtime.atomic import atomic_dir, atomic_write_json, atomic_write_text
 from headcount.runtime.device import resolve_device
 from headcount.runtime.errors import HeadcountError
-from headcount.runtime.io import remove_written_file
+from headcount.runtime.written import remove_written_file
 from headcount.train import TrainConfig, evaluate, finetune, use_bf16
 from headcount.train.config import _use_cpu
 from headcount.train.data import _as_task

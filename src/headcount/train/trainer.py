@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from headcount.runtime.atomic import SESSION, TMP_PREFIX
-from headcount.runtime.io import claim_under, move_listed, remove_written, write_listed_json
+from headcount.runtime.written import claim_under, move_listed, remove_written, write_listed_json
 from headcount.train.config import TrainConfig, _use_cpu, use_bf16
 from headcount.train.data import EncodedDataset, LengthGroupedEpochSampler, _FixedOrder, _tasks
 
@@ -280,7 +280,7 @@ def last_complete_checkpoint(ckpt_dir: Path, discard: bool = True) -> str | None
 
 def remove_checkpoint(path: Path) -> None:
     """Remove a checkpoint folder: inside a command's ``--out``, only the files its record lists
-    ([`headcount.runtime.io.remove_written`][headcount.runtime.io.remove_written]; a user's file stays, with its folders); a
+    ([`headcount.runtime.written.remove_written`][headcount.runtime.written.remove_written]; a user's file stays, with its folders); a
     library caller's own folder (a study job's private one) goes whole."""
     if not remove_written(path):
         shutil.rmtree(path, ignore_errors=True)
