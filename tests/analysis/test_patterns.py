@@ -450,6 +450,30 @@ def test_labelled_maps_formats(tmp_path):
         np.testing.assert_array_equal(centred[i], _pad_reference(s.maps[i, :n, :n], 16))
 
 
+def test_label_csv_rows_and_low_precision_maps(tmp_path):
+    """Every row of a label CSV is one line (issue 29: a quote that spans lines glued two rows into
+    one and lost a label silently), "²" is no label id, and bf16 / fp16 maps are read as float32."""
+    from safetensors.torch import save_file as save_torch
+
+    maps = synthetic_attention_maps(n_per_class=1, size=8, seed=0).maps[:2]
+    save_file({"maps": maps}, str(tmp_path / "maps.safetensors"))
+    (tmp_path / "glued.csv").write_text('index,label\n"0,vertical\n1",block\n2,diagonal')
+    with pytest.raises(HeadcountError, match=r"glued.csv, line 2: not valid CSV"):
+        load_labelled_maps(tmp_path / "maps.safetensors", tmp_path / "glued.csv")
+    (tmp_path / "wide.csv").write_text("index,label\n0,block\n1,block,extra\n")
+    with pytest.raises(HeadcountError, match=r"wide.csv, line 3: 3 fields, the header has 2"):
+        load_labelled_maps(tmp_path / "maps.safetensors", tmp_path / "wide.csv")
+    (tmp_path / "ok.csv").write_text('\ufeffindex,label\r\n0,vertical\r\n\r\n1,"block"\r\n')
+    assert load_labelled_maps(tmp_path / "maps.safetensors", tmp_path / "ok.csv")[1].tolist() == [0, 3]
+    with pytest.raises(HeadcountError, match="not one of"):
+        label_ids(["\u00b2"], CLASSES)
+    for dtype in (torch.bfloat16, torch.float16):
+        save_torch({"maps": torch.from_numpy(maps).to(dtype)}, str(tmp_path / "low.safetensors"))
+        got, _ = load_labelled_maps(tmp_path / "low.safetensors", tmp_path / "ok.csv")
+        assert got.dtype == np.float32
+        np.testing.assert_allclose(got, maps, atol=1e-2)
+
+
 # --------------------------------------------------------------------------- CLI
 
 

@@ -73,6 +73,25 @@ def weights(w, d, data: bytes) -> Path:
     return c
 
 
+def tensors(w, d, edit) -> Path:
+    """A copy of the tiny classifier whose tensors ``edit(state_dict)`` changed (issue 29: a missing
+    encoder tensor was random weights, silently)."""
+    import torch  # noqa: F401  (the edits build tensors)
+    from safetensors.torch import load_file, save_file
+
+    c = ckpt(w, d)
+    state = load_file(c / "model.safetensors")
+    edit(state)
+    save_file(state, c / "model.safetensors", metadata={"format": "pt"})
+    return c
+
+
+def _zeros(*shape):
+    import torch
+
+    return torch.zeros(*shape)
+
+
 def truncated(w, d) -> Path:
     c = ckpt(w, d)
     f = c / "model.safetensors"
@@ -265,8 +284,8 @@ def _or(value, default):
     return str(default if value is None else value)
 
 
-def score(w, d, *extra, model=None, task=None, out=None):
-    return ["score", M, _or(model, w["clf"]), T, _or(task, w["task"]), "--method", "magnitude",
+def score(w, d, *extra, model=None, task=None, out=None, method="magnitude"):
+    return ["score", M, _or(model, w["clf"]), T, _or(task, w["task"]), "--method", method,
             "--out", _or(out, d / "o"), *extra]
 
 
@@ -292,6 +311,30 @@ def read_only(monkeypatch):
         real = os.access
         monkeypatch.setattr(os, "access", lambda p, mode, **k: False if Path(p).name == "ro" and mode & os.W_OK
                             else real(p, mode, **k))
+
+
+def crafted_record(d, key: str) -> Path:
+    """A run directory whose record lists ``key`` (a path outside it), beside a file of the user's."""
+    run_dir(d)
+    text_file(d, "victim.txt", "the user's\n")
+    data = json.loads((d / "run" / ".headcount-out.json").read_text())
+    data["files"][key] = None
+    (d / "run" / ".headcount-out.json").write_text(json.dumps(data))
+    return d / "run"
+
+
+def linked_jobs(d) -> Path:
+    run_dir(d)
+    (d / "run" / "jobs").rename(d / "elsewhere")
+    (d / "run" / "jobs").symlink_to(d / "elsewhere")
+    return d / "run"
+
+
+def empty_lock(d) -> Path:
+    out = d / "o"
+    out.mkdir()
+    (out / ".headcount.lock").write_bytes(b"")
+    return out
 
 
 def ro_dir(d) -> Path:
@@ -331,6 +374,16 @@ ROWS = [
         w, d, headcount_pruning={"removed_heads": [[0, 1, 2, 3, 4, 5, 6]], "removed_mlps": []}))),
     Row("model-bloom-unsupported", lambda w, d: ["info", M, str(config_edit(w, d, model_type="bloom", n_embd=16))],
         "'bloom' is not supported"),
+    Row("model-missing-encoder-layer", lambda w, d: score(w, d, model=tensors(w, d, lambda s: [
+        s.pop(k) for k in list(s) if ".layer.1." in k])), "lacks encoder tensor bert.encoder.layer.1."),
+    Row("model-unexpected-encoder-tensor", lambda w, d: ["info", M, str(tensors(w, d, lambda s: s.update(
+        {"bert.encoder.layer.0.extra.weight": _zeros(3)})))], "unexpected encoder tensor bert.encoder.layer.0.extra"),
+    Row("model-wrong-shape-tensor", lambda w, d: score(w, d, model=tensors(w, d, lambda s: s.update(
+        {"bert.encoder.layer.0.attention.self.query.weight": _zeros(32, 16)}))), "has shape [32, 16] in the checkpoint"),
+    Row("model-config-nan", lambda w, d: score(w, d, model=config_edit(w, d, layer_norm_eps=float("nan"))),
+        "sets layer_norm_eps to nan"),
+    Row("model-config-infinite-info", lambda w, d: ["info", M, str(config_edit(w, d, hidden_dropout_prob=float("inf")))],
+        "hidden_dropout_prob to inf"),
     # -- masks (shrink) -------------------------------------------------------------------------------------
     Row("mask-missing", lambda w, d: shrink(w, d, mask=d / "none.json"), "not found"),
     Row("mask-not-json", lambda w, d: shrink(w, d, mask=text_file(d, "m.json", "{heads")), "not JSON"),
@@ -341,6 +394,14 @@ ROWS = [
     Row("mask-empty-object", lambda w, d: shrink(w, d, mask=text_file(d, "m.json", "{}")), "heads"),
     Row("mask-ragged", lambda w, d: shrink(w, d, mask=text_file(d, "m.json", '{"heads": [[1, 1, 1], [1, 1, 1, 1]], "mlps": [1, 1]}'))),
     Row("mask-list-not-object", lambda w, d: shrink(w, d, mask=text_file(d, "m.json", "[1, 2]"))),
+    Row("mask-n-layers-infinite", lambda w, d: shrink(w, d, mask=text_file(d, "m.json", '{"shared_heads": [1, 1, 1, 1], '
+                                                                         '"n_layers": 1e999}')), "'n_layers' must be"),
+    Row("mask-n-layers-out-of-memory", lambda w, d: shrink(w, d, mask=text_file(
+        d, "m.json", '{"shared_heads": [1, 1, 1, 1], "n_layers": 1000000000000}')), "in 1..10000, got 1000000000000"),
+    Row("mask-boolean-entry", lambda w, d: shrink(w, d, mask=text_file(d, "m.json", '{"heads": [[1, 1, 1, 1], [1, true, 1, 1]], '
+                                                                     '"mlps": [1, 1]}')), "'heads[1][1]' must be 0 or 1"),
+    Row("mask-mlps-not-a-list", lambda w, d: shrink(w, d, mask=text_file(d, "m.json", '{"heads": [[1, 1, 1, 1], [1, 1, 1, 1]], '
+                                                                       '"mlps": "all"}')), "'mlps' must be"),
     # -- --out guards ----------------------------------------------------------------------------------------------
     Row("shrink-out-existing-file", lambda w, d: shrink(w, d, out=a_file(d)), "existing file"),
     Row("shrink-out-foreign-dir", lambda w, d: shrink(w, d, out=foreign(d)), "not empty"),
@@ -460,15 +521,15 @@ ROWS = [
     Row("study-corrupt-manifest", lambda w, d: ["study", str(demo_config(d, "", "")), "--out",
                                                 str(run_dir(d, **{"manifest.json": b"\xff{"}))], "corrupt"),
     Row("study-gpus-per-job-zero", lambda w, d: ["study", str(demo_config(d, "", "")), "--out", str(d / "run"),
-                                                 "--executor", "ray", "--gpus-per-job", "0"], "--gpus-per-job must be a number > 0"),
+                                                 "--executor", "ray", "--gpus-per-job", "0"], "--gpus-per-job must be in (0, 256], got 0"),
     Row("study-gpus-per-job-infinite", lambda w, d: ["study", str(demo_config(d, "", "")), "--out", str(d / "run"),
-                                                     "--executor", "ray", "--gpus-per-job", "inf"], "must be a number > 0"),
+                                                     "--executor", "ray", "--gpus-per-job", "inf"], "must be in (0, 256]"),
     Row("study-gpus-per-job-not-a-number", lambda w, d: ["study", str(demo_config(d, "", "")), "--out", str(d / "run"),
                                                          "--executor", "ray", "--gpus-per-job", "half"], "--gpus-per-job"),
     Row("study-gpus-per-job-local-executor", lambda w, d: ["study", str(demo_config(d, "", "")), "--out", str(d / "run"),
                                                            "--gpus-per-job", "0.5"], "is for the ray executor"),
     Row("demo-gpus-per-job-negative", lambda w, d: ["demo", "--out", str(d / "run"), "--executor", "ray",
-                                                    "--gpus-per-job", "-0.5"], "must be a number > 0"),
+                                                    "--gpus-per-job", "-0.5"], "must be in (0, 256]"),
     Row("data-show-unknown-task", lambda w, d: ["data", "show", "glue/nonesuch"]),
     Row("unknown-option", lambda w, d: ["score", "--colour", "blue"]),
     # -- data files: rows dropped or glued (quotes in .tsv), malformed rows -----------------------------------
@@ -513,6 +574,20 @@ ROWS = [
         ["data", "show", text_file(d, "t.yaml", "files: {train: x.jsonl, validation: x.jsonl}\ntext: sentence\n"
                                                 "labels: [negative, positive]\n")])[1],
         "x.jsonl, line 2: each line must be a JSON object"),
+    Row("data-jsonl-lone-surrogate", lambda w, d: score(w, d, task=(
+        text_file(d, "x.jsonl", '{"sentence": "a", "label": "positive"}\n{"sentence": "b \\ud800 c", "label": "negative"}\n'),
+        text_file(d, "t.yaml", "files: {train: x.jsonl, validation: x.jsonl}\ntext: sentence\n"
+                               "labels: [negative, positive]\n"))[1], method="entropy"),  # entropy reads the data
+        "x.jsonl, line 2: field 'sentence' holds a lone surrogate"),
+    Row("data-jsonl-duplicate-key", lambda w, d: (
+        text_file(d, "x.jsonl", '{"sentence": "a", "label": "positive", "label": "negative"}\n'),
+        ["data", "show", text_file(d, "t.yaml", "files: {train: x.jsonl, validation: x.jsonl}\ntext: sentence\n"
+                                                "labels: [negative, positive]\n")])[1],
+        "x.jsonl, line 1: the key 'label' appears twice"),
+    Row("data-label-superscript-digit", lambda w, d: score(w, d, task=task_with(
+        d, train="sentence,label\nthe film,\u00b2\nthe plot,positive\n"), method="entropy"), "label '\u00b2' is not one of"),
+    Row("data-show-label-superscript-digit", lambda w, d: ["data", "show", task_with(
+        d, train="sentence,label\nthe film,\u00b2\nthe plot,positive\n")], "label '\u00b2' is not one of"),
     Row("data-glue-download-no-header", lambda w, d: (
         text_file(d, "dev.tsv", '1\t100\t200\tthe "film\tthe film\n'),
         ["data", "show", text_file(d, "t.yaml", "glue: mrpc\nfiles: {train: dev.tsv, validation: dev.tsv}\n")])[1],
@@ -567,6 +642,10 @@ ROWS = [
     Row("patterns-train-lr-infinite", lambda w, d: ["patterns", "train", "--maps", str(w["root"] / "maps" / "maps.safetensors"),
                                                    "--labels", str(w["root"] / "maps" / "labels.csv"), "--lr", "inf",
                                                    "--out", str(d / "o")], "--lr"),
+    Row("patterns-train-labels-glued-rows", lambda w, d: ["patterns", "train", "--maps", str(w["root"] / "maps" / "maps.safetensors"),
+                                                         "--labels", str(text_file(d, "l.csv", 'index,label\n"0,vertical\n1",block\n'
+                                                                                   '2,diagonal')),
+                                                         "--epochs", "1", "--out", str(d / "o")], "l.csv, line 2: not valid CSV"),
     Row("patterns-synthetic-huge-size", lambda w, d: ["patterns", "synthetic", "--size", "100000", "--out", str(d / "o")],
         "--size"),
     Row("data-show-zero-examples", lambda w, d: ["data", "show", w["task"], "--n", "0"], "--n"),
@@ -629,6 +708,14 @@ ROWS = [
     Row("own-study-users-files", lambda w, d: ["study", str(demo_config(d, "", "")), "--out",
                                               users(d, "manifest.json", "report.html")], "no record"),
     Row("own-report-of-a-folder-without-record", lambda w, d: ["report", users(d, "manifest.json")], "no record"),
+    Row("own-record-points-outside", lambda w, d: ["report", crafted_record(d, "results/../../victim.txt")],
+        "refuses a record"),
+    Row("own-record-lists-parent", lambda w, d: ["report", crafted_record(d, "..")], "refuses a record"),
+    Row("own-record-absolute-path", lambda w, d: ["report", crafted_record(d, str(d / "victim.txt"))], "refuses a record"),
+    Row("own-run-jobs-is-a-link", lambda w, d: ["report", linked_jobs(d)], "does not list as its own"),
+    Row("own-empty-lock-of-the-user", lambda w, d: score(w, d, out=empty_lock(d)), "empty file that headcount did not create"),
+    Row("own-data-fetch-users-manifest", lambda w, d: ["data", "fetch", "--dir", users(d, "MANIFEST.json"), "--force"],
+        "does not list as its own"),
 ]
 
 

@@ -51,7 +51,7 @@ def world(tmp_path_factory):
     ("llama", "shape", "mask is for 4 layers x 4 heads, the model has 3 x 4"),
     ("llama", "units", "do not split into 3 key/value groups"),
     ("gpt2", "kv", "no grouped-query attention (4 query heads, 4 key/value heads): a KV group is a single head"),
-    ("llama", "values", "mask values must be 0 or 1"),
+    ("llama", "values", "must be 0 or 1"),
     ("not.gguf", "fits", "is not a GGUF file"),
     ("truncated.gguf", "fits", "cannot read GGUF file"),
     ("missing.gguf", "fits", "GGUF file not found"),

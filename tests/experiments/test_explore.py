@@ -109,6 +109,11 @@ def _by_name(page):
     return {q["name"]: q for q in page["quantities"]}
 
 
+def _by_key(page, kind):
+    """The quantities of one kind by where they come from (job name or file)."""
+    return {q["key"]: q for q in page["quantities"] if q["kind"] == kind}
+
+
 # -- the page model -----------------------------------------------------------------------------------
 def test_attention_round_trips_through_the_byte_encoding():
     rng = np.random.default_rng(0)
@@ -191,7 +196,8 @@ def test_the_page_of_a_model_and_task_holds_the_files_and_the_attention(world, m
     page = page_data(html)
     q = _by_name(page)
     assert (page["layers"], page["heads"]) == (2, 4)
-    scores, mask = q[world["scores"]], q[f"kept: {world['mask']}"]
+    scores, mask = _by_key(page, "score")[world["scores"]], _by_key(page, "mask")[world["mask"]]
+    assert scores["name"] == "gradient importance" and mask["name"] == f"kept: {world['mask']}"  # by method; a bare mask: its file
     assert np.allclose(_grid(scores), SCORES["heads"]) and scores["mlps"] == SCORES["mlps"]
     assert scores["ranks"] == [[7, 1, 5, 4], [3, 6, 2, 8]] and mask["heads"] == MASK["heads"] and mask["mlps"] == MASK["mlps"]
     names = [x["name"] for x in page["quantities"]]
@@ -224,12 +230,15 @@ def test_the_page_of_a_lottery_run_holds_its_masks_survival_and_patterns(lottery
     assert _snapshot(lottery) == before  # reading a run (and running its model) writes nothing there
     page = ex.page
     q = _by_name(page)
-    assert page["title"] == "tiny lottery (lottery study)" and (page["layers"], page["heads"]) == (2, 4)
+    assert page["title"] == "tiny lottery" and (page["layers"], page["heads"]) == (2, 4)  # the study type: in the subtitle
     masks = [store.result(f"prune/has-good/seed{s}").result["mask"] for s in (1, 2)]
+    kept, stepped = _by_key(page, "mask"), _by_key(page, "step")
     for s, m in zip((1, 2), masks):
-        assert q[f"kept: prune/has-good/seed{s}"]["heads"] == m["heads"]
+        assert kept[f"prune/has-good/seed{s}"]["heads"] == m["heads"]
+        assert kept[f"prune/has-good/seed{s}"]["name"] == f"good mask (iterative pruning), has-good, seed {s}"
         # the step that removed each head, read back against the saved mask and its trace
-        steps = q[f"removed at step: prune/has-good/seed{s}"]
+        steps = stepped[f"prune/has-good/seed{s}"]
+        assert steps["name"] == f"pruning step that removed the head, has-good, seed {s}"
         saved = np.asarray(m["removed_at_step"]["heads"])
         assert steps["kind"] == "step" and np.array_equal(np.isnan(_grid(steps)), saved == 0)
         assert np.array_equal(_grid(steps)[saved > 0], saved[saved > 0])
@@ -239,12 +248,13 @@ def test_the_page_of_a_lottery_run_holds_its_masks_survival_and_patterns(lottery
         for before, row in zip(accepted, accepted[1:]):  # each accepted step removed the heads its row lost
             assert (saved == row["step"]).sum() == before["heads_kept"] - row["heads_kept"]
     assert not any("earlier headcount" in n for n in page["notes"])
-    survival = q["kept by k of 2 seeds: prune/has-good/seed*"]
+    survival = q["kept by k of 2 seeds: good mask (iterative pruning), has-good"]
     assert np.array_equal(_grid(survival), np.add(masks[0]["heads"], masks[1]["heads"])) and survival["n"] == 2
-    rules = q["pattern (rules): patterns/has-good/seed1"]
+    rules = q["pattern class (rules), has-good, seed 1"]
     labels = store.result("patterns/has-good/seed1").result["labels"]
     assert [[rules["categories"][int(v)] for v in row] for row in rules["heads"]] == labels
-    assert not any(n.startswith(("kept: subnetwork/random", "kept: subnetwork/bad")) for n in q)
+    assert not any("subnetwork/random" in k or "subnetwork/bad" in k for k in (x["key"] for x in page["quantities"]))
+    assert not any("/" in n for n in q)  # named by method, task and seed, not by job path
     assert any("random or bad controls are left out" in n for n in page["notes"])
     assert page["attention"]["label"] == "finetune/has-good/seed1 on 3 dev examples of has-good"
     assert len(page["attention"]["examples"]) == 3
@@ -256,19 +266,25 @@ def test_the_page_of_a_transfer_run_holds_its_scores_means_and_removal_levels(tr
     code, _, err = run_cli(capsys, "explore", transfer, "--out", out)
     assert code == 0, err
     page = page_data(out.read_text(encoding="utf-8"))
-    q = _by_name(page)
+    q, by_job = _by_name(page), _by_key(page, "score")
     grids = {}
     for name in ("mlm-scores/good", "task-scores/good/seed1/fine-tuned", "task-scores/good/seed2/fine-tuned"):
         saved = json.loads((store.result(name).dir / "scores.json").read_text())
         grids[name] = np.asarray(saved["heads"])
-        assert np.allclose(_grid(q[name]), saved["heads"], rtol=1e-5) and np.allclose(q[name]["mlps"], saved["mlps"], rtol=1e-5)
-    mean = q["mean of 2 seeds: task-scores/good/seed*/fine-tuned"]
+        x = by_job[name]
+        assert np.allclose(_grid(x), saved["heads"], rtol=1e-5) and np.allclose(x["mlps"], saved["mlps"], rtol=1e-5)
+    assert by_job["mlm-scores/good"]["name"] == "MLM gradient importance (pre-trained), has-good"
+    assert by_job["task-scores/good/seed2/fine-tuned"]["name"] == "task gradient importance (fine-tuned), has-good, seed 2"
+    assert by_job["task-scores/good/seed1/pre-trained"]["name"] == \
+        "task gradient importance (pre-trained encoder), has-good, seed 1"
+    mean = q["mean of 2 seeds: task gradient importance (fine-tuned), has-good"]
     assert np.allclose(_grid(mean), (grids["task-scores/good/seed1/fine-tuned"] + grids["task-scores/good/seed2/fine-tuned"]) / 2, rtol=1e-5)
-    levels = _grid(q["removed at level: mask/good/mlm-*"])
+    levels = _grid(q["pruning level that removed the head, by MLM importance, good"])
     m25, m50 = (np.asarray(store.result(f"mask/good/mlm-{lv}").result["heads"]) for lv in ("0.25", "0.5"))
     expected = np.where(m25 == 0, 0.25, np.where(m50 == 0, 0.5, np.nan))
     assert np.array_equal(np.isnan(levels), np.isnan(expected)) and np.allclose(levels[~np.isnan(levels)], expected[~np.isnan(expected)])
-    assert not any("random-" in n for n in q)  # the random control masks are left out
+    assert not any("random-" in x["key"] for x in page["quantities"])  # the random control masks are left out
+    assert not any("/" in n for n in q)  # named by method, task and seed, not by job path
     assert page["attention"]["label"].startswith("finetune/good/seed1 on 8 dev examples")
 
 
@@ -374,6 +390,9 @@ PROBE = """<script>window.addEventListener("load", function () {
     var cell = document.querySelector('#grid-a .cell[data-l="' + T.l + '"][data-h="' + T.h + '"]');
     r.label = cell.getAttribute("aria-label");
     cell.click();
+    r.hash = location.hash;
+    r.axes = [$("axis-x").firstChild.textContent, $("axis-y").firstChild.textContent];
+    r.picks = [$("qa-label").firstChild.textContent, $("qb-label").firstChild.textContent];
     r.title = $("detail-title").textContent;
     r.rows = Array.from(document.querySelectorAll("#detail-table tbody tr")).map(function (tr) {
       return Array.from(tr.cells).map(function (td) { return td.textContent; }); });
@@ -393,6 +412,16 @@ PROBE = """<script>window.addEventListener("load", function () {
   var pre = document.createElement("pre"); pre.id = "hc-check"; pre.textContent = JSON.stringify(r);
   document.body.appendChild(pre);
 });</script>"""
+
+
+def _defaults(page) -> tuple[int, int]:
+    """The quantities the page shows first (explorer.js ``defaults``): MLM vs task importance when it has both."""
+    qs = page["quantities"]
+    numeric = [i for i, q in enumerate(qs) if q["kind"] in ("score", "mean", "survival", "level", "step")]
+    a = next((i for i in numeric if "mlm" in qs[i]["name"].lower()), numeric[0] if numeric else 0)
+    b = next((i for i in numeric if i != a and "task" in qs[i]["name"].lower()),
+             next((i for i in numeric if i != a), (a + 1) % len(qs) if len(qs) > 1 else a))
+    return a, b
 
 
 def _probe(page: Path, target: dict) -> dict:
@@ -424,6 +453,10 @@ def test_the_page_works_in_a_browser_with_the_network_off(world, model_page, lot
     assert r["resources"] == [] and r["scrollWidth"] <= WIDTH
     assert r["cells"] == 8 and r["mlps"] == 2
     assert r["title"] == "Layer 1, head 2" and r["selected"] == 2  # the head, in both grids
+    assert r["hash"] == "#head=1.2"  # clicking a head writes it into the URL (a link to it)
+    sa, sb = (page["quantities"][i]["name"] for i in _defaults(page))
+    assert r["axes"] == [sa[:41] + "\u2026" if len(sa) > 42 else sa, sb[:41] + "\u2026" if len(sb) > 42 else sb]
+    assert r["picks"] == ["Quantity (x axis of the scatter)", "Quantity (y axis of the scatter)"]
     assert r["rows"] == [[n, *[v or "" for v in page["details"][1][2][i]]] for i, n in enumerate(names)]
     assert r["label"].startswith("layer 1, head 2: ") and page["details"][1][2][0][0] in r["label"]
     lengths = [len(e["tokens"]) for e in page["attention"]["examples"]]

@@ -64,7 +64,7 @@ def test_model_jobs_ask_for_a_gpu_when_the_cluster_has_gpus():
     assert ray._options(model, GPU_CLUSTER)["num_gpus"] == 0.0 and ray._job_env(model, 0.0)["HEADCOUNT_DEVICE"] == "cpu"
     ray.set_precision("bf16")
     assert ray._job_env(model, 0.0) == {"HEADCOUNT_DEVICE": "cpu", "HEADCOUNT_PRECISION": "bf16"}
-    for bad in (0, -1, "1", True, float("inf"), float("nan")):  # the CLI's rule (device.check_gpus_per_job)
+    for bad in (0, -1, "1", True, float("inf"), float("nan")):  # the CLI's rule (ray_executor.check_gpus_per_job)
         with pytest.raises(HeadcountError, match="gpus_per_job"):
             RayExecutor(gpus_per_job=bad)
 
@@ -75,7 +75,7 @@ def test_gpus_per_job_reaches_the_ray_executor_from_the_cli_and_the_api(tmp_path
     import headcount.cli.commands.demo as demo_command
     from headcount.experiments import run_study as api_run_study
     from headcount.experiments.runner.executors import make_executor
-    from headcount.experiments.runner.ray_executor import GPUS_PER_JOB
+    from headcount.experiments.runner.ray_executor import DEFAULT_GPUS_PER_JOB
 
     seen = []
 
@@ -88,7 +88,7 @@ def test_gpus_per_job_reaches_the_ray_executor_from_the_cli_and_the_api(tmp_path
     config = tmp_path / "a.yaml"
     config.write_text("study: test_gpu_settings:probe\ndevice: cpu\n")
     for argv, expected in ((["study", config, "--executor", "ray", "--gpus-per-job", "0.5"], 0.5),
-                           (["study", config, "--executor", "ray"], GPUS_PER_JOB),
+                           (["study", config, "--executor", "ray"], DEFAULT_GPUS_PER_JOB),
                            (["demo", "--executor", "ray", "--gpus-per-job", "2"], 2.0)):
         code, _, err = run_cli(capsys, *argv, "--out", tmp_path / "run")
         assert (code, err.strip(), seen[-1]) == (2, "error: stopped before Ray", expected), argv

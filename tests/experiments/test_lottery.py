@@ -46,8 +46,10 @@ from headcount.experiments.studies.lottery import (
     TrainSettings,
     control_rng,
     lottery_jobs,
+    lottery_metric,
     retrain_job,
     subnetwork_job,
+    super_random_rng,
 )
 from headcount.experiments.studies.lottery.published import PRASANNA_2020, published
 from headcount.experiments.studies.lottery.tables import paper_table
@@ -320,9 +322,10 @@ def test_every_subnetwork_has_the_right_size(run):
         sup = Mask.load(store.result(f"subnetwork/super/{task}").path("mask.json"))
         assert np.array_equal(sup.heads.numpy(), super_survivors(np.stack([g.heads.numpy() for g in goods])))
         for k in ("super-random", "super-bad"):
-            m = Mask.load(store.result(f"subnetwork/{k}/{task}").path("mask.json"))
-            assert (m.n_heads_kept, m.n_mlps_kept) == (sup.n_heads_kept, sup.n_mlps_kept)
-            for seed in (1, 2):
+            for seed in (1, 2):  # the random (middling) control is drawn again for each retraining seed
+                name = f"subnetwork/{k}/{task}" + (f"/seed{seed}" if k == "super-random" else "")
+                m = Mask.load(store.result(name).path("mask.json"))
+                assert (m.n_heads_kept, m.n_mlps_kept) == (sup.n_heads_kept, sup.n_mlps_kept)
                 r = store.result(f"retrain/{k}/{task}/seed{seed}").result
                 assert r["mask"]["heads"] == m.to_dict()["heads"]
 
@@ -469,7 +472,7 @@ def test_docstring_examples_run(module):
 
 # -- super-survivor controls: the reference's rule by default, the earlier one as an option ---------
 def test_super_control_jobs_read_every_seeds_good_mask(world):
-    s = _settings(world, seeds=[1, 2, 3])
+    s = _settings(world, seeds=[1, 2, 3], super_survivors={"random_draws": "per-task"})
     names = {j.name: j for j in lottery_jobs(s)}
     prunes = {names[f"prune/has-good/seed{seed}"].key for seed in (1, 2, 3)}
     sup = names["subnetwork/super/has-good"]
@@ -478,6 +481,16 @@ def test_super_control_jobs_read_every_seeds_good_mask(world):
         assert {d.key for d in job.inputs.values()} == prunes and len(job.inputs) == 3  # every seed's good mask
         assert job.params["controls"] == "reference" and job.params["kind"] == kind
         assert names[f"retrain/super-{kind}/has-good/seed1"].inputs["mask"].key == job.key
+    # the default draws the middlings again for every retraining seed (the reference's seed loop);
+    # the bad control, resized once in the reference, stays one job per task
+    per_seed = {j.name: j for j in lottery_jobs(_settings(world, seeds=[1, 2, 3]))}
+    assert "subnetwork/super-random/has-good" not in per_seed
+    for seed in (1, 2, 3):
+        job = per_seed[f"subnetwork/super-random/has-good/seed{seed}"]
+        assert job.params == {**names["subnetwork/super-random/has-good"].params, "draw": seed}
+        assert {d.key for d in job.inputs.values()} == prunes
+        assert per_seed[f"retrain/super-random/has-good/seed{seed}"].inputs["mask"].key == job.key
+        assert per_seed[f"retrain/super-bad/has-good/seed{seed}"].key == names[f"retrain/super-bad/has-good/seed{seed}"].key
     # as-good-mask: the controls of the super mask alone, with the params (and keys) of before
     old = {j.name: j for j in lottery_jobs(_settings(world, seeds=[1, 2, 3], super_survivors={"controls": "as-good-mask"}))}
     for kind in ("random", "bad"):
@@ -519,3 +532,126 @@ def test_reference_super_control_jobs_draw_the_reference_controls(tmp_path):
     with pytest.raises(HeadcountError, match="'reference' is for random"):
         subnetwork_job({"kind": "random", "seed": 1, "mode": "bernoulli", "controls": "reference"}, inputs, tmp_path,
                        no_progress)
+
+
+# -- the reference's seed loop of compute_super_masks.py, transcribed (random.sample -> a sampler) --
+def _ref_bad_to_size(bad, good, sample):
+    bad = bad.copy()
+    if good.sum() > bad.sum():
+        selection = np.argwhere((good == 0) & (bad == 0)).tolist()
+        if len(selection) < good.sum() - bad.sum():
+            selection = np.argwhere(bad == 0).tolist()
+        for idx in sample(selection, int(good.sum() - bad.sum())):
+            bad[tuple(idx)] = 1
+    elif good.sum() < bad.sum():
+        for idx in sample(np.argwhere(bad == 1).tolist(), int(bad.sum() - good.sum())):
+            bad[tuple(idx)] = 0
+    return bad
+
+
+def _ref_middlings(bad, good, sample):
+    mid = np.ones_like(good)
+    mid[good == 1] = 0
+    mid[bad == 1] = 0
+    if mid.sum() >= good.sum():
+        for idx in sample(np.argwhere(mid == 1).tolist(), int(mid.sum() - good.sum())):
+            mid[tuple(idx)] = 0
+    else:
+        for idx in sample(np.argwhere(mid == 0).tolist(), int(good.sum() - mid.sum())):
+            mid[tuple(idx)] = 1
+    return mid
+
+
+def _ref_seed_loop(heads, mlps, seeds, bad_sample, middling_sample):
+    """compute_super_masks.py's ``for seed in together_head_data[task]`` loop: the bad masks are
+    resized in every iteration (a no-op once they have the super-survivors' size), the middlings
+    drawn again in every iteration. ``bad_sample``: the sampler of the bad draws;
+    ``middling_sample(seed)``: that seed's sampler (the reference has one stream for both)."""
+    sup_h, sup_m = heads.min(0).astype(float), mlps.min(0).astype(float)
+    bad_h, bad_m = (1 - heads).min(0).astype(float), (1 - mlps).min(0).astype(float)
+    out = {}
+    for seed in seeds:
+        bad_h = _ref_bad_to_size(bad_h, sup_h, bad_sample)
+        bad_m = _ref_bad_to_size(bad_m, sup_m, bad_sample)
+        sample = middling_sample(seed)
+        out[seed] = {"bad": (bad_h, bad_m), "random": (_ref_middlings(bad_h, sup_h, sample),
+                                                      _ref_middlings(bad_m, sup_m, sample))}
+    return out
+
+
+def _sampler(rng):
+    """random.sample(population, k) drawn as headcount draws: a numpy Generator, no draw for k = 0."""
+    def sample(population, k):
+        return [] if k == 0 else [population[i] for i in rng.choice(len(population), size=k, replace=False)]
+    return sample
+
+
+def test_super_random_control_is_drawn_again_for_every_seed_as_the_reference_loop(tmp_path):
+    rng = np.random.default_rng(8)
+    heads = (rng.random((3, 6, 6)) < 0.55).astype(int)  # many middlings: the draws can differ
+    mlps = np.array([[1, 1, 0, 0, 1, 0], [1, 0, 0, 1, 1, 0], [1, 1, 0, 0, 1, 1]])
+    inputs = {f"s{i}": _good(tmp_path, heads[i], mlps[i], f"g{i}") for i in range(3)}
+    seeds, draw_seed = (1337, 42, 86), 4
+    ref = _ref_seed_loop(heads, mlps, seeds, _sampler(control_rng(draw_seed, "bad")),
+                         lambda seed: _sampler(super_random_rng(draw_seed, seed)))
+    got = {}
+    for seed in seeds:
+        out = tmp_path / f"mid{seed}"
+        out.mkdir()
+        subnetwork_job({"kind": "random", "seed": draw_seed, "mode": "uniform", "controls": "reference", "draw": seed},
+                       inputs, out, no_progress)
+        got[seed] = Mask.load(out / "mask.json")
+        assert np.array_equal(got[seed].heads.numpy(), ref[seed]["random"][0])
+        assert np.array_equal(got[seed].mlps.numpy(), ref[seed]["random"][1])
+        assert got[seed].meta["draw"] == seed
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    subnetwork_job({"kind": "bad", "seed": draw_seed, "controls": "reference"}, inputs, bad, no_progress)
+    for seed in seeds:  # the reference's bad control: resized on the first seed, the same for every seed
+        assert np.array_equal(Mask.load(bad / "mask.json").heads.numpy(), ref[seed]["bad"][0])
+    assert len({tuple(g.heads.numpy().ravel()) for g in got.values()}) == 3  # three different draws
+    # per-task (the option): one draw, the same for every seed, as before
+    once = tmp_path / "once"
+    once.mkdir()
+    subnetwork_job({"kind": "random", "seed": draw_seed, "mode": "uniform", "controls": "reference"}, inputs, once,
+                   no_progress)
+    parts = {"heads": heads, "mlps": mlps}
+    assert np.array_equal(Mask.load(once / "mask.json").heads.numpy(),
+                          super_controls(parts, "random", seed=control_rng(draw_seed, "random"),
+                                         bad_seed=control_rng(draw_seed, "bad"))["heads"])
+
+
+# -- the metric: the reference's choice per task, the task's declared one as the option -----------
+#: find_head_mlp_masks.py:535-548 and find_global_weight_mask.py:323-338 (args.metric_name), by GLUE task
+REFERENCE_METRIC_NAME = {"cola": "mcc", "mnli": "acc", "mrpc": "acc", "sst-2": "acc", "sts-b": "corr",
+                         "qqp": "acc", "qnli": "acc", "rte": "acc", "wnli": "acc"}
+#: what the reference's names are in headcount (corr: the mean of Pearson and Spearman)
+HEADCOUNT_NAME = {"acc": "accuracy", "mcc": "mcc", "corr": "pearson_spearman"}
+
+
+def test_lottery_metric_is_the_references_choice_and_the_task_metric_is_the_option(world):
+    for task, ref in REFERENCE_METRIC_NAME.items():
+        name = "glue/" + task.replace("-", "")
+        assert lottery_metric(name) == HEADCOUNT_NAME[ref], task
+    assert lottery_metric("glue/mrpc", "task") == lottery_metric("glue/qqp", "task") == "f1"
+    assert lottery_metric("glue/cola", "task") == "mcc"
+    mrpc = {j.name: j for j in lottery_jobs(LotterySettings(tasks=["glue/mrpc"], seeds=[1]))}
+    scored = [n for n, j in mrpc.items() if j.kind in ("finetune", "prune", "evaluate", "lottery.retrain",
+                                                       "lottery.magnitude")]
+    assert len(scored) >= 10 and all(mrpc[n].params["metric"] == "accuracy" for n in scored)
+    f1 = {j.name: j for j in lottery_jobs(LotterySettings(tasks=["glue/mrpc"], seeds=[1], metric="task"))}
+    assert all("metric" not in f1[n].params for n in scored)
+    # a task scored by its own metric keeps every job key (offline runs are unchanged)
+    plain = {j.key for j in lottery_jobs(_settings(world))}
+    assert plain == {j.key for j in lottery_jobs(_settings(world, metric="task"))}
+    with pytest.raises(HeadcountError, match="metric"):
+        parse_study_config("study: lottery\nmodel: pre\ntasks: [task/task.yaml]\nseeds: [1]\nmetric: f1\n",
+                           base_dir=world["root"])
+
+
+def test_a_jobs_metric_scores_the_task_by_it():
+    from headcount.experiments.studies.jobs import job_task
+
+    assert job_task({"task": "glue/qqp", "metric": "accuracy"}).metric == "accuracy"
+    assert job_task({"task": "glue/qqp"}).metric == "f1"
+    assert job_task({"task": "glue/qqp", "metric": "accuracy"}).name == "glue/qqp"

@@ -59,6 +59,46 @@ def _wide_report(store, config):
     ])
 
 
+def _glance_report(store, config):
+    """A report that opens like the demo's: a notice, a caveat, a headline figure beside a 14-row
+    glance table, a long summary, then the sections."""
+    import numpy as np
+    import pandas as pd
+
+    from headcount.experiments.report import ReportContent, ReportTable, Section, new_figure
+
+    fig, ax = new_figure(size=(4.5, 4.2))
+    ax.bar(range(8), np.linspace(0.5, 0.9, 8))
+    ax.set_xticks(range(8), [f"experiment {i}" for i in range(8)], rotation=60)
+    rows = [{"quantity": f"transfer: a quantity with a name of some length {i}†", "task": "tweets",
+             "this run": "0.31 [0.20, 0.40]", "paper": ""} for i in range(5)]
+    rows += [{"quantity": f"lottery: subnetwork {i}, retrained", "task": "tweets", "this run": "0.81 ± 0.02",
+              "paper": "0.87 (SST-2)"} for i in range(9)]
+    caveat = "† MLM head fitted on the frozen encoder, held-out masked-token accuracy 0.09 (tweets): read with care."
+    return ReportContent(
+        summary="Masked LM of the pre-trained model†: a sentence of numbers with intervals. " * 30,
+        notice="**These numbers illustrate the pipeline only.** Cite nothing.", caveats=[caveat, caveat],
+        glance=ReportTable("glance", pd.DataFrame(rows), caption="This run's main numbers beside the paper's."),
+        headline="scores",
+        sections=[Section("Main results", tables={"main": pd.DataFrame({"task": ["a"], "score": [0.5]})}),
+                  Section("Figures", figures={"scores": fig})])
+
+
+#: Measures the top of a report: where the headline figure and the glance table end, how often
+#: the caveat is said.
+TOP_PROBE = """<script>
+window.addEventListener("load", function () {
+  function bottom(sel) { var e = document.querySelector(sel); return e ? e.getBoundingClientRect().bottom : null; }
+  var r = {figure: bottom("#glance figure img"), table: bottom("#glance table"), caveats: bottom("#caveats"),
+           summary_top: document.querySelector("#summary") ? document.querySelector("#summary").getBoundingClientRect().top : null,
+           caveat_count: document.body.innerText.split("MLM head fitted on the frozen encoder").length - 1,
+           height: window.innerHeight};
+  var pre = document.createElement("pre"); pre.id = "hc-top"; pre.textContent = JSON.stringify(r);
+  document.body.appendChild(pre);
+});
+</script>"""
+
+
 def _wide_expand(config):
     from headcount.experiments.runner import Job
 
@@ -77,11 +117,13 @@ def pages(tmp_path_factory) -> dict[str, Path]:
         pass
 
     register_study("browser-wide", WideConfig, _wide_expand, _wide_report, replace=True)
+    register_study("browser-glance", WideConfig, _wide_expand, _glance_report, replace=True)
     tmp = tmp_path_factory.mktemp("browser")
     (tmp / "toy.yaml").write_text("study: toy_study:toy\nname: toy\nvalues: [1, 2, 3]\nsteps: 4\n")
     (tmp / "wide.yaml").write_text("study: browser-wide\nname: a wide report\n")
+    (tmp / "glance.yaml").write_text("study: browser-glance\nname: headcount demo (quick profile)\n")
     out = {}
-    for name in ("toy", "wide"):
+    for name in ("toy", "wide", "glance"):
         summary = run_study(tmp / f"{name}.yaml", tmp / name, quiet=True)
         assert summary.report is not None
         out[name] = summary.report
@@ -111,6 +153,32 @@ def test_every_figure_loads_and_the_page_fits_1280_px(pages, name):
     assert r["scrolling_tables"] == [], r  # the shown tables wrap to the page instead of scrolling
     if name == "wide":
         assert r["details"] >= 1
+
+
+@needs_chromium
+def test_the_first_screen_holds_the_headline_figure_the_glance_table_and_the_caveat_once(pages):
+    """At 1280 x 800 a reader sees the notice and caveat box, the headline figure and the whole glance
+    table before scrolling; the caveat is said once (the summary marks it with †); the wording comes after."""
+    import json
+    import re
+
+    from browser_helpers import _run_browser
+
+    page = pages["glance"]
+    probe = page.with_name(".probe-top.html")
+    probe.write_text(page.read_text(encoding="utf-8").replace("</body>", TOP_PROBE + "</body>"), encoding="utf-8")
+    try:
+        dom = _run_browser([f"--window-size={WIDTH},800", "--virtual-time-budget=10000", "--dump-dom",
+                            probe.resolve().as_uri()])
+    finally:
+        probe.unlink()
+    r = json.loads(re.search(r'<pre id="hc-top">(.*?)</pre>', dom, re.S).group(1).replace("&quot;", '"'))
+    # a viewport of 1280 x 800 (the screenshot's; headless Chromium's window of 800 reports a shorter innerHeight)
+    assert r["figure"] is not None and r["figure"] <= 800, r  # the headline figure, whole, on the first screen
+    assert r["table"] is not None and r["table"] <= 800, r  # and the glance table
+    assert r["caveats"] < r["figure"] and r["caveat_count"] == 1, r  # the caveat box first, the caveat once
+    assert r["summary_top"] >= max(r["figure"], r["table"]), r  # the statistics' wording after
+    assert inspect(page)["scrollWidth"] <= WIDTH
 
 
 @needs_chromium

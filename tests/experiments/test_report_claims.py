@@ -1,5 +1,5 @@
 """The reports' claim sentences are computed from the numbers: every estimate with its interval,
-"at chance" wherever an interval contains the chance level, orderings backed by a paired test
+"interval contains chance" wherever an interval contains the chance level, orderings backed by a paired test
 over seeds ("not significant" when it says so), and the MLM head's caveat on the MLM side.
 
 Small tables built by hand: no training, no model.
@@ -20,7 +20,15 @@ import headcount.experiments.studies.transfer as T
 from headcount.analysis import at_chance, paired_sign_flip_test, seed_interval
 from headcount.experiments.studies.lottery.report import ordering_phrase, score_phrase, summary_text
 from headcount.experiments.studies.lottery.tables import chance_level, chance_levels
-from headcount.experiments.studies.transfer.summary import coherence_sentence, deduction_sentence, mlm_caveat, prunability_sentence, transfer_summary
+from headcount.experiments.studies.transfer.summary import (
+    MARK,
+    coherence_sentence,
+    deduction_sentence,
+    mlm_caveat,
+    prunability_sentence,
+    transfer_caveats,
+    transfer_summary,
+)
 from headcount.experiments.studies.transfer.tables import prunability_table
 
 SEEDS = (1337, 42, 86, 71, 166)
@@ -124,8 +132,8 @@ def test_the_lottery_summary_says_at_chance_for_every_task_and_experiment_whose_
             assert shown in para, (task, exp)  # the estimate with its interval beside it
             hit = iv["low"] <= CHANCE[task][0] <= iv["high"]
             expected += hit
-            assert (f"{shown}: at chance" in para) == hit, (task, exp)
-    assert expected == 5 and text.count("at chance") == expected + 1  # +1: the method sentence defines it
+            assert (f"{shown}: interval contains chance" in para) == hit, (task, exp)
+    assert expected == 5 and text.count("interval contains chance") == expected + 1  # +1: the method sentence defines it
 
 
 def test_the_lottery_summary_tests_the_papers_order_over_seeds():
@@ -143,6 +151,22 @@ def test_the_lottery_summary_tests_the_papers_order_over_seeds():
                    "magnitude bad retrained": e["magnitude good retrained"]} for t, e in TABLE.items()}
     magnitude = summary_text(_scores(swapped), CHANCE).split("\n\n")[1].split("Magnitude, ")[1]
     assert "good > bad: difference -0.268" in magnitude and "good higher on 0 of 5 seeds, not significant" in magnitude
+
+
+def test_intervals_of_bounded_metrics_stay_inside_their_range():
+    """The demo's 'random retrained 0.841 [0.563, 1.119]' (n = 2): accuracy cannot pass 1."""
+    rng = np.random.default_rng(2)
+    for metric, (lo, hi) in (("accuracy", (0, 1)), ("f1", (0, 1)), ("mcc", (-1, 1)), ("pearson_spearman", (-1, 1))):
+        for n in (2, 3, 5):
+            v = np.clip(rng.normal(0.85 if lo == 0 else 0.0, 0.2 if lo == 0 else 0.8, n), lo, hi)
+            text = score_phrase(v, metric=metric)
+            low, high = (float(x) for x in re.search(r"\[(-?[\d.]+), (-?[\d.]+)\]", text).groups())
+            raw = seed_interval(v)
+            assert lo <= low <= high <= hi
+            assert ("clipped" in text) == (raw["low"] < lo or raw["high"] > hi)
+    demo = score_phrase([0.719, 0.963], metric="accuracy")  # mean 0.841, t interval [-0.71, 2.39] unclipped
+    assert demo.startswith("0.841 ± 0.173 [0.000, 1.000] (n=2, interval clipped")
+    assert "clipped" not in score_phrase([0.719, 0.963])  # an unknown metric: no range, no clipping
 
 
 def test_score_phrase_without_an_interval_makes_no_chance_claim():
@@ -195,11 +219,11 @@ def test_coherence_says_at_chance_for_every_task_and_not_significant_where_p_is_
     settings = T.TransferSettings(tasks=["offline/movies"], seeds=[1, 2, 3])
     text = coherence_sentence(_tables(), "mlm-vs-task", "MLM vs task (fine-tuned)", settings)
     assert "amazon 0.19 [0.09, 0.28] (n=3), p <= 0.014 on each of 3 seeds" in text  # significant: with its p
-    assert ("tweets 0.12 [-0.05, 0.29] (n=3): at chance (the interval contains 0.00), "
+    assert ("tweets 0.12 [-0.05, 0.29] (n=3): interval contains chance (0.00), "
             "not significant (largest p over 3 seeds = 0.18)") in text
     jaccard = text.split("Top-25% Jaccard")[1]
-    assert "amazon 0.16 [0.07, 0.25] (n=3): at chance" in jaccard and "tweets 0.23 [0.12, 0.33] (n=3): at chance" in jaccard
-    assert text.count("at chance") == 3  # every task and statistic whose interval contains chance, no other
+    assert "amazon 0.16 [0.07, 0.25] (n=3): interval contains chance" in jaccard and "tweets 0.23 [0.12, 0.33] (n=3): interval contains chance" in jaccard
+    assert text.count("interval contains chance") == 3  # every task and statistic whose interval contains chance, no other
     assert "two-sided permutation test, heads permuted within layers" in text and "[95% interval" in text
 
 
@@ -211,7 +235,7 @@ def test_a_summary_row_without_an_interval_gets_the_t_interval_over_seeds():
     iv = seed_interval([0.1, 0.5, 0.9])
     text = coherence_sentence(_tables(coherence_summary=summ, coherence=per_seed), "seed-vs-seed", "Seed vs seed",
                               settings)
-    assert f"amazon 0.50 [{iv['low']:.2f}, {iv['high']:.2f}] (n=3): at chance" in text
+    assert f"amazon 0.50 [{iv['low']:.2f}, {iv['high']:.2f}] (n=3): interval contains chance" in text
     assert "t interval over seeds" in text and "not significant (largest p over 3 seeds = 0.2)" in text
 
 
@@ -233,8 +257,11 @@ def test_every_mlm_side_sentence_carries_the_fitted_heads_accuracy():
                      before_after=ba)
     paragraphs = transfer_summary(tables, settings).split("\n\n")
     mlm_side = [p for p in paragraphs if p.startswith(("Masked LM", "MLM vs", "Heads removable", "Acceptable"))]
-    assert len(mlm_side) == 5 and all(caveat in p for p in mlm_side)
-    assert not any(caveat in p for p in paragraphs if p.startswith("Task vs task"))
+    # each MLM-side sentence carries the mark; the caveat itself is said once (the report's box)
+    assert len(mlm_side) == 5 and all(MARK in p.split(":", 1)[0] for p in mlm_side)
+    assert not any(MARK in p or caveat in p for p in paragraphs if p.startswith("Task vs task"))
+    assert not any("fitted on the frozen encoder" in p for p in paragraphs)
+    assert transfer_caveats(tables) == [caveat + ", not evidence about masked-LM pre-training as such."]
     ci = sps.binomtest(165, 1500).proportion_ci(method="wilson")
     assert f"accuracy 0.11 [{ci.low:.2f}, {ci.high:.2f}] (Wilson interval over 1,500 masked tokens" in paragraphs[0]
     # the removable shares with their spread over seeds; the deduction with the score it rests on
@@ -250,5 +277,6 @@ def test_a_checkpoint_head_is_named_as_such():
     own = MLM.assign(head="checkpoint")
     assert mlm_caveat({"mlm": own}) == "† the checkpoint's own MLM head, masked-token accuracy 0.11 (amazon)"
     assert "not in this run's tables" in mlm_caveat({})
+    assert transfer_caveats({"mlm": own}) == [mlm_caveat({"mlm": own}) + "."]
     assert re.search(r"its own head\)\.$", transfer_summary(_tables(mlm=own), T.TransferSettings(
         tasks=["offline/movies"], seeds=[1, 2])).split("\n\n")[0])

@@ -23,13 +23,18 @@ from headcount.experiments.runner import (
     no_progress,
     parse_study_config,
 )
+from headcount.analysis.coherence import coherence, shared_view, view_of
+from headcount.analysis.removal import acceptable_deduction, removal_mask
 from headcount.experiments.studies import transfer as T
+from headcount.experiments.studies.transfer.jobs import coherence_job, per_example_of
+from headcount.experiments.studies.transfer.report import transfer_sections
+from headcount.experiments.studies.transfer.tables import transfer_tables
 from headcount.runtime.errors import HeadcountError
 
 _one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
 
 TABLES = ["finetune", "mlm", "coherence_summary", "coherence", "layer_mass", "head_scores", "prunability", "curves",
-          "before_after", "acceptable_deduction_summary", "acceptable_deduction"]
+          "before_after", "before_after_seeds", "acceptable_deduction_summary", "acceptable_deduction"]
 FIGURES = ["heatmaps", "scatter", "correlation-matrix", "layer-mass", "prunability", "before-after",
            "acceptable-deduction"]
 
@@ -39,7 +44,7 @@ def test_a_permutation_of_the_mlm_scores_gives_the_expected_correlation():
     rng = np.random.default_rng(3)
     mlm = rng.gamma(2.0, size=(6, 12))
     task = mlm.ravel()[rng.permutation(72)].reshape(6, 12)  # the same values, heads reassigned
-    c = T.coherence(mlm, task, n_boot=0, n_permutations=999, seed=0)
+    c = coherence(mlm, task, n_boot=0, n_permutations=999, seed=0)
     assert c["spearman"]["estimate"] == pytest.approx(sps.spearmanr(mlm.ravel(), task.ravel())[0])
     assert c["kendall"]["estimate"] == pytest.approx(sps.kendalltau(mlm.ravel(), task.ravel())[0])
     assert c["spearman"]["p_value"] > 0.01  # unrelated placement: no evidence of association
@@ -48,13 +53,13 @@ def test_a_permutation_of_the_mlm_scores_gives_the_expected_correlation():
         a, b = top(mlm, k), top(task, k)
         assert c[f"jaccard@{f:g}"]["estimate"] == pytest.approx(len(a & b) / len(a | b))
         assert c[f"jaccard@{f:g}"]["chance"] == pytest.approx(f / (2 - f))
-    same = T.coherence(mlm, np.exp(mlm), n_boot=0, n_permutations=999)  # a monotone map: same ranks
+    same = coherence(mlm, np.exp(mlm), n_boot=0, n_permutations=999)  # a monotone map: same ranks
     assert same["spearman"]["estimate"] == pytest.approx(1.0) and same["kendall"]["estimate"] == pytest.approx(1.0)
     assert same["jaccard@0.25"]["estimate"] == 1.0 and same["spearman"]["p_value"] == pytest.approx(0.002)
-    flipped = T.coherence(mlm, -mlm, n_boot=0, n_permutations=0)
+    flipped = coherence(mlm, -mlm, n_boot=0, n_permutations=0)
     assert flipped["spearman"]["estimate"] == pytest.approx(-1.0) and flipped["spearman"]["p_value"] is None
     # per layer: one layer holds a permutation of the layer mass of the other grid
-    mass = T.coherence([[3.0, 1.0], [1.0, 1.0]], [[1.0, 1.0], [3.0, 1.0]], n_boot=0, n_permutations=0)
+    mass = coherence([[3.0, 1.0], [1.0, 1.0]], [[1.0, 1.0], [3.0, 1.0]], n_boot=0, n_permutations=0)
     assert mass["layer_mass_l1"]["estimate"] == pytest.approx(2 * (4 / 6 - 2 / 6))
 
 
@@ -64,9 +69,9 @@ def test_bootstrap_and_permutation_are_seeded_and_reproducible():
     b = a + 0.3 * rng.random((40, 3, 4))
     ids = [f"t/train/{i}" for i in range(40)]
     kw = dict(n_boot=200, n_permutations=199, paired=True, ids=(ids, ids))
-    one = T.coherence(a.sum(0), b.sum(0), (a, b), seed=5, **kw)
-    two = T.coherence(a.sum(0), b.sum(0), (a, b), seed=5, **kw)
-    other = T.coherence(a.sum(0), b.sum(0), (a, b), seed=6, **kw)
+    one = coherence(a.sum(0), b.sum(0), (a, b), seed=5, **kw)
+    two = coherence(a.sum(0), b.sum(0), (a, b), seed=5, **kw)
+    other = coherence(a.sum(0), b.sum(0), (a, b), seed=6, **kw)
     assert one == two
     assert one != other
     s = one["spearman"]
@@ -77,26 +82,26 @@ def test_bootstrap_and_permutation_are_seeded_and_reproducible():
 def test_views_and_removal_masks():
     grid = np.array([[1.0, 5.0, 2.0], [4.0, 0.5, 3.0], [2.0, 2.0, 9.0], [1.0, 1.0, 1.0]])
     groups = [[0, 2], [1, 3]]  # two shared layers, each run at two depths
-    assert T.shared_view(grid, groups).tolist() == [[3.0, 7.0, 11.0], [5.0, 1.5, 4.0]]
-    masks = [T.removal_mask(grid, f, normalize="none") for f in (0.25, 0.5, 0.75)]
+    assert shared_view(grid, groups).tolist() == [[3.0, 7.0, 11.0], [5.0, 1.5, 4.0]]
+    masks = [removal_mask(grid, f, normalize="none") for f in (0.25, 0.5, 0.75)]
     assert [m.n_heads_kept for m in masks] == [9, 6, 3]
     for small, big in zip(masks, masks[1:]):  # nested: what goes at a level stays gone later
         assert bool((big.heads <= small.heads).all())
-    shared = T.removal_mask(grid, 1 / 3, view="shared", groups=groups, normalize="none")
+    shared = removal_mask(grid, 1 / 3, view="shared", groups=groups, normalize="none")
     # the two least important shared heads: group 1 head 1 (1.5), then group 0 head 0 (3.0)
     assert shared.heads[[1, 3], 1].tolist() == [0.0, 0.0] and shared.heads[[0, 2], 0].tolist() == [0.0, 0.0]
     assert shared.n_heads_kept == 8
     with pytest.raises(HeadcountError):
-        T.view_of(grid, "shared")
+        view_of(grid, "shared")
 
 
 def test_acceptable_deduction_takes_the_largest_acceptable_loss():
     rows = [{"level": 0.2, "mlm_loss_increase": 0.2, "mlm_accuracy_drop": 0.02, "relative_score": 0.97},
             {"level": 0.4, "mlm_loss_increase": 0.9, "mlm_accuracy_drop": 0.10, "relative_score": 0.93},
             {"level": 0.6, "mlm_loss_increase": 0.7, "mlm_accuracy_drop": 0.08, "relative_score": 0.91}]
-    best = T.acceptable_deduction(rows, threshold=0.9)
+    best = acceptable_deduction(rows, threshold=0.9)
     assert best["level"] == 0.4 and best["mlm_loss_increase"] == 0.9 and best["level_raw"] == 0.6  # largest loss
-    none = T.acceptable_deduction(rows, threshold=0.99)
+    none = acceptable_deduction(rows, threshold=0.99)
     assert none["level"] is None and none["mlm_loss_increase"] is None and none["level_raw"] is None
 
 
@@ -104,10 +109,10 @@ def test_acceptable_deduction_stops_at_the_first_unacceptable_level():
     rows = [{"level": 0.6, "mlm_loss_increase": 1.5, "mlm_accuracy_drop": 0.2, "relative_score": 0.92},  # any order
             {"level": 0.2, "mlm_loss_increase": 0.2, "mlm_accuracy_drop": 0.02, "relative_score": 0.97},
             {"level": 0.4, "mlm_loss_increase": 0.9, "mlm_accuracy_drop": 0.10, "relative_score": 0.85}]
-    best = T.acceptable_deduction(rows, threshold=0.9)  # 0.4 fails: 0.6 passing by luck does not count
+    best = acceptable_deduction(rows, threshold=0.9)  # 0.4 fails: 0.6 passing by luck does not count
     assert (best["level"], best["mlm_loss_increase"], best["level_raw"]) == (0.2, 0.2, 0.6)
     rows[1]["relative_score"] = 0.5  # the lowest level fails: nothing is acceptable, whatever comes later
-    assert T.acceptable_deduction(rows, threshold=0.9)["level"] is None
+    assert acceptable_deduction(rows, threshold=0.9)["level"] is None
 
 
 def test_removable_fraction_stops_at_the_first_failing_level():
@@ -131,15 +136,15 @@ def test_coherence_reports_within_layer_and_global_p_values_and_layer_normalised
     # layers differ a lot in both grids; within a layer the heads are unrelated
     means = np.array([[1.0], [10.0], [100.0], [1000.0]])
     a, b = means * rng.random((4, 6)), means * rng.random((4, 6))
-    c = T.coherence(a, b, n_boot=0, n_permutations=999, seed=0)
+    c = coherence(a, b, n_boot=0, n_permutations=999, seed=0)
     assert c["spearman"]["grids"] == "raw" and c["spearman@layer-norm"]["grids"] == "layer-normalised"
     assert c["spearman"]["p_value_global"] < 0.01  # the shared layer means look like agreement ...
     assert c["spearman"]["p_value"] > 0.05  # ... that the within-layer test (the default) does not see
     assert c["spearman@layer-norm"]["estimate"] < 0.6 and c["spearman@layer-norm"]["p_value"] > 0.05
     assert "layer_mass_l1@layer-norm" not in c and c["jaccard@0.1@layer-norm"]["chance"] == pytest.approx(0.1 / 1.9)
-    g = T.coherence(a, b, n_boot=0, n_permutations=999, seed=0, permutation="global")
+    g = coherence(a, b, n_boot=0, n_permutations=999, seed=0, permutation="global")
     assert g["spearman"]["p_value"] == g["spearman"]["p_value_global"] < 0.01
-    same = T.coherence(a, a * 2 + 1, n_boot=0, n_permutations=999)  # identical orders within every layer
+    same = coherence(a, a * 2 + 1, n_boot=0, n_permutations=999)  # identical orders within every layer
     assert same["spearman@layer-norm"]["estimate"] == pytest.approx(1.0)
     assert same["spearman"]["p_value"] == pytest.approx(0.002) and same["spearman@layer-norm"]["p_value"] == pytest.approx(0.002)
 
@@ -151,16 +156,16 @@ def test_paired_coherence_matches_examples_by_id_and_refuses_other_examples():
     ids = [f"t/train/{i}" for i in range(30)]
     order = rng.permutation(30)  # b's rows in another order (MLM batches group by other lengths)
     kw = dict(n_boot=100, n_permutations=0, seed=3, paired=True)
-    by_id = T.coherence(ca.sum(0), cb.sum(0), (ca, cb[order]), ids=(ids, [ids[i] for i in order]), **kw)
-    aligned = T.coherence(ca.sum(0), cb.sum(0), (ca, cb), ids=(ids, ids), **kw)
+    by_id = coherence(ca.sum(0), cb.sum(0), (ca, cb[order]), ids=(ids, [ids[i] for i in order]), **kw)
+    aligned = coherence(ca.sum(0), cb.sum(0), (ca, cb), ids=(ids, ids), **kw)
     assert by_id == aligned and by_id["spearman"]["pairing"] == "ids"
-    unpaired = T.coherence(ca.sum(0), cb.sum(0), (ca, cb[order]), ids=(ids, None), **kw)  # ids missing on one side
+    unpaired = coherence(ca.sum(0), cb.sum(0), (ca, cb[order]), ids=(ids, None), **kw)  # ids missing on one side
     assert unpaired["spearman"]["pairing"] == "unpaired (no example ids)" and unpaired != by_id
     other = [f"u/train/{i}" for i in range(30)]  # other texts never pair
     with pytest.raises(HeadcountError, match="cannot pair the examples"):
-        T.coherence(ca.sum(0), cb.sum(0), (ca, cb), ids=(ids, other), **kw)
+        coherence(ca.sum(0), cb.sum(0), (ca, cb), ids=(ids, other), **kw)
     with pytest.raises(HeadcountError, match="rows but"):
-        T.coherence(ca.sum(0), cb.sum(0), (ca, cb[:20]), ids=(ids, ids[:25]), **kw)
+        coherence(ca.sum(0), cb.sum(0), (ca, cb[:20]), ids=(ids, ids[:25]), **kw)
 
 
 def test_seed_mean_ci_averages_finite_seeds_and_counts_the_others():
@@ -170,7 +175,7 @@ def test_seed_mean_ci_averages_finite_seeds_and_counts_the_others():
     est = [0.2, 0.4, 0.6, float("nan")]
     samples = [e + 0.05 * rng.standard_normal(200) for e in est[:3]] + [None]
     r = seed_mean_ci(est, samples, "spearman", seed=1)
-    assert r["estimate"] == pytest.approx(0.4) and (r["n"], r["n_finite"]) == (4, 3) and r["interval"] == "t"
+    assert r["estimate"] == pytest.approx(0.4) and (r["n"], r["n_finite"]) == (4, 3) and r["interval"] == "t, shared examples"
     # the seeds differ much more than the examples: the interval covers the seed spread, not the example noise
     assert r["low"] < 0.25 and r["high"] > 0.55
     clipped = seed_mean_ci([0.95, 0.99], [np.full(50, 0.95), np.full(50, 0.99)], "jaccard@0.1")
@@ -414,6 +419,18 @@ def test_the_study_runs_end_to_end_with_every_table_and_figure(run):
     ba = pd.read_csv(out / "results" / "before_after.csv")
     assert set(ba["setting"]) == {"prune (mlm) then fine-tune", "prune (random) then fine-tune",
                                   "fine-tune then prune (task)", "fine-tune then prune (mlm)"}
+    # per seed: the pruned-then-fine-tuned job's own score beside the same seed's gated curve point
+    per_seed = pd.read_csv(out / "results" / "before_after_seeds.csv")
+    runs = RunStore(out)
+    for _, r in per_seed.iterrows():
+        job = runs.result(T.Names().pruned_finetune(r["task"], int(r["seed"]), "mlm", float(r["level"])))
+        assert r["prune_mlm_then_finetune"] == pytest.approx(job.result["final"]["score"], nan_ok=True)
+        point = curves[(curves["task"] == r["task"]) & (curves["seed"] == r["seed"]) & (curves["objective"] == "task")
+                       & (curves["order"] == "mlm") & (curves["view"] == "application")
+                       & np.isclose(curves["fraction"], r["level"])]["score"]
+        assert r["finetune_then_prune_mlm"] == pytest.approx(float(point.iloc[0]), nan_ok=True)
+    assert len(per_seed) == 2 * 2  # 2 tasks x 2 levels x 1 before/after seed
+    assert "seed by seed:" in (out / "report.html").read_text(encoding="utf-8")
     ad = pd.read_csv(out / "results" / "acceptable_deduction.csv")
     assert sorted(ad["task"].unique()) == ["good", "has-not"] and ad["relative_score"].notna().all()
     ft = pd.read_csv(out / "results" / "finetune.csv")
@@ -464,7 +481,7 @@ def test_bootstrap_contributions_add_up_to_the_scores(run):
     ids = {}
     for name in ("mlm-scores/good", "task-scores/good/seed1/fine-tuned", "task-scores/has-not/seed2/fine-tuned"):
         job = store.result(name)
-        rows, ids[name] = T._load_per_example(job)  # per-example shares (scoring batches of 16, the last one smaller)
+        rows, ids[name] = per_example_of(job)  # per-example shares (scoring batches of 16, the last one smaller)
         assert rows.shape[0] == 60 and len(ids[name]) == len(set(ids[name])) == 60
         np.testing.assert_allclose(rows.sum(0), job.load_json("scores.json")["heads"], rtol=1e-4)
     # MLM and task importance of the same 60 training examples: the same ids, in another row order
@@ -503,7 +520,7 @@ def test_statistics_are_reproducible_from_the_saved_scores(run, tmp_path):
     job = store.result("coherence")
     entry = next(e for e in store.plan["jobs"] if e["name"] == "coherence")
     inputs = {alias: store.load(key, alias) for alias, key in entry["inputs"].items()}
-    again = T.coherence_job(job.params, inputs, tmp_path, no_progress)
+    again = coherence_job(job.params, inputs, tmp_path, no_progress)
     assert again["rows"] == job.result["rows"]
 
 
@@ -512,7 +529,7 @@ def test_report_sections_compose_under_a_prefix(run):
     loaded = load_study_config(root / "study.yaml")
     plan = Plan(T.transfer_jobs(loaded.config, prefix="transfer/"))
     store = RunStore(root / "run", plan=plan)  # same keys, prefixed names: the finished jobs serve
-    sections = T.transfer_sections(store, loaded.config, prefix="transfer/")
+    sections = transfer_sections(store, loaded.config, prefix="transfer/")
     names = [f.name for s in sections for f in s.figures] + [t.name for s in sections for t in s.tables]
     assert names and all(n.startswith("transfer-") for n in names)
 
@@ -524,7 +541,7 @@ def test_the_before_after_figure_accepts_a_mean_an_ulp_outside_its_range(run):
 
     root, _ = run
     loaded = load_study_config(root / "study.yaml")
-    tables = T.transfer_tables(RunStore(root / "run"), loaded.config)
+    tables = transfer_tables(RunStore(root / "run"), loaded.config)
     ba = tables["before_after"].copy()
     ba["score"], ba["score_min"], ba["score_max"] = float(np.mean([0.1] * 3)), 0.1, 0.1
     assert (ba["score"] > ba["score_max"]).all()

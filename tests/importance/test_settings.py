@@ -129,8 +129,11 @@ def test_job_params_validate_into_the_settings():
 
 
 def test_settings_docstring_examples_run():
-    result = doctest.testmod(headcount.importance.settings, optionflags=doctest.ELLIPSIS)
-    assert result.attempted > 0 and result.failed == 0
+    import headcount.runtime.bounds
+
+    for module in (headcount.importance.settings, headcount.runtime.bounds):
+        result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
+        assert result.attempted > 0 and result.failed == 0, module.__name__
 
 
 # --- literals that used to be restated: one line of source each ----------------------------------------
@@ -144,7 +147,7 @@ ONCE = [
     ("0.95", r"level", "analysis/helpers.py"),
     ("1000", r"boot", "analysis/helpers.py"),
     ("2e-5", r"lr", "train/config.py"),
-    ("8192", None, "importance/settings.py"),  # the longest tokenised example
+    ("8192", None, "runtime/bounds.py"),  # the longest tokenised example
 ]
 
 
@@ -249,7 +252,8 @@ def test_every_numeric_option_is_bounded(command, flag, is_float, has_model, nee
 
 
 def test_bounds_refuse_what_is_not_a_finite_number_in_range():
-    from headcount.importance.settings import EPOCHS, SEED, Bound
+    from headcount.runtime.bounds import SEED, Bound
+    from headcount.train.config import EPOCHS
 
     assert EPOCHS.contains(0.5) and EPOCHS.contains(1000) and not EPOCHS.contains(0) and not EPOCHS.contains(1000.5)
     for bad in (float("inf"), float("nan"), 1e308, True, "3", None):

@@ -4,21 +4,21 @@ No models are loaded here; studies call these functions on saved scores, masks a
 are ``[layer, head]`` (or any shape: they are flattened), masks ``1 = kept``; random procedures
 take a ``seed`` and are deterministic for it; an undefined statistic is ``nan``, never an error.
 
-- :mod:`.correlation`: coherence of two score grids (Spearman, Kendall tau-b, top-k overlap,
-  layer mass, per-layer normalisation, :func:`compare_scores`, :func:`pairwise_matrix`);
-- :mod:`.resampling`: bootstrap intervals (over examples, paired by id, hierarchical over seeds);
-- :mod:`.permutation`: permutation tests, global or within layers;
-- :mod:`.agreement`: stability of masks over seeds (Krippendorff's alpha, Cochran's Q, Jaccard);
-- :mod:`.subnetworks`: super-survivors, random and bad controls (the reference's too), agreement
+- [`correlation`][headcount.analysis.correlation]: coherence of two score grids (Spearman, Kendall tau-b, top-k overlap,
+  layer mass, per-layer normalisation, [`compare_scores`][headcount.analysis.correlation.compare_scores], [`pairwise_matrix`][headcount.analysis.correlation.pairwise_matrix]);
+- [`resampling`][headcount.analysis.resampling]: bootstrap intervals (over examples, paired by id, hierarchical over seeds);
+- [`permutation`][headcount.analysis.permutation]: permutation tests, global or within layers;
+- [`agreement`][headcount.analysis.agreement]: stability of masks over seeds (Krippendorff's alpha, Cochran's Q, Jaccard);
+- [`subnetworks`][headcount.analysis.subnetworks]: super-survivors, random and bad controls (the reference's too), agreement
   of subnetworks across seeds and tasks;
-- :mod:`.summaries`: pruning curves, values across seeds; :mod:`.paired`: paired tests over seeds;
-- :mod:`.coherence`, :mod:`.removal`: the transfer study's analyses built on these;
-  :mod:`.patterns`: attention pattern classes; :mod:`.plots`: figures drawn from saved results.
+- [`summaries`][headcount.analysis.summaries]: pruning curves, values across seeds; [`paired`][headcount.analysis.paired]: paired tests over seeds;
+- [`coherence`][headcount.analysis.coherence], [`removal`][headcount.analysis.removal]: the transfer study's analyses built on these;
+  [`patterns`][headcount.analysis.patterns]: attention pattern classes; [`plots`][headcount.analysis.plots]: figures drawn from saved results.
 
 Everything public is importable from ``headcount.analysis``.
 
-May import: :mod:`headcount.importance`, :mod:`headcount.core`, :mod:`headcount.runtime` (not
-:mod:`headcount.train`, its sibling layer).
+May import: ``headcount.importance``, ``headcount.core``, ``headcount.runtime`` (not
+``headcount.train``, its sibling layer).
 """
 
 from headcount.analysis import (

@@ -1,5 +1,5 @@
 """Stability of masks over seeds: Krippendorff's alpha (nominal), Cochran's Q, pairwise Jaccard
-against its chance level, and the summary of all of them (:func:`mask_stability`).
+against its chance level, and the summary of all of them ([`mask_stability`][headcount.analysis.agreement.mask_stability]).
 """
 
 from __future__ import annotations
@@ -52,8 +52,8 @@ class CochranQResult:
 
     It tests *how many* components each seed keeps, not *which*: two seeds that keep disjoint
     halves of the heads have Q = 0 (p = 1). Stability claims need
-    :func:`krippendorff_alpha_nominal` or :func:`pairwise_jaccard` against its chance level
-    (:func:`expected_jaccard`).
+    [`krippendorff_alpha_nominal`][headcount.analysis.agreement.krippendorff_alpha_nominal] or [`pairwise_jaccard`][headcount.analysis.agreement.pairwise_jaccard] against its chance level
+    ([`expected_jaccard`][headcount.analysis.agreement.expected_jaccard]).
 
     Attributes:
         q: the statistic.
@@ -85,7 +85,7 @@ def cochrans_q(masks) -> CochranQResult:
         masks: ``[n_seeds, ...]`` 0/1 (trailing dims flattened).
 
     Returns:
-        A :class:`CochranQResult`; ``nan`` q and p-value when every component is kept by all
+        A [`CochranQResult`][headcount.analysis.agreement.CochranQResult]; ``nan`` q and p-value when every component is kept by all
         seeds or by none (no information), or when there are fewer than two seeds.
 
     >>> cochrans_q([[1, 1, 0, 1], [0, 1, 0, 0]]).q
@@ -161,7 +161,7 @@ def mask_stability(masks) -> dict[str, object]:
 
     Which components are kept alike: ``krippendorff_alpha`` (chance-corrected: 0 = as random
     masks of the same sizes) and ``mean_pairwise_jaccard`` against
-    ``mean_pairwise_jaccard_chance`` (the mean over pairs of :func:`expected_jaccard` for the two
+    ``mean_pairwise_jaccard_chance`` (the mean over pairs of [`expected_jaccard`][headcount.analysis.agreement.expected_jaccard] for the two
     masks' sizes). ``cochran_*`` only tests whether the seeds keep equal *proportions*.
 
     Args:

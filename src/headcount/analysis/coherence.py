@@ -3,7 +3,7 @@
 Pure functions on arrays (no models). A grid is ``[n_layers, n_heads]`` importance, higher =
 more important; for a model with shared layers (ALBERT) a row is one *application* of a
 layer, and the ``shared`` view sums the rows of each group of applications that run the same
-physical layer (the groups of :func:`headcount.core.gates.shared_groups`).
+physical layer (the groups of [`headcount.core.gates.shared_groups`][headcount.core.gates.shared_groups]).
 
 Used by the transfer study (Chiang & Chen 2021) to compare MLM and task importance; nothing here
 is specific to it.
@@ -52,7 +52,7 @@ def shared_view(grid, groups: Sequence[Sequence[int]]) -> np.ndarray:
 
 
 def view_of(grid, view: str, groups: Sequence[Sequence[int]] | None = None) -> np.ndarray:
-    """``grid`` in a view: ``application`` (as is) or ``shared`` (:func:`shared_view`).
+    """``grid`` in a view: ``application`` (as is) or ``shared`` ([`shared_view`][headcount.analysis.coherence.shared_view]).
 
     >>> view_of([[1, 2], [3, 4]], "shared", [[0, 1]]).tolist()
     [[4.0, 6.0]]
@@ -75,7 +75,7 @@ def pair_seed(base: int, name: str) -> int:
     return (int(base) * 1_000_003 + zlib.crc32(name.encode())) % (2 ** 32)
 
 
-#: suffix of the statistics computed on layer-normalised grids (:func:`~headcount.analysis.correlation.normalize_layers`)
+#: suffix of the statistics computed on layer-normalised grids ([`normalize_layers`][headcount.analysis.correlation.normalize_layers])
 LAYER_NORM = "@layer-norm"
 
 
@@ -101,7 +101,7 @@ def coherence(a, b, contributions: tuple | None = None, *, paired: bool = False,
     Statistics (on ``view_of(grid, view, groups)``): ``spearman``, ``kendall`` (tau-b),
     ``jaccard@F`` (top-F overlap, for each fraction) and ``layer_mass_l1`` (L1 distance of the
     per-layer importance shares, in [0, 2]) on the raw grids; the same but ``layer_mass_l1`` on
-    layer-normalised grids (each row z-scored, :func:`~headcount.analysis.correlation.normalize_layers`),
+    layer-normalised grids (each row z-scored, [`normalize_layers`][headcount.analysis.correlation.normalize_layers]),
     named with the suffix ``@layer-norm``: do the grids order the heads *within* each layer alike,
     with the layers' different means taken out?
 
@@ -117,20 +117,20 @@ def coherence(a, b, contributions: tuple | None = None, *, paired: bool = False,
         contributions: optional ``(per_example_a, per_example_b)``, each ``[n_examples, n_layers,
             n_heads]``: bootstrap over examples (the grids are re-aggregated as sums).
         paired: the two grids come from the same examples: resample them together, matched by
-            ``ids`` (:func:`~headcount.analysis.resampling.paired_bootstrap_ci`; id sets that differ are an
+            ``ids`` ([`paired_bootstrap_ci`][headcount.analysis.resampling.paired_bootstrap_ci]; id sets that differ are an
             error). Without ids on both sides the bootstrap is unpaired (``pairing`` says so).
         ids: optional ``(ids_a, ids_b)``: the example id of each row of the contributions.
         fractions: top-k fractions for the Jaccard overlap.
-        n_boot: bootstrap resamples (0: no intervals); the default is :func:`bootstrap_ci`'s.
+        n_boot: bootstrap resamples (0: no intervals); the default is [`bootstrap_ci`][headcount.analysis.resampling.bootstrap_ci]'s.
         n_permutations: permutations for the Spearman and Kendall p-values (0: none); the
-            default is :func:`permutation_test`'s.
+            default is [`permutation_test`][headcount.analysis.permutation.permutation_test]'s.
         level: confidence level.
         seed: seeds both procedures (same seed, same numbers).
         view: ``application`` or ``shared``.
         groups: shared-layer groups for the ``shared`` view.
         permutation: the test behind ``p_value``: ``within-layer`` (default) or ``global``.
         keep_samples: add each statistic's bootstrap ``samples`` (``[n_boot]`` array), e.g. for a
-            hierarchical interval over seeds (:func:`seed_mean_ci`).
+            hierarchical interval over seeds ([`seed_mean_ci`][headcount.analysis.coherence.seed_mean_ci]).
 
     Returns:
         ``{statistic: {"estimate", "low", "high", "p_value", "p_value_global", "chance", "grids",
@@ -207,13 +207,17 @@ def coherence(a, b, contributions: tuple | None = None, *, paired: bool = False,
 
 
 def seed_mean_ci(estimates: Sequence[float], samples: Sequence, statistic: str, *, level: float = LEVEL,
-                 n_boot: int = 2000, seed: int = 0) -> dict:
-    """A mean over seeds (pairs) of one statistic, with its hierarchical bootstrap interval.
+                 n_boot: int = 2000, seed: int = 0, examples: str = "shared", interval: str = "t") -> dict:
+    """A mean over seeds (pairs) of one statistic, with its interval over seeds and examples.
 
-    Seeds are resampled, then one of each drawn seed's example-bootstrap replicates
-    (:func:`~headcount.analysis.resampling.hierarchical_ci_from_replicates`, t interval, clipped to
-    :func:`statistic_range`). Seeds whose estimate is not finite (a constant grid) are left out
-    and counted: ``n`` (seeds given) vs ``n_finite`` (seeds averaged).
+    [`hierarchical_ci_from_replicates`][headcount.analysis.resampling.hierarchical_ci_from_replicates], clipped to
+    [`statistic_range`][headcount.analysis.coherence.statistic_range]: by default the t interval over the seed estimates plus the example
+    noise the seeds share (``examples="shared"``: the transfer study scores every seed on the same
+    examples; the replicates are not aligned, so that noise is bounded by the seeds' mean bootstrap
+    variance); ``examples="independent"``: the t interval over the seed estimates alone;
+    ``interval="t-resampled"``: headcount's earlier interval (example noise counted twice). Seeds
+    whose estimate is not finite (a constant grid) are left out and counted: ``n`` (seeds given)
+    vs ``n_finite`` (seeds averaged).
 
     Args:
         estimates: each seed's statistic.
@@ -222,9 +226,12 @@ def seed_mean_ci(estimates: Sequence[float], samples: Sequence, statistic: str, 
         level: confidence level.
         n_boot: hierarchical resamples.
         seed: seed of the resampling.
+        examples: ``"shared"`` (default) or ``"independent"``: did the seeds score the same examples?
+        interval: ``"t"`` (default), ``"t-resampled"`` or ``"percentile"``.
 
     Returns:
-        ``{"estimate", "low", "high", "n", "n_finite", "interval"}`` (bounds None without samples).
+        ``{"estimate", "low", "high", "n", "n_finite", "interval"}`` (bounds None without samples;
+        ``interval`` e.g. ``t, shared examples``).
 
     >>> r = seed_mean_ci([0.5, 0.7, float("nan")], [np.full(10, 0.5), np.full(10, 0.7), None], "spearman")
     >>> r["estimate"], r["n"], r["n_finite"]
@@ -235,8 +242,9 @@ def seed_mean_ci(estimates: Sequence[float], samples: Sequence, statistic: str, 
            "low": None, "high": None, "n": len(estimates), "n_finite": len(keep), "interval": None}
     if keep and all(samples[i] is not None and len(samples[i]) for i in keep):
         r = hierarchical_ci_from_replicates([estimates[i] for i in keep], [np.asarray(samples[i]) for i in keep],
-                                            n_boot=n_boot, level=level, seed=seed, clip=statistic_range(statistic))
+                                            n_boot=n_boot, level=level, seed=seed, clip=statistic_range(statistic),
+                                            interval=interval, examples=examples)
         out["low"] = None if math.isnan(r.low) else float(r.low)
         out["high"] = None if math.isnan(r.high) else float(r.high)
-        out["interval"] = r.interval
+        out["interval"] = r.interval + (f", {examples} examples" if r.interval == "t" else "")
     return out

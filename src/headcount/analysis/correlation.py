@@ -1,5 +1,5 @@
 """Coherence of two score grids: rank correlation (Spearman, Kendall tau-b), top-k overlap, layer mass,
-per-layer normalisation, and all of them at once (:func:`compare_scores`, :func:`pairwise_matrix`).
+per-layer normalisation, and all of them at once ([`compare_scores`][headcount.analysis.correlation.compare_scores], [`pairwise_matrix`][headcount.analysis.correlation.pairwise_matrix]).
 
 scipy computes the ranks and tau-b; headcount adds the NaN handling, the flattening of grids and
 the top-k selection (ties to the earlier head).
@@ -197,7 +197,7 @@ def normalize_layers(scores, method: Literal["zscore", "l2", "rank"] = "zscore")
         method: ``"zscore"`` (default: minus the row mean, divided by the row's standard
             deviation, ddof 0; a constant row becomes 0), ``"l2"`` (divided by the row's L2 norm,
             Michel et al.'s per-layer normalisation, as in
-            :func:`headcount.analysis.removal.removal_mask`: rescales but keeps the layer mean)
+            ``headcount.analysis.removal.removal_mask``: rescales but keeps the layer mean)
             or ``"rank"`` (average ranks within the row, scaled to [0, 1]; constant row -> 0.5).
 
     Returns:

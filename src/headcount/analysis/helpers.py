@@ -7,7 +7,7 @@ import numpy as np
 
 from headcount.runtime.errors import HeadcountError
 
-#: Fractions of components compared by :func:`top_k_overlap` by default (top 10%, 25%, 50%).
+#: Fractions of components compared by ``top_k_overlap`` by default (top 10%, 25%, 50%).
 DEFAULT_FRACTIONS: tuple[float, ...] = (0.1, 0.25, 0.5)
 #: defaults of the resampling statistics, declared once (the functions here, the coherence
 #: analysis and the study configs read them): bootstrap resamples, permutations (9999 + the

@@ -1,10 +1,10 @@
 """Claims over seeds: is experiment A above experiment B on the same seeds, is a score at chance?
 
-The reports' ordering claims ("good > random > bad") rest on one test, :func:`paired_sign_flip_test`:
+The reports' ordering claims ("good > random > bad") rest on one test, [`paired_sign_flip_test`][headcount.analysis.paired.paired_sign_flip_test]:
 the paired sign-flip permutation test on the per-seed differences ``a - b``. Under the null
 hypothesis (no difference) each seed's difference is as likely to have either sign, so the
 null distribution of the mean difference is that of the mean with every pattern of signs. With
-up to :data:`EXACT_MAX` seeds all ``2^n`` patterns are enumerated (exact); above, a seeded
+up to ``EXACT_MAX`` seeds all ``2^n`` patterns are enumerated (exact); above, a seeded
 random sample of them is drawn.
 
 Why this test and not a paired t test or Wilcoxon's signed-rank test: it is exact for any
@@ -14,10 +14,10 @@ tests ranks, and with 5 seeds has the same floor). Its floor matters: with ``n``
 smallest two-sided p-value is ``2 / 2^n`` (5 seeds: 2/32 = 0.0625) and the smallest one-sided
 one ``1 / 2^n`` (5 seeds: 1/32 = 0.031), so with 5 seeds only a one-sided test, of a direction
 fixed before the data (a paper's claim), can reach 0.05, and only when every seed agrees.
-:attr:`PairedResult.min_p` says what the design can reach; a report says "not significant"
+``PairedResult.min_p`` says what the design can reach; a report says "not significant"
 whenever ``p >= 0.05`` and that the design cannot show significance when ``min_p >= 0.05``.
 
-:func:`seed_interval` gives a score's t interval over seeds and :func:`at_chance` whether an
+[`seed_interval`][headcount.analysis.paired.seed_interval] gives a score's t interval over seeds and [`at_chance`][headcount.analysis.paired.at_chance] whether an
 interval contains a chance level (a score "at chance").
 
 >>> r = paired_sign_flip_test([0.80, 0.82, 0.79, 0.85, 0.81], [0.70, 0.75, 0.72, 0.74, 0.70], "greater")
@@ -41,7 +41,8 @@ from scipy import stats as _sps
 from headcount.analysis.helpers import LEVEL
 from headcount.runtime.errors import HeadcountError
 
-__all__ = ["EXACT_MAX", "PairedResult", "at_chance", "paired_sign_flip_test", "seed_interval"]
+__all__ = ["EXACT_MAX", "METRIC_RANGES", "PairedResult", "at_chance", "metric_range", "paired_sign_flip_test",
+           "seed_interval"]
 
 #: Up to this many seeds (pairs) every sign pattern is enumerated (2^20 patterns at most).
 EXACT_MAX = 20
@@ -95,11 +96,11 @@ def paired_sign_flip_test(a: Sequence[float], b: Sequence[float], alternative: A
         a: one value per seed (NaN: left out with its pair).
         b: the other experiment's value on the same seeds, in the same order.
         alternative: ``"two-sided"`` (|mean| as extreme), ``"greater"`` (H1: a > b) or ``"less"``.
-        n_resamples: random sign patterns drawn above :data:`EXACT_MAX` pairs.
+        n_resamples: random sign patterns drawn above ``EXACT_MAX`` pairs.
         seed: seed of those draws.
 
     Returns:
-        A :class:`PairedResult`. The p-value counts the sign patterns whose mean difference is
+        A [`PairedResult`][headcount.analysis.paired.PairedResult]. The p-value counts the sign patterns whose mean difference is
         at least as extreme as the observed one (the observed pattern included), over all ``2^n``
         patterns when exact, else ``(1 + hits) / (1 + n_resamples)``.
 
@@ -140,25 +141,52 @@ def paired_sign_flip_test(a: Sequence[float], b: Sequence[float], alternative: A
                         alternative, exact)
 
 
-def seed_interval(values: Sequence[float], level: float = LEVEL) -> dict[str, float]:
+def seed_interval(values: Sequence[float], level: float = LEVEL,
+                  bounds: tuple[float, float] | None = None) -> dict[str, float]:
     """Mean, sample std, n and the t interval ``mean ± t(level, n-1) std / sqrt(n)`` over seeds.
 
     The t quantile (not 1.96) keeps the coverage with 3-5 seeds. NaN values are left out; the
-    bounds are NaN with fewer than two finite values.
+    bounds are NaN with fewer than two finite values. ``bounds``: the metric's range (e.g.
+    ``(0, 1)`` for accuracy, [`metric_range`][headcount.analysis.paired.metric_range]): the interval is clipped to it, and
+    ``clipped`` says whether it was (the t interval of 2-3 seeds can reach past 1).
 
     >>> r = seed_interval([0.80, 0.82, 0.84])
     >>> round(r["low"], 3), round(r["high"], 3), r["n"]
     (0.77, 0.87, 3)
+    >>> r = seed_interval([0.70, 0.98], bounds=(0.0, 1.0))
+    >>> round(r["low"], 3), r["high"], r["clipped"]
+    (0.0, 1.0, True)
     """
     v = np.asarray(values, dtype=np.float64).ravel()
     v = v[np.isfinite(v)]
     n = int(v.size)
     mean = float(v.mean()) if n else math.nan
     if n < 2:
-        return {"mean": mean, "std": math.nan, "n": n, "low": math.nan, "high": math.nan}
+        return {"mean": mean, "std": math.nan, "n": n, "low": math.nan, "high": math.nan, "clipped": False}
     std = float(v.std(ddof=1))
     half = float(_sps.t.ppf(0.5 + level / 2, n - 1)) * std / math.sqrt(n)
-    return {"mean": mean, "std": std, "n": n, "low": mean - half, "high": mean + half}
+    low, high = mean - half, mean + half
+    clipped = False
+    if bounds is not None:
+        clipped = low < bounds[0] or high > bounds[1]
+        low, high = max(low, float(bounds[0])), min(high, float(bounds[1]))
+    return {"mean": mean, "std": std, "n": n, "low": low, "high": high, "clipped": clipped}
+
+
+#: the range of each bounded task metric (what an interval of its scores is clipped to)
+METRIC_RANGES: dict[str, tuple[float, float]] = {
+    "accuracy": (0.0, 1.0), "f1": (0.0, 1.0), "mlm_accuracy": (0.0, 1.0), "mcc": (-1.0, 1.0),
+    "pearson": (-1.0, 1.0), "spearman": (-1.0, 1.0), "pearson_spearman": (-1.0, 1.0),
+}
+
+
+def metric_range(metric) -> tuple[float, float] | None:
+    """The possible values of a task metric (None when unknown or unbounded).
+
+    >>> metric_range("accuracy"), metric_range("mcc"), metric_range("loss")
+    ((0.0, 1.0), (-1.0, 1.0), None)
+    """
+    return METRIC_RANGES.get(metric) if isinstance(metric, str) else None
 
 
 def at_chance(low, high, chance) -> bool | None:

@@ -28,7 +28,7 @@ class PermutationResult:
     Attributes:
         statistic: the observed statistic.
         pvalue: one-sided ``(1 + #{null as extreme}) / (1 + n_permutations)`` (never 0); two-sided
-            twice the smaller one-sided p, capped at 1 (see :func:`permutation_test`); ``nan`` if
+            twice the smaller one-sided p, capped at 1 (see [`permutation_test`][headcount.analysis.permutation.permutation_test]); ``nan`` if
             undefined.
         n_permutations: number of permutations drawn.
         alternative: ``"two-sided"``, ``"greater"`` or ``"less"``.
@@ -52,7 +52,7 @@ def _permuted_rows(rng: np.random.Generator, n: int, rows: int) -> np.ndarray:
 
 
 def _strata_codes(a, b, strata) -> np.ndarray | None:
-    """Integer stratum codes of the entries :func:`_paired_flat` keeps (None: no strata).
+    """Integer stratum codes of the entries [`_paired_flat`][headcount.analysis.helpers._paired_flat] keeps (None: no strata).
 
     Codes are consecutive (0..K-1) so that ``code + uniform[0, 1)`` sorts by stratum first.
     """
@@ -93,7 +93,7 @@ def permutation_test(
     test): the null is only that ``b``'s scores are exchangeable among the heads of one layer.
     Use ``strata="rows"`` on ``[layer, head]`` grids whose layers differ systematically (layer
     means that correlate between the grids make the global test reject although no head is
-    related within its layer; see :func:`normalize_layers` for the matching statistic).
+    related within its layer; see ``normalize_layers`` for the matching statistic).
 
     Args:
         a: scores, any shape.
@@ -108,7 +108,7 @@ def permutation_test(
             null of the global Spearman is centred away from 0, and ``|null| >= |observed|`` would
             in effect be one-sided (an association against the layer effects' sign could not come
             out significant). Doubling is the usual convention for asymmetric nulls (the one
-            :func:`scipy.stats.permutation_test` uses); for a null symmetric about 0 it differs
+            ``scipy.stats.permutation_test`` uses); for a null symmetric about 0 it differs
             from ``|null| >= |observed|`` by Monte Carlo noise and ``1 / (1 + n)`` (its smallest
             value is ``2 / (1 + n)``).
         strata: ``None`` (default: permute all entries, the global test), ``"rows"`` (each
@@ -116,7 +116,7 @@ def permutation_test(
             array of stratum labels shaped like ``a``.
 
     Returns:
-        A :class:`PermutationResult`; ``nan`` statistic and p-value for constant grids.
+        A [`PermutationResult`][headcount.analysis.permutation.PermutationResult]; ``nan`` statistic and p-value for constant grids.
 
     >>> permutation_test(np.arange(20), np.arange(20), n_permutations=999).pvalue  # two-sided: 2 / 1000
     0.002
@@ -181,7 +181,7 @@ def permutation_test(
 
 
 def _permutation_pvalue(null: np.ndarray, observed: float, alternative: str) -> float:
-    """p-value of ``observed`` against a Monte Carlo ``null`` (see :func:`permutation_test`).
+    """p-value of ``observed`` against a Monte Carlo ``null`` (see [`permutation_test`][headcount.analysis.permutation.permutation_test]).
 
     One-sided: ``(1 + #{null >= observed}) / (1 + n)`` (``"greater"``; ``<=`` for ``"less"``).
     Two-sided: ``min(1, 2 * min(p_greater, p_less))``, which needs no centre for the null.

@@ -9,10 +9,12 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from headcount.analysis.figtext import literal_texts  # noqa: E402
 from headcount.runtime.atomic import atomic_path  # noqa: E402
 
 
 def _save(fig, path) -> None:
+    literal_texts(fig)  # a task name with two "$" is text, not mathtext
     with atomic_path(path) as tmp:
         fig.savefig(tmp, dpi=150, bbox_inches="tight", format="png")
     plt.close(fig)

@@ -1,7 +1,7 @@
 """Removing the least important heads at a level, and how much removal a model can afford.
 
-Pure functions on score grids: :func:`removal_mask` (one-shot ranking, Michel et al.: the
-``round(fraction x units)`` lowest heads go) and :func:`acceptable_deduction` (Chiang & Chen
+Pure functions on score grids: ``removal_mask`` (one-shot ranking, Michel et al.: the
+``round(fraction x units)`` lowest heads go) and [`acceptable_deduction`][headcount.analysis.removal.acceptable_deduction] (Chiang & Chen
 2021: the largest loss of masked-LM quality at which a fine-tuned pruned model keeps a share of
 the full model's score). Nothing here loads a model.
 """
@@ -35,7 +35,7 @@ def removal_mask(grid, fraction: float, *, view: str = "application", groups=Non
         normalize: ``layer`` divides each row (layer / group) by its L2 norm first; ``none``.
 
     Returns:
-        A :class:`headcount.core.masks.Mask` over ``[n_layers, n_heads]`` (MLPs kept).
+        A [`headcount.core.masks.Mask`][headcount.core.masks.Mask] over ``[n_layers, n_heads]`` (MLPs kept).
 
     >>> removal_mask([[1.0, 5.0], [2.0, 3.0]], 0.5, normalize="none").heads.tolist()
     [[0.0, 1.0], [0.0, 1.0]]
@@ -65,7 +65,7 @@ def acceptable_deduction(rows: Sequence[Mapping], threshold: float) -> dict:
     """The largest MLM-quality loss at which the fine-tuned pruned model keeps ``threshold`` of the full score.
 
     A level counts only when it and every lower level are acceptable
-    (:func:`~headcount.analysis.summaries.largest_contiguous_passing`): a noisy curve whose 40% level
+    ([`largest_contiguous_passing`][headcount.analysis.summaries.largest_contiguous_passing]): a noisy curve whose 40% level
     passes after 30% failed does not make 40% acceptable. Among the levels up to that one, the
     row with the largest loss increase is returned.
 

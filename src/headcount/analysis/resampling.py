@@ -1,6 +1,6 @@
-"""Uncertainty by resampling: percentile bootstrap over examples (:func:`bootstrap_ci`), paired by
-example id (:func:`paired_bootstrap_ci`), and hierarchical over seeds then examples
-(:func:`hierarchical_bootstrap_ci`, :func:`hierarchical_ci_from_replicates`).
+"""Uncertainty by resampling: percentile bootstrap over examples ([`bootstrap_ci`][headcount.analysis.resampling.bootstrap_ci]), paired by
+example id ([`paired_bootstrap_ci`][headcount.analysis.resampling.paired_bootstrap_ci]), and hierarchical over seeds then examples
+([`hierarchical_bootstrap_ci`][headcount.analysis.resampling.hierarchical_bootstrap_ci], [`hierarchical_ci_from_replicates`][headcount.analysis.resampling.hierarchical_ci_from_replicates]).
 
 Own code: no library resamples seeds then examples within each with per-example contributions.
 """
@@ -83,7 +83,7 @@ def bootstrap_ci(
         paired: resample all arrays with the same indices.
 
     Returns:
-        A :class:`BootstrapResult`; non-finite resample values are ignored for the percentiles
+        A [`BootstrapResult`][headcount.analysis.resampling.BootstrapResult]; non-finite resample values are ignored for the percentiles
         (an all-NaN statistic gives ``nan`` bounds).
 
     >>> from headcount.analysis import spearman
@@ -163,7 +163,7 @@ def paired_bootstrap_ci(
     examples): an unpaired bootstrap resamples the two independently and ignores that an example
     that is hard for one is often hard for the other, so its intervals are too wide for
     differences and wrong for correlations. Rows are paired by id, not by position: ``b`` is
-    put in ``ids_a``'s order first, then :func:`bootstrap_ci` draws one index set per resample.
+    put in ``ids_a``'s order first, then [`bootstrap_ci`][headcount.analysis.resampling.bootstrap_ci] draws one index set per resample.
 
     Args:
         statistic: function of the two aggregated grids (float or array).
@@ -177,7 +177,7 @@ def paired_bootstrap_ci(
         reduce: ``"sum"`` (importance convention) or ``"mean"`` over examples.
 
     Returns:
-        A :class:`BootstrapResult` (same draws as ``bootstrap_ci(..., paired=True)`` on the
+        A [`BootstrapResult`][headcount.analysis.resampling.BootstrapResult] (same draws as ``bootstrap_ci(..., paired=True)`` on the
         aligned arrays).
 
     Raises:
@@ -221,10 +221,10 @@ def _id_list(ids, name: str) -> list:
 class HierarchicalBootstrapResult(BootstrapResult):
     """A confidence interval for a mean over seeds from a two-level (seeds, then examples) bootstrap.
 
-    Attributes (beyond :class:`BootstrapResult`'s; ``estimate`` is the mean over seeds of each
+    Attributes (beyond [`BootstrapResult`][headcount.analysis.resampling.BootstrapResult]'s; ``estimate`` is the mean over seeds of each
     seed's statistic, ``samples`` ``[n_boot, ...]`` the mean over a resample of seeds):
         n_seeds: number of seeds.
-        interval: how ``low``/``high`` were read from the samples: ``"t"`` or ``"percentile"``
+        interval: how ``low``/``high`` were read: ``"t"``, ``"t-resampled"`` or ``"percentile"``
             (with one seed always ``"percentile"``: example noise only, no seed variance).
     """
 
@@ -249,20 +249,21 @@ def hierarchical_bootstrap_ci(
     seed: Seed = 0,
     reduce: Literal["sum", "mean"] = "mean",
     paired: bool = False,
-    interval: Literal["t", "percentile"] = "t",
+    interval: Interval = "t",
     clip: tuple[float, float] | None = None,
+    examples: Examples = "independent",
 ) -> HierarchicalBootstrapResult:
     """CI for a mean over seeds of a per-seed statistic: resample seeds, then examples within each.
 
     The quantity is ``mean_s statistic(grids of seed s)`` where seed s's grids aggregate its
-    per-example contributions (as in :func:`bootstrap_ci`). Both sources of error count: which
+    per-example contributions (as in [`bootstrap_ci`][headcount.analysis.resampling.bootstrap_ci]). Both sources of error count: which
     seeds were trained (seed variance) and which examples were scored (example noise).
     Averaging each seed's example-bootstrap bounds, the old summary, ignores the first: with
     seed variance comparable to example noise it covers the truth far less often than nominal.
 
     Each seed gets ``n_boot`` example resamples of its statistic (a pool); a hierarchical
     resample then draws ``n_seeds`` seeds with replacement and, for each, a random member of its
-    pool, and averages (:func:`hierarchical_ci_from_replicates`).
+    pool, and averages ([`hierarchical_ci_from_replicates`][headcount.analysis.resampling.hierarchical_ci_from_replicates]).
 
     Args:
         statistic: function of one seed's aggregated grids (one per ``per_seed`` argument);
@@ -275,15 +276,19 @@ def hierarchical_bootstrap_ci(
         seed: int or ``numpy.random.Generator``.
         reduce: ``"mean"`` (default) or ``"sum"`` over a seed's examples.
         paired: within a seed, resample all arrays with the same indices (same examples).
-        interval: ``"t"`` (default): estimate +- t_{n_seeds-1} x the samples' standard deviation
-            x sqrt(n_seeds / (n_seeds - 1)), which keeps its coverage with the 2-5 seeds the
-            studies train (the percentile interval of a bootstrap over 5 seeds covers ~85% when
-            seed variance dominates); ``"percentile"``: the samples' quantiles.
+        interval: how the bounds are read; see [`hierarchical_ci_from_replicates`][headcount.analysis.resampling.hierarchical_ci_from_replicates]
+            (``"t"``, the default: example noise counted once; ``"t-resampled"``: headcount's
+            earlier interval, which counts it twice; ``"percentile"``).
         clip: ``(lowest, highest)`` possible value of the statistic (e.g. ``(-1, 1)`` for a
-            correlation): the t bounds are clipped to it.
+            correlation): the bounds are clipped to it.
+        examples: ``"independent"`` (default: each seed scored its own examples) or ``"shared"``
+            (every seed scored the same examples, rows in the same order: one example resample
+            is drawn for all seeds, so that the replicates are aligned and the example noise the
+            seeds share is estimated from their covariance; needs the same number of rows in
+            every seed).
 
     Returns:
-        A :class:`HierarchicalBootstrapResult`.
+        A [`HierarchicalBootstrapResult`][headcount.analysis.resampling.HierarchicalBootstrapResult].
 
     >>> rng = np.random.default_rng(0)
     >>> seeds = [rng.normal(mu, 1.0, size=200) for mu in (0.9, 1.0, 1.1, 1.2)]  # 4 seeds x 200 examples
@@ -298,15 +303,20 @@ def hierarchical_bootstrap_ci(
     if reduce not in ("sum", "mean"):
         raise HeadcountError(f"reduce must be 'sum' or 'mean', got {reduce!r}")
     _check_resampling(level, n_boot)
-    if interval not in ("t", "percentile"):
-        raise HeadcountError(f"unknown interval {interval!r}; use 't' or 'percentile'")
+    _check_interval(interval, examples)
     groups = [list(g) for g in per_seed]
     n_seeds = len(groups[0])
     if n_seeds < 1 or any(len(g) != n_seeds for g in groups):
         raise HeadcountError(f"every argument needs the same number (>= 1) of seeds, got {[len(g) for g in groups]}")
+    shared = examples == "shared"
+    if shared and len({_np(x).shape[0] for g in groups for x in g}) > 1:
+        raise HeadcountError("examples='shared' needs the same number of examples in every seed")
     rng = _rng(seed)
+    shared_seed = int(rng.integers(2 ** 63)) if shared else None
     estimates, pools = [], []
     for s in range(n_seeds):
+        # shared examples: the same example resamples for every seed (aligned replicates)
+        wrng = np.random.default_rng(shared_seed) if shared else rng
         arrays = [_np(g[s]) for g in groups]
         for x in arrays:
             if x.ndim < 1 or x.shape[0] < 1:
@@ -322,7 +332,7 @@ def hierarchical_bootstrap_ci(
             m = min(step, n_boot - lo)
             w = None
             for i, x in enumerate(arrays):
-                w = w if paired and i else _example_weights(rng, x.shape[0], m)  # [m, n_s]
+                w = w if paired and i else _example_weights(wrng, x.shape[0], m)  # [m, n_s]
                 boot[i][lo:lo + m] = w @ flat[i] * scale[i]
         boot = [b.reshape(n_boot, *x.shape[1:]) for b, x in zip(boot, arrays)]
         if statistic is None:
@@ -333,7 +343,7 @@ def hierarchical_bootstrap_ci(
             pools.append(np.stack([np.asarray(statistic(*[g[k] for g in boot]), dtype=np.float64)
                                    for k in range(n_boot)]))
     return hierarchical_ci_from_replicates(estimates, pools, n_boot=n_boot, level=level, seed=rng, interval=interval,
-                                           clip=clip)
+                                           clip=clip, examples=examples, aligned=shared)
 
 
 def hierarchical_ci_from_replicates(
@@ -343,15 +353,39 @@ def hierarchical_ci_from_replicates(
     n_boot: int = 2000,
     level: float = LEVEL,
     seed: Seed = 0,
-    interval: Literal["t", "percentile"] = "t",
+    interval: Interval = "t",
     clip: tuple[float, float] | None = None,
+    examples: Examples = "independent",
+    aligned: bool = False,
 ) -> HierarchicalBootstrapResult:
     """Combine per-seed example-bootstrap replicates into a CI for the mean over seeds.
 
     For results that already hold each seed's bootstrap samples (``BootstrapResult.samples`` of
     one comparison per seed): a hierarchical resample draws ``n_seeds`` seeds with replacement
-    and one random replicate of each, then averages them. This is the second stage of
-    :func:`hierarchical_bootstrap_ci`; see its ``interval`` for the two ways to read the bounds.
+    and one random replicate of each, then averages them (``samples``). This is the second stage
+    of [`hierarchical_bootstrap_ci`][headcount.analysis.resampling.hierarchical_bootstrap_ci].
+
+    Bounds (``interval``):
+
+    - ``"t"`` (default): estimate +- t_df x sqrt(s^2 / n + C), s the sample standard deviation of
+      the n seed estimates. Each seed's estimate already carries its own example noise, so its
+      spread over seeds measures seed variance *and* example noise: with ``examples="independent"``
+      (each seed scored its own examples) C = 0 and df = n - 1, the t interval over the seed
+      estimates (~95% coverage in both regimes, seed or example noise dominating; measured in
+      ``tests/analysis/test_stats_reference.py``). With ``examples="shared"`` (every seed scored
+      the same examples) the noise those examples put into every seed does not show in the spread:
+      C is its variance, the mean covariance of two seeds' replicates when they are ``aligned``
+      (replicate k of every seed drawn from the same example resample), else its upper bound, the
+      mean of the seeds' bootstrap variances (exact when all example noise is shared; wider when
+      part of it is seed-specific); df = (n - 1) (1 + n C / s^2)^2 (Welch-Satterthwaite, C taken as known).
+    - ``"t-resampled"``: headcount's earlier interval: estimate +- t_{n-1} x the samples' standard
+      deviation x sqrt(n / (n - 1)). The samples' variance adds each seed's bootstrap variance to a
+      spread of the seed estimates that already contains it: example noise counted twice (with 3
+      seeds it covered 0.97 when seed variance dominates and 1.00 when example noise does, 1.7-1.8x
+      as wide as the t interval over the seed means).
+    - ``"percentile"``: the samples' quantiles (with few seeds, below nominal).
+
+    With one seed the bounds are the percentile interval of its replicates (example noise only).
 
     Args:
         estimates: ``[n_seeds, ...]`` each seed's statistic on its full data.
@@ -360,11 +394,13 @@ def hierarchical_ci_from_replicates(
         n_boot: number of hierarchical resamples.
         level: confidence level in (0, 1).
         seed: int or ``numpy.random.Generator``.
-        interval: ``"t"`` or ``"percentile"``.
+        interval: ``"t"``, ``"t-resampled"`` or ``"percentile"`` (above).
         clip: ``(lowest, highest)`` possible value: bounds are clipped to it.
+        examples: ``"independent"`` or ``"shared"`` (above).
+        aligned: the replicates are aligned across seeds (``examples="shared"`` only).
 
     Returns:
-        A :class:`HierarchicalBootstrapResult`; ``estimate`` is the mean of ``estimates``.
+        A [`HierarchicalBootstrapResult`][headcount.analysis.resampling.HierarchicalBootstrapResult]; ``estimate`` is the mean of ``estimates``.
 
     >>> est = [0.5, 0.7]; reps = [np.full(10, 0.5), np.full(10, 0.7)]   # no example noise
     >>> r = hierarchical_ci_from_replicates(est, reps, n_boot=400, interval="percentile")
@@ -372,8 +408,7 @@ def hierarchical_ci_from_replicates(
     (0.6, 0.5, 0.7)
     """
     _check_resampling(level, n_boot)
-    if interval not in ("t", "percentile"):
-        raise HeadcountError(f"unknown interval {interval!r}; use 't' or 'percentile'")
+    _check_interval(interval, examples)
     est = np.stack([_np(e) for e in estimates]) if len(estimates) else np.empty(0)
     pools = [_np(r) for r in replicates]
     n_seeds = len(pools)
@@ -404,10 +439,12 @@ def hierarchical_ci_from_replicates(
     elif use == "percentile":
         low = np.nanquantile(masked, alpha, axis=0)
         high = np.nanquantile(masked, 1 - alpha, axis=0)
-    else:
+    elif use == "t-resampled":
         half = (_sps.t.ppf(1 - alpha, n_seeds - 1) * np.nanstd(masked, axis=0, ddof=1)
                 * math.sqrt(n_seeds / (n_seeds - 1)))
         low, high = estimate - half, estimate + half
+    else:
+        low, high = _t_bounds(est, pools, alpha, examples == "shared", aligned)
     if clip is not None:
         low, high = np.clip(low, *clip), np.clip(high, *clip)
 
@@ -417,6 +454,37 @@ def hierarchical_ci_from_replicates(
 
     return HierarchicalBootstrapResult(out(estimate), out(low), out(high), level, n_boot, n_valid, samples,
                                        n_seeds=n_seeds, interval=use)
+
+
+Interval = Literal["t", "t-resampled", "percentile"]
+Examples = Literal["independent", "shared"]
+
+
+def _check_interval(interval: str, examples: str) -> None:
+    if interval not in ("t", "t-resampled", "percentile"):
+        raise HeadcountError(f"unknown interval {interval!r}; use 't', 't-resampled' or 'percentile'")
+    if examples not in ("independent", "shared"):
+        raise HeadcountError(f"unknown examples {examples!r}; use 'independent' or 'shared'")
+
+
+def _t_bounds(est: np.ndarray, pools: list[np.ndarray], alpha: float, shared: bool, aligned: bool):
+    """The ``"t"`` bounds of [`hierarchical_ci_from_replicates`][headcount.analysis.resampling.hierarchical_ci_from_replicates] (elementwise for vector statistics)."""
+    n = est.shape[0]
+    with np.errstate(all="ignore"):
+        mean = est.mean(axis=0)
+        between = est.var(axis=0, ddof=1) / n  # s^2 / n: seed variance and each seed's own example noise
+        common = np.zeros_like(mean)
+        if shared:
+            if aligned and len({p.shape[0] for p in pools}) == 1:
+                centred = [p - np.nanmean(p, axis=0) for p in pools]
+                covs = [np.nanmean(centred[a] * centred[b], axis=0) for a in range(n) for b in range(a + 1, n)]
+                common = np.maximum(np.mean(covs, axis=0), 0.0)
+            else:
+                common = np.mean([np.nanvar(p, axis=0, ddof=1) for p in pools], axis=0)
+        total = between + common
+        df = np.where(between > 0, (n - 1) * (total / np.where(between > 0, between, 1.0)) ** 2, np.inf)
+        half = _sps.t.ppf(1 - alpha, df) * np.sqrt(total)
+    return mean - half, mean + half
 
 
 __all__ = ["BootstrapResult", "HierarchicalBootstrapResult", "bootstrap_ci", "hierarchical_bootstrap_ci", "hierarchical_ci_from_replicates", "paired_bootstrap_ci"]

@@ -1,9 +1,9 @@
 """Subnetworks: the controls a good subnetwork is compared with, and agreement across seeds and tasks.
 
 Pure functions on 0/1 mask arrays: super-survivors, random and bad controls matched to a good
-mask, the reference's super-survivor controls (:func:`super_controls`, as the authors'
+mask, the reference's super-survivor controls ([`super_controls`][headcount.analysis.subnetworks.super_controls], as the authors'
 ``compute_super_masks.py``), and the maths of the lottery study's ``stability`` and ``overlap``
-jobs (the statistics themselves are in :mod:`.agreement`).
+jobs (the statistics themselves are in [`agreement`][headcount.analysis.agreement]).
 """
 
 from __future__ import annotations
@@ -123,7 +123,7 @@ def draw_controls(
 
     Args:
         good: part name -> 0/1 mask.
-        kind: ``"random"`` (see :func:`random_control`) or ``"bad"`` (see :func:`bad_control`).
+        kind: ``"random"`` (see [`random_control`][headcount.analysis.subnetworks.random_control]) or ``"bad"`` (see [`bad_control`][headcount.analysis.subnetworks.bad_control]).
         seed: int or ``numpy.random.Generator``.
         mode: random mode, ``"uniform"`` or ``"bernoulli"`` (ignored for ``"bad"``).
 
@@ -223,7 +223,7 @@ def super_random_control(good, bad, seed: Seed = 0) -> np.ndarray:
     neither ``good`` nor ``bad``; when there are at least as many as ``good`` keeps, randomly
     chosen ones are dropped down to its size; when too few, all are kept and the missing ones are
     drawn uniformly from the components that are *not* middlings (those of ``good`` or ``bad``).
-    In the reference, ``bad`` is the resized bad control (:func:`super_bad_control`), not the
+    In the reference, ``bad`` is the resized bad control ([`super_bad_control`][headcount.analysis.subnetworks.super_bad_control]), not the
     always-pruned set: always-pruned components it left out are middlings, middlings it took are not.
 
     Args:
@@ -262,9 +262,9 @@ def super_controls(
     """Controls of the super-survivors of good masks over seeds, as the reference draws them.
 
     Per part (e.g. ``{"heads": [n_seeds, n_layers, n_heads], "mlps": [n_seeds, n_layers]}``),
-    with ``good`` = :func:`super_survivors` and ``pruned`` = :func:`always_pruned` of its masks:
-    ``"bad"`` is :func:`super_bad_control` (``pruned`` resized to ``good``'s size), ``"random"``
-    is :func:`super_random_control` around that bad control (middlings resized). Both have
+    with ``good`` = [`super_survivors`][headcount.analysis.subnetworks.super_survivors] and ``pruned`` = [`always_pruned`][headcount.analysis.subnetworks.always_pruned] of its masks:
+    ``"bad"`` is [`super_bad_control`][headcount.analysis.subnetworks.super_bad_control] (``pruned`` resized to ``good``'s size), ``"random"``
+    is [`super_random_control`][headcount.analysis.subnetworks.super_random_control] around that bad control (middlings resized). Both have
     exactly as many components as ``good`` per part.
 
     One generator per draw, used for the parts in the mapping's order, as the reference's single
@@ -314,7 +314,7 @@ def seed_stability(heads, mlps) -> dict[str, object]:
         mlps: ``[n_seeds, n_layers]`` 0/1.
 
     Returns:
-        ``{"heads", "mlps", "all"}``: :func:`~headcount.analysis.agreement.mask_stability` of the
+        ``{"heads", "mlps", "all"}``: [`mask_stability`][headcount.analysis.agreement.mask_stability] of the
         heads, the MLPs and both together; ``"heads_pairwise_jaccard"`` ``[n_seeds, n_seeds]``;
         ``"head_survival"`` ``[n_layers, n_heads]`` and ``"mlp_survival"`` ``[n_layers]`` (the
         fraction of seeds that keep each); ``"super_heads"`` / ``"super_mlps"`` (kept by every

@@ -1,12 +1,13 @@
 """Functions behind the CLI that are not a single module's verb.
 
-A command (:mod:`headcount.cli.commands`) builds the settings objects from its options (each option's
+A command (``headcount.cli.commands``) builds the settings objects from its options (each option's
 default read from the object that declares it) and calls one function here with them.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import replace
 from pathlib import Path
 
@@ -30,9 +31,9 @@ from headcount.importance.pipeline import (
     saved_config,
 )
 from headcount.importance.pruning import PruneConfig, PruneResult, kv_group_scores
-from headcount.importance.scoring import get_scorer, score
+from headcount.importance.scoring import score
 from headcount.runtime.atomic import atomic_write_text
-from headcount.runtime.device import check_spec, device_name, resolve_device, resolve_precision
+from headcount.runtime.device import device_name, resolve_device, resolve_precision, resolve_runtime
 from headcount.runtime.errors import HeadcountError
 
 
@@ -82,7 +83,7 @@ def _on(meta: dict) -> str:
 
 
 def _where() -> str:
-    """The device and precision commands would run on here (the device rule, :mod:`headcount.runtime.device`)."""
+    """The device and precision commands would run on here (the device rule, ``headcount.runtime.device``)."""
     dev = resolve_device(None)
     name = device_name(dev)
     return f"{dev}{f' ({name})' if name != 'cpu' else ''}, {resolve_precision(None, dev)}"
@@ -133,24 +134,27 @@ def _echo_none(*args, **kwargs):
     pass
 
 
-def score_command(model: str, task: str, settings: ScoreSettings, data: DataConfig, out, *, echo=_echo_none,
+def score_command(model: str, task, settings: ScoreSettings, data: DataConfig, out, *, echo=_echo_none,
                   device=None, precision=None, tokens_per_batch=None, mark=_echo_none) -> dict:
     """``headcount score``: load, batch, score, write ``scores.json`` and ``heads.png``.
 
-    ``settings`` and ``data`` are validated when built (a bad method is refused before any load);
-    ``device`` / ``precision`` / ``tokens_per_batch``: where it runs (:mod:`headcount.runtime.device`).
+    ``task``: a ``Task`` (or its name); ``settings`` and ``data`` are
+    validated when built (a bad method is refused before any load; ``settings.scorer`` is the scorer);
+    ``device`` / ``precision`` / ``tokens_per_batch``: where it runs (``headcount.runtime.device``),
+    resolved here once into a ``Runtime`` that every verb is handed.
     ``mark(phase)`` is called at the end of each phase (``load``, ``data``, ``score``, ``write``):
     the command's ``HEADCOUNT_TIMING`` line.
     """
-    check_spec(device, precision)  # an unavailable device or precision: refused before loading
-    objective, method = settings.objective, settings.method
-    t = get_task(task)
-    m, tok, info = load_for(model, t, objective, seed=data.seed, device=device)
+    rt = resolve_runtime(device, precision, tokens_per_batch)  # an unavailable one: refused before loading
+    objective, method, scorer = settings.objective, settings.method, settings.scorer
+    t = get_task(task)  # a Task as it is
+    m, tok, info = load_for(model, t, objective, seed=data.seed, device=rt)
     _kv_group_meta(m, None, settings.unit)  # refused before scoring
-    scorer = get_scorer(method)
-    if info["head"] == "new" and scorer.needs_loss:
-        echo(f"note: {model} has no trained head for {t.name}; scoring with a new, untrained task head "
-             "(fine-tune first for task importance)")
+    data = fit_positions(data, tok, model, echo)
+    if info["head"] == "new":
+        echo(f"note: {model} has no trained head for {t.name}; "
+             + ("scoring with a new, untrained task head (fine-tune first for task importance)" if scorer.needs_loss
+                else f"a new, untrained task head was created ({method} scores do not read it)"))
     if info["head"] == "fitted":
         r = info["mlm_head"]
         echo(f"note: {model} has no masked-LM head; fitted one on the frozen encoder "
@@ -163,15 +167,21 @@ def score_command(model: str, task: str, settings: ScoreSettings, data: DataConf
     batches = [] if not scorer.needs_data else batches_for(t, tok, objective, data, group_by_length=settings.grouped)
     mark("data")
     with decoding(m, metric_for(t, objective)):
-        s = score(m, batches, method=method, normalize=settings.normalize, device=info["device"],
-                  precision=precision, tokens_per_batch=tokens_per_batch, accumulate=settings.accumulate,
-                  contrastive=info.get("contrastive"))
+        s = score(m, batches, method=scorer, normalize=settings.normalize, device=rt,
+                  accumulate=settings.accumulate, contrastive=info.get("contrastive"))
     mark("score")
     echo(f"scored on {_on(s.meta)}")
     meta = {"objective": objective, "task": t.name, "model": model, "split": data.split or t.train_split,
             "head": info["head"], **_kv_group_meta(m, s, settings.unit)}
     if "mlm_head" in info:
         meta["mlm_head"] = info["mlm_head"]
+    bad = non_finite_scores(s, pruning_record(m) or {}, scorer.scores_mlps)
+    if bad:
+        meta["non_finite_scores"] = bad
+        first = (f"layer {bad['heads'][0][0]} head {bad['heads'][0][1]}" if bad["heads"]
+                 else f"the MLP of layer {bad['mlps'][0]}")
+        echo(f"warning: {len(bad['heads'])} head and {len(bad['mlps'])} MLP scores are not finite (NaN or inf; "
+             f"first: {first}): the model's weights or outputs are not finite; scores.json lists them")
     s = replace(s, meta={**s.meta, **meta})
     out = Path(out)
     s.save(out / "scores.json")
@@ -180,22 +190,51 @@ def score_command(model: str, task: str, settings: ScoreSettings, data: DataConf
     return {**s.to_dict(), "seconds": s.meta.get("seconds", 0.0)}
 
 
-def prune_command(model: str, task: str, settings: PruneSettings, loop: PruneConfig, importance: DataConfig,
+def fit_positions(data: DataConfig, tokenizer, model: str, echo=_echo_none) -> DataConfig:
+    """``data`` with ``max_length`` cut to the model's positions (``load_tokenizer`` sets them as
+    ``model_max_length``; tokenizing truncates to them in any case), said in one line."""
+    limit = getattr(tokenizer, "model_max_length", None)
+    if isinstance(limit, int) and 2 <= limit < data.max_length:
+        echo(f"note: --max-length {data.max_length} is more than the {limit} positions of {model}: "
+             f"inputs are cut to {limit} tokens")
+        return replace(data, max_length=limit)
+    return data
+
+
+def non_finite_scores(s, record: dict, scores_mlps: bool = True) -> dict:
+    """The scores that are NaN or infinite where a number was due: ``{"heads": [[layer, head], ...],
+    "mlps": [layer, ...]}``, empty when there are none. A head or MLP the model no longer has
+    (``record``: its pruning record) has no score by design, nor has an MLP for a method that
+    scores none (``scores_mlps`` False: ``entropy``)."""
+    gone = {(layer, head) for layer, heads in enumerate(record.get("removed_heads", [])) for head in heads}
+    heads = [[layer, head] for layer, row in enumerate(s.heads.tolist()) for head, v in enumerate(row)
+             if (layer, head) not in gone and not math.isfinite(v)]
+    values = s.mlps.tolist()
+    gone_mlps = set(record.get("removed_mlps", []))
+    mlps = ([layer for layer, v in enumerate(values) if layer not in gone_mlps and not math.isfinite(v)]
+            if scores_mlps else [])
+    return {"heads": heads, "mlps": mlps} if heads or mlps else {}
+
+
+def prune_command(model: str, task, settings: PruneSettings, loop: PruneConfig, importance: DataConfig,
                   stop: DataConfig, out, *, echo=_echo_none, device=None, precision=None,
                   tokens_per_batch=None) -> PruneResult:
     """``headcount prune``: iterative pruning; writes ``mask.json``, ``trace.csv``, ``curve.png``.
 
     ``importance`` / ``stop``: the examples importance and the stop rule are computed on (their
     splits: ``settings.importance_split`` / ``settings.stop_split``, else train / validation).
+    ``task``, ``device`` / ``precision`` / ``tokens_per_batch``: as [`score_command`][headcount.cli.api.score_command].
     """
-    check_spec(device, precision)  # an unavailable device or precision: refused before loading
+    rt = resolve_runtime(device, precision, tokens_per_batch)  # an unavailable one: refused before loading
     objective, method = settings.objective, settings.method
-    t = get_task(task)
-    m, tok, info = load_for(model, t, objective, seed=importance.seed, device=device)
+    t = get_task(task)  # a Task as it is
+    m, tok, info = load_for(model, t, objective, seed=importance.seed, device=rt)
+    importance = fit_positions(importance, tok, model, echo)
+    stop = fit_positions(stop, tok, model, _echo_none)  # one note is enough
     if info["head"] == "new":
         echo(f"note: {model} has no trained head for {t.name}: the metric is that of an untrained head "
              "(fine-tune first: `headcount finetune`)")
-    imp_batches = ([] if not get_scorer(method).needs_data
+    imp_batches = ([] if not settings.scorer.needs_data
                    else batches_for(t, tok, objective, importance, split=settings.importance_split,
                                     group_by_length=settings.grouped))
     stop_batches = batches_for(t, tok, objective, stop, split=settings.stop_split or t.validation_split)
@@ -206,8 +245,7 @@ def prune_command(model: str, task: str, settings: PruneSettings, loop: PruneCon
              f"{metric} {row['metric']:.4f} {'ok' if row['accepted'] else 'below threshold'}")
 
     result = prune_model(m, imp_batches, stop_batches, metric, settings=settings, config=loop, progress=progress,
-                         device=info["device"], precision=precision, tokens_per_batch=tokens_per_batch,
-                         contrastive=info.get("contrastive"))
+                         device=rt, contrastive=info.get("contrastive"))
     echo(f"pruned on {_on(result.meta)}")
     out = Path(out)
     mask = result.mask.with_meta(model=model, task=t.name, objective=objective, metric_name=metric, method=method,

@@ -68,7 +68,7 @@ _FULL_DISK_TEXT = ("No space left on device", "StorageFull", "Disk quota exceede
 
 def _environment_message(e: BaseException) -> str | None:
     """One line for an error that is the environment, not a bug: an OSError that
-    :func:`io_error_message` knows (full disk, read-only), also when a library raised it as the
+    [`io_error_message`][headcount.runtime.io.io_error_message] knows (full disk, read-only), also when a library raised it as the
     cause or context of its own exception, or named a full disk only in its message (safetensors
     raises ``SafetensorError``, not an OSError)."""
     seen = set()

@@ -15,7 +15,7 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run :func:`headcount.cli.app.main` (its exit status: 0, 1 internal error, 2 bad input, 130 interrupted)."""
+    """Run [`headcount.cli.app.main`][headcount.cli.app.main] (its exit status: 0, 1 internal error, 2 bad input, 130 interrupted)."""
     try:
         with _exit_on_interrupt():  # the imports: nothing written yet, nothing to clean up
             from headcount.cli.app import main as cli_main

@@ -1,9 +1,9 @@
 """The model core: architectures, gates, surgery and masks, with no task and no data.
 
-Holds the architecture adapters (:mod:`.arch`: the only place that names an architecture), head and
-MLP gates (:mod:`.gates`), the :class:`~headcount.core.masks.Mask` value (:mod:`.masks`), physical
-pruning and pruned checkpoints (:mod:`.surgery`), model and tokenizer loading (:mod:`.models`),
-attention maps on demand (:mod:`.attention`) and ONNX / plain-transformers export (:mod:`.export`).
+Holds the architecture adapters (``arch``: the only place that names an architecture), head and
+MLP gates ([`gates`][headcount.core.gates]), the [`Mask`][headcount.core.masks.Mask] value ([`masks`][headcount.core.masks]), physical
+pruning and pruned checkpoints ([`surgery`][headcount.core.surgery]), model and tokenizer loading ([`models`][headcount.core.models]),
+attention maps on demand ([`attention`][headcount.core.attention]) and ONNX / plain-transformers export ([`export`][headcount.core.export]).
 
-May import: :mod:`headcount.runtime`.
+May import: ``headcount.runtime``.
 """

@@ -1,6 +1,6 @@
 """Per-head attention probabilities on demand, whatever attention implementation the model runs.
 
-Fused kernels (sdpa, flash) never materialise the probabilities, so :func:`attention_maps`
+Fused kernels (sdpa, flash) never materialise the probabilities, so [`attention_maps`][headcount.core.attention.attention_maps]
 switches the model to the eager implementation for one forward pass and restores the one it
 had afterwards. The probabilities are read from the output of each application's attention
 module (``Block.attention`` returns ``(output, weights)``), so every application gets its own
@@ -28,15 +28,15 @@ def attention_maps(model: nn.Module, *, device=None, precision=None, **batch) ->
     Args:
         model: any model with a registered adapter (pruned or not, gated or not), loaded with
             any attention implementation; it is back on that implementation afterwards.
-        device: where the model runs (:func:`headcount.runtime.device.place`: None = ``$HEADCOUNT_DEVICE``,
+        device: where the model runs ([`headcount.runtime.device.place`][headcount.runtime.device.place]: None = ``$HEADCOUNT_DEVICE``,
             else where the model is); the inputs follow it.
-        precision: ``auto`` | ``fp32`` | ``bf16`` (:func:`headcount.runtime.device.resolve_precision`);
+        precision: ``auto`` | ``fp32`` | ``bf16`` ([`headcount.runtime.device.resolve_precision`][headcount.runtime.device.resolve_precision]);
             under bf16 autocast the probabilities are computed in bf16 and returned as fp32.
         **batch: the model's inputs (``input_ids``, ``attention_mask``, ...).
 
     Returns:
         ``maps[l]``: ``[batch, kept_heads, seq_q, seq_k]`` for application ``l``, heads in the
-        order of their original indices (:func:`headcount.core.gates.kept_heads`); rows sum to 1
+        order of their original indices ([`headcount.core.gates.kept_heads`][headcount.core.gates.kept_heads]); rows sum to 1
         over the keys the attention mask lets through. A layer with no head left gives
         ``[batch, 0, seq, seq]``. The maps are on the device the inputs came on (a CPU batch
         gets CPU maps from a model on a GPU).

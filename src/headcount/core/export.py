@@ -1,14 +1,14 @@
 """Pruned (and unpruned) models that run without headcount: ONNX files and plain transformers checkpoints.
 
-A pruned checkpoint (:func:`headcount.core.surgery.save_pruned`) loads only through
-:func:`headcount.core.surgery.load_pruned`: its layers have fewer heads and neurons than its config
+A pruned checkpoint ([`headcount.core.surgery.save_pruned`][headcount.core.surgery.save_pruned]) loads only through
+[`headcount.core.surgery.load_pruned`][headcount.core.surgery.load_pruned]: its layers have fewer heads and neurons than its config
 says, so a plain ``from_pretrained`` refuses it (size mismatch). Two ways out:
 
-- :func:`export_onnx`: the model, task head included, traced to ONNX (the legacy TorchScript
+- [`export_onnx`][headcount.core.export.export_onnx]: the model, task head included, traced to ONNX (the legacy TorchScript
   exporter, eager attention), with dynamic batch and sequence axes, then run by onnxruntime on
   random inputs of two shapes and compared with PyTorch; a difference above the tolerance is an
   error and nothing is written.
-- :func:`export_hf`: a plain transformers checkpoint, *when a plain config can describe the pruned
+- [`export_hf`][headcount.core.export.export_hf]: a plain transformers checkpoint, *when a plain config can describe the pruned
   model*. What can: the same number of feed-forward neurons kept in every layer (the config's
   intermediate size), and the same number of heads kept in every layer only where the
   architecture's config takes the head size explicitly (``attention_head_size``); a config that
@@ -16,7 +16,7 @@ says, so a plain ``from_pretrained`` refuses it (size mismatch). Two ways out:
   describe "6 heads of 64 with hidden 768". A whole MLP removed (its output bias is gone),
   heads removed unevenly, a layer with no head left, or gates left on shared layers cannot be
   described either. Whether a config can is decided by building the plain model from it and
-  comparing every tensor's name and shape with the pruned model's; :func:`native_config` says
+  comparing every tensor's name and shape with the pruned model's; [`native_config`][headcount.core.export.native_config] says
   why not.
 """
 
@@ -37,6 +37,7 @@ from torch import nn
 
 from headcount.core.arch import get_adapter
 from headcount.core.gates import layout
+from headcount.runtime.bounds import Bound
 from headcount.runtime.errors import HeadcountError
 
 # transformers, .models and .surgery (which load transformers, 1.2 s) are imported where used:
@@ -59,6 +60,8 @@ class ExportSettings:
 
 DEFAULT_OPSET = ExportSettings.opset
 DEFAULT_TOLERANCE = ExportSettings.tolerance
+#: max |onnxruntime - PyTorch| an export accepts
+TOLERANCE = Bound(0, 1, low_open=True)
 #: the two input shapes (batch, sequence) of the check: different, so that fixed axes would fail
 CHECK_SHAPES = ((2, 16), (3, 9))
 #: the key of the ONNX metadata entry that marks a file headcount wrote (command, identity)
@@ -126,7 +129,7 @@ def output_name(model: nn.Module) -> str:
 
 
 class _Traced(nn.Module):
-    """Positional inputs in :func:`input_names` order -> the one output tensor."""
+    """Positional inputs in [`input_names`][headcount.core.export.input_names] order -> the one output tensor."""
 
     def __init__(self, model: nn.Module, names: list[str]):
         super().__init__()
@@ -167,9 +170,9 @@ def check_opset(opset: int) -> int:
 def to_onnx(model: nn.Module, opset: int = DEFAULT_OPSET, metadata: dict | None = None) -> bytes:
     """The serialized ONNX model of ``model`` (CPU, fp32), batch and sequence axes dynamic.
 
-    Inputs: :func:`input_names` (int64 ``[batch, sequence]``); an input the graph does not use
+    Inputs: [`input_names`][headcount.core.export.input_names] (int64 ``[batch, sequence]``); an input the graph does not use
     (``attention_mask`` once every head is removed) is dropped by the exporter. Output:
-    :func:`output_name`, ``[batch, labels]``, ``[batch, sequence, vocab]`` or ``[batch, sequence, hidden]``.
+    [`output_name`][headcount.core.export.output_name], ``[batch, labels]``, ``[batch, sequence, vocab]`` or ``[batch, sequence, hidden]``.
     ``metadata``: string entries for the file's ``metadata_props``.
     """
     onnx, _ = require_onnx()

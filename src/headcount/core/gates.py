@@ -183,7 +183,7 @@ def gated(model: nn.Module, heads: torch.Tensor | None = None, mlps: torch.Tenso
 
 
 def set_gates(model: nn.Module, heads: torch.Tensor | None = None, mlps: torch.Tensor | None = None) -> GateValues:
-    """Install persistent gates (a mask kept until :func:`clear_gates`); returns the handle."""
+    """Install persistent gates (a mask kept until [`clear_gates`][headcount.core.gates.clear_gates]); returns the handle."""
     values = _check(model, GateValues(heads, mlps))
     hooks(model).active.append(values)
     return values
@@ -201,7 +201,7 @@ def clear_gates(model: nn.Module, values: GateValues | None = None) -> None:
 
 
 def layout(model: nn.Module) -> Layout:
-    """The gate grid of ``model``: a frozen :class:`~headcount.core.arch.Layout` that unpacks as
+    """The gate grid of ``model``: a frozen [`Layout`][headcount.core.arch.Layout] that unpacks as
     ``(n_layers, n_heads)`` (applications x heads per application). Installs no hooks.
     """
     return get_adapter(model).layout(model)

@@ -15,6 +15,7 @@ masks have no ``kv_groups`` and are written exactly as before.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,6 +24,52 @@ import torch
 from headcount.core.gates import layout
 from headcount.runtime.atomic import atomic_write_json
 from headcount.runtime.errors import HeadcountError
+
+
+#: the most layers (and heads per layer) a mask file may give: no encoder has more, and a
+#: larger count ("n_layers": 1e999) would only exhaust memory
+MAX_SIZE = 10_000
+
+
+def _json(value) -> str:
+    try:
+        return json.dumps(value)[:40]
+    except (TypeError, ValueError):
+        return type(value).__name__
+
+
+def _count(value, what: str) -> int:
+    """A whole number 1..MAX_SIZE (``n_layers``)."""
+    ok = (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+          and value == int(value) and 1 <= value <= MAX_SIZE)
+    if not ok:
+        raise HeadcountError(f"mask '{what}' must be a whole number in 1..{MAX_SIZE}, got {_json(value)}")
+    return int(value)
+
+
+def _flags(value, what: str) -> list[int]:
+    """A non-empty list of 0/1 numbers, at most MAX_SIZE long."""
+    if not isinstance(value, list) or not value:
+        raise HeadcountError(f"mask '{what}' must be a non-empty list of 0/1, got {_json(value)}")
+    if len(value) > MAX_SIZE:
+        raise HeadcountError(f"mask '{what}' has {len(value)} entries; at most {MAX_SIZE}")
+    for i, v in enumerate(value):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v not in (0, 1):
+            raise HeadcountError(f"mask '{what}[{i}]' must be 0 or 1, got {_json(v)}")
+    return [int(v) for v in value]
+
+
+def _grid(value, what: str) -> list[list[int]]:
+    """``[n_layers][n_heads]`` 0/1 numbers, every row as long."""
+    if not isinstance(value, list) or not value:
+        raise HeadcountError(f"mask '{what}' must be a non-empty [n_layers][n_heads] list of 0/1, got {_json(value)}")
+    if len(value) > MAX_SIZE:
+        raise HeadcountError(f"mask '{what}' has {len(value)} layers; at most {MAX_SIZE}")
+    rows = [_flags(row, f"{what}[{i}]") for i, row in enumerate(value)]
+    if len({len(r) for r in rows}) > 1:
+        raise HeadcountError(f"mask '{what}' rows differ in length ({', '.join(str(len(r)) for r in rows[:8])}{', ...' if len(rows) > 8 else ''}): "
+                             "every layer needs one entry per head")
+    return rows
 
 
 @dataclass(frozen=True)
@@ -169,39 +216,47 @@ class Mask:
 
     @classmethod
     def from_dict(cls, d: dict) -> "Mask":
+        """A mask from its JSON form; every field is checked (one line naming the field and what
+        is wrong), so no value reaches torch that it cannot hold. A decoder's mask may state
+        ``kv_groups`` (with ``n_heads`` when it has no ``heads``): a dropped group drops its query heads."""
         if not isinstance(d, dict) or ("heads" not in d and "shared_heads" not in d and "kv_groups" not in d):
             raise HeadcountError("a mask needs a 'heads' (or 'shared_heads', or 'kv_groups') entry")
         derived = ("kv_groups", "n_kv_groups_kept", "n_heads") if "kv_groups" in d else ()
         meta = {k: v for k, v in d.items()
                 if k not in ("heads", "mlps", "shared_heads", "n_heads_kept", "n_mlps_kept", *derived)}
-        try:
-            kv, n_kv = _kv_groups(d)
-            if "heads" not in d and "shared_heads" not in d:
-                if not isinstance(d.get("n_heads"), int) or d["n_heads"] < 1:
-                    raise HeadcountError("a mask with only 'kv_groups' needs 'n_heads' (query heads per layer)")
-                if d["n_heads"] % n_kv:
-                    raise HeadcountError(f"mask kv_groups: {d['n_heads']} query heads do not split into {n_kv} "
-                                         "key/value groups")
-                heads = kv.repeat_interleave(d["n_heads"] // n_kv, dim=1)
-            elif "heads" in d:
-                heads = torch.tensor(d["heads"], dtype=torch.float32)
-            else:
-                shared = torch.tensor(d["shared_heads"], dtype=torch.float32)
-                n_layers = int(d.get("n_layers") or len(d.get("mlps") or []) or 0)
-                if n_layers == 0:
-                    raise HeadcountError("a mask with only 'shared_heads' needs 'mlps' or 'n_layers'")
-                heads = shared.unsqueeze(0).repeat(n_layers, 1)
-            if "shared_heads" in d and "heads" in d:
-                heads = heads * torch.tensor(d["shared_heads"], dtype=torch.float32).unsqueeze(0)
-            if kv is not None and ("heads" in d or "shared_heads" in d):  # both given: they multiply
-                if heads.dim() != 2 or tuple(kv.shape) != (heads.shape[0], kv.shape[1]) or heads.shape[1] % n_kv:
-                    raise HeadcountError(f"mask kv_groups has shape {list(kv.shape)}, which does not fit heads "
-                                         f"{list(heads.shape)} (one row per layer, query heads split evenly)")
-                heads = heads * kv.repeat_interleave(heads.shape[1] // n_kv, dim=1)
-            mlps = torch.tensor(d["mlps"], dtype=torch.float32) if "mlps" in d else torch.ones(heads.shape[0])
-        except (TypeError, ValueError, RuntimeError) as e:
-            raise HeadcountError(f"mask entries must be lists of 0/1 numbers ({e})") from None
-        return cls(heads, mlps, meta, n_kv)
+        shared = _flags(d["shared_heads"], "shared_heads") if "shared_heads" in d else None
+        mlps = _flags(d["mlps"], "mlps") if "mlps" in d else None
+        given = _count(d["n_layers"], "n_layers") if "n_layers" in d else None
+        kv, n_kv = _kv_groups(d)
+        if "heads" in d:
+            heads = _grid(d["heads"], "heads")
+            if given is not None and given != len(heads):
+                raise HeadcountError(f"mask 'n_layers' is {given}, 'heads' has {len(heads)} layers")
+        elif "shared_heads" in d:
+            n_layers = given if given is not None else len(mlps) if mlps is not None else None
+            if n_layers is None:
+                raise HeadcountError("a mask with only 'shared_heads' needs 'mlps' or 'n_layers'")
+            heads = [list(shared)] * n_layers
+        else:  # only kv_groups: each group's flag repeated over its query heads
+            if "n_heads" not in d:
+                raise HeadcountError("a mask with only 'kv_groups' needs 'n_heads' (query heads per layer)")
+            n_heads = _count(d["n_heads"], "n_heads")
+            if n_heads % n_kv:
+                raise HeadcountError(f"mask kv_groups: {n_heads} query heads do not split into {n_kv} "
+                                     "key/value groups")
+            heads = kv.repeat_interleave(n_heads // n_kv, dim=1).int().tolist()
+        if shared is not None and len(shared) != len(heads[0]):
+            raise HeadcountError(f"mask 'shared_heads' has {len(shared)} entries, 'heads' {len(heads[0])} per layer")
+        t = torch.tensor(heads, dtype=torch.float32)
+        if shared is not None and "heads" in d:
+            t = t * torch.tensor(shared, dtype=torch.float32).unsqueeze(0)
+        if kv is not None and ("heads" in d or "shared_heads" in d):  # both given: they multiply
+            if kv.shape[0] != t.shape[0] or t.shape[1] % n_kv:
+                raise HeadcountError(f"mask kv_groups has shape {list(kv.shape)}, which does not fit heads "
+                                     f"{list(t.shape)} (one row per layer, query heads split evenly)")
+            t = t * kv.repeat_interleave(t.shape[1] // n_kv, dim=1)
+        return cls(t, torch.tensor(mlps, dtype=torch.float32) if mlps is not None else torch.ones(t.shape[0]),
+                   meta, n_kv)
 
     @classmethod
     def load(cls, path) -> "Mask":
@@ -219,9 +274,5 @@ def _kv_groups(d: dict) -> tuple[torch.Tensor | None, int | None]:
     """The ``kv_groups`` entry of a mask dict: ``([n_layers, n_kv] 0/1, n_kv)``, or ``(None, None)``."""
     if "kv_groups" not in d:
         return None, None
-    kv = torch.tensor(d["kv_groups"], dtype=torch.float32)
-    if kv.dim() != 2 or kv.shape[1] == 0:
-        raise HeadcountError(f"mask kv_groups must be a [n_layers][n_kv] list, got shape {list(kv.shape)}")
-    if not bool(((kv == 0) | (kv == 1)).all()):
-        raise HeadcountError("mask values must be 0 or 1")
+    kv = torch.tensor(_grid(d["kv_groups"], "kv_groups"), dtype=torch.float32)
     return kv, int(kv.shape[1])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import os
 import struct
 from pathlib import Path
@@ -94,9 +95,40 @@ def check_gguf(path: Path) -> Path:
     return path
 
 
+class ModelSource(str):
+    """A model spec resolved once ([`model_source`][headcount.core.models.model_source]): the string is the spec as given (what
+    messages and results name), ``path`` where it loads from; every loader takes it as a spec
+    and does not resolve it again.
+
+    >>> src = model_source("/nonexistent/ckpt")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    headcount.runtime.errors.HeadcountError: checkpoint directory not found: /nonexistent/ckpt
+    """
+
+    path: str
+
+    def __new__(cls, spec: str, path: str):
+        obj = super().__new__(cls, spec)
+        obj.path = path
+        return obj
+
+    def __reduce__(self):
+        return ModelSource, (str(self), self.path)
+
+
+def model_source(spec: str | None) -> ModelSource:
+    """``spec`` resolved once ([`resolve`][headcount.core.models.resolve]: its checks run here); a [`ModelSource`][headcount.core.models.ModelSource] is returned as it is."""
+    if isinstance(spec, ModelSource):
+        return spec
+    return ModelSource(OFFLINE if spec is None else spec, resolve(spec))
+
+
 def resolve(spec: str) -> str:
     """``offline`` -> the packaged folder; ``offline-decoder`` -> the packaged GGUF file; a path ->
     itself (checked); otherwise a hub id."""
+    if isinstance(spec, ModelSource):
+        return spec.path
     if spec in (None, OFFLINE):
         return str(offline_model_dir())
     if spec == OFFLINE_DECODER:
@@ -138,6 +170,7 @@ def check_config(path: Path) -> dict:
     if not isinstance(doc, dict):
         raise HeadcountError(f"{path} holds {_JSON_KINDS.get(type(doc), type(doc).__name__)}, not a JSON object "
                              "(a model config maps names to values: {\"model_type\": ...})")
+    check_finite_config(doc, str(path.parent))
     return doc
 
 
@@ -252,6 +285,8 @@ def load_model(spec: str = OFFLINE, head: str = "base", num_labels: int | None =
         except Exception as e:  # a pruning record that does not fit the weights
             raise HeadcountError(f"cannot load pruned checkpoint {spec!r} (bad pruning record or weights): "
                                  f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+    ignore_mismatched = bool(kwargs.pop("ignore_mismatched_sizes", False))
+    want_info = bool(kwargs.pop("output_loading_info", False))
     path, gguf = _gguf_args(path)
     try:
         config = transformers.AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code, **gguf,
@@ -262,9 +297,14 @@ def load_model(spec: str = OFFLINE, head: str = "base", num_labels: int | None =
                                  f"{str(e).splitlines()[0] if str(e) else ''}") from None
         raise _load_error(spec, e) from None
     try:
+        check_finite_config(config.to_dict(), spec)
         get_adapter(config)
-        model = auto.from_pretrained(path, config=config, trust_remote_code=trust_remote_code, **gguf, **kwargs)
-        return (_dequantised(model) if gguf else model).eval()
+        # mismatched sizes are reported by the loading info below (transformers' own error points
+        # at a report its verbosity setting hides)
+        model, info = auto.from_pretrained(path, config=config, trust_remote_code=trust_remote_code,
+                                           output_loading_info=True, ignore_mismatched_sizes=True, **gguf, **kwargs)
+        if gguf:
+            _dequantised(model)
     except HeadcountError:
         raise
     except OSError as e:
@@ -272,6 +312,67 @@ def load_model(spec: str = OFFLINE, head: str = "base", num_labels: int | None =
     except Exception as e:  # a config or weights file the loader cannot read: the input, not a bug
         raise HeadcountError(f"cannot load model {spec!r}: {type(e).__name__}: "
                              f"{str(e).splitlines()[0] if str(e) else ''}") from None
+    object.__setattr__(model, NEW_WEIGHTS, check_loading(model, info, spec, ignore_mismatched))
+    model.eval()
+    return (model, info) if want_info else model
+
+
+#: the model attribute that lists the task-head tensors [`load_model`][headcount.core.models.load_model] created new
+NEW_WEIGHTS = "headcount_new_weights"
+
+
+def new_weights(model) -> tuple[str, ...]:
+    """The tensors of ``model``'s task head that [`load_model`][headcount.core.models.load_model] initialised anew (not in the
+    checkpoint: a classifier on a pre-trained encoder, an MLM head to fit); empty when none or
+    when the model was not loaded by [`load_model`][headcount.core.models.load_model]."""
+    return tuple(getattr(model, NEW_WEIGHTS, ()) or ())
+
+
+def check_loading(model, info: dict, spec: str, ignore_mismatched: bool = False) -> tuple[str, ...]:
+    """Refuse a checkpoint whose weights do not fill the encoder body; return the task-head
+    tensors that were initialised anew.
+
+    From transformers' loading info (``output_loading_info=True``): a tensor of the wrong shape
+    (unless ``ignore_mismatched``: then it is new), and a missing or unexpected tensor of the
+    encoder body (the architecture adapter says which tensors are the body) are errors naming the
+    first such tensor: transformers would fill a missing one with random weights and drop an
+    unexpected one, silently. A missing task-head tensor is new; an unexpected one (the saved head
+    of another task) is dropped.
+    """
+    adapter = get_adapter(model)
+    order = {name: i for i, name in enumerate(model.state_dict())}
+    mismatched = sorted(info.get("mismatched_keys") or (), key=lambda m: (order.get(m[0], len(order)), m[0]))
+    if mismatched and not ignore_mismatched:
+        name, saved, wanted = mismatched[0]
+        more = f" (and {len(mismatched) - 1} more)" if len(mismatched) > 1 else ""
+        raise HeadcountError(f"cannot load model {spec!r}: tensor {name} has shape {list(saved)} in the checkpoint, "
+                             f"the model its config.json describes needs {list(wanted)}{more}")
+    missing = sorted(info.get("missing_keys") or (), key=lambda k: (order.get(k, len(order)), k))
+    unexpected = sorted(info.get("unexpected_keys") or ())
+    for keys, what in ((missing, "lacks"), (unexpected, "holds an unexpected")):
+        body = [k for k in keys if adapter.is_body_tensor(model, k)]
+        if body:
+            more = f" (and {len(body) - 1} more)" if len(body) > 1 else ""
+            consequence = ("it would run with random weights there" if what == "lacks"
+                           else "the model its config.json describes has no such weight")
+            raise HeadcountError(f"cannot load model {spec!r}: the checkpoint {what} encoder tensor {body[0]}{more}; "
+                                 f"{consequence}")
+    return tuple(missing) + tuple(m[0] for m in mismatched)
+
+
+def check_finite_config(doc, spec) -> None:
+    """Refuse a config holding a non-finite number (``layer_norm_eps: NaN`` makes every output NaN)."""
+    def walk(value, where):
+        if isinstance(value, float) and not math.isfinite(value):
+            raise HeadcountError(f"the config.json of {spec!r} sets {where} to {value}; a model config needs "
+                                 "finite numbers")
+        if isinstance(value, dict):
+            for k, v in value.items():
+                walk(v, f"{where}.{k}" if where else str(k))
+        elif isinstance(value, (list, tuple)):
+            for i, v in enumerate(value):
+                walk(v, f"{where}[{i}]")
+    walk(doc, "")
 
 
 def _dequantised(model):
@@ -312,7 +413,8 @@ def load_tokenizer(spec: str = OFFLINE, trust_remote_code: bool = False):
     Refused (one line) when there is none: transformers then builds the tokenizer class the config
     names with an empty vocabulary (only its special tokens), which reads every word as ``[UNK]``.
     """
-    path, gguf = _gguf_args(resolve(spec))
+    spec = model_source(spec)
+    path, gguf = _gguf_args(spec.path)
     try:
         tokenizer = transformers.AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code, **gguf)
     except Exception as e:
@@ -329,7 +431,21 @@ def load_tokenizer(spec: str = OFFLINE, trust_remote_code: bool = False):
             raise HeadcountError(_no_tokenizer(spec, path))
         raise HeadcountError(f"the tokenizer of {spec!r} has no vocabulary (only special tokens: every word would "
                              "be [UNK]); save the tokenizer of its base model with it")
+    limit = max_tokens(spec)
+    if limit is not None and not (0 < int(getattr(tokenizer, "model_max_length", 0) or 0) <= limit):
+        tokenizer.model_max_length = limit  # tokenize() truncates to it: a longer input has no positions
     return tokenizer
+
+
+def max_tokens(spec: str) -> int | None:
+    """The longest input ``spec``'s position embeddings take (the architecture adapter reads it
+    from the config), or None when there is no such limit or the config cannot be read."""
+    try:
+        path, gguf = _gguf_args(resolve(spec))
+        config = transformers.AutoConfig.from_pretrained(path, **gguf)
+        return get_adapter(config).max_tokens(config)
+    except (OSError, ValueError, HeadcountError):
+        return None
 
 
 #: the files a saved tokenizer keeps its vocabulary in (``tokenizer_config.json`` alone holds none)

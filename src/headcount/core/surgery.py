@@ -6,7 +6,7 @@ indices of the heads it still has (``headcount_kept_heads``), each feed-forward 
 projection those of its neurons (``headcount_kept_neurons``).
 
 What was removed is recorded in ``model.config.headcount_pruning``; ``save_pretrained`` writes
-it into ``config.json`` and :func:`load_pruned` replays it before loading the weights.
+it into ``config.json`` and [`load_pruned`][headcount.core.surgery.load_pruned] replays it before loading the weights.
 """
 
 from __future__ import annotations
@@ -255,7 +255,7 @@ def shrink(model: nn.Module, mask: Mask, residual_gates: bool = True) -> nn.Modu
     Heads and MLPs that are 0 at every application of a physical layer are removed; where a
     shared layer is masked at some depths only (ALBERT per-application masks), the rest stays
     as persistent gates (unless ``residual_gates=False``), recorded so that
-    :func:`load_pruned` restores them.
+    [`load_pruned`][headcount.core.surgery.load_pruned] restores them.
 
     >>> shrink(model, Mask.load("mask.json"))       # doctest: +SKIP
     """
@@ -311,10 +311,11 @@ def save_tokenizer(tokenizer, directory) -> None:
     tokenizer.save_pretrained(directory)
 
 
-def save_pruned(model: nn.Module, out_dir, tokenizer=None, extra: dict | None = None) -> Path:
+def save_pruned(model: nn.Module, out_dir, tokenizer=None, extra: dict | None = None, owned=None) -> Path:
     """Write a pruned checkpoint: config (with the pruning record), safetensors weights,
     tokenizer, and ``headcount.json`` (a human-readable summary). Atomic: the directory appears
-    complete or not at all.
+    complete or not at all; an existing one is replaced only as ``atomic_dir``
+    allows (``owned``: its test of the files there).
 
     >>> save_pruned(shrink(model, mask), "pruned/")     # doctest: +SKIP
     """
@@ -322,7 +323,7 @@ def save_pruned(model: nn.Module, out_dir, tokenizer=None, extra: dict | None = 
     _record(model)
     n_layers, n_heads = layout(model)
     rec = pruning_record(model)
-    with atomic_dir(out_dir) as tmp:
+    with atomic_dir(out_dir, owned=owned) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
         if tokenizer is not None:
             save_tokenizer(tokenizer, tmp)
@@ -399,7 +400,7 @@ def _renamed(model: nn.Module, state: dict) -> dict:
 
 
 def load_pruned(path, model_class=None, **config_kwargs) -> nn.Module:
-    """Load a checkpoint written by :func:`save_pruned`; outputs equal the saved model's.
+    """Load a checkpoint written by [`save_pruned`][headcount.core.surgery.save_pruned]; outputs equal the saved model's.
 
     Args:
         path: the checkpoint directory.
@@ -438,11 +439,12 @@ def load_pruned(path, model_class=None, **config_kwargs) -> nn.Module:
         # Another head: like from_pretrained, a module the checkpoint has no weight of at all
         # (the new task head, a pooler the saved head did not use) starts from random weights,
         # and weights of modules this model lacks (the saved head) are dropped. A module with
-        # only some of its weights saved is an error.
+        # only some of its weights saved, and any tensor of the encoder body, is an error.
+        adapter = get_adapter(model)
         saved_modules = {k.rsplit(".", 1)[0] for k in state}
         own_modules = {name for name, _ in model.named_modules()}
-        missing = [k for k in missing if k.rsplit(".", 1)[0] in saved_modules]
-        unexpected = [k for k in unexpected if k.rsplit(".", 1)[0] in own_modules]
+        missing = [k for k in missing if k.rsplit(".", 1)[0] in saved_modules or adapter.is_body_tensor(model, k)]
+        unexpected = [k for k in unexpected if k.rsplit(".", 1)[0] in own_modules or adapter.is_body_tensor(model, k)]
     if missing or unexpected:
         raise HeadcountError(
             f"checkpoint {path} does not match its pruning record (missing {missing[:3]}, unexpected {list(unexpected)[:3]})"

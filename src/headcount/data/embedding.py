@@ -10,7 +10,7 @@ Two objectives (``--objective``):
   same loss with the pair as the two views: anchor ``a_i`` must pick ``b_i`` among the batch's
   ``b_j``. Only *positive* pairs are anchors (classification: the last class, e.g. MRPC's
   ``equivalent``, ``offline/pairs``' ``same``; regression: a label of at least
-  :data:`POSITIVE_SHARE` x the split's largest label, STS-B's 4 of 5); every pair's ``b`` is a
+  [`POSITIVE_SHARE`][headcount.data.embedding.POSITIVE_SHARE] x the split's largest label, STS-B's 4 of 5); every pair's ``b`` is a
   candidate (negatives). No dropout: the pair gives the two views.
 
 Pooling follows the checkpoint's sentence-transformers config (``modules.json`` -> the
@@ -21,23 +21,23 @@ the encoder's ``nn.Dropout`` modules are switched to train mode (embeddings, att
 feed-forward output dropout). Attention-probability dropout that reads the attention module's
 own ``training`` flag (BERT's eager and SDPA attention) stays off: a named deviation from
 SimCSE, which trains with the whole model in train mode. The random state is forked and seeded
-with ``(seed, the batch's token ids)`` (:func:`view_seed`): the views of a batch are the same
+with ``(seed, the batch's token ids)`` ([`view_seed`][headcount.data.embedding.view_seed]): the views of a batch are the same
 whenever it is seen (every batch of a score run, every step of a pruning run, each head of an
 ablation), the global random state is untouched, and scores are deterministic for a seed.
 
 The metric that needs no labels (the pruning loop's stop rule, ``similarity_spearman``): the
 Spearman correlation of the pruned model's pairwise cosine similarities of the stop-rule texts
-(all pairs, eval mode) with the unpruned model's (:func:`similarity_agreement`): 1 for the
+(all pairs, eval mode) with the unpruned model's ([`similarity_agreement`][headcount.data.embedding.similarity_agreement]): 1 for the
 unpruned model, lower as pruning changes which texts the model finds similar; the trace's
 ``loss`` is ``1 - mean cos(z_pruned_i, z_unpruned_i)``. Why not the retrieval accuracy of the
-second dropout view (:func:`view_metrics`: the share of texts whose own second view is the most
+second dropout view ([`view_metrics`][headcount.data.embedding.view_metrics]: the share of texts whose own second view is the most
 similar of the batch's; with Wang & Isola's alignment and uniformity)? On all-MiniLM-L6-v2 it
 saturates: 1.00 on 128 movie snippets (batches of 32) with 0, 50, 80 or 95% of the heads
 removed, while the similarity Spearman falls 0.91, 0.83, 0.55, 0.37 at 20, 50, 80, 95% removed
 at random. The supervised stop rule is the STS-B metric: the mean of the Pearson and Spearman
 correlations of the pair's cosine similarity with the label (``cosine_pearson_spearman``; eval mode).
 
-Inside :func:`contrastive` a model's ``model(**batch)`` returns this loss and ``logits`` that the
+Inside ``contrastive`` a model's ``model(**batch)`` returns this loss and ``logits`` that the
 ordinary evaluation reads: unsupervised ``[b, 2]`` = (the best other text's similarity, the own
 view's similarity) with labels 1, so "accuracy" is retrieval accuracy; supervised ``[b, 1]``
 = the pair's cosine similarity, scored with ``pearson_spearman``. Gate gradients flow through
@@ -70,9 +70,9 @@ POSITIVE_SHARE = 0.8
 #: the label-free metric (unsupervised) and the STS metric (supervised) of the stop rule
 SIMILARITY_METRIC = "similarity_spearman"
 PAIR_METRIC = "cosine_pearson_spearman"
-#: the dropout views' retrieval accuracy (a diagnostic: :func:`view_metrics`)
+#: the dropout views' retrieval accuracy (a diagnostic: [`view_metrics`][headcount.data.embedding.view_metrics])
 RETRIEVAL_METRIC = "retrieval_accuracy"
-#: the ordinary metric each contrastive metric is computed with inside :func:`contrastive`
+#: the ordinary metric each contrastive metric is computed with inside ``contrastive``
 EVAL_METRIC = {RETRIEVAL_METRIC: "accuracy", PAIR_METRIC: "pearson_spearman"}
 
 
@@ -86,7 +86,7 @@ class Contrastive:
 
     Attributes:
         supervised: pairs as positives (``embedding-supervised``) instead of dropout views.
-        pooling: ``mean`` | ``cls`` | ``max`` (:func:`pooling_of` reads it from the checkpoint).
+        pooling: ``mean`` | ``cls`` | ``max`` ([`pooling_of`][headcount.data.embedding.pooling_of] reads it from the checkpoint).
         temperature: of the cosine similarities (SimCSE: 0.05).
         seed: the dropout views' seed (unsupervised).
     """
@@ -218,7 +218,7 @@ def view_metrics(z1: torch.Tensor, z2: torch.Tensor) -> dict:
 def embed(model: nn.Module, batches, pooling: str = "mean", mask=None, *, device=None,
           precision=None) -> torch.Tensor:
     """Unit-length sentence embeddings ``[n_texts, d]`` (fp32, CPU) of the batches' first texts, in
-    eval mode (no dropout), with an optional :class:`~headcount.core.masks.Mask` held as gates."""
+    eval mode (no dropout), with an optional [`Mask`][headcount.core.masks.Mask] held as gates."""
     from headcount.core.gates import clear_gates, set_gates
     from headcount.runtime.device import runtime, to_device
 
@@ -305,7 +305,7 @@ def _encode(model, forward, spec: Contrastive, ids, mask, types) -> torch.Tensor
 
 
 def two_views(model: nn.Module, batch: dict, spec: Contrastive, forward=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(z1, z2)`` ``[b, d]``: two dropout views of the batch's texts (seeded by :func:`view_seed`)."""
+    """``(z1, z2)`` ``[b, d]``: two dropout views of the batch's texts (seeded by [`view_seed`][headcount.data.embedding.view_seed])."""
     forward = forward or encoder_of(model)
     ids, mask, types = batch["input_ids"], batch.get("attention_mask"), batch.get("token_type_ids")
     with dropout_views(model, view_seed(spec.seed, ids)):
@@ -317,7 +317,7 @@ def two_views(model: nn.Module, batch: dict, spec: Contrastive, forward=None) ->
 @contextmanager
 def contrastive(model: nn.Module, spec: Contrastive):
     """Inside the block, ``model(**batch)`` returns the contrastive loss of ``spec`` (see the module
-    docstring for the ``logits`` the evaluation reads). Batches: :func:`embedding_batches`.
+    docstring for the ``logits`` the evaluation reads). Batches: ``embedding_batches``.
 
     >>> with contrastive(model, Contrastive(pooling="mean", seed=0)):     # doctest: +SKIP
     ...     loss = model(**batch).loss
@@ -358,7 +358,7 @@ def contrastive(model: nn.Module, spec: Contrastive):
 
 @torch.no_grad()
 def embedding_metrics(model: nn.Module, batches, spec: Contrastive) -> dict:
-    """:func:`view_metrics` of the dropout views per batch, averaged over texts (unsupervised)."""
+    """[`view_metrics`][headcount.data.embedding.view_metrics] of the dropout views per batch, averaged over texts (unsupervised)."""
     was = model.training
     model.eval()
     total, n = {}, 0
@@ -385,7 +385,7 @@ def check_pairs(task) -> None:
 
 def positives(task, labels: np.ndarray) -> np.ndarray:
     """Which pairs are positives: classification: the last class; regression: a label of at least
-    :data:`POSITIVE_SHARE` x the largest label."""
+    [`POSITIVE_SHARE`][headcount.data.embedding.POSITIVE_SHARE] x the largest label."""
     y = np.asarray(labels)
     if task.kind == "regression":
         top = float(np.max(y)) if len(y) else 0.0
@@ -395,7 +395,7 @@ def positives(task, labels: np.ndarray) -> np.ndarray:
 
 def embedding_batches(task, tokenizer, data, split: str, supervised: bool, group_by_length: bool = True) -> list[dict]:
     """Batches for the contrastive objectives (grouped by length unless ``group_by_length`` is
-    False, in the order of :func:`headcount.importance.pipeline.example_order`).
+    False, in the order of [`headcount.importance.pipeline.example_order`][headcount.importance.pipeline.example_order]).
 
     Unsupervised: ``{input_ids, attention_mask, token_type_ids?, labels}`` of each example's
     texts joined by a space (``labels``: ones, the evaluation's "own view is nearest" class).

@@ -76,8 +76,8 @@ def evaluate_batches(model, batches, metric: str, mask=None, *, device=None, pre
         metric: a task metric name (see ``headcount.data.tasks.compute_metrics``), ``"mlm_accuracy"``
             or ``"lm_accuracy"`` (a causal LM: the top-1 prediction at t against the token at t + 1;
             the result also has ``perplexity``, exp of the mean next-token loss).
-        mask: optional :class:`~headcount.core.masks.Mask` applied as gates.
-        device / precision / tokens_per_batch: see :mod:`headcount.runtime.device` (None: the model's
+        mask: optional [`Mask`][headcount.core.masks.Mask] applied as gates.
+        device / precision / tokens_per_batch: see ``headcount.runtime.device`` (None: the model's
             device or ``$HEADCOUNT_DEVICE``; auto precision; the device's token budget). Batches
             are merged up to the budget: the loss (weighted per example, or per masked token)
             and the metric do not depend on how examples are batched.

@@ -3,7 +3,7 @@
 A model or a task is named by a path or a name; the files behind the name can change (labels
 flipped in a CSV, a checkpoint rewritten in place). Run identities (``finetune``'s ``run.json``,
 ``magnitude``'s, the ``--out`` marker of ``score``/``prune``/``shrink``) and study job keys
-therefore include :func:`model_fingerprint` and :func:`task_fingerprint`.
+therefore include [`model_fingerprint`][headcount.data.fingerprint.model_fingerprint] and [`task_fingerprint`][headcount.data.fingerprint.task_fingerprint].
 
 Hashes are SHA-256 of the file contents, cached by ``(real path, size, mtime_ns, inode,
 ctime_ns)`` in memory and in ``<cache>/fingerprints.json`` (the headcount cache,
@@ -120,7 +120,7 @@ def model_fingerprint(spec) -> str | None:
 def task_fingerprint(task) -> str | None:
     """The digest of a task's definition and of its data files (None when the task cannot be read).
 
-    ``task``: a :class:`~headcount.data.tasks.Task`, a registered name or a task YAML path.
+    ``task``: a ``Task``, a registered name or a task YAML path.
     """
     try:
         if not hasattr(task, "source"):

@@ -2,13 +2,13 @@
 
 A fit runs the frozen encoder once, keeps what the head reads, and replays it to the head:
 
-- :func:`fit_task_head`: a classifier's head (the parameters outside ``model.base_model``; a
+- ``fit_task_head``: a classifier's head (the parameters outside ``model.base_model``; a
   pooler inside the encoder stays frozen) on the encoder's output at the first position and its
   pooled output (``[n_examples, hidden]`` each), for a number of epochs (AdamW, batches in a seeded
   order, dropout on in the head).
-- the masked-LM head (:func:`headcount.data.mlm_head.fit_mlm_head`) replays the same way.
+- the masked-LM head ([`headcount.data.mlm_head.fit_mlm_head`][headcount.data.mlm_head.fit_mlm_head]) replays the same way.
 
-Replaying: :func:`replaying_encoder` puts a stand-in module in the encoder's place for the
+Replaying: [`replaying_encoder`][headcount.data.heads.replaying_encoder] puts a stand-in module in the encoder's place for the
 duration of the fit (the model's own forward, head and loss run unchanged on the given encoder
 output); no module's ``forward`` is reassigned, and every parameter gets its own
 ``requires_grad`` back afterwards.
@@ -35,7 +35,7 @@ __all__ = ["fit_task_head", "replaying_encoder"]
 # replaying cached encoder outputs to a head
 # =============================================================================================
 class _Replay(nn.Module):
-    """Stands in for a model's encoder: ``forward`` returns :attr:`output` (set by the caller).
+    """Stands in for a model's encoder: ``forward`` returns ``output`` (set by the caller).
 
     Other attributes are read from the real encoder (some heads read e.g. its embeddings), which
     is not registered as a submodule: its parameters stay out of the model while it stands aside.
@@ -126,7 +126,7 @@ def fit_task_head(model, batches, *, lr: float, epochs: float, weight_decay: flo
             the last epoch's batches.
         seed: order of the batches.
         progress: called with one line per epoch.
-        device: where to train (:func:`headcount.runtime.device.place`: the model is moved there; None:
+        device: where to train ([`headcount.runtime.device.place`][headcount.runtime.device.place]: the model is moved there; None:
             ``$HEADCOUNT_DEVICE`` when set, else where the model is).
 
     Returns:

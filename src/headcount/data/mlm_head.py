@@ -1,18 +1,18 @@
 """A masked-LM head fitted on a frozen encoder, and the MLM model and evaluation built on it.
 
-:func:`fit_mlm_head`: for a checkpoint without masked-LM weights (the offline default is a
+[`fit_mlm_head`][headcount.data.mlm_head.fit_mlm_head]: for a checkpoint without masked-LM weights (the offline default is a
 sentence encoder). The decoder is tied to the input embeddings when the checkpoint's config ties
 them (``tie_word_embeddings``, the usual case) or when it stores no decoder of its own; a
 checkpoint's own untied decoder is kept (and, fitted, trained as part of the head). Only the head's
 own parameters (transform, layer norm, output bias) are trained, on the encoder's hidden states
 ``[n_masked, hidden]`` at masked positions, replayed to the head
-(:func:`headcount.data.heads.replaying_encoder`). Fitting starts from square head linears =
+([`headcount.data.heads.replaying_encoder`][headcount.data.heads.replaying_encoder]). Fitting starts from square head linears =
 identity and the output bias = log unigram frequency of the targets (``loss_before`` is that
 start), then runs AdamW for a few hundred steps over batches of masked positions. The fitted
 parameters are cached on disk (``$HEADCOUNT_CACHE/mlm-heads``).
 
-:func:`mlm_model` builds the masked-LM model of a checkpoint (its own head or a fitted one,
-optionally over a fine-tuned encoder), :func:`evaluate_mlm` its loss and accuracy.
+[`mlm_model`][headcount.data.mlm_head.mlm_model] builds the masked-LM model of a checkpoint (its own head or a fitted one,
+optionally over a fine-tuned encoder), [`evaluate_mlm`][headcount.data.mlm_head.evaluate_mlm] its loss and accuracy.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from headcount.runtime.atomic import atomic_path, atomic_write_json
 from headcount.runtime.device import resolve_device
 from headcount.runtime.errors import HeadcountError
 
-#: defaults of :func:`fit_mlm_head`, declared once: :func:`mlm_model`, ``load_for`` (``headcount
+#: defaults of [`fit_mlm_head`][headcount.data.mlm_head.fit_mlm_head], declared once: [`mlm_model`][headcount.data.mlm_head.mlm_model], ``load_for`` (``headcount
 #: score/prune --objective mlm``) and the transfer study's ``mlm.head_steps`` / ``head_max_texts``
 #: read them from here
 MLM_HEAD_STEPS = 300
@@ -169,10 +169,10 @@ def fit_mlm_head(model_spec: str, texts: Sequence[str], *, steps: int = MLM_HEAD
 
     Args:
         model_spec: hub id, checkpoint folder, or ``offline``.
-        texts: corpus (e.g. :func:`headcount.data.tasks.mlm_texts`); at most ``max_texts`` are used
+        texts: corpus (e.g. [`headcount.data.tasks.mlm_texts`][headcount.data.tasks.mlm_texts]); at most ``max_texts`` are used
             (seeded subset), ``eval_fraction`` of them held out for the reported loss and accuracy.
         steps / lr / head_batch_size: AdamW steps over batches of masked positions.
-        batch_size / max_length / probability / seed: as :func:`headcount.data.tasks.mlm_batches`.
+        batch_size / max_length / probability / seed: as [`headcount.data.tasks.mlm_batches`][headcount.data.tasks.mlm_batches].
         force: fit even when the checkpoint has a head, and ignore the cache.
         cache_dir: where fitted heads are kept (default ``$HEADCOUNT_CACHE/mlm-heads``).
         device: torch device for fitting (default: cuda when available).
@@ -291,9 +291,9 @@ def mlm_model(model_spec: str, corpus: str, *, steps: int = MLM_HEAD_STEPS, max_
 
     Args:
         model_spec: the pre-trained model (hub id, directory, ``offline``).
-        corpus: texts for fitting a head (see :func:`headcount.data.tasks.mlm_texts`); a seeded
+        corpus: texts for fitting a head (see [`headcount.data.tasks.mlm_texts`][headcount.data.tasks.mlm_texts]); a seeded
             subset of ``max_texts`` of them.
-        steps / max_texts / seed: passed to :func:`fit_mlm_head`.
+        steps / max_texts / seed: passed to [`fit_mlm_head`][headcount.data.mlm_head.fit_mlm_head].
         after: with ``encoder``: load its weights under the pre-trained head (``pretrained``) or
             fit a head on it (``refit``).
         encoder: a fine-tuned checkpoint of the same model.
@@ -324,12 +324,12 @@ def mlm_model(model_spec: str, corpus: str, *, steps: int = MLM_HEAD_STEPS, max_
 
 def evaluate_mlm(model, batches, mask=None) -> dict:
     """Masked-LM loss and accuracy over masked tokens (decoding only those; see
-    :func:`headcount.data.evaluation.masked_positions_only`).
+    [`headcount.data.evaluation.masked_positions_only`][headcount.data.evaluation.masked_positions_only]).
 
     Args:
         model: a masked-LM model.
-        batches: from :func:`headcount.data.tasks.mlm_batches`.
-        mask: optional :class:`~headcount.core.masks.Mask` applied as gates.
+        batches: from [`headcount.data.tasks.mlm_batches`][headcount.data.tasks.mlm_batches].
+        mask: optional [`Mask`][headcount.core.masks.Mask] applied as gates.
 
     Returns:
         ``{"score": accuracy, "accuracy", "loss", "n_masked"}`` (as ``evaluate_batches``).

@@ -15,16 +15,17 @@ Which weights go (``control``): ``"good"`` the smallest magnitudes; ``"bad"`` th
 A weight mask is ``{name: bool tensor}`` with True = kept (as in ``mask.json``, 1 = kept); it
 is applied with ``torch.nn.utils.prune.custom_from_mask`` (a forward pre-hook computes
 ``weight = weight_orig * weight_mask``), so it stays applied while training; or, for an
-evaluation without training, zeroed in place and restored (:func:`masked_weights`).
+evaluation without training, zeroed in place and restored ([`masked_weights`][headcount.importance.magnitude.masked_weights]).
 File: ``weight_mask.safetensors`` (the bool tensors, sparsity and provenance in the header).
 
 The procedures that decide how far to prune (the paper's search without retraining, IMP) are in
-:mod:`headcount.train.magnitude_search`; their names stay importable from here.
+[`headcount.train.magnitude_search`][headcount.train.magnitude_search]; their names stay importable from here.
 """
 
 from __future__ import annotations
 
 import json
+import struct
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -142,7 +143,7 @@ def magnitude_mask(model: nn.Module, sparsity: float, *, variant: str = "prasann
                    current: WeightMask | None = None, seed: int = 0) -> WeightMask:
     """A global unstructured weight mask at exactly ``round(sparsity * total)`` pruned weights.
 
-    Ranks the current weights of ``model`` (fine-tuned, usually) over all :func:`weight_targets`
+    Ranks the current weights of ``model`` (fine-tuned, usually) over all [`weight_targets`][headcount.importance.magnitude.weight_targets]
     at once with ``torch.nn.utils.prune.global_unstructured``. Weights pruned in ``current`` (or by
     hooks already on ``model``) stay pruned; the new ones are chosen among the rest. ``model``
     itself is not changed.
@@ -150,7 +151,7 @@ def magnitude_mask(model: nn.Module, sparsity: float, *, variant: str = "prasann
     Args:
         model: the model whose magnitudes rank the weights.
         sparsity: the fraction of target weights pruned in the result, in [0, 1).
-        variant: ``"prasanna"`` or ``"chen"`` (see :func:`weight_targets`).
+        variant: ``"prasanna"`` or ``"chen"`` (see [`weight_targets`][headcount.importance.magnitude.weight_targets]).
         control: ``"good"`` (smallest first), ``"bad"`` (largest first), ``"random"``.
         current: a mask the result must contain (IMP's previous round).
         seed: the random control's seed.
@@ -239,7 +240,7 @@ def apply_weight_mask(model: nn.Module, mask: WeightMask) -> nn.Module:
 
 
 def _fitting(model: nn.Module, mask: WeightMask) -> dict[str, tuple[nn.Module, str]]:
-    """:func:`_all_named` of ``model``, once every name and shape of ``mask`` is checked against it."""
+    """[`_all_named`][headcount.importance.magnitude._all_named] of ``model``, once every name and shape of ``mask`` is checked against it."""
     targets = _all_named(model)
     for name, keep in mask.items():
         if name not in targets:
@@ -339,7 +340,28 @@ def save_weight_mask(mask: WeightMask, path, meta: dict | None = None) -> Path:
     header = {k: json.dumps(v) for k, v in {**mask_sparsity(mask), **(meta or {})}.items()}
     with atomic_path(path) as tmp:
         save_file(tensors, str(tmp), metadata=header)
+        _sort_metadata(tmp)
     return path
+
+
+def _sort_metadata(path: Path) -> None:
+    """Rewrite a safetensors header with its metadata keys sorted, in place and at its length.
+
+    safetensors keeps the metadata in a hash map, so each process writes its keys in another
+    order: identical masks gave files with different bytes (and SHA-256s in the folder's record).
+    The header is re-serialised compactly as safetensors writes it and padded with spaces to its
+    old size, so the data offsets stay; a header that would not fit is left as written.
+    """
+    with open(path, "r+b") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        raw = f.read(n)
+        header = json.loads(raw, object_pairs_hook=dict)
+        if isinstance(header.get("__metadata__"), dict):
+            header["__metadata__"] = dict(sorted(header["__metadata__"].items()))
+        text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+        if len(text) <= n:
+            f.seek(8)
+            f.write(text + b" " * (n - len(text)))
 
 
 def load_weight_mask(path) -> WeightMask:

@@ -4,10 +4,10 @@
 ``objective="mlm"``: masked LM on the task's texts (or any MLM corpus); a checkpoint without an
 MLM head gets one fitted on the frozen encoder, and the returned info says so.
 ``objective="embedding"`` / ``"embedding-supervised"``: the contrastive loss of
-:mod:`headcount.data.embedding` on the encoder's pooled states (no head; the texts, or the pairs).
+``headcount.data.embedding`` on the encoder's pooled states (no head; the texts, or the pairs).
 ``objective="lm"``: a decoder's causal-LM (next-token) loss on the task's texts, its own head.
 
-The settings these verbs take are declared in :mod:`headcount.importance.settings` (re-exported here).
+The settings these verbs take are declared in [`headcount.importance.settings`][headcount.importance.settings] (re-exported here).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import numpy as np
 import transformers
 
 from headcount.core.gates import layout
-from headcount.core.models import load_model, load_tokenizer, pad_for_classification, resolve
+from headcount.core.models import load_model, load_tokenizer, model_source, new_weights, pad_for_classification, resolve
 from headcount.data.embedding import (
     EVAL_METRIC,
     PAIR_METRIC,
@@ -38,9 +38,8 @@ from headcount.data.tasks import encode, lm_batches, make_batches, mlm_batches, 
 from headcount.data.tasks.base import subset_indices
 from headcount.data.tasks.batching import batch_order
 from headcount.importance.pruning import PruneConfig, iterative_prune
-from headcount.importance.scoring import get_scorer, score
+from headcount.importance.scoring import score
 from headcount.importance.settings import (
-    MAX_LENGTH_RANGE,
     OBJECTIVES,
     DataConfig,
     PruneSettings,
@@ -49,7 +48,8 @@ from headcount.importance.settings import (
     default_of,
     settings_from,
 )
-from headcount.runtime.device import resolve_device, runtime
+from headcount.runtime.bounds import MAX_LENGTH_RANGE
+from headcount.runtime.device import Runtime, resolve_device, runtime
 from headcount.runtime.errors import HeadcountError
 
 __all__ = ["MAX_LENGTH_RANGE", "OBJECTIVES", "DataConfig", "PruneSettings", "ScoreSettings",
@@ -96,24 +96,27 @@ def task_head(model_spec: str, task) -> dict:
 def load_for(model_spec: str, task, objective: str = "task", mlm_texts=None, seed: int = 0, device=None):
     """The model for ``objective`` on ``task``, on its device: ``(model, tokenizer, info)``.
 
+    ``model_spec``: a spec or a [`ModelSource`][headcount.core.models.ModelSource]; resolved here once.
     ``device``: ``auto`` | ``cpu`` | ``cuda`` | ``cuda:N``; None = ``$HEADCOUNT_DEVICE`` (set by the
-    study runner for each job), else ``auto`` (the GPU when there is one). The model is moved
-    there once; the verbs it is then given (score, evaluate, prune) keep it there.
-    ``info["device"]`` names it.
+    study runner for each job), else ``auto`` (the GPU when there is one); or a resolved
+    ``Runtime``. The model is moved there once; the verbs it is then
+    given (score, evaluate, prune) keep it there. ``info["device"]`` names it.
 
     ``info["head"]`` says where the output head came from: ``"checkpoint"``, ``"new"`` (a task
     head that was not in the checkpoint: untrained), ``"fitted"`` (an MLM head fitted on the
     frozen encoder) or ``"pooling"`` (the embedding objectives: the encoder alone;
-    ``info["contrastive"]`` is the :class:`~headcount.data.embedding.Contrastive` to score with, its
+    ``info["contrastive"]`` is the ``Contrastive`` to score with, its
     pooling read from the checkpoint's sentence-transformers config, its views seeded by ``seed``).
     """
     check_objective(objective)
     if objective == "embedding-supervised":
         check_pairs(task)  # refused before anything loads
-    where = resolve_device(device)  # an unavailable device is refused before anything loads
+    # an unavailable device is refused before anything loads
+    where = device.device if isinstance(device, Runtime) else resolve_device(device)
+    model_spec = model_source(model_spec)  # resolved once: the loaders below take it as it is
     tokenizer = load_tokenizer(model_spec)
     if is_embedding(objective):
-        spec = Contrastive(supervised=objective == "embedding-supervised", pooling=pooling_of(resolve(model_spec)),
+        spec = Contrastive(supervised=objective == "embedding-supervised", pooling=pooling_of(model_spec.path),
                            seed=seed)
         model = load_model(model_spec, head="base").to(where)
         return model, tokenizer, {"head": "pooling", "pooling": spec.pooling, "contrastive": spec,
@@ -127,6 +130,8 @@ def load_for(model_spec: str, task, objective: str = "task", mlm_texts=None, see
     if objective == "task":
         head = task_head(model_spec, task)["head"]  # refuses a fine-tuned head that does not fit
         model = pad_for_classification(load_model(model_spec, head=task.kind, num_labels=task.num_labels), tokenizer)
+        if new_weights(model):  # the config names a task head, its weights are not all there
+            head = "new"
         return model.to(where), tokenizer, {"head": head, "device": str(where)}
     texts = mlm_texts if mlm_texts is not None else _texts(task, task.train_split, MLM_HEAD_MAX_TEXTS, seed)
     model, report = fit_mlm_head(model_spec, texts, device=where)
@@ -169,13 +174,13 @@ def batches_for(task, tokenizer, objective: str, data: DataConfig, split: str | 
 
 def example_order(task, tokenizer, objective: str, data: DataConfig, split: str | None = None,
                   group_by_length: bool = True):
-    """Which examples :func:`batches_for`'s batches hold, in the order of their rows.
+    """Which examples [`batches_for`][headcount.importance.pipeline.batches_for]'s batches hold, in the order of their rows.
 
     Per-example scores come out in this order. ``(source, index)``: ``source`` is
     ``"<task name>/<split>"``, ``index`` ``[n_examples]`` int64 positions in that split, so one text
     has the same id whatever the objective or the tokenizer (MLM and task importance of a task's
     examples pair up by id; different texts never do). Recomputed with the rule of
-    :func:`batches_for` (the seeded subset, then the batches' length grouping; tokens come from
+    [`batches_for`][headcount.importance.pipeline.batches_for] (the seeded subset, then the batches' length grouping; tokens come from
     the cache).
     """
     split = split or data.split or task.train_split
@@ -205,49 +210,47 @@ def prune_model(model, importance_batches, stop_batches, metric: str, *, setting
                 tokens_per_batch: int | None = None, contrastive: Contrastive | None = None):
     """Iterative pruning of ``model``: importance on one set of batches, the stop rule on another.
 
-    ``settings``: the method, normalisation and accumulation of importance (:class:`PruneSettings`;
+    ``settings``: the method, normalisation and accumulation of importance ([`PruneSettings`][headcount.importance.settings.PruneSettings];
     its splits are the caller's business: they chose the batches). ``config``: the loop.
-    ``device`` / ``precision`` / ``tokens_per_batch``: see :mod:`headcount.runtime.device` (None: where
-    the model is, or ``$HEADCOUNT_DEVICE``). The working copy is made on that device. Importance
+    ``device`` / ``precision`` / ``tokens_per_batch``: see ``headcount.runtime.device`` (None: where
+    the model is, or ``$HEADCOUNT_DEVICE``; ``device`` may be a resolved
+    ``Runtime``). The working copy is made on that device. Importance
     is taken at the mask's gate values (``at_mask``), as the references' gate tensors are.
-    ``contrastive``: the embedding objectives (``info["contrastive"]`` of :func:`load_for`):
+    ``contrastive``: the embedding objectives (``info["contrastive"]`` of [`load_for`][headcount.importance.pipeline.load_for]):
     importance uses its loss, on the batches as given; the stop rule (``metric``:
-    :func:`metric_for`'s) is, unsupervised, the Spearman agreement of the pruned model's pairwise
+    [`metric_for`][headcount.importance.pipeline.metric_for]'s) is, unsupervised, the Spearman agreement of the pruned model's pairwise
     similarities of the stop texts with the unpruned model's
-    (:func:`~headcount.data.embedding.similarity_agreement`), supervised, the pairs' cosine
+    ([`similarity_agreement`][headcount.data.embedding.similarity_agreement]), supervised, the pairs' cosine
     Pearson/Spearman with their labels.
 
-    Returns the :class:`~headcount.importance.pruning.PruneResult` of :func:`~headcount.importance.pruning.iterative_prune`,
+    Returns the [`PruneResult`][headcount.importance.pruning.PruneResult] of [`iterative_prune`][headcount.importance.pruning.iterative_prune],
     its ``meta`` (and mask meta) naming the device and precision.
     """
     settings = settings or PruneSettings()
     method, normalize, accumulate = settings.method, settings.normalize, settings.accumulate
-    rt = runtime(model, device, precision, tokens_per_batch)
-    where = dict(device=rt.device, precision=rt.precision, tokens_per_batch=rt.tokens_per_batch)
+    rt = runtime(model, device, precision, tokens_per_batch)  # the verbs below are handed it as it is
 
     def score_fn(m, mask):
         with decoding(m, metric):
-            return score(m, importance_batches, method=method, normalize=normalize, mask=mask, at_mask=True,
-                         accumulate=accumulate, contrastive=contrastive, **where)
+            return score(m, importance_batches, method=settings.scorer, normalize=normalize, mask=mask,
+                         at_mask=True, accumulate=accumulate, contrastive=contrastive, device=rt)
 
     reference = None
     if contrastive is not None and metric == SIMILARITY_METRIC:  # the unpruned model's embeddings
-        reference = embed(model, stop_batches, contrastive.pooling, device=rt.device, precision=rt.precision)
+        reference = embed(model, stop_batches, contrastive.pooling, device=rt)
 
     def eval_fn(m, mask):
         if reference is not None:
-            r = similarity_agreement(embed(m, stop_batches, contrastive.pooling, mask, device=rt.device,
-                                           precision=rt.precision), reference)
+            r = similarity_agreement(embed(m, stop_batches, contrastive.pooling, mask, device=rt), reference)
         elif contrastive is not None:  # the pairs' correlation, batches as given
             with contrastive_loss(m, contrastive):
-                r = evaluate_batches(m, stop_batches, EVAL_METRIC[metric], mask=mask,
-                                     **{**where, "tokens_per_batch": 0})
+                r = evaluate_batches(m, stop_batches, EVAL_METRIC[metric], mask=mask, device=rt, tokens_per_batch=0)
         else:
-            r = evaluate_batches(m, stop_batches, metric, mask=mask, **where)
+            r = evaluate_batches(m, stop_batches, metric, mask=mask, device=rt)
         return r["score"], r["loss"]
 
     result = iterative_prune(model, score_fn, eval_fn, config or PruneConfig(), progress=progress)
-    accumulated = {"accumulate": accumulate} if get_scorer(method).accumulations else {}
+    accumulated = {"accumulate": accumulate} if settings.scorer.accumulations else {}
     result.meta.update({**rt.meta(), "method": method, **accumulated})
     result.mask = result.mask.with_meta(device=str(rt.device), precision=rt.precision, method=method, **accumulated)
     return result

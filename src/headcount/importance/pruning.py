@@ -34,7 +34,7 @@ before ``start``). The explorer shows it; ``mask.json`` carries it.
 (int(0.1 x 144) = 14 for BERT-base); ``"remaining"`` a fraction of the heads still kept.
 Importance is recomputed at every step, or once (``one_shot``, Michel et al.).
 
-The loop only orchestrates: scoring, selection (:func:`select_lowest`, a pure function) and
+The loop only orchestrates: scoring, selection ([`select_lowest`][headcount.importance.pruning.select_lowest], a pure function) and
 evaluation are passed in, so every piece is tested on its own.
 """
 
@@ -56,7 +56,7 @@ SCHEDULES = ("heads", "prasanna")
 
 @dataclass(frozen=True)
 class PruneConfig:
-    """Settings of :func:`iterative_prune`.
+    """Settings of [`iterative_prune`][headcount.importance.pruning.iterative_prune].
 
     Attributes:
         threshold: stop when metric < threshold x unpruned metric; in (0, 1].
@@ -132,7 +132,7 @@ def _kv_heads(model, config: "PruneConfig") -> int | None:
 @dataclass
 class PruneResult:
     """The final mask, the unpruned metric, one trace row per evaluated step, and where it ran
-    (``meta``: ``device``, ``precision``, ... as :meth:`headcount.runtime.device.Runtime.meta`)."""
+    (``meta``: ``device``, ``precision``, ... as ``headcount.runtime.device.Runtime.meta``)."""
 
     mask: Mask
     full_metric: float
@@ -202,12 +202,12 @@ def iterative_prune(
         score_fn: ``(model, mask) -> Scores``: importance under ``mask`` (``prune_model`` takes
             the gate gradient at the mask's values, as the references do).
         eval_fn: ``(model, mask) -> (metric, loss)``; higher metric is better.
-        config: :class:`PruneConfig`.
+        config: [`PruneConfig`][headcount.importance.pruning.PruneConfig].
         start: initial mask (default: everything kept).
         progress: ``(row: dict) -> None`` called after each evaluated step.
 
     Returns:
-        :class:`PruneResult` with the last mask at or above the threshold.
+        [`PruneResult`][headcount.importance.pruning.PruneResult] with the last mask at or above the threshold.
 
     >>> result = iterative_prune(model, score_fn, eval_fn, PruneConfig(threshold=0.9))  # doctest: +SKIP
     """

@@ -1,11 +1,11 @@
-"""The scorer registry: every importance method is declared once, as a :class:`Scorer`.
+"""The scorer registry: every importance method is declared once, as a [`Scorer`][headcount.importance.scorers.Scorer].
 
 A scorer is a function ``fn(model, batches, ctx) -> Scores`` plus what it needs and supports. The
 command line's choices, the settings' validation, the study configs, the pipeline and the report
 ask this registry; nothing else compares method names. The built-in methods are declared at the
-end of :mod:`headcount.importance.scoring` (import it, or :func:`headcount.importance.scoring.get_scorer`, to have them);
+end of [`headcount.importance.scoring`][headcount.importance.scoring] (import it, or ``headcount.importance.scoring.get_scorer``, to have them);
 a plugin package declares its own under the entry-point group ``headcount.scorers`` (a module
-that calls :func:`register_scorer` when imported), or calls :func:`register_scorer` itself:
+that calls [`register_scorer`][headcount.importance.scorers.register_scorer] when imported), or calls [`register_scorer`][headcount.importance.scorers.register_scorer] itself:
 
 >>> from headcount.importance.scorers import Scorer, register_scorer
 >>> def weight_count(model, batches, ctx):   # doctest: +SKIP
@@ -29,10 +29,10 @@ ENTRY_POINTS = "headcount.scorers"
 
 @dataclass(frozen=True)
 class ScoreContext:
-    """What :func:`headcount.importance.scoring.score` passes to a scorer besides the model and batches.
+    """What [`headcount.importance.scoring.score`][headcount.importance.scoring.score] passes to a scorer besides the model and batches.
 
     Attributes:
-        rt: the :class:`~headcount.runtime.device.Runtime` (device, precision, token budget).
+        rt: the ``Runtime`` (device, precision, token budget).
         keep_per_example: keep per-example contributions (scorers with ``per_example``).
         progress: called with the number of batches done (or None).
         accumulate: the accumulation (scorers with ``accumulations``).
@@ -59,11 +59,12 @@ class Scorer:
         gate_gradient: it differentiates the gates: a mask can be held at its gate values
             (``at_mask``), and the embedding objectives' contrastive loss applies.
         accumulations: the ``accumulate`` modes it defines (empty: none; the default mode of
-            :data:`headcount.importance.scores.ACCUMULATE` is then accepted and ignored).
+            ``headcount.importance.scores.ACCUMULATE`` is then accepted and ignored).
         can_prune: it can drive ``headcount prune`` (a score that is not an importance cannot).
         per_example: it can return per-example contributions (``Scores.per_example``), which
             the transfer study's paired bootstrap needs.
         description: one line for ``--help`` and the docs.
+        scores_mlps: False: its MLP scores are NaN by design (``entropy`` describes attention only).
     """
 
     name: str
@@ -76,6 +77,7 @@ class Scorer:
     per_example: bool = False
     description: str = ""
     meta: dict = field(default_factory=dict)
+    scores_mlps: bool = True
 
 
 _REGISTRY: dict[str, Scorer] = {}

@@ -1,10 +1,10 @@
 """The Scores value and the options of scoring, each checked once.
 
-:class:`Scores`: head importance ``[n_layers, n_heads]`` and MLP importance ``[n_layers]`` of one
+[`Scores`][headcount.importance.scores.Scores]: head importance ``[n_layers, n_heads]`` and MLP importance ``[n_layers]`` of one
 model for one objective (+ optional per-example rows ``[n_examples, n_layers, n_heads]``), with
-JSON I/O; :func:`normalize_scores` (Prasanna et al.'s per-layer L2 then global min-max); the
-accumulation, normalisation and batch-order options (:data:`ACCUMULATE`, :data:`NORMALIZE`,
-:data:`BATCH_ORDERS`) with their checks. The scorers that compute scores are in :mod:`.scoring`.
+JSON I/O; [`normalize_scores`][headcount.importance.scores.normalize_scores] (Prasanna et al.'s per-layer L2 then global min-max); the
+accumulation, normalisation and batch-order options (``ACCUMULATE``, ``NORMALIZE``,
+``BATCH_ORDERS``) with their checks. The scorers that compute scores are in [`scoring`][headcount.importance.scoring].
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from headcount.importance.scorers import get_scorer
+from headcount.importance.scorers import Scorer, get_scorer
 from headcount.runtime.atomic import atomic_write_json
 from headcount.runtime.errors import HeadcountError
 
@@ -50,13 +50,8 @@ def groups_by_length(order: str, accumulate: str) -> bool:
     return order == "length" or (order == "auto" and accumulate != "cumulative")
 
 
-def check_method(method: str) -> str:
-    """``method`` if a scorer of that name is registered, else a one-line error (the one check of it)."""
-    return get_scorer(method).name
-
-
 def check_normalize(mode: str) -> str:
-    """``mode`` if it is one of :data:`NORMALIZE`, else a one-line error (the one check of it)."""
+    """``mode`` if it is one of ``NORMALIZE``, else a one-line error (the one check of it)."""
     if mode not in NORMALIZE:
         raise HeadcountError(f"unknown normalisation {mode!r}; choose one of {', '.join(NORMALIZE)}")
     return mode
@@ -154,10 +149,12 @@ def _minmax(x: torch.Tensor) -> torch.Tensor:
     return (x - lo) / (hi - lo) if hi > lo else torch.zeros_like(x)
 
 
-def check_accumulate(accumulate: str, method: str = "gradient") -> None:
+def check_accumulate(accumulate: str, method: str | Scorer = "gradient") -> None:
     """Refuse an unknown accumulation, and ``cumulative`` for methods it does not define
-    (``gradient-token`` sums per-token absolute values: it has no running batch gradient)."""
+    (``gradient-token`` sums per-token absolute values: it has no running batch gradient).
+    ``method``: a scorer's name, or the [`Scorer`][headcount.importance.scorers.Scorer] itself."""
     if accumulate not in ACCUMULATE:
         raise HeadcountError(f"unknown accumulation {accumulate!r}; choose one of {', '.join(ACCUMULATE)}")
-    if accumulate != DEFAULT_ACCUMULATE and accumulate not in get_scorer(method).accumulations:
-        raise HeadcountError(f"accumulate {accumulate!r} is defined for the gradient method only, not {method!r}")
+    scorer = method if isinstance(method, Scorer) else get_scorer(method)
+    if accumulate != DEFAULT_ACCUMULATE and accumulate not in scorer.accumulations:
+        raise HeadcountError(f"accumulate {accumulate!r} is defined for the gradient method only, not {scorer.name!r}")

@@ -21,7 +21,7 @@ Methods (all in eval mode, no dropout):
 - ``magnitude``: Frobenius norm of each head's query/key/value rows and output columns; of each
   MLP's two projections. Needs no data.
 
-The ``embedding`` objectives (``score(..., contrastive=...)``, :mod:`headcount.data.embedding`) keep
+The ``embedding`` objectives (``score(..., contrastive=...)``, ``headcount.data.embedding``) keep
 eval mode too, except the encoder's ``nn.Dropout`` modules inside the unsupervised loss (its
 two views, seeded per batch); their batches are never merged (in-batch negatives).
 
@@ -111,13 +111,13 @@ def gradient_scores(model: nn.Module, batches, *, per_token: bool = False, keep_
             example's absolute share of its own batch's gradient, whatever ``accumulate``).
         accumulate: ``per-batch`` or ``cumulative`` (see the module docstring); ``gradient``
             only. Defined over the batches as given, so merging (below) changes neither.
-        at: optional :class:`~headcount.core.masks.Mask`: the gate values at which the gradient is
+        at: optional [`Mask`][headcount.core.masks.Mask]: the gate values at which the gradient is
             taken (default: all 1); a head it removes scores its gradient at gate 0.
-        rt: a :class:`~headcount.runtime.device.Runtime` (device, precision, token budget); default:
+        rt: a ``Runtime`` (device, precision, token budget); default:
             the model's device (or ``$HEADCOUNT_DEVICE``) and its defaults.
 
     Batches are merged up to ``rt.tokens_per_batch`` tokens per forward pass
-    (:func:`~headcount.data.tasks.batching.pack_batches`); the scores are still those of the batches
+    (``pack_batches``); the scores are still those of the batches
     as given: the merged loss is the mean over all label entries, so each original batch b's
     gradient is ``N_merged / N_b`` times the sum of its examples' gate gradients, and the
     absolute value is taken per original batch, as without merging (``cumulative``: of the running
@@ -125,7 +125,7 @@ def gradient_scores(model: nn.Module, batches, *, per_token: bool = False, keep_
     accumulated in fp64 on the model's device and copied to the CPU once.
 
     Returns:
-        :class:`Scores` with ``heads [L, H]`` and ``mlps [L]``.
+        [`Scores`][headcount.importance.scores.Scores] with ``heads [L, H]`` and ``mlps [L]``.
 
     >>> s = gradient_scores(model, batches)         # doctest: +SKIP
     >>> s.heads.shape
@@ -312,7 +312,7 @@ def magnitude_scores(model: nn.Module) -> Scores:
     return Scores(heads=heads, mlps=mlps, method="magnitude")
 
 
-def score(model: nn.Module, batches=(), method: str = "gradient", normalize: str = "none",
+def score(model: nn.Module, batches=(), method: str | Scorer = "gradient", normalize: str = "none",
           mask=None, keep_per_example: bool = False, progress=None, *, device=None, precision=None,
           tokens_per_batch: int | None = None, accumulate: str = DEFAULT_ACCUMULATE,
           at_mask: bool = False, contrastive=None) -> Scores:
@@ -321,9 +321,10 @@ def score(model: nn.Module, batches=(), method: str = "gradient", normalize: str
     Args:
         model: any model with a registered adapter, with the head for the objective.
         batches: dicts of tensors with ``labels``; ignored by ``magnitude``.
-        method: a registered scorer (:func:`headcount.importance.scorers.scorer_names`).
-        normalize: one of :data:`NORMALIZE`.
-        mask: optional :class:`~headcount.core.masks.Mask` held fixed while scoring (pruning loop):
+        method: a registered scorer's name ([`headcount.importance.scorers.scorer_names`][headcount.importance.scorers.scorer_names]), or the
+            [`Scorer`][headcount.importance.scorers.Scorer] itself (a command that found it passes it on).
+        normalize: one of ``NORMALIZE``.
+        mask: optional [`Mask`][headcount.core.masks.Mask] held fixed while scoring (pruning loop):
             a head it removes scores 0 (gradient methods: its gate is 0 and the scored gate 1).
         at_mask: gradient methods: take the gradient at the mask's gate values instead, as
             run_bertology and Prasanna et al. do (their gate tensor is the mask with
@@ -331,16 +332,18 @@ def score(model: nn.Module, batches=(), method: str = "gradient", normalize: str
             layer-wise normalisation counts; the loss is the same.
         keep_per_example: keep per-example contributions (gradient methods).
         device: ``auto`` | ``cpu`` | ``cuda`` | ``cuda:N``; None: ``$HEADCOUNT_DEVICE``, else the
-            model's device (see :mod:`headcount.runtime.device`). The model is moved there and stays.
+            model's device (see ``headcount.runtime.device``); or a resolved
+            ``Runtime`` (its precision and budget are used). The model is
+            moved there and stays.
         precision: ``auto`` | ``fp32`` | ``bf16`` (autocast); None: ``$HEADCOUNT_PRECISION``, else auto.
         tokens_per_batch: token budget of one forward pass (batches merged; same scores);
             None: the device's default; 0: the batches as given.
-        accumulate: :data:`ACCUMULATE` (``gradient``; ``ablation``'s gradient comparison): ``per-batch``
+        accumulate: ``ACCUMULATE`` (``gradient``; ``ablation``'s gradient comparison): ``per-batch``
             sums each batch's |gradient|, ``cumulative`` the |running gradient| as run_bertology and
             Prasanna et al. do. Recorded as ``meta["accumulate"]`` (``per-token`` for ``gradient-token``).
-        contrastive: a :class:`~headcount.data.embedding.Contrastive` for the ``embedding`` objectives:
-            the loss is the contrastive one (:func:`headcount.data.embedding.contrastive`; batches from
-            :func:`~headcount.data.embedding.embedding_batches`), batches are never merged (in-batch
+        contrastive: a ``Contrastive`` for the ``embedding`` objectives:
+            the loss is the contrastive one (``headcount.data.embedding.contrastive``; batches from
+            ``embedding_batches``), batches are never merged (in-batch
             negatives), and its settings are recorded in ``meta``.
 
     The device, precision and token budget are recorded in ``Scores.meta``.
@@ -349,9 +352,9 @@ def score(model: nn.Module, batches=(), method: str = "gradient", normalize: str
     """
     from headcount.runtime.device import runtime
 
-    scorer = get_scorer(method)
+    scorer = method if isinstance(method, Scorer) else get_scorer(method)
     check_normalize(normalize)
-    check_accumulate(accumulate, method)
+    check_accumulate(accumulate, scorer)
     if contrastive is not None:
         tokens_per_batch = 0  # in-batch negatives: a batch is the unit of the loss, never merged
     rt = runtime(model, device, precision, tokens_per_batch)
@@ -429,7 +432,7 @@ for _s in (
            description="Michel et al.'s per-token form: sum over tokens of |dL/dg|"),
     Scorer("ablation", _ablation, accumulations=ACCUMULATE,
            description="the exact loss change when one head (MLP) alone is gated off"),
-    Scorer("entropy", _entropy, needs_loss=False, can_prune=False,
+    Scorer("entropy", _entropy, needs_loss=False, can_prune=False, scores_mlps=False,
            description="mean attention entropy per head (a description, not an importance)"),
     Scorer("activation", _activation, needs_loss=False,
            description="Wanda-sp (FLAP's baseline): input-channel norms of each head's (MLP's) output "

@@ -2,8 +2,8 @@
 names of headcount's temporary files.
 
 Every temporary file or folder headcount makes is named ``.headcount-tmp.<session>.<name>...``,
-``<session>`` a random token of the process (:data:`SESSION`): a folder's record
-(:mod:`headcount.runtime.record`) lists the sessions that wrote into it, so a later run can prove that a
+``<session>`` a random token of the process ([`SESSION`][headcount.runtime.atomic.SESSION]): a folder's record
+([`headcount.runtime.record`][headcount.runtime.record]) lists the sessions that wrote into it, so a later run can prove that a
 leftover temporary file is headcount's before removing it.
 """
 
@@ -91,12 +91,23 @@ def atomic_path(path: str | os.PathLike):
             tmp.unlink()
 
 
+def _entries_under(root: Path) -> list[str]:
+    """Every file, link or other non-folder under ``root`` (any depth) and every linked folder, as relative paths."""
+    found = []
+    for top, dirs, files in os.walk(root):
+        found += [(Path(top) / f).relative_to(root).as_posix() for f in files]
+        found += [(Path(top) / d).relative_to(root).as_posix() for d in dirs if os.path.islink(Path(top) / d)]
+    return sorted(found)
+
+
 @contextmanager
-def atomic_dir(path: str | os.PathLike):
+def atomic_dir(path: str | os.PathLike, owned=None):
     """Yield a temporary directory that replaces ``path`` (a directory) when the block succeeds.
 
-    An existing ``path`` is replaced only when the new directory holds every name it holds (an
-    earlier version of the same output); otherwise :class:`HeadcountError`, and nothing is deleted.
+    An existing ``path`` is replaced only when, at every depth, each file it holds has a namesake
+    in the new directory (an earlier version of the same output) and, when ``owned`` is given
+    (relative path -> whether that file is headcount's, by its folder's record), is headcount's;
+    otherwise [`HeadcountError`][headcount.runtime.errors.HeadcountError] naming them, and nothing is deleted.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -107,15 +118,17 @@ def atomic_dir(path: str | os.PathLike):
         for p in tmp.rglob("*"):
             if p.is_file() and not p.is_symlink():
                 _usual_mode(p)
-        if path.exists() and not path.is_dir():
-            raise HeadcountError(f"{path} is an existing file, not a directory")
+        if path.is_symlink() or (path.exists() and not path.is_dir()):
+            raise HeadcountError(f"{path} is an existing file or link, not a directory headcount wrote; move it away")
         if path.exists():
             # replace an earlier version of the same directory only: never delete a file the new
             # one does not replace (a folder of the user's named like an output is refused)
-            extra = sorted({p.name for p in path.iterdir()} - {p.name for p in tmp.iterdir()})
+            extra = [rel for rel in _entries_under(path)
+                     if not (tmp / rel).is_file() or os.path.islink(path / rel) or (owned is not None and not owned(rel))]
             if extra:
                 raise HeadcountError(f"{path} holds {', '.join(extra[:3])}{', ...' if len(extra) > 3 else ''}, "
-                                     "which the new version would not replace; refusing to delete it")
+                                     "which the new version would not replace or headcount's record does not list "
+                                     "as its own; headcount never deletes a file it did not write: move it away")
             old = path.with_name(f"{tmp_prefix(path.name)}old.{os.getpid()}")
             os.replace(path, old)
             os.replace(tmp, path)

@@ -9,23 +9,22 @@ Where a spec comes from, first found wins:
 1. the argument (``--device`` / ``--precision`` on the command line, ``device=`` in the API);
 2. the environment: ``HEADCOUNT_DEVICE`` / ``HEADCOUNT_PRECISION`` (the study runner sets
    ``HEADCOUNT_DEVICE`` for each job from the config's ``device:`` and its device pool);
-3. for the commands and study jobs, which load the model themselves (:func:`load_for
-   <headcount.importance.pipeline.load_for>`): ``auto``. For the library verbs (``hc.score``,
+3. for the commands and study jobs, which load the model themselves (``load_for
+   <headcount.importance.pipeline.load_for>``): ``auto``. For the library verbs (``hc.score``,
    ``evaluate_batches``), which are handed a model: the device the model is on.
 
-The model goes to its device once (:func:`place`); batches follow it (:func:`to_device`); every
+The model goes to its device once ([`place`][headcount.runtime.device.place]); batches follow it ([`to_device`][headcount.runtime.device.to_device]); every
 accumulator lives on that device and comes back to the CPU once, at the end.
 
-Batches are re-packed before they reach the model (:mod:`headcount.data.tasks.batching`): padded
-lengths are rounded up to a multiple (:func:`pad_multiple`) so that kernels see few distinct
-shapes, and consecutive batches are merged up to a token budget (:func:`default_tokens_per_batch`)
+Batches are re-packed before they reach the model ([`headcount.data.tasks.batching`][headcount.data.tasks.batching]): padded
+lengths are rounded up to a multiple ([`pad_multiple`][headcount.runtime.device.pad_multiple]) so that kernels see few distinct
+shapes, and consecutive batches are merged up to a token budget ([`default_tokens_per_batch`][headcount.runtime.device.default_tokens_per_batch])
 so that a GPU gets enough work per launch. Both defaults for CUDA are judgement, not measurement
 (see docs/gpus.md).
 """
 
 from __future__ import annotations
 
-import math
 import os
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -91,7 +90,7 @@ def resolve_device(spec: str | torch.device | None = None, *, n_cuda: int | None
         return torch.device("cpu")
     if text == "cuda" or text.startswith("cuda:"):
         index_text = text[5:] if text.startswith("cuda:") else None
-        if index_text is not None and not index_text.isdigit():
+        if index_text is not None and not (index_text.isascii() and index_text.isdigit()):  # not "cuda:²"
             raise HeadcountError(f"unknown device {text!r}; use auto, cpu, cuda or cuda:N")
         if n == 0:
             build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "no CUDA"
@@ -225,6 +224,16 @@ class Runtime:
     def autocast(self):
         return autocast(self.device, self.precision)
 
+    def place(self, model) -> "Runtime":
+        """Move ``model`` to this device (in place, once); this runtime."""
+        if model_device(model) != self.device:
+            model.to(self.device)
+        return self
+
+    def with_budget(self, tokens_per_batch: int) -> "Runtime":
+        """This runtime with another token budget (0: the batches as given, no merging or rounding)."""
+        return _settle(self.device, self.precision, tokens_per_batch)
+
     def meta(self) -> dict:
         """What results record: ``device``, ``device_name``, ``precision``, ``tokens_per_batch``."""
         return {"device": str(self.device), "device_name": device_name(self.device), "precision": self.precision,
@@ -237,35 +246,36 @@ class Runtime:
         return f"device {where}, {'bf16 autocast' if self.precision == 'bf16' else 'fp32'}"
 
 
-def runtime(model, device: str | torch.device | None = None, precision: str | None = None,
-            tokens_per_batch: int | None = None) -> Runtime:
-    """Place ``model`` (see :func:`place`) and settle precision, padding multiple and token budget.
-
-    ``tokens_per_batch``: None = the device's default; 0 = batches as given (no merging, no rounding).
-    """
-    dev = place(model, device)
+def _settle(dev: torch.device, precision: str | None, tokens_per_batch: int | None) -> Runtime:
     if tokens_per_batch is not None and tokens_per_batch < 0:
         raise HeadcountError(f"--tokens-per-batch must be >= 0, got {tokens_per_batch}")
     budget = default_tokens_per_batch(dev) if tokens_per_batch is None else int(tokens_per_batch)
     return Runtime(dev, resolve_precision(precision, dev), pad_multiple(dev) if budget else 1, budget)
 
 
-def check_gpus_per_job(value, name: str = "gpus_per_job") -> float:
-    """GPUs a job that runs a model asks the Ray executor for: a finite number > 0 (0.5: two such
-    jobs share a GPU). The one rule for ``--gpus-per-job`` and ``RayExecutor(gpus_per_job=...)``.
+def resolve_runtime(device: str | torch.device | None = None, precision: str | None = None,
+                    tokens_per_batch: int | None = None) -> Runtime:
+    """The ``Runtime`` of a command's or job's specs, resolved once, before any work (an
+    unavailable device or precision: one ``error:`` line, exit 2); the verbs it is handed
+    (``device=rt``) use it as it is. None: ``$HEADCOUNT_DEVICE`` / ``$HEADCOUNT_PRECISION``, else auto.
 
-    >>> check_gpus_per_job(0.5)
-    0.5
+    >>> resolve_runtime("cpu", "fp32", 0)
+    Runtime(device=device(type='cpu'), precision='fp32', pad_multiple=1, tokens_per_batch=0)
     """
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value > 0):
-        raise HeadcountError(f"{name} must be a number > 0 (got {value!r})")
-    return float(value)
+    return _settle(resolve_device(device), precision, tokens_per_batch)
 
 
-def check_spec(device: str | None = None, precision: str | None = None) -> tuple[torch.device, str]:
-    """Validate command-line specs before any work (a bad one: one ``error:`` line, exit 2)."""
-    dev = resolve_device(device)
-    return dev, resolve_precision(precision, dev)
+def runtime(model, device: str | torch.device | Runtime | None = None, precision: str | None = None,
+            tokens_per_batch: int | None = None) -> Runtime:
+    """Place ``model`` (see [`place`][headcount.runtime.device.place]) and settle precision, padding multiple and token budget.
+
+    ``device`` a ``Runtime`` ([`resolve_runtime`][headcount.runtime.device.resolve_runtime]): the model goes to its device and it is
+    used as it is (``precision`` is then ignored; ``tokens_per_batch``, when given, replaces its budget).
+    ``tokens_per_batch``: None = the device's default; 0 = batches as given (no merging, no rounding).
+    """
+    if isinstance(device, Runtime):
+        return (device if tokens_per_batch is None else device.with_budget(tokens_per_batch)).place(model)
+    return _settle(place(model, device), precision, tokens_per_batch)
 
 
 def trainer_settings(device: str | None = None, precision: str | None = None) -> dict:
@@ -283,7 +293,7 @@ def trainer_settings(device: str | None = None, precision: str | None = None) ->
     if text.startswith("cuda:") and launch_rank()[1] > 1:
         raise HeadcountError(f"--device {text} under torchrun / accelerate launch: each process trains on the GPU "
                              "of its LOCAL_RANK; use --device cuda (or auto)")
-    if text.startswith("cuda:") and text[5:].isdigit() and text != "cuda:0":
+    if text.startswith("cuda:") and text[5:].isascii() and text[5:].isdigit() and text != "cuda:0":
         n = int(text[5:])
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
         ids = [v.strip() for v in visible.split(",") if v.strip()] if visible is not None else None
@@ -340,4 +350,4 @@ def job_environment(device: str) -> dict[str, str]:
 
 __all__ = ["resolve_device", "resolve_precision", "autocast", "place", "runtime", "Runtime", "to_device",
            "model_device", "device_name", "pad_multiple", "default_tokens_per_batch", "pool_devices",
-           "job_environment", "check_spec", "ENV_DEVICE", "ENV_PRECISION", "PRECISIONS"]
+           "job_environment", "resolve_runtime", "ENV_DEVICE", "ENV_PRECISION", "PRECISIONS"]

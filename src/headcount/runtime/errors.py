@@ -6,5 +6,5 @@ class HeadcountError(Exception):
 
 
 def fail(message: str) -> None:
-    """Raise a :class:`HeadcountError` (a helper so call sites stay one line)."""
+    """Raise a [`HeadcountError`][headcount.runtime.errors.HeadcountError] (a helper so call sites stay one line)."""
     raise HeadcountError(message)

@@ -1,5 +1,5 @@
 """Atomic writes (a result is either the old file or the complete new one, never half), and the
-``--out`` guard every command uses (:func:`prepare_out`)."""
+``--out`` guard every command uses ([`prepare_out`][headcount.runtime.io.prepare_out])."""
 
 from __future__ import annotations
 
@@ -7,128 +7,40 @@ import errno
 import glob
 import os
 import shutil
-import socket
-import stat
 import tempfile
 from contextlib import contextmanager
-from datetime import datetime, timezone
 from pathlib import Path
 
-from headcount.runtime.atomic import SESSION, TMP_PREFIX, _usual_mode, atomic_write_bytes, tmp_prefix
+from headcount.runtime.atomic import TMP_PREFIX, _entries_under, _usual_mode, atomic_write_bytes, tmp_prefix
 from headcount.runtime.errors import HeadcountError
 from headcount.runtime.launch import refuse_launcher
-from headcount.runtime.record import LOCK_NAME, RECORD, Record, first_foreign, matches, refuse_foreign, sealed_intact
+from headcount.runtime.lock import first_missing, lock_file, lock_session, remove_created, unlock_file
+from headcount.runtime.record import (
+    LOCK_NAME,
+    RECORD,
+    Record,
+    first_foreign,
+    matches,
+    refuse_foreign,
+    sealed_intact,
+    stamp,
+)
+from headcount.runtime.written import _DIRECT
 
 # -- output directories: one guard for every command's --out ---------------------------------------
 #
 # What headcount promises about an --out directory (docs/promises.md, "What headcount promises about your
 # files"): it writes only inside it; a file is headcount's only if the folder's record
-# (``.headcount-out.json``, see :mod:`headcount.runtime.record`) lists it, and nothing else is ever
+# (``.headcount-out.json``, see [`headcount.runtime.record`][headcount.runtime.record]) lists it, and nothing else is ever
 # replaced or deleted, ``--force`` included; a folder without a record that holds anything is
 # refused; the outputs of one command appear together (written into a staging directory inside
 # --out and renamed into place only after all of them succeeded); ``.headcount.lock`` held with
 # flock keeps two processes out of one directory; temporary files of a killed run are removed by
 # the next run only when their session is one the record lists.
 
-OUT_MARKER = RECORD  # the record's file name (kept as the name commands and tests use)
 
 #: the --out directories this command has taken (cli.main clears it; the Ctrl-C message names the last)
 ACTIVE_OUTS: list[Path] = []
-
-_LOCK_TEXT = "headcount lock: "
-
-
-def lock_file(directory: Path, what: str = "", name: str = LOCK_NAME) -> int:
-    """Open ``directory/.headcount.lock`` without following links and take an exclusive flock; returns the fd.
-
-    A lock file that is a symbolic link, a directory, a file with other hard links, or a file that
-    holds something other than headcount's lock text is refused (writing through it, or truncating
-    it, would change another file).
-
-    Raises:
-        HeadcountError: the lock is held by another process, or the lock file is not headcount's.
-    """
-    path = Path(directory) / name
-    flags = os.O_RDWR | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-    created = True
-    try:
-        try:
-            fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o644)
-        except FileExistsError:
-            created = False  # someone's: headcount's (its text in it) or a user's file (refused below)
-            fd = os.open(path, flags)
-    except OSError as e:
-        if e.errno == errno.ELOOP or path.is_symlink():
-            raise HeadcountError(f"{path} is a symbolic link; refusing to follow it (remove it)") from None
-        if e.errno == errno.EISDIR or path.is_dir():
-            raise HeadcountError(f"{path} is a directory, not a lock file (remove it)") from None
-        raise HeadcountError(f"cannot create {path}: {e.strerror}") from None
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
-        os.close(fd)
-        raise HeadcountError(f"{path} is not a plain lock file (it has other links); remove it")
-    head = os.pread(fd, 64, 0)
-    if head and not head.startswith(_LOCK_TEXT.encode()):
-        os.close(fd)
-        raise HeadcountError(f"{path} is not headcount's lock file (it holds other text); move it away")
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - not POSIX: no lock
-        return fd
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        try:
-            holder = os.read(fd, 200).decode(errors="replace").strip().removeprefix(_LOCK_TEXT.strip())
-        finally:
-            os.close(fd)
-        raise HeadcountError(f"{directory} is in use by another headcount process ({holder.strip() or 'unknown'})") from None
-    if not created and not os.pread(fd, 64, 0):
-        # an empty file headcount did not create now (it writes its text at once, under the lock):
-        # the user's, never written into or removed
-        os.close(fd)
-        raise HeadcountError(f"{path} is an empty file that headcount did not create, not headcount's lock file; "
-                             "move it away")
-    os.ftruncate(fd, 0)
-    now = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    os.pwrite(fd, f"{_LOCK_TEXT}session {SESSION} pid {os.getpid()} on {socket.gethostname()} since {now}"
-                  f"{' ' + what if what else ''}\n".encode(), 0)
-    return fd
-
-
-def lock_session(directory: Path, name: str = LOCK_NAME) -> str | None:
-    """The session named in an existing headcount lock file (a killed run's), None otherwise."""
-    try:
-        text = (Path(directory) / name).read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return None
-    parts = text.removeprefix(_LOCK_TEXT).split()
-    return parts[1] if text.startswith(_LOCK_TEXT) and len(parts) > 1 and parts[0] == "session" else None
-
-
-def first_missing(path: Path) -> Path | None:
-    """The outermost folder of ``path`` (itself included) that does not exist yet: what creating
-    ``path`` makes, and what a run that fails early removes again. None when ``path`` exists."""
-    path = Path(path)
-    return next((d for d in [*reversed(path.parents), path] if not d.exists()), None)
-
-
-def remove_created(path: Path, created: Path | None) -> None:
-    """Remove the folders a failed run created, from ``path`` up to ``created``, each only while it
-    is empty (``rmdir``): a folder that holds anything else (a file the user saved meanwhile) stays."""
-    if created is None:
-        return
-    path, created = Path(path), Path(created)
-    if path != created and created not in path.parents:
-        return
-    for d in [path, *path.parents]:
-        try:
-            d.rmdir()
-        except OSError:
-            return
-        if d == created:
-            return
-
 
 def check_file_out(out, command: str, marker_of, identity=None, force: bool = False, echo=None,
                    example: str = "out.file") -> Path:
@@ -165,7 +77,7 @@ def check_file_out(out, command: str, marker_of, identity=None, force: bool = Fa
 @contextmanager
 def one_file_out(path: Path, command: str, option: str = "--out"):
     """The guard of a one-file output (``export --format onnx``, ``explore``): create its folder,
-    hold ``.headcount.lock.NAME`` beside it (see :func:`lock_file`; removed after), and on failure
+    hold ``.headcount.lock.NAME`` beside it (see [`lock_file`][headcount.runtime.lock.lock_file]; removed after), and on failure
     remove the folders it created. The caller checks the file itself (a file headcount did not
     write is never replaced) before and again inside the block, and writes it atomically.
 
@@ -207,17 +119,16 @@ def one_file_out(path: Path, command: str, option: str = "--out"):
             remove_created(path.parent, created)
 
 
-def unlock_file(fd: int | None) -> None:
-    if fd is None:
-        return
-    try:
-        import fcntl
-
-        fcntl.flock(fd, fcntl.LOCK_UN)
-    except (ImportError, OSError):  # pragma: no cover
-        pass
-    finally:
-        os.close(fd)
+def _foreign_under(rec: Record, rel: str) -> list[str]:
+    """The files under the folder ``rel`` of ``rec``'s folder (any depth) that are not headcount's:
+    listed and unchanged, or, in a folder whose files were never listed (a record of a folder
+    sealed whole), every file. Empty when ``rel`` is not a folder."""
+    path = rec.folder / rel
+    if not path.is_dir() or path.is_symlink():
+        return []
+    per_file = any(k.startswith(rel + "/") for k in rec.files)
+    return [f"{rel}/{sub}" for sub in _entries_under(path)
+            if (per_file or os.path.islink(path / sub)) and not rec.owns(f"{rel}/{sub}")]
 
 
 def read_marker(directory: Path) -> dict | None:
@@ -233,12 +144,12 @@ def _differences(old, new) -> list[str]:
 
 
 class OutDir:
-    """A command's ``--out`` directory, checked, locked and recorded (see :func:`prepare_out`).
+    """A command's ``--out`` directory, checked, locked and recorded (see [`prepare_out`][headcount.runtime.io.prepare_out]).
 
-    Two ways to write: stage the outputs in :meth:`staging` and :meth:`commit` them (each staged
+    Two ways to write: stage the outputs in ``staging`` and ``commit`` them (each staged
     entry replaces its namesake, which the record lists; listed files the new run did not write
     are removed), or write the declared ``outputs`` directly into the folder (``finetune``,
-    ``magnitude``: they resume); :meth:`close` then records what they wrote. Use as a context
+    ``magnitude``: they resume); ``close`` then records what they wrote. Use as a context
     manager; the lock is released and the staging directory removed on exit.
     """
 
@@ -304,6 +215,8 @@ class OutDir:
         refuse_foreign(self.path, rec.in_the_way(names))
         stale = [n for n in rec.files if "/" not in n and n not in names and os.path.lexists(self.path / n)]
         refuse_foreign(self.path, [n for n in stale if not rec.owns(n)])
+        # at every depth: a folder replaced or removed may hold only headcount's files
+        refuse_foreign(self.path, [f for n in [*names, *stale] for f in _foreign_under(rec, n)])
         if self._notice and self._echo is not None:
             self._echo(self._notice)
         rec.claim(names, rewrite=True)  # a kill between the renames and the seal leaves them headcount's
@@ -319,9 +232,13 @@ class OutDir:
             for name in stale:
                 os.replace(self.path / name, trash / name)
                 rec.forget(name)
-            rec.files = {k: v for k, v in rec.files.items() if "/" in k or k in names or os.path.lexists(self.path / k)}
+            rec.files = {k: v for k, v in rec.files.items() if k in names or os.path.lexists(self.path / k)}
             rec.claim(names)
             rec.seal(names)
+            for name in names:  # a folder's files are listed one by one
+                if (self.path / name).is_dir() and not (self.path / name).is_symlink():
+                    rec.files.update({f"{name}/{sub}": stamp(self.path / name / sub)
+                                      for sub in _entries_under(self.path / name)})
             if self.identity is not None:
                 rec.identity = self.identity
             rec.write()
@@ -354,6 +271,8 @@ class OutDir:
                     atomic_write_bytes(self.path / RECORD, self._record_bytes)
                 except OSError:  # pragma: no cover - best effort: an extra session is harmless
                     pass
+        if self in _DIRECT:
+            _DIRECT.remove(self)
         unlock_file(self._fd)
         self._fd = None  # the path stays in ACTIVE_OUTS: the Ctrl-C message names it after the unwinding
 
@@ -376,7 +295,7 @@ def check_out_path(out, option: str = "--out") -> Path:
 
 def prepare_out(out, command: str, *, identity=None, outputs=(), force: bool = False, echo=None,
                 distributed: bool = False, direct: bool = False) -> OutDir:
-    """Check, create, lock and record a command's ``--out``; returns an :class:`OutDir`.
+    """Check, create, lock and record a command's ``--out``; returns an [`OutDir`][headcount.runtime.io.OutDir].
 
     Args:
         out: the directory.
@@ -437,7 +356,9 @@ def prepare_out(out, command: str, *, identity=None, outputs=(), force: bool = F
                     raise HeadcountError(f"--out {out} holds a different `headcount {command}` run (different "
                                          f"{what}); use another --out, or --force to replace its files")
                 notice = f"--force: replacing the earlier {command} run in {out} (different {what}): {', '.join(ours)}"
-            rec.clean_tmp(["", *(n for n, s in rec.files.items() if s and s.get("kind") == "dir")])
+            # in the folders the record lists, sealed or only claimed (a killed direct writer's checkpoints/)
+            rec.clean_tmp(["", *(n for n, s in rec.files.items() if (s.get("kind") == "dir" if s else "/" not in n)
+                                 and (path / n).is_dir() and not (path / n).is_symlink())])
         claimed = rec is None
         if rec is None:
             rec = Record(path, command)
@@ -453,8 +374,11 @@ def prepare_out(out, command: str, *, identity=None, outputs=(), force: bool = F
         raise
     ACTIVE_OUTS.append(path)
     before = {p.name for p in path.iterdir()}
-    return OutDir(path, rec, outputs, fd, before, identity=identity, created=created, claimed=claimed, notice=notice,
-                  echo=echo, direct=direct, record_bytes=record_bytes)
+    guard = OutDir(path, rec, outputs, fd, before, identity=identity, created=created, claimed=claimed, notice=notice,
+                   echo=echo, direct=direct, record_bytes=record_bytes)
+    if direct:
+        _DIRECT.append(guard)
+    return guard
 
 
 def io_error_message(e: OSError) -> str | None:

@@ -4,7 +4,7 @@
 and ``WORLD_SIZE``; the Trainer then trains one model across them (DDP). Only ``headcount
 finetune`` runs across ranks (rank 0 guards and writes ``--out``); every other command runs in
 one process and refuses a launcher at once, before touching its output. No torch import here:
-:mod:`headcount.runtime.io` asks too.
+[`headcount.runtime.io`][headcount.runtime.io] asks too.
 """
 
 from __future__ import annotations

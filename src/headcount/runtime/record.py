@@ -2,12 +2,12 @@
 
 The rule every writer follows (docs/promises.md): **a file or
 folder is headcount's only if the record of the folder it sits in lists it**, and, for a file, only
-while its content is what the record says (a SHA-256 for files up to :data:`HASH_LIMIT`, size and
+while its content is what the record says (a SHA-256 for files up to ``HASH_LIMIT``, size and
 mtime above). Nothing else is ever replaced or deleted, ``--force`` included: a name headcount
 would write that is not headcount's is refused with one line.
 
 Temporary files are named ``.headcount-tmp.<session>.<name>...``: ``<session>`` is a random token
-of the process that made them (:data:`SESSION`). A folder's record lists the sessions that wrote
+of the process that made them (``SESSION``). A folder's record lists the sessions that wrote
 into it *before* they write, so a later run can prove a temporary file is headcount's (its prefix
 and a session of the record) and remove it; a user's ``.draft.tmp`` never matches.
 
@@ -98,8 +98,8 @@ def linked_parent(folder: Path, rel: str) -> str | None:
 #
 # A one-file output (``export --format onnx``, ``explore``) has no folder of its own, so no record
 # beside it: it carries its own. Its headcount marker holds ``SEAL_TAG`` + 64 zeros when the file is
-# made; :func:`seal_bytes` replaces the zeros by the SHA-256 of the whole file as it was with the
-# zeros (same length: an ONNX protobuf or a page stays valid). :func:`sealed_intact` undoes that and
+# made; [`seal_bytes`][headcount.runtime.record.seal_bytes] replaces the zeros by the SHA-256 of the whole file as it was with the
+# zeros (same length: an ONNX protobuf or a page stays valid). [`sealed_intact`][headcount.runtime.record.sealed_intact] undoes that and
 # compares: a file the user edited afterwards (a note added to a page) is no longer headcount's.
 
 SEAL_TAG = "headcount-sha256:"
@@ -117,7 +117,7 @@ def seal_bytes(data: bytes) -> bytes:
 
 
 def sealed_intact(path: Path) -> bool:
-    """Whether the file at ``path`` is exactly what :func:`seal_bytes` made (unchanged since)."""
+    """Whether the file at ``path`` is exactly what [`seal_bytes`][headcount.runtime.record.seal_bytes] made (unchanged since)."""
     try:
         data = Path(path).read_bytes()
     except OSError:
@@ -138,7 +138,7 @@ def matches(name: str, patterns: Iterable[str]) -> bool:
 
 
 class Record:
-    """The record of one folder. :meth:`read` it, change it, :meth:`write` it (atomically)."""
+    """The record of one folder. ``read`` it, change it, ``write`` it (atomically)."""
 
     def __init__(self, folder: Path, command: str, identity=None, files: dict | None = None,
                  sessions: list[str] | None = None):
@@ -212,10 +212,10 @@ class Record:
         return [n for n in names if os.path.lexists(self.folder / n) and not self.owns(n)]
 
     def claim(self, names: Iterable[str], rewrite: bool = False) -> None:
-        """List ``names`` as being written (call before writing them, then :meth:`write`).
+        """List ``names`` as being written (call before writing them, then ``write``).
 
         ``rewrite``: the caller checked that the listed ones are headcount's and is about to replace
-        them: their stamps become claims too, so a run killed between the write and :meth:`seal`
+        them: their stamps become claims too, so a run killed between the write and ``seal``
         leaves them headcount's (not "changed by the user").
         """
         for n in names:
@@ -247,7 +247,7 @@ class Record:
         itself, never recursively), recursively when ``recursive``. Returns how many were removed.
         """
         ours = set(self.sessions) - {SESSION}
-        n = 0
+        found: list[tuple[Path, bool]] = []
         for sub in under:
             base = self.folder / sub if sub else self.folder
             if not base.is_dir() or base.is_symlink():
@@ -261,14 +261,61 @@ class Record:
                     continue
                 for e in entries:
                     if tmp_session(e.name) in ours:
-                        if e.is_dir(follow_symlinks=False):
-                            shutil.rmtree(e.path, ignore_errors=True)
-                        else:
-                            Path(e.path).unlink(missing_ok=True)
-                        n += 1
+                        found.append((Path(e.path), e.is_dir(follow_symlinks=False)))
                     elif sub and recursive and e.is_dir(follow_symlinks=False):
                         stack.append(Path(e.path))
-        return n
+        # a user's file in one of them refuses the run before anything is removed
+        theirs = [x for p, is_dir in found if is_dir for x in self._clean_tmp_dir(p, ours, dry=True)]
+        if theirs:
+            raise HeadcountError(
+                f"{self.folder} holds {describe(theirs)} inside a temporary folder of a killed headcount run, "
+                "which headcount did not write there; headcount never deletes a file it did not write: move it "
+                "away and run again")
+        for p, is_dir in found:
+            if is_dir:
+                self._clean_tmp_dir(p, ours)
+            else:
+                p.unlink(missing_ok=True)
+        return len(found)
+
+    def _clean_tmp_dir(self, d: Path, ours: set[str], dry: bool = False) -> list[str]:
+        """Empty a killed session's temporary folder of what it wrote there, then remove the
+        folders left empty. When the record lists files under it (claimed before a library wrote
+        them, as for a Trainer checkpoint), only those go, and any other file is returned (the
+        user's: it stays). A folder the record lists nothing under (written in one library call:
+        its content was never known) goes whole."""
+        rel = d.relative_to(self.folder).as_posix()
+        listed = [k for k in self.files if k.startswith(rel + "/")]
+        if not listed:
+            if not dry:
+                shutil.rmtree(d, ignore_errors=True)
+            return []
+        theirs, ours_here = [], []
+        for top, dirs, files in os.walk(d):
+            for f in [*files, *(x for x in dirs if os.path.islink(Path(top) / x))]:
+                p = Path(top) / f
+                key = p.relative_to(self.folder).as_posix()
+                plain = p.is_file() and not p.is_symlink()
+                # a claimed or listed file, or the session's own temporary file (an atomic write cut short)
+                (ours_here if plain and ((key in self.files and self.owns(key)) or tmp_session(f) in ours)
+                 else theirs).append(p)
+        if dry:
+            return [p.relative_to(self.folder).as_posix() for p in theirs]
+        for p in ours_here:
+            p.unlink()
+        for k in listed:
+            self.forget(k)
+        for top, dirs, _ in os.walk(d, topdown=False):
+            for x in dirs:
+                try:
+                    os.rmdir(Path(top) / x)
+                except OSError:
+                    pass
+        try:
+            os.rmdir(d)
+        except OSError:
+            pass
+        return [p.relative_to(self.folder).as_posix() for p in theirs]
 
 
 def first_foreign(folder: Path, ignore: Iterable[str] = ()) -> str | None:

@@ -1,9 +1,9 @@
 """Reading the YAML files a user writes (study configs, task files): one safe loader for both.
 
-:func:`load_yaml_with_lines` parses with ``yaml.SafeLoader`` only and refuses, in one line that
+[`load_yaml_with_lines`][headcount.runtime.yamlfile.load_yaml_with_lines] parses with ``yaml.SafeLoader`` only and refuses, in one line that
 names the file and the line: a syntax error, a tag that is not plain data, a key that appears
 twice in one mapping, an alias that refers to the value it is in, values nested too deeply, and
-aliases that expand to more than :data:`MAX_VALUES` values ("billion laughs": nine anchors of
+aliases that expand to more than [`MAX_VALUES`][headcount.runtime.yamlfile.MAX_VALUES] values ("billion laughs": nine anchors of
 nine aliases each are a few hundred bytes and a billion values). The expanded size is counted
 on the parsed nodes, each anchor once, before anything walks or builds the values: such a file is
 refused at once instead of hanging.
@@ -45,7 +45,7 @@ def _children(node: yaml.Node) -> list[yaml.Node]:
 
 
 def _check_size(root: yaml.Node, where: str) -> None:
-    """Refuse a document whose aliases expand it past :data:`MAX_VALUES` values, or refer to the
+    """Refuse a document whose aliases expand it past [`MAX_VALUES`][headcount.runtime.yamlfile.MAX_VALUES] values, or refer to the
     value they are in; each node is counted once (an anchor's size is remembered), so the count
     takes as long as the file is, whatever the aliases would expand to."""
     size: dict[int, int] = {}

@@ -5,28 +5,28 @@ several GPUs, bf16 mixed precision, checkpoints, experiment trackers (``report_t
 
 - dynamic padding (pad to the longest example of the batch) and length-grouped batches, with a
   sampler seeded per epoch so that a resumed run sees exactly the batches an uninterrupted run sees;
-- masks: a head/MLP :class:`~headcount.core.masks.Mask` applied to the *pre-trained* weights before
-  training, physically (``mask_mode="prune"``, via :func:`~headcount.core.surgery.shrink`) or as gates
-  fixed at 0 (``mask_mode="gate"``); a magnitude weight mask (see :mod:`headcount.importance.magnitude`)
+- masks: a head/MLP [`Mask`][headcount.core.masks.Mask] applied to the *pre-trained* weights before
+  training, physically (``mask_mode="prune"``, via [`shrink`][headcount.core.surgery.shrink]) or as gates
+  fixed at 0 (``mask_mode="gate"``); a magnitude weight mask (see ``headcount.importance.magnitude``)
   applied with ``torch.nn.utils.prune`` hooks that stay on during training;
 - one output folder per run: ``model/`` (the checkpoint), ``metrics.json`` (per-epoch validation
   metric, final metrics, time, tokens/s, parameters, mask summary), ``run.json`` (what the run is)
-  and, while it runs, ``checkpoints/`` (Trainer checkpoints). Calling :func:`finetune` again with
+  and, while it runs, ``checkpoints/`` (Trainer checkpoints). Calling [`finetune`][headcount.train.finetuning.finetune] again with
   the same ``out_dir`` resumes from the newest *complete* checkpoint (one cut short by a kill
   or a full disk, without a readable ``trainer_state.json``, is discarded), or returns the
   finished run's metrics. The run's identity (``run.json``) holds content fingerprints of the
-  model and the task's data files (:mod:`headcount.data.fingerprint`): edited data is another run.
+  model and the task's data files ([`headcount.data.fingerprint`][headcount.data.fingerprint]): edited data is another run.
 
 Prasanna et al. (2020) hyper-parameters are the defaults: lr 2e-5, batch 32, 3 epochs, max length
 128, no weight decay, no warmup, gradient clipping at 1.0.
 
-Modules: :mod:`.config` (:class:`TrainConfig`), :mod:`.data` (datasets, padding, samplers),
-:mod:`.trainer` (the Trainer subclass, callbacks, checkpoints), :mod:`.finetuning` (the
-:func:`finetune` verb), :mod:`.evaluating` (:func:`evaluate`), :mod:`.magnitude_search` (the
+Modules: [`config`][headcount.train.config] (``TrainConfig``), [`data`][headcount.train.data] (datasets, padding, samplers),
+[`trainer`][headcount.train.trainer] (the Trainer subclass, callbacks, checkpoints), [`finetuning`][headcount.train.finetuning] (the
+[`finetune`][headcount.train.finetuning.finetune] verb), [`evaluating`][headcount.train.evaluating] ([`evaluate`][headcount.train.evaluating.evaluate]), [`magnitude_search`][headcount.train.magnitude_search] (the
 magnitude-pruning procedures, which retrain).
 
-May import: :mod:`headcount.importance`, :mod:`headcount.data`, :mod:`headcount.core`,
-:mod:`headcount.runtime` (not :mod:`headcount.analysis`, its sibling layer).
+May import: ``headcount.importance``, ``headcount.data``, ``headcount.core``,
+``headcount.runtime`` (not ``headcount.analysis``, its sibling layer).
 """
 
 from headcount.train.config import MASK_MODES, TrainConfig, use_bf16

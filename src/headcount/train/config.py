@@ -1,4 +1,4 @@
-"""The fine-tuning settings (:class:`TrainConfig`: Prasanna et al.'s hyper-parameters by default) and
+"""The fine-tuning settings (``TrainConfig``: Prasanna et al.'s hyper-parameters by default) and
 where they run (CPU, bf16)."""
 
 from __future__ import annotations
@@ -7,21 +7,19 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from headcount.importance.settings import (
-    ACCUMULATION,
-    BATCH_SIZE,
-    EPOCHS,
-    EXAMPLES,
-    GRAD_NORM,
-    LEARNING_RATE,
-    MAX_LENGTH,
-    SEED,
-    STEPS,
-    WARMUP,
-    WEIGHT_DECAY,
-    check_bounds,
-)
+from headcount.runtime.bounds import BATCH_SIZE, EXAMPLES, LEARNING_RATE, MAX_LENGTH, SEED, STEPS, Bound, check_bounds
 from headcount.runtime.device import resolve_device
+
+#: passes over the training split (a fraction is a part of one)
+EPOCHS = Bound(0, 1000, low_open=True)
+#: warm-up: a fraction of the steps if < 1, else a number of steps
+WARMUP = Bound(0, 10**9)
+#: micro-batches per optimizer step
+ACCUMULATION = Bound(1, 65536, integer=True)
+#: AdamW weight decay
+WEIGHT_DECAY = Bound(0, 1)
+#: gradient clipping (0: none)
+GRAD_NORM = Bound(0, 10**6)
 
 MASK_MODES = ("prune", "gate")
 
@@ -83,7 +81,7 @@ class TrainConfig:
     logging_steps: int = 50
     use_cpu: bool = False
 
-    #: the sane range of each numeric field (:mod:`headcount.importance.settings`): the command line and the
+    #: the sane range of each numeric field ([`headcount.runtime.bounds`][headcount.runtime.bounds], training's own above): the command line and the
     #: study configs build a TrainConfig, so this one check is theirs too
     BOUNDS = {"lr": LEARNING_RATE, "batch_size": BATCH_SIZE, "epochs": EPOCHS, "max_length": MAX_LENGTH,
               "weight_decay": WEIGHT_DECAY, "warmup": WARMUP, "max_grad_norm": GRAD_NORM,

@@ -30,7 +30,7 @@ def evaluate(model, task_or_data, *, tokenizer=None, split: str | None = None, m
         max_examples: a subset of the split, drawn with ``seed``.
         seed: the subset's seed.
         mask: a head/MLP mask applied as gates during the evaluation.
-        device / precision / tokens_per_batch: where and how it runs (:mod:`headcount.runtime.device`;
+        device / precision / tokens_per_batch: where and how it runs (``headcount.runtime.device``;
             default: where the model is, auto precision, the device's token budget).
 
     Returns:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
@@ -26,10 +25,12 @@ from headcount.importance.magnitude import (
 from headcount.runtime.atomic import atomic_dir, atomic_write_json
 from headcount.runtime.device import pad_multiple
 from headcount.runtime.errors import HeadcountError
+from headcount.runtime.written import claim_under, forget_under, owned_check, record_written, remove_listed
 from headcount.runtime.launch import launch_rank
 from headcount.train.config import MASK_MODES, TrainConfig
 from headcount.train.data import DynamicPadding, _as_task, _datasets
 from headcount.train.trainer import (
+    CHECKPOINT_FILES,
     CLOCK_FILE,
     _epochs,
     _make_clock_callback,
@@ -40,6 +41,7 @@ from headcount.train.trainer import (
     _trainer_class,
     _training_args,
     last_complete_checkpoint,
+    remove_checkpoint,
 )
 
 
@@ -74,7 +76,7 @@ def mask_summary(mask: Mask | None, mode: str | None = None) -> dict | None:
 
 
 def prepare_model(model_spec: str, task, *, mask=None, mask_mode: str = "prune", weight_mask=None, seed: int = 0):
-    """Load ``model_spec`` for ``task`` and apply the masks (what :func:`finetune` trains).
+    """Load ``model_spec`` for ``task`` and apply the masks (what [`finetune`][headcount.train.finetuning.finetune] trains).
 
     Structured retraining: ``mask`` removes heads/MLPs from the weights as loaded (pre-trained
     weights for a pre-trained checkpoint). ``weight_mask`` (names -> bool, True = kept) installs
@@ -136,6 +138,18 @@ def _identity(model_spec, task, seed, config, mask, mask_mode, weight_mask_diges
     }
 
 
+def _rank0_session(args) -> str:
+    """Rank 0's session token on every rank (the temporary folder every rank saves a checkpoint
+    into is named for it, and --out's record lists rank 0's session only)."""
+    from headcount.runtime.atomic import SESSION
+
+    if int(getattr(args, "world_size", 1)) > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
+        box = [SESSION]
+        torch.distributed.broadcast_object_list(box, src=0)
+        return box[0]
+    return SESSION
+
+
 def _save_model(model, tokenizer, path: Path, extra: dict) -> None:
     from headcount.core.surgery import RECORD, pruning_record, save_pruned, save_tokenizer
 
@@ -144,13 +158,22 @@ def _save_model(model, tokenizer, path: Path, extra: dict) -> None:
         rec = dict(pruning_record(model) or {})
         rec["gates"] = {"heads": gates.heads.int().tolist(), "mlps": gates.mlps.int().tolist()}
         setattr(model.config, RECORD, rec)
+    owned = owned_check(path)  # an earlier model/ is replaced only where its record says each file is headcount's
     if pruning_record(model):
-        save_pruned(model, path, tokenizer=tokenizer, extra=extra)
-        return
-    with atomic_dir(path) as tmp:
-        model.save_pretrained(tmp, safe_serialization=True)
-        if tokenizer is not None:  # without the padding/truncation of its last call: the same file every run
-            save_tokenizer(tokenizer, tmp)
+        save_pruned(model, path, tokenizer=tokenizer, extra=extra, owned=owned)
+    else:
+        tmp = None
+        try:
+            with atomic_dir(path, owned=owned) as tmp:
+                # claimed: a run killed while saving leaves a temporary folder the next run empties of these only
+                claim_under(tmp, CHECKPOINT_FILES)
+                model.save_pretrained(tmp, safe_serialization=True)
+                if tokenizer is not None:  # without the padding/truncation of its last call: the same file every run
+                    save_tokenizer(tokenizer, tmp)
+        finally:
+            if tmp is not None:
+                forget_under(tmp)
+    record_written(path)  # listed file by file in --out's record
 
 
 def finetune(model_spec: str, task, *, mask=None, mask_mode: str = "prune", weight_mask=None, seed: int = 0,
@@ -160,7 +183,7 @@ def finetune(model_spec: str, task, *, mask=None, mask_mode: str = "prune", weig
 
     Structured retraining = pass ``mask``: it is applied to the weights as loaded (the
     pre-trained ones) before training; ``mask_mode="prune"`` removes the heads/MLPs physically
-    (the checkpoint is a pruned one, see :func:`~headcount.core.surgery.load_pruned`), ``"gate"`` keeps
+    (the checkpoint is a pruned one, see [`load_pruned`][headcount.core.surgery.load_pruned]), ``"gate"`` keeps
     the shapes and holds the gates at 0 (recorded in the checkpoint, restored on load).
     Magnitude retraining = pass ``weight_mask`` (names -> bool, or a ``weight_mask.safetensors``).
 
@@ -170,12 +193,12 @@ def finetune(model_spec: str, task, *, mask=None, mask_mode: str = "prune", weig
 
     Args:
         model_spec: hub id, local checkpoint directory, or ``"offline"``.
-        task: a task name, task YAML path, or a :class:`headcount.data.tasks.Task`.
-        mask: a :class:`~headcount.core.masks.Mask`, its dict, or a ``mask.json`` path.
+        task: a task name, task YAML path, or a ``headcount.data.tasks.Task``.
+        mask: a [`Mask`][headcount.core.masks.Mask], its dict, or a ``mask.json`` path.
         mask_mode: ``"prune"`` (physical) or ``"gate"`` (fixed gates).
-        weight_mask: a magnitude mask (see :mod:`headcount.importance.magnitude`) or its file.
+        weight_mask: a magnitude mask (see ``headcount.importance.magnitude``) or its file.
         seed: seeds the head initialisation, data order and dropout.
-        config: hyper-parameters (default :class:`TrainConfig`).
+        config: hyper-parameters (default ``TrainConfig``).
         out_dir: the run's folder.
         progress: called with one-line progress messages.
         callbacks: extra ``transformers.TrainerCallback`` objects.
@@ -189,9 +212,10 @@ def finetune(model_spec: str, task, *, mask=None, mask_mode: str = "prune", weig
         HeadcountError: a mask for another model shape, a fine-tuned classifier with another label
             count, or an ``out_dir`` that holds a different run.
 
-    >>> m = finetune("offline", "offline/movies", seed=1, out_dir="runs/ft")     # doctest: +SKIP
-    >>> m["final"]["score"]                                                       # doctest: +SKIP
-    0.84
+    Examples:
+        >>> m = finetune("offline", "offline/movies", seed=1, out_dir="runs/ft")     # doctest: +SKIP
+        >>> m["final"]["score"]                                                       # doctest: +SKIP
+        0.84
     """
     config = config or TrainConfig()
     out = Path(out_dir)
@@ -234,7 +258,7 @@ def finetune(model_spec: str, task, *, mask=None, mask_mode: str = "prune", weig
     args = _training_args(out, config, seed)
     history = out / "evaluations.json"
     if resume is None and writer:
-        history.unlink(missing_ok=True)  # a fresh start: earlier evaluations do not count
+        remove_listed(history)  # a fresh start: earlier evaluations do not count (a user's file there is refused)
     clock = _make_clock_callback(history, float(before.get("train_seconds", 0.0)))
     cbs = [clock, _make_progress_callback(progress, task.metric), *callbacks]
     Trainer = _trainer_class()
@@ -254,6 +278,10 @@ def finetune(model_spec: str, task, *, mask=None, mask_mode: str = "prune", weig
         callbacks=cbs,
     )
     trainer.headcount_group_by_length = config.group_by_length
+    trainer.headcount_clock = clock
+    trainer.headcount_session = _rank0_session(args)
+    if resume:  # what the next checkpoint will hold (claimed before it is saved)
+        trainer._headcount_saved = tuple(p.name for p in Path(resume).iterdir() if p.is_file())
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
     trainer.remove_callback(PrinterCallback)  # progress goes through `progress`, not print()
@@ -313,8 +341,8 @@ def finetune(model_spec: str, task, *, mask=None, mask_mode: str = "prune", weig
                     extra={"task": task.name, "seed": int(seed), "final": final})
         atomic_write_json(out / "metrics.json", metrics)
         if not config.keep_checkpoints:
-            shutil.rmtree(ckpt_dir, ignore_errors=True)
-        history.unlink(missing_ok=True)  # now in metrics.json
+            remove_checkpoint(ckpt_dir)  # headcount's files only: a user's note in checkpoints/ stays
+        remove_listed(history, refuse=False)  # now in metrics.json (a file the user saved there meanwhile stays)
     progress(f"{task.name}: {task.metric} {final.get('score', float('nan')):.4f} "
              f"({train_seconds:.1f} s, {metrics['tokens_per_s']:.0f} tokens/s) -> {out}")
     return metrics

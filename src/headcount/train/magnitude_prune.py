@@ -1,10 +1,10 @@
 """Magnitude-pruning runs: a weight mask searched or drawn, then the retraining, in one resumable folder.
 
-:func:`magnitude_prune` dispatches on ``MagnitudeConfig.procedure``: :func:`prasanna_magnitude_prune`
+[`magnitude_prune`][headcount.train.magnitude_prune.magnitude_prune] dispatches on ``MagnitudeConfig.procedure``: [`prasanna_magnitude_prune`][headcount.train.magnitude_prune.prasanna_magnitude_prune]
 (the paper's search on the fine-tuned weights, then one retraining from the pre-trained weights)
-or :func:`iterative_magnitude_prune` (IMP with rewinding); a control (``random`` / ``bad``) or a
+or [`iterative_magnitude_prune`][headcount.train.magnitude_prune.iterative_magnitude_prune] (IMP with rewinding); a control (``random`` / ``bad``) or a
 given sparsity is one shot. The procedures themselves, their settings and the stop rule are in
-:mod:`headcount.train.magnitude_search`.
+[`headcount.train.magnitude_search`][headcount.train.magnitude_search].
 
 Output folder (claimed before any work, so a kill leaves it resumable and headcount's):
 ``weight_mask.safetensors``, ``trace.csv`` (one row per step: sparsity, metric, passed),
@@ -37,6 +37,7 @@ from headcount.importance.magnitude import (
 from headcount.runtime.atomic import atomic_dir, atomic_write_json, atomic_write_text
 from headcount.runtime.device import resolve_device
 from headcount.runtime.errors import HeadcountError
+from headcount.runtime.written import remove_written_file
 from headcount.train import TrainConfig, evaluate, finetune, use_bf16
 from headcount.train.config import _use_cpu
 from headcount.train.data import _as_task
@@ -120,9 +121,9 @@ def magnitude_prune(model_spec: str, task, *, config: MagnitudeConfig | None = N
                     callbacks: Sequence = ()) -> dict:
     """Magnitude pruning by ``config.procedure``; one shot when ``config.sparsity`` or ``match`` is given.
 
-    ``"prasanna"``: :func:`prasanna_magnitude_prune`; ``"imp"``: :func:`iterative_magnitude_prune`.
+    ``"prasanna"``: [`prasanna_magnitude_prune`][headcount.train.magnitude_prune.prasanna_magnitude_prune]; ``"imp"``: [`iterative_magnitude_prune`][headcount.train.magnitude_prune.iterative_magnitude_prune].
     A one shot (the random and bad controls) ranks the full fine-tuned weights and retrains once
-    from the pre-trained ones, for either procedure (:func:`iterative_magnitude_prune` with one round).
+    from the pre-trained ones, for either procedure ([`iterative_magnitude_prune`][headcount.train.magnitude_prune.iterative_magnitude_prune] with one round).
 
     >>> r = magnitude_prune("offline", "offline/movies", out_dir="runs/mag")          # doctest: +SKIP
     >>> r["procedure"], r["sparsity"], r["metric"]                                    # doctest: +SKIP
@@ -159,7 +160,7 @@ def prasanna_magnitude_prune(model_spec: str, task, *, config: MagnitudeConfig |
     """The paper's procedure end to end: fine-tune, search without retraining, retrain the kept mask once.
 
     1. ``out_dir/full``: the full model fine-tuned from ``model_spec`` (a finished folder is reused).
-    2. :func:`prasanna_magnitude_mask` on those fine-tuned weights, evaluated on the dev subset of
+    2. [`prasanna_magnitude_mask`][headcount.train.magnitude_search.prasanna_magnitude_mask] on those fine-tuned weights, evaluated on the dev subset of
        ``train`` (``max_eval_examples``, ``data_seed``): ``trace.csv`` (step, sparsity, metric =
        the un-retrained dev metric, passed, ...), ``weight_mask.safetensors`` (the kept mask: at
        the cap, the step before the last unless ``config.at_cap="last"``).
@@ -167,7 +168,7 @@ def prasanna_magnitude_prune(model_spec: str, task, *, config: MagnitudeConfig |
        weights, a new head with the same seed) -> the reported ``metric``.
 
     When no step passes: ``no_passing_mask: true``, ``metric``/``sparsity`` null, no mask file,
-    nothing retrained. Resumable (each fine-tuning is a :func:`~headcount.train.finetune` folder).
+    nothing retrained. Resumable (each fine-tuning is a [`finetune`][headcount.train.finetune] folder).
 
     Returns:
         The summary written to ``magnitude.json``: procedure, full_metric (the full fine-tuning),
@@ -208,7 +209,7 @@ def prasanna_magnitude_prune(model_spec: str, task, *, config: MagnitudeConfig |
         "rewind": "pre-trained", "match": None, "trace": found.trace,
     }
     if found.no_passing_mask:
-        mask_file.unlink(missing_ok=True)  # an earlier run's mask is not this result
+        remove_written_file(mask_file)  # an earlier run's mask is not this result (a user's file is refused)
         if found.stopped == "threshold":
             say(f"no step kept {task.metric} >= {config.threshold} x {found.full_metric:.4f} without retraining "
                 "(step 1 failed): no mask, nothing retrained")
@@ -256,7 +257,7 @@ def _skipped(out: Path, model_spec, task, seed, config: MagnitudeConfig, match: 
                "config": asdict(config), "full_metric": None, "round": None, "metric": None, "sparsity": None,
                "pruned": None, "total": None, "no_passing_mask": True, "skipped": True, "match": str(match),
                "seconds": 0.0, "trace": []}
-    (out / "weight_mask.safetensors").unlink(missing_ok=True)
+    remove_written_file(out / "weight_mask.safetensors")
     atomic_write_text(out / "trace.csv", _trace_csv([]))
     atomic_write_json(out / "magnitude.json", summary)
     say(f"skipped: {match} kept no mask (no pruning step passed), so there is no sparsity to match")
@@ -283,13 +284,13 @@ def iterative_magnitude_prune(model_spec: str, task, *, config: MagnitudeConfig 
     When no round passes: ``no_passing_mask: true``, ``metric``/``sparsity`` null and no
     ``weight_mask.safetensors`` (earlier versions reported the full model at sparsity 0).
 
-    Everything is resumable: each round is a :func:`~headcount.train.finetune` folder.
+    Everything is resumable: each round is a [`finetune`][headcount.train.finetune] folder.
 
     Args:
         model_spec: the pre-trained model (the rewind target).
         task: task name, YAML path or object.
-        config: :class:`MagnitudeConfig`.
-        train: :class:`~headcount.train.TrainConfig` for every fine-tuning.
+        config: [`MagnitudeConfig`][headcount.train.magnitude_search.MagnitudeConfig].
+        train: [`TrainConfig`][headcount.train.TrainConfig] for every fine-tuning.
         seed: training seed (and the random control's).
         out_dir: output folder: ``weight_mask.safetensors`` (the last passing mask), ``trace.csv``,
             ``magnitude.json``, ``full/``, ``round_XX/``.
@@ -419,7 +420,7 @@ def iterative_magnitude_prune(model_spec: str, task, *, config: MagnitudeConfig 
         "trace": rows,
     }
     if final_mask is None:  # nothing passed: no mask (not the full model at sparsity 0)
-        (out / "weight_mask.safetensors").unlink(missing_ok=True)
+        remove_written_file(out / "weight_mask.safetensors")
     else:
         save_weight_mask(final_mask, out / "weight_mask.safetensors",
                          meta={"round": best["round"], "variant": config.variant, "control": config.control,

@@ -1,17 +1,17 @@
 """Magnitude-pruning procedures: which weight mask to keep, and its retraining.
 
-The weight-mask primitives (which weights, masks, controls, files) are :mod:`headcount.importance.magnitude`;
+The weight-mask primitives (which weights, masks, controls, files) are ``headcount.importance.magnitude``;
 this module holds the searches that decide how far to prune; the runs built on them (search,
-retraining, files) are :mod:`headcount.train.magnitude_prune`.
+retraining, files) are [`headcount.train.magnitude_prune`][headcount.train.magnitude_prune].
 
 Two procedures (``MagnitudeConfig.procedure``):
 
 - ``"prasanna"`` (Prasanna et al. 2020, ``find_global_weight_mask.py``; the default): rank the
-  FINE-TUNED weights (global L1 over :func:`~headcount.importance.magnitude.weight_targets`), prune ``rate``
+  FINE-TUNED weights (global L1 over [`weight_targets`][headcount.importance.magnitude.weight_targets]), prune ``rate``
   of the remaining ones per step WITHOUT retraining, evaluate the masked fine-tuned model on dev
   after each step, stop when that un-retrained metric falls below ``threshold`` x the full
   model's (or after ``rounds`` steps), keep a mask, then retrain ONCE from the pre-trained weights
-  with it (:func:`prasanna_magnitude_mask`, :func:`~headcount.train.magnitude_prune.prasanna_magnitude_prune`). Which mask: the
+  with it ([`prasanna_magnitude_mask`][headcount.train.magnitude_search.prasanna_magnitude_mask], [`prasanna_magnitude_prune`][headcount.train.magnitude_prune.prasanna_magnitude_prune]). Which mask: the
   reference code's loop saves the current mask at the top of each iteration, before pruning, so
   it keeps the step before the one that stopped it: the last passing step when a step fails, and
   step ``rounds - 1`` when all ``rounds`` steps pass (step 9 of 10, 61.3% of BERT's weights, not
@@ -19,7 +19,7 @@ Two procedures (``MagnitudeConfig.procedure``):
   last passing step at the cap too (step 10, headcount's earlier behaviour).
 - ``"imp"`` (iterative magnitude pruning with rewinding, Chen et al. 2020): every round prunes
   ``rate`` of the remaining weights by the magnitudes of the last RETRAINED weights, rewinds and
-  retrains; the stop rule reads the retrained metric (:func:`~headcount.train.magnitude_prune.iterative_magnitude_prune`). It
+  retrains; the stop rule reads the retrained metric ([`iterative_magnitude_prune`][headcount.train.magnitude_prune.iterative_magnitude_prune]). It
   usually keeps a sparser mask, and its kept mask passes the retrained threshold by construction.
 
 Controls (``control="random"`` / ``"bad"``) are one shot at the good run's sparsity (``match``):
@@ -49,10 +49,19 @@ from headcount.importance.magnitude import (
     masked_weights,
     weight_targets,
 )
-from headcount.importance.settings import METRIC_SHARE, RATE, ROUNDS, STEP_NUMBER, check_bounds
+from headcount.runtime.bounds import Bound, check_bounds
 from headcount.runtime.errors import HeadcountError
 
 PROCEDURES = ("prasanna", "imp")
+#: pruning rounds (steps) of a magnitude search
+ROUNDS = Bound(1, 1000, integer=True)
+#: a step number that may be 0 (rewinding to step 0: the pre-trained weights)
+STEP_NUMBER = Bound(0, 10**9, integer=True)
+#: the share of the full model's metric a magnitude step must keep: the command line and the study configs
+#: take a FRACTION; the library any finite share (above 1: no step passes)
+METRIC_SHARE = Bound(0, 10**6)
+#: a fraction pruned per step: strictly between 0 and 1
+RATE = Bound(0, 1, low_open=True, high_open=True)
 SCHEDULES = ("remaining", "original")
 #: which step the paper's search keeps when all ``rounds`` steps pass (``MagnitudeConfig.at_cap``)
 AT_CAP = ("reference", "last")
@@ -105,7 +114,7 @@ class MagnitudeConfig:
     rewind_step: int = 0
     at_cap: str = "reference"
 
-    #: the sane range of each numeric field (:mod:`headcount.importance.settings`; ``sparsity``: :func:`check_sparsity`)
+    #: the sane range of each numeric field (above; ``sparsity``: [`check_sparsity`][headcount.importance.magnitude.check_sparsity])
     BOUNDS = {"rounds": ROUNDS, "threshold": METRIC_SHARE, "rate": RATE, "rewind_step": STEP_NUMBER}
 
     def __post_init__(self):
@@ -134,7 +143,7 @@ def _n_pruned(k: int, total: int, previous: int, config: MagnitudeConfig) -> int
 # -- the paper's search (no retraining between steps) ----------------------------------------------------
 @dataclass
 class MaskSearch:
-    """What :func:`prasanna_magnitude_mask` found.
+    """What [`prasanna_magnitude_mask`][headcount.train.magnitude_search.prasanna_magnitude_mask] found.
 
     Attributes:
         mask: the kept mask (``{name: bool}``, True = kept), or None when the kept step is 0
@@ -166,7 +175,7 @@ def prasanna_magnitude_mask(model: nn.Module, evaluate: Callable[[nn.Module], fl
                             progress: Callable[[str], None] | None = None) -> MaskSearch:
     """Prasanna et al.'s magnitude search on a fine-tuned ``model``, without retraining.
 
-    Step k prunes ``config.rate`` of the remaining :func:`~headcount.importance.magnitude.weight_targets`
+    Step k prunes ``config.rate`` of the remaining [`weight_targets`][headcount.importance.magnitude.weight_targets]
     (global L1 on ``model``'s fine-tuned weights; what step k - 1 pruned stays pruned), zeroes
     them in place for ``evaluate(model)`` and restores them after; it passes when that metric is
     >= ``config.threshold`` x ``full_metric``. The first failing step stops the search (so does
@@ -180,13 +189,13 @@ def prasanna_magnitude_mask(model: nn.Module, evaluate: Callable[[nn.Module], fl
     Args:
         model: the fine-tuned model (unchanged on return).
         evaluate: ``model -> dev metric`` (higher is better), called once per step.
-        config: :class:`MagnitudeConfig` (``rate``, ``rounds``, ``threshold``, ``variant``,
+        config: [`MagnitudeConfig`][headcount.train.magnitude_search.MagnitudeConfig] (``rate``, ``rounds``, ``threshold``, ``variant``,
             ``schedule``, ``at_cap``); the procedure and control fields are not read.
         full_metric: the reference; default ``evaluate(model)`` before any pruning.
         progress: one-line progress messages.
 
     Returns:
-        :class:`MaskSearch`.
+        [`MaskSearch`][headcount.train.magnitude_search.MaskSearch].
 
     >>> found = prasanna_magnitude_mask(model, lambda m: evaluate(m, dev)["score"])   # doctest: +SKIP
     >>> found.step, found.stopped, mask_sparsity(found.mask)["sparsity"]              # doctest: +SKIP

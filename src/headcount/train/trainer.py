@@ -12,7 +12,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from headcount.runtime.atomic import atomic_write_json
+from headcount.runtime.atomic import SESSION, TMP_PREFIX
+from headcount.runtime.written import claim_under, move_listed, remove_written, write_listed_json
 from headcount.train.config import TrainConfig, _use_cpu, use_bf16
 from headcount.train.data import EncodedDataset, LengthGroupedEpochSampler, _FixedOrder, _tasks
 
@@ -24,6 +25,49 @@ def _trainer_class():
         """``Trainer`` with a per-epoch-seeded length-grouped sampler and length-sorted evaluation."""
 
         headcount_group_by_length = True
+        #: rank 0's session (every rank saves into the same temporary folder); None: this process's
+        headcount_session = None
+        #: the Clock callback whose training seconds go into each checkpoint (None: no clock file)
+        headcount_clock = None
+        _headcount_save_dir = None
+        _headcount_saved: tuple[str, ...] = ()
+
+        def _get_output_dir(self, trial):
+            return self._headcount_save_dir or super()._get_output_dir(trial)
+
+        def _save_checkpoint(self, model, trial):
+            # Saved into a temporary folder named for rank 0's session, with the claims of the files
+            # it will hold in --out's record; then, every rank's files written, moved into place file
+            # by file under names listed first, trainer_state.json (what makes it complete) last. A
+            # kill leaves either the temporary folder (the next run removes what was claimed) or a
+            # checkpoint whose files are all listed: a user's file saved into it is never removed.
+            run_dir = Path(super()._get_output_dir(trial))
+            name = f"checkpoint-{self.state.global_step}"
+            tmp = run_dir / f"{TMP_PREFIX}{self.headcount_session or SESSION}.{name}.save"
+            zero = self.is_world_process_zero()
+            if zero:
+                world = max(1, self.args.world_size)
+                claim_under(tmp / name, sorted({*CHECKPOINT_FILES, *self._headcount_saved,
+                                                *(f"rng_state_{i}.pth" for i in range(world))}))
+            self._headcount_save_dir = str(tmp)
+            try:
+                super()._save_checkpoint(model, trial)
+            finally:
+                self._headcount_save_dir = None
+            if zero and self.headcount_clock is not None:
+                (tmp / name / CLOCK_FILE).write_text(json.dumps({"train_seconds": self.headcount_clock.seconds()}) + "\n")
+            self.accelerator.wait_for_everyone()  # every rank's rng_state_N.pth is in the folder
+            if zero:
+                self._headcount_saved = tuple(move_listed(tmp / name, run_dir / name, last=("trainer_state.json",)))
+                try:
+                    tmp.rmdir()
+                except OSError:
+                    pass
+                for old in run_dir.glob("checkpoint-*"):  # keep the newest one (save_total_limit=1)
+                    step = old.name.partition("-")[2]
+                    if old.is_dir() and not old.is_symlink() and step.isdigit() and int(step) < self.state.global_step:
+                        remove_checkpoint(old)
+            self.accelerator.wait_for_everyone()
 
         def _get_train_sampler(self, train_dataset=None):
             ds = train_dataset if train_dataset is not None else self.train_dataset
@@ -118,11 +162,9 @@ def _make_clock_callback(history_file: Path, seconds_before: float = 0.0):
             self.tokens0 = int(state.num_input_tokens_seen or 0)
             self.t0 = time.perf_counter()
 
-        def on_save(self, args, state, control, **kw):
-            ckpt = Path(args.output_dir) / f"checkpoint-{state.global_step}"
-            if ckpt.is_dir() and state.is_world_process_zero:
-                seconds = seconds_before + time.perf_counter() - self.t0 - self.eval_seconds
-                atomic_write_json(ckpt / CLOCK_FILE, {"train_seconds": round(max(seconds, 0.0), 3)})
+        def seconds(self) -> float:
+            """The training seconds so far (what HeadcountTrainer writes into each checkpoint)."""
+            return round(max(seconds_before + time.perf_counter() - self.t0 - self.eval_seconds, 0.0), 3)
 
         def on_evaluate(self, args, state, control, metrics=None, **kw):
             metrics = metrics or {}
@@ -131,7 +173,7 @@ def _make_clock_callback(history_file: Path, seconds_before: float = 0.0):
                 rows = _read_json(history_file) or []
                 rows.append({"epoch": round(float(state.epoch or 0.0), 4), "step": int(state.global_step),
                              **_strip(metrics)})
-                atomic_write_json(history_file, rows)
+                write_listed_json(history_file, rows)  # listed after each write: a user's file there is refused
 
     return Clock()
 
@@ -167,7 +209,7 @@ def _training_args(out: Path, config: TrainConfig, seed: int):
         eval_strategy="epoch" if config.eval_each_epoch else "no",
         save_strategy="steps",
         save_steps=config.save_steps,
-        save_total_limit=1,
+        save_total_limit=None,  # the Clock callback keeps the newest checkpoint, removing only headcount's files
         logging_strategy="steps",
         logging_steps=config.logging_steps,
         include_num_input_tokens_seen="non_padding",
@@ -203,6 +245,14 @@ def _epochs(history: list[dict]) -> list[dict]:
 
 
 CLOCK_FILE = "headcount_clock.json"
+#: what a Trainer checkpoint of headcount holds (claimed before each save; the names of the last
+#: save are added): a run killed while saving leaves these, which the next run removes
+CHECKPOINT_FILES = (
+    "config.json", "generation_config.json", "model.safetensors", "model.safetensors.index.json",
+    "training_args.bin", "optimizer.pt", "scheduler.pt", "scaler.pt", "rng_state.pth", "trainer_state.json",
+    CLOCK_FILE, "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "vocab.json",
+    "merges.txt", "added_tokens.json", "chat_template.jinja", "spiece.model", "sentencepiece.bpe.model",
+)
 
 
 def last_complete_checkpoint(ckpt_dir: Path, discard: bool = True) -> str | None:
@@ -224,8 +274,16 @@ def last_complete_checkpoint(ckpt_dir: Path, discard: bool = True) -> str | None
         if best is None and isinstance(state, dict) and "global_step" in state:
             best = p
         elif best is None and discard:
-            shutil.rmtree(p, ignore_errors=True)  # partial: never resumed from
+            remove_checkpoint(p)  # partial: never resumed from
     return str(best) if best is not None else None
+
+
+def remove_checkpoint(path: Path) -> None:
+    """Remove a checkpoint folder: inside a command's ``--out``, only the files its record lists
+    ([`headcount.runtime.written.remove_written`][headcount.runtime.written.remove_written]; a user's file stays, with its folders); a
+    library caller's own folder (a study job's private one) goes whole."""
+    if not remove_written(path):
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _read_json(path: Path):

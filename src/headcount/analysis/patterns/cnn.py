@@ -1,13 +1,13 @@
 """The pattern CNN of Prasanna et al. (2020): train on labelled maps, predict, save, load.
 
-Two architectures (:data:`ARCHITECTURES`):
+Two architectures ([`ARCHITECTURES`][headcount.analysis.patterns.cnn.ARCHITECTURES]):
 
 - ``prasanna`` (default; their ``classify_attention_patterns.py``): six unpadded 3x3 convolutions
   with ReLU (16, 16 | max-pool 2 | 32, 32 | max-pool 2 | 64, 64 channels), a 1x1 convolution to 16
   channels, global average pooling and a 1x1 convolution to the class logits; Xavier-normal
   weights and zero biases; raw attention values as input. It reads maps of any side >= 32
-  (:data:`PRASANNA_MIN_SIZE`); per-example maps are centre-padded with zeros to one side
-  (:func:`headcount.analysis.patterns.center_pad`), the largest training map's by default.
+  ([`PRASANNA_MIN_SIZE`][headcount.analysis.patterns.cnn.PRASANNA_MIN_SIZE]); per-example maps are centre-padded with zeros to one side
+  ([`headcount.analysis.patterns.center_pad`][headcount.analysis.patterns.center_pad]), the largest training map's by default.
 - ``small`` (headcount's earlier net, kept to reload CNNs saved before and for maps smaller than
   32 cells): two blocks of 3x3 convolution (padded) + ReLU + 2x2 max-pooling and a linear layer;
   inputs scaled by their side S so that uniform attention reads 1; torch's default initialisation.
@@ -33,10 +33,15 @@ from headcount.analysis.patterns.features import CLASSES, MAP_SIZE, _check_squar
 from headcount.analysis.patterns.labels import label_ids
 from headcount.analysis.patterns.layout import center_pad
 from headcount.runtime.atomic import atomic_path, atomic_write_json
+from headcount.runtime.bounds import Bound
 from headcount.runtime.errors import HeadcountError
 
 #: The CNN architectures: the paper's (default) and headcount's earlier small net.
 ARCHITECTURES: tuple[str, ...] = ("prasanna", "small")
+#: the side of an attention map (the pattern CNN's input)
+MAP_SIDE = Bound(4, 4096, integer=True)
+#: passes of the pattern CNN over its maps
+CNN_EPOCHS = Bound(1, 10**4, integer=True)
 
 #: Smallest map side the ``prasanna`` net reads: 32 -> 28 -> 14 -> 10 -> 5 -> 1 cells after its
 #: unpadded convolutions and poolings. Smaller training maps are centre-padded up to it.
@@ -54,8 +59,8 @@ class PatternCNN(nn.Module):
         size: side S the maps are padded (``prasanna``) or resized (``small``) to; ``prasanna``:
             >= 32, ``small``: divisible by 4.
         classes: class names, in output order.
-        channels: convolution channels (default :data:`DEFAULT_CHANNELS` of the architecture).
-        architecture: one of :data:`ARCHITECTURES`.
+        channels: convolution channels (default [`DEFAULT_CHANNELS`][headcount.analysis.patterns.cnn.DEFAULT_CHANNELS] of the architecture).
+        architecture: one of [`ARCHITECTURES`][headcount.analysis.patterns.cnn.ARCHITECTURES].
 
     >>> PatternCNN(size=32)(torch.rand(3, 32, 32)).shape
     torch.Size([3, 5])
@@ -145,7 +150,7 @@ def _accuracy(model: PatternCNN, x: torch.Tensor, y: torch.Tensor) -> float | No
 
 
 def _validation_accuracy(model: PatternCNN, x: torch.Tensor, y: torch.Tensor) -> float | None:
-    """The held-out accuracy :func:`_fit` reads after each epoch to choose the checkpoint (a seam:
+    """The held-out accuracy [`_fit`][headcount.analysis.patterns.cnn._fit] reads after each epoch to choose the checkpoint (a seam:
     tests replace it with a scripted sequence, so the choice is tested without a real trajectory)."""
     return _accuracy(model, x, y)
 
@@ -190,7 +195,7 @@ def _fit(x_tr, y_tr, x_he, y_he, build, seed, epochs, batch_size, lr, device) ->
 def _stack_maps(maps, size: int | None, architecture: str) -> torch.Tensor:
     """Labelled maps as one float32 tensor ``[N, T, T]``: an ``[N, S, S]`` array, or a list of
     ``[L_i, L_i]`` maps of varying sides, centre-padded with zeros (cropped when longer) to T =
-    ``size``, by default the largest side (``prasanna``: at least :data:`PRASANNA_MIN_SIZE`)."""
+    ``size``, by default the largest side (``prasanna``: at least [`PRASANNA_MIN_SIZE`][headcount.analysis.patterns.cnn.PRASANNA_MIN_SIZE])."""
     if isinstance(maps, (list, tuple)):
         items = [_to_numpy(m) for m in maps]
         if not items:
@@ -230,7 +235,7 @@ def train_pattern_cnn(
     size: int | None = None,
     device: str | torch.device | None = "cpu",
 ) -> tuple[PatternCNN, dict[str, object]]:
-    """Train a :class:`PatternCNN` on labelled maps with Prasanna et al.'s recipe (defaults).
+    """Train a [`PatternCNN`][headcount.analysis.patterns.cnn.PatternCNN] on labelled maps with Prasanna et al.'s recipe (defaults).
 
     A stratified ``holdout`` fraction of each class is kept out of training; the returned weights
     are those of the epoch with the best held-out accuracy (the last epoch's without a held-out
@@ -239,22 +244,22 @@ def train_pattern_cnn(
     Args:
         maps: ``[N, S, S]`` array or tensor, or a list of N per-example maps ``[L_i, L_i]`` of
             varying sides. All are centre-padded with zeros to ``size``
-            (:func:`~headcount.analysis.patterns.center_pad`; longer maps are cropped to their
+            ([`center_pad`][headcount.analysis.patterns.center_pad]; longer maps are cropped to their
             top-left ``size`` x ``size`` corner, as their ``pad_image``).
-        labels: ``[N]`` class names or ids (see :data:`CLASSES`).
+        labels: ``[N]`` class names or ids (see [`CLASSES`][headcount.analysis.patterns.cnn.CLASSES]).
         seed: seeds initialisation, the split and the batch order.
         epochs: passes over the training part (the paper: 200).
         classes: class names (default the five Kovaleva classes).
         holdout: fraction of each class held out (validation and checkpoint choice), in [0, 0.9].
         batch_size: mini-batch size (the paper: 64).
         lr: Adam learning rate (the paper: 1e-3).
-        channels: convolution channels (default: the architecture's, :data:`DEFAULT_CHANNELS`).
+        channels: convolution channels (default: the architecture's, [`DEFAULT_CHANNELS`][headcount.analysis.patterns.cnn.DEFAULT_CHANNELS]).
         num_threads: torch intra-op threads while training on the CPU (restored afterwards); the
             CNN is small, and one thread is fastest on a busy machine. ``None``: leave as is.
         architecture: ``prasanna`` (the paper's net) or ``small`` (see the module text).
         size: side the maps are padded to; default the largest map's (``prasanna``: at least 32;
             ``small``: needs a side divisible by 4).
-        device: where to train (a :func:`headcount.runtime.device.resolve_device` spec); default the CPU
+        device: where to train (a [`headcount.runtime.device.resolve_device`][headcount.runtime.device.resolve_device] spec); default the CPU
             (deterministic); None = ``$HEADCOUNT_DEVICE``, else the GPU when there is one. The model
             comes back on the CPU.
 
@@ -372,7 +377,7 @@ def predict_patterns(model: PatternCNN, maps, return_probs: bool = False):
     """Class names (and optionally probabilities) the CNN gives maps ``[..., S, S]``.
 
     Args:
-        model: a trained :class:`PatternCNN` (it runs on its own device).
+        model: a trained [`PatternCNN`][headcount.analysis.patterns.cnn.PatternCNN] (it runs on its own device).
         maps: ``[..., S, S]``; ``prasanna``: any S (centre-padded or cropped to ``model.size``);
             ``small``: S = ``model.size``.
         return_probs: also return the softmax ``[..., n_classes]``.
@@ -400,7 +405,7 @@ def save_pattern_cnn(model: PatternCNN, directory) -> Path:
     """Write ``model.safetensors`` and ``config.json`` into ``directory`` (atomically, each file).
 
     Args:
-        model: a :class:`PatternCNN`.
+        model: a [`PatternCNN`][headcount.analysis.patterns.cnn.PatternCNN].
         directory: created if missing.
 
     Returns:
@@ -421,7 +426,7 @@ def save_pattern_cnn(model: PatternCNN, directory) -> Path:
 
 
 def load_pattern_cnn(directory) -> PatternCNN:
-    """Load a CNN written by :func:`save_pattern_cnn` (eval mode, on the CPU).
+    """Load a CNN written by [`save_pattern_cnn`][headcount.analysis.patterns.cnn.save_pattern_cnn] (eval mode, on the CPU).
 
     Configs without an ``architecture`` (written before the paper's net was the default) are ``small``.
 
@@ -429,7 +434,7 @@ def load_pattern_cnn(directory) -> PatternCNN:
         directory: holds ``config.json`` and ``model.safetensors``.
 
     Returns:
-        The :class:`PatternCNN`.
+        The [`PatternCNN`][headcount.analysis.patterns.cnn.PatternCNN].
 
     >>> import tempfile
     >>> load_pattern_cnn(save_pattern_cnn(PatternCNN(size=32), tempfile.mkdtemp())).size

@@ -1,7 +1,7 @@
 """Pattern features and the rule-based classifier (Kovaleva et al. 2019 classes).
 
-:data:`CLASSES` and the thresholds of the rules are named constants here; every other module of
-:mod:`headcount.analysis.patterns` reads them from this one.
+[`CLASSES`][headcount.analysis.patterns.features.CLASSES] and the thresholds of the rules are named constants here; every other module of
+[`headcount.analysis.patterns`][headcount.analysis.patterns] reads them from this one.
 Maps are ``[..., S, S]`` with rows = queries and columns = keys; each row sums to 1.
 """
 
@@ -19,7 +19,7 @@ from headcount.runtime.errors import HeadcountError
 #: The five pattern classes of Kovaleva et al. (2019); a label's index is its class id.
 CLASSES: tuple[str, ...] = ("vertical", "diagonal", "vertical+diagonal", "block", "heterogeneous")
 
-#: Side of the fixed-size maps that :func:`mean_attention_maps` produces and the CNN reads.
+#: Side of the fixed-size maps that ``mean_attention_maps`` produces and the CNN reads.
 MAP_SIZE: int = 32
 
 #: Minimum ``vertical_excess`` feature for a vertical component: the mass on special-token
@@ -31,7 +31,7 @@ VERTICAL_MIN: float = 0.3
 
 #: Minimum ``diagonal_excess`` feature for a diagonal component: the mass on key offsets
 #: -1, 0, +1 from the query beyond what the row puts, per cell, on the nearby offsets
-#: :data:`DIAGONAL_NEIGHBOUR_OFFSETS`. It is about 0 for uniform attention, and also for
+#: [`DIAGONAL_NEIGHBOUR_OFFSETS`][headcount.analysis.patterns.features.DIAGONAL_NEIGHBOUR_OFFSETS]. It is about 0 for uniform attention, and also for
 #: uniform attention over a short segment, whose raw diagonal mass is high (3/8 for 8 tokens).
 DIAGONAL_MIN: float = 0.3
 
@@ -97,10 +97,10 @@ def pattern_features(maps, special_positions: Sequence[int] | None = None, segme
     - ``vertical``: mean over query rows of the mass on special-token columns;
     - ``vertical_excess``: ``(vertical - chance) / (1 - chance)``, chance = the special share of
       live cells (what uniform attention would put on them); the rule reads this one;
-    - ``diagonal``: mean over rows of the mass on keys at offsets :data:`DIAGONAL_OFFSETS`
+    - ``diagonal``: mean over rows of the mass on keys at offsets [`DIAGONAL_OFFSETS`][headcount.analysis.patterns.features.DIAGONAL_OFFSETS]
       from the query, special columns excluded (so ``vertical + diagonal <= 1``);
     - ``diagonal_excess``: mean over rows of that diagonal mass minus (number of diagonal
-      cells) x (mean mass of the row's cells at :data:`DIAGONAL_NEIGHBOUR_OFFSETS`, special
+      cells) x (mean mass of the row's cells at [`DIAGONAL_NEIGHBOUR_OFFSETS`][headcount.analysis.patterns.features.DIAGONAL_NEIGHBOUR_OFFSETS], special
       columns excluded): the diagonal beyond a locally flat spread; the rule reads this one;
     - ``residual``: ``1 - vertical - diagonal``, the attention neither feature explains;
     - ``block``: on content rows and the residual cells (not special, not on the diagonal
@@ -219,14 +219,14 @@ class PatternClassification:
 
     Attributes:
         labels: str array shaped like the maps' leading dims (e.g. ``[n_layers, n_heads]``).
-        features: feature name -> float array of the same shape (see :func:`pattern_features`).
+        features: feature name -> float array of the same shape (see [`pattern_features`][headcount.analysis.patterns.features.pattern_features]).
     """
 
     labels: np.ndarray
     features: dict[str, np.ndarray] = field(default_factory=dict)
 
     def counts(self) -> dict[str, int]:
-        """Number of maps in each class, in :data:`CLASSES` order."""
+        """Number of maps in each class, in [`CLASSES`][headcount.analysis.patterns.features.CLASSES] order."""
         flat = self.labels.ravel().tolist()
         return {c: flat.count(c) for c in CLASSES}
 
@@ -243,7 +243,7 @@ class PatternClassification:
 def classify_patterns(maps, special_positions: Sequence[int] | None = None, segment_ids=None) -> PatternClassification:
     """Rule-based pattern class of each (mean) attention map.
 
-    Rules, in order (features from :func:`pattern_features`):
+    Rules, in order (features from [`pattern_features`][headcount.analysis.patterns.features.pattern_features]):
 
     1. ``vertical_excess >= VERTICAL_MIN`` and ``diagonal_excess >= DIAGONAL_MIN`` ->
        ``vertical+diagonal``;
@@ -259,7 +259,7 @@ def classify_patterns(maps, special_positions: Sequence[int] | None = None, segm
         segment_ids: optional ``[S]`` segment per position (default: runs between specials).
 
     Returns:
-        A :class:`PatternClassification`.
+        A [`PatternClassification`][headcount.analysis.patterns.features.PatternClassification].
 
     >>> eye = np.eye(16)[None]
     >>> classify_patterns(eye, special_positions=(0, 15)).labels.tolist()
@@ -284,7 +284,7 @@ def pattern_distribution(labels, mask=None) -> dict[str, float]:
             ``[n_layers, n_heads]`` is applied to every example); only entries with 1 are counted.
 
     Returns:
-        ``{class: fraction}`` in :data:`CLASSES` order (all ``nan`` when nothing is counted).
+        ``{class: fraction}`` in [`CLASSES`][headcount.analysis.patterns.features.CLASSES] order (all ``nan`` when nothing is counted).
 
     >>> pattern_distribution([["block", "vertical"], ["vertical", "diagonal"]])["vertical"]
     0.5

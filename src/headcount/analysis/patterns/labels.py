@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import csv
-import io
 import json
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+import torch
 from safetensors import SafetensorError
-from safetensors.numpy import load_file, save_file
+from safetensors.numpy import save_file
+from safetensors.torch import load_file as load_torch_file
 
 from headcount.analysis.patterns.features import CLASSES, _to_numpy
 from headcount.analysis.patterns.layout import center_pad
@@ -36,7 +38,7 @@ def label_ids(labels, classes: Sequence[str]) -> np.ndarray:
     for k, lab in enumerate(list(labels)):
         if isinstance(lab, (int, np.integer)) and not isinstance(lab, bool):
             idx = int(lab)
-        elif isinstance(lab, str) and lab.strip().lstrip("-").isdigit():
+        elif isinstance(lab, str) and re.fullmatch(r"-?[0-9]+", lab.strip()):  # "²" is a digit, not a number
             idx = int(lab.strip())
         elif isinstance(lab, str) and lab.lower().strip().replace(" ", "").replace("_", "+") in norm:
             idx = norm[lab.lower().strip().replace(" ", "").replace("_", "+")]
@@ -68,12 +70,39 @@ def _read_labels(path: Path) -> list:
         if not isinstance(data, list):
             raise HeadcountError(f"{path} must hold a list of labels or {{\"labels\": [...]}}")
         return data
-    reader = csv.DictReader(io.StringIO(text))
-    if reader.fieldnames is None or "label" not in [f.strip() for f in reader.fieldnames]:
+    return _read_label_csv(path, text)
+
+
+def _read_label_csv(path: Path, text: str) -> list[str]:
+    """The ``label`` column of a label CSV, one row a line (docs/promises.md, "Every row").
+
+    A label is one line: each non-blank line is read as one CSV record on its own, so a quote
+    that opens a field and closes lines later (``"0,vertical\n1",block``) is refused with its line
+    number instead of gluing two rows into one; so is a line with another number of fields than
+    the header.
+    """
+    lines = re.split(r"\r\n|\r|\n", text)  # a line ends as the csv module ends one
+    numbered = [(n, line) for n, line in enumerate(lines, 1) if line.strip()]
+
+    def cells(n: int, line: str) -> list[str]:
+        try:
+            return next(csv.reader([line], strict=True))
+        except csv.Error as e:
+            raise HeadcountError(f"{path}, line {n}: not valid CSV ({e}); a label file holds one map's label a line, "
+                                 "a quote must close on its line") from None
+
+    header = [f.strip() for f in cells(*numbered[0])] if numbered else []
+    if "label" not in header:
         raise HeadcountError(f"{path} needs a 'label' column (one row per map, in order)")
-    key = next(f for f in reader.fieldnames if f.strip() == "label")
-    return [(row.get(key) or "").strip() for row in reader
-            if any((v or "").strip() for v in row.values() if isinstance(v, str))]
+    key = header.index("label")
+    out = []
+    for n, line in numbered[1:]:
+        row = cells(n, line)
+        if len(row) != len(header):
+            raise HeadcountError(f"{path}, line {n}: {len(row)} fields, the header has {len(header)} "
+                                 f"({', '.join(header)})")
+        out.append(row[key].strip())
+    return out
 
 
 def load_labelled_maps(maps_path, labels_path, classes: Sequence[str] = CLASSES) -> tuple[np.ndarray, np.ndarray]:
@@ -83,7 +112,7 @@ def load_labelled_maps(maps_path, labels_path, classes: Sequence[str] = CLASSES)
         maps_path: a .safetensors file with a float tensor named ``maps``, shape ``[N, S, S]``, and
             optionally an integer tensor ``lengths`` ``[N]``: map i is then ``maps[i, :L_i, :L_i]``
             (per-example maps of a padded batch) and is centre-padded back to S x S
-            (:func:`~headcount.analysis.patterns.center_pad`), the input the CNN reads.
+            ([`center_pad`][headcount.analysis.patterns.center_pad]), the input the CNN reads.
         labels_path: a .csv with a ``label`` column, or a .json list (or ``{"labels": [...]}``);
             labels are class names or ids, one per map, in order.
         classes: class names the labels refer to.
@@ -109,12 +138,15 @@ def load_labelled_maps(maps_path, labels_path, classes: Sequence[str] = CLASSES)
         raise HeadcountError(f"labels file not found: {lp}")
     if mp.suffix.lower() != ".safetensors":
         raise HeadcountError(f"maps must be a .safetensors file with a tensor 'maps' [N, S, S], got {mp.name}")
-    try:
-        tensors = load_file(str(mp))
+    try:  # read with torch: numpy has no bfloat16 (a bf16 model's maps); every float is cast to float32
+        tensors = load_torch_file(str(mp))
     except (SafetensorError, OSError, ValueError) as e:
         raise HeadcountError(f"cannot read {mp}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
     if "maps" not in tensors:
         raise HeadcountError(f"{mp} has no tensor named 'maps' (found: {', '.join(sorted(tensors)) or 'none'})")
+    if tensors["maps"].dtype.is_complex or tensors["maps"].dtype == torch.bool:
+        raise HeadcountError(f"'maps' in {mp} must hold real numbers, got {tensors['maps'].dtype}")
+    tensors = {k: v.float().numpy() if v.is_floating_point() else v.numpy() for k, v in tensors.items()}
     maps = np.asarray(tensors["maps"], dtype=np.float32)
     if maps.ndim != 3 or maps.shape[1] != maps.shape[2]:
         raise HeadcountError(f"'maps' in {mp} must be [N, S, S], got shape {tuple(maps.shape)}")
@@ -133,7 +165,7 @@ def load_labelled_maps(maps_path, labels_path, classes: Sequence[str] = CLASSES)
 
 
 def save_labelled_maps(maps, labels, maps_path, labels_path, classes: Sequence[str] = CLASSES) -> tuple[Path, Path]:
-    """Write maps and labels in the format :func:`load_labelled_maps` reads (atomically).
+    """Write maps and labels in the format [`load_labelled_maps`][headcount.analysis.patterns.labels.load_labelled_maps] reads (atomically).
 
     Args:
         maps: ``[N, S, S]``.

@@ -157,7 +157,7 @@ class AttentionMaps:
     n_examples: int
 
     def classify(self) -> PatternClassification:
-        """:func:`classify_patterns` with this layout."""
+        """[`classify_patterns`][headcount.analysis.patterns.features.classify_patterns] with this layout."""
         return classify_patterns(self.maps, self.special_positions, self.segment_ids)
 
 
@@ -169,7 +169,7 @@ def mean_attention_maps(
 ) -> AttentionMaps:
     """Average attention maps of examples of different lengths on one fixed-size layout.
 
-    Every example is placed with :func:`resample_attention`; all must share the same
+    Every example is placed with [`resample_attention`][headcount.analysis.patterns.layout.resample_attention]; all must share the same
     structure (the same number of segments and special tokens, e.g. all sentence pairs). Each
     row of the result is the mean over the examples that fill that row (short examples leave
     cells empty), so rows still sum to 1; rows no example fills stay zero.
@@ -178,12 +178,12 @@ def mean_attention_maps(
         attentions: one tensor per example, ``[..., L_i, L_i]`` (e.g. ``[heads, L, L]`` or
             ``[layers, heads, L, L]``), leading dims equal across examples.
         special_positions: per example, the positions of its special tokens ([CLS], [SEP], ...).
-        size: side of the output maps (default :data:`MAP_SIZE`).
+        size: side of the output maps (default [`MAP_SIZE`][headcount.analysis.patterns.layout.MAP_SIZE]).
         lengths: optional true lengths; maps are cut to ``[:L, :L]`` and rows renormalised
             (for padded batches).
 
     Returns:
-        An :class:`AttentionMaps`.
+        An [`AttentionMaps`][headcount.analysis.patterns.layout.AttentionMaps].
 
     >>> ex = [torch.softmax(torch.randn(2, n, n), -1) for n in (12, 20)]
     >>> mean_attention_maps(ex, [(0, 5, 11), (0, 9, 19)], size=16).maps.shape
@@ -221,10 +221,10 @@ def mean_attention_maps(
 
 @dataclass(frozen=True)
 class StructureMeans:
-    """Mean maps of the examples of the commonest structure (:func:`commonest_structure_maps`).
+    """Mean maps of the examples of the commonest structure ([`commonest_structure_maps`][headcount.analysis.patterns.layout.commonest_structure_maps]).
 
     Attributes:
-        maps: the :class:`AttentionMaps` of those examples.
+        maps: the [`AttentionMaps`][headcount.analysis.patterns.layout.AttentionMaps] of those examples.
         structure: the structure's signature, e.g. ``("S", "C", "S")`` for ``[CLS] text [SEP]``.
         n_other: examples of other structures (left out of the mean).
     """
@@ -239,8 +239,8 @@ def commonest_structure_maps(examples: Iterable[tuple[torch.Tensor, Sequence[int
 
     Examples of different structures (a single sentence, a sentence pair) cannot be averaged
     cell by cell, so each example is placed on the fixed layout of its own structure
-    (:func:`resample_attention`), and the structure with the most examples (ties: the larger
-    signature) is averaged with :func:`mean_attention_maps`. A fixed-size map laid out again
+    ([`resample_attention`][headcount.analysis.patterns.layout.resample_attention]), and the structure with the most examples (ties: the larger
+    signature) is averaged with [`mean_attention_maps`][headcount.analysis.patterns.layout.mean_attention_maps]. A fixed-size map laid out again
     on the same layout is unchanged, so that mean equals the mean of the raw maps. Examples
     whose structure the map size cannot hold are skipped.
 
@@ -250,7 +250,7 @@ def commonest_structure_maps(examples: Iterable[tuple[torch.Tensor, Sequence[int
         size: side of the fixed-size maps.
 
     Returns:
-        A :class:`StructureMeans`.
+        A [`StructureMeans`][headcount.analysis.patterns.layout.StructureMeans].
 
     Raises:
         HeadcountError: no example fits a ``size`` x ``size`` map.

@@ -8,7 +8,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from headcount.analysis.patterns.features import CLASSES, DIAGONAL_OFFSETS, MAP_SIZE, _runs, _specials
+from headcount.runtime.bounds import Bound
 from headcount.runtime.errors import HeadcountError
+
+#: synthetic maps per class
+MAPS_PER_CLASS = Bound(1, 10**5, integer=True)
 
 
 @dataclass(frozen=True)
@@ -55,7 +59,7 @@ def synthetic_attention_maps(
             ([CLS] segment A [SEP] segment B [SEP]).
 
     Returns:
-        A :class:`SyntheticMaps`.
+        A [`SyntheticMaps`][headcount.analysis.patterns.synthetic.SyntheticMaps].
 
     >>> s = synthetic_attention_maps(n_per_class=2, size=16, seed=0)
     >>> s.maps.shape, sorted(set(s.labels.tolist()))

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import typer
 
-from headcount.importance.settings import Bound, default_of
+from headcount.importance.settings import default_of
+from headcount.runtime.bounds import Bound
 
 app = typer.Typer(
     name="headcount",
@@ -27,7 +28,7 @@ def setting(cls, field: str, *names: str, **kwargs):
 
 def bounded(bound: Bound):
     """The ``callback=`` of a numeric option that no settings class checks: a value outside
-    ``bound`` (:mod:`headcount.importance.settings`) is refused while the command line is read, before the
+    ``bound`` (a [`Bound`][headcount.runtime.bounds.Bound]) is refused while the command line is read, before the
     command runs, in one line that names the option (``--seed must be an integer in 0..4294967295,
     got -1``). None (an option left out) passes.
     """

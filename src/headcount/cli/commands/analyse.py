@@ -14,18 +14,18 @@ import typer
 from headcount.cli.commands import app, bounded, setting
 from headcount.cli.commands.core import MODEL_HELP
 from headcount.data.fingerprint import run_identity
+from headcount.data.tasks import get_task
 from headcount.importance.pruning import PruneConfig
 from headcount.importance.scoring import scorer_names
 from headcount.importance.scores import NORMALIZE
 from headcount.importance.settings import (
-    EXAMPLES,
-    TOKENS_PER_BATCH,
     DataConfig,
     PruneSettings,
     ScoreSettings,
     prune_methods,
     settings_from,
 )
+from headcount.runtime.bounds import EXAMPLES, TOKENS_PER_BATCH
 from headcount.runtime.device import DEVICE_HELP, PRECISION_HELP, TOKENS_HELP
 from headcount.runtime.io import ACTIVE_OUTS, check_out_path, prepare_out
 
@@ -60,7 +60,7 @@ def _since_start() -> float | None:
 def _imported_for_good():
     """Imports that make objects living as long as the process (~10^6 for transformers' modules):
     the cyclic garbage collector is off while they are made (it would walk them again and again),
-    and in a process that froze its objects (the console script: :func:`headcount.cli.app.main`) they
+    and in a process that froze its objects (the console script: [`headcount.cli.app.main`][headcount.cli.app.main]) they
     are frozen too, so that no later collection walks them (~0.7 s of a command on 2 busy cores)."""
     enabled = gc.isenabled()
     gc.disable()
@@ -76,7 +76,7 @@ def _imported_for_good():
 @contextmanager
 def _naming_out_on_interrupt(out):
     """A Ctrl-C before ``prepare_out`` has taken ``--out`` names it in its line too (the line of
-    :func:`headcount.cli.app.main` names the last of ``ACTIVE_OUTS``), as it does once the run has it:
+    [`headcount.cli.app.main`][headcount.cli.app.main] names the last of ``ACTIVE_OUTS``), as it does once the run has it:
     whatever ``--out`` holds is kept, untouched."""
     try:
         yield
@@ -87,7 +87,7 @@ def _naming_out_on_interrupt(out):
 
 
 def _heavy_imports():
-    """What a command that loads a checkpoint imports: :mod:`headcount.cli.api` and what loading runs."""
+    """What a command that loads a checkpoint imports: [`headcount.cli.api`][headcount.cli.api] and what loading runs."""
     with _imported_for_good():
         # lazy: transformers, matplotlib: loaded when a command runs, not for --help; and what loading a
         # checkpoint imports (transformers.modeling_utils: torch.distributed, dynamo, ~2 s)
@@ -148,10 +148,11 @@ def score(
     score_command = _heavy_imports().score_command
     phases("imports")
 
+    t = get_task(task)  # looked up once: the identity and the command take the Task
     # the run's identity: every setting as resolved (0.x keeps no earlier versions' identities)
-    identity = run_identity({"model": model, "task": task, **asdict(how), **asdict(data)}, model, task)
+    identity = run_identity({"model": model, "task": task, **asdict(how), **asdict(data)}, model, t)
     with prepare_out(out, "score", identity=identity, outputs=SCORE_FILES, force=force, echo=typer.echo) as guard:
-        summary = score_command(model, task, how, data, guard.staging(), echo=typer.echo, device=device,
+        summary = score_command(model, t, how, data, guard.staging(), echo=typer.echo, device=device,
                                 precision=precision, tokens_per_batch=tokens_per_batch, mark=phases)
         guard.commit()
     typer.echo(f"wrote {out}/scores.json and {out}/heads.png ({summary['n_examples']} examples, "
@@ -205,11 +206,12 @@ def prune(
     stop = replace(importance, max_examples=max_eval_examples)
     with _naming_out_on_interrupt(out):  # the imports and the fingerprints take seconds before --out is taken
         prune_command = _heavy_imports().prune_command
+        t = get_task(task)  # looked up once: the identity and the command take the Task
         # the run's identity: every setting as resolved (0.x keeps no earlier versions' identities)
         identity = run_identity({"model": model, "task": task, **asdict(how), "loop": asdict(loop),
-                                 "importance": asdict(importance), "stop": asdict(stop)}, model, task)
+                                 "importance": asdict(importance), "stop": asdict(stop)}, model, t)
     with prepare_out(out, "prune", identity=identity, outputs=PRUNE_FILES, force=force, echo=typer.echo) as guard:
-        result = prune_command(model, task, how, loop, importance, stop, guard.staging(), echo=typer.echo,
+        result = prune_command(model, t, how, loop, importance, stop, guard.staging(), echo=typer.echo,
                                device=device, precision=precision, tokens_per_batch=tokens_per_batch)
         guard.commit()
     typer.echo(f"wrote {out}/mask.json: {result.mask.n_heads_kept} heads and {result.mask.n_mlps_kept} MLPs kept; "

@@ -10,7 +10,7 @@ import typer
 from headcount.cli.commands import app, bounded
 from headcount.data.tasks import get_task, is_fetched, list_tasks
 from headcount.data.tasks.offline import fetch
-from headcount.importance.settings import EXAMPLES
+from headcount.runtime.bounds import EXAMPLES
 
 data_app = typer.Typer(help="Offline data: fetch the real-text sets behind the offline/* tasks.",
                        no_args_is_help=True)

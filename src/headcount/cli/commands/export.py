@@ -11,7 +11,7 @@ from headcount.cli.commands import app, bounded, setting
 from headcount.cli.commands.core import MODEL_HELP, SHRINK_FILES
 from headcount.core.export import FORMATS, ExportSettings, check_opset
 from headcount.data.fingerprint import run_identity
-from headcount.importance.settings import TOLERANCE
+from headcount.core.export import TOLERANCE
 from headcount.runtime.atomic import atomic_write_bytes
 from headcount.runtime.errors import HeadcountError
 from headcount.runtime.io import check_file_out, one_file_out, prepare_out

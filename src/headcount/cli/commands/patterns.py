@@ -13,16 +13,10 @@ import typer
 
 from headcount.cli.commands import app, bounded
 from headcount.data.fingerprint import run_identity
-from headcount.importance.settings import (
-    BATCH_SIZE,
-    CNN_EPOCHS,
-    LEARNING_RATE,
-    MAP_SIDE,
-    MAPS_PER_CLASS,
-    SEED,
-)
+from headcount.analysis.patterns import CNN_EPOCHS, MAP_SIDE, MAPS_PER_CLASS
+from headcount.runtime.bounds import BATCH_SIZE, LEARNING_RATE, SEED
 from headcount.runtime.atomic import atomic_write_json
-from headcount.runtime.device import DEVICE_HELP, check_spec
+from headcount.runtime.device import DEVICE_HELP, resolve_runtime
 from headcount.runtime.errors import HeadcountError
 from headcount.runtime.io import check_out_path, prepare_out
 
@@ -86,7 +80,7 @@ def train(
         raise HeadcountError(f"--architecture must be one of {', '.join(ARCHITECTURES)}, got {architecture!r}")
     if size is not None and size < 4:
         raise HeadcountError(f"--size must be >= 4, got {size}")
-    dev, _ = check_spec(device)
+    dev = resolve_runtime(device).device
     check_out_path(out)
     x, y = load_labelled_maps(maps, labels)
     given = {"epochs": epochs, "holdout": holdout, "batch_size": batch_size, "lr": lr, "architecture": architecture,

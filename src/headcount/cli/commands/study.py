@@ -9,19 +9,20 @@ import typer
 from headcount import experiments
 from headcount.cli.commands import app
 from headcount.experiments.report import build_report, print_summary
-from headcount.importance.settings import GPUS_PER_JOB
-from headcount.runtime.device import check_gpus_per_job as _check
+from headcount.runtime.errors import HeadcountError
 
 GPUS_PER_JOB_HELP = ("with --executor ray: GPUs each job that runs a model asks Ray for (0.5: two jobs share a "
                      "GPU; default: the executor's, one). The local executor runs one job per GPU and refuses it")
 
 
 def check_gpus_per_job(value: float | None) -> None:
-    """``--gpus-per-job``: :func:`headcount.runtime.device.check_gpus_per_job`'s rule, checked before anything
-    loads (the local executor refuses it when it is made: :func:`headcount.experiments.runner.executors.make_executor`)."""
+    """``--gpus-per-job``: [`headcount.experiments.runner.ray_executor.check_gpus_per_job`][headcount.experiments.runner.ray_executor.check_gpus_per_job]'s rule, checked
+    before the study loads (the local executor refuses it when it is made:
+    [`headcount.experiments.runner.executors.make_executor`][headcount.experiments.runner.executors.make_executor])."""
     if value is not None:
-        _check(value, "--gpus-per-job")
-        GPUS_PER_JOB.check(value, "--gpus-per-job")  # and no more than a machine has (Ray would wait for ever)
+        from headcount.experiments.runner.ray_executor import check_gpus_per_job as check  # lazy: --help stays light
+
+        check(value, "--gpus-per-job")
 
 
 def jobs_line(summary) -> str:
@@ -31,6 +32,8 @@ def jobs_line(summary) -> str:
     return f"jobs: {summary.jobs} ({len(summary.ran)} ran, {summary.reused} reused) in {took}"
 
 
+PLACEMENT_HELP = ("with --executor ray: seconds a job may wait for a node with room for it while none of the "
+                  "study's jobs runs; then it is reported as failed (default 600)")
 STUDY_DEVICE_HELP = ("auto (every GPU: one job per GPU at once) | cpu | cuda | cuda:N (default: the config's "
                      "device:, else $HEADCOUNT_DEVICE, else auto)")
 
@@ -42,17 +45,26 @@ def study(
     resume: bool = typer.Option(False, "--resume", help="continue an interrupted run (the default anyway)"),
     executor: str = typer.Option("local", "--executor", "-e", help="local (in this process) or ray"),
     address: str = typer.Option(None, "--address", help="Ray cluster (host:port, ray://host:port, auto); "
-                                "default: start a local Ray instance"),
+                                "default: $RAY_ADDRESS, else start a local Ray instance"),
     force: bool = typer.Option(False, "--force", help="take over a run directory made by another config "
                                "(deletes nothing; the old config and report move to history/)"),
     no_report: bool = typer.Option(False, "--no-report", help="do not draw the report at the end"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress display"),
     device: str = typer.Option(None, "--device", help=STUDY_DEVICE_HELP),
     gpus_per_job: float = typer.Option(None, "--gpus-per-job", help=GPUS_PER_JOB_HELP),
+    placement_timeout: float = typer.Option(None, "--placement-timeout", help=PLACEMENT_HELP),
 ):
     """Run a study (resumable): every job of the config, then the report."""
     check_gpus_per_job(gpus_per_job)
-    summary = experiments.run_study(config, out, executor=executor, address=address, force=force,
+    chosen = executor
+    if placement_timeout is not None:
+        if executor != "ray":
+            raise HeadcountError("--placement-timeout is for the ray executor (add --executor ray)")
+        from headcount.experiments.runner.ray_executor import RayExecutor  # lazy: --help stays light
+
+        chosen = RayExecutor(address=address, gpus_per_job=gpus_per_job, placement_timeout=placement_timeout)
+        address, gpus_per_job = None, None  # given to the executor
+    summary = experiments.run_study(config, out, executor=chosen, address=address, force=force,
                                     report=not no_report, quiet=quiet, device=device, gpus_per_job=gpus_per_job)
     typer.echo(f"run directory: {summary.run_dir}")
     typer.echo(jobs_line(summary))

@@ -10,7 +10,7 @@ import typer
 from headcount.cli.commands import app, bounded, setting
 from headcount.cli.commands.core import MODEL_HELP
 from headcount.importance.magnitude import check_sparsity
-from headcount.importance.settings import SEED
+from headcount.runtime.bounds import SEED
 from headcount.runtime.device import DEVICE_HELP, PRECISION_HELP, trainer_settings
 from headcount.runtime.errors import HeadcountError
 from headcount.runtime.io import check_out_path, prepare_out

@@ -2,7 +2,7 @@
 
 An adapter is the only place that knows attribute paths such as
 ``encoder.layer[i].attention.self.query``. Generic code (gates, surgery, scoring) sees
-:class:`Block` objects: one per *application* of a transformer layer, in execution order.
+[`Block`][headcount.core.arch.base.Block] objects: one per *application* of a transformer layer, in execution order.
 ALBERT applies one shared layer at every depth, so its blocks repeat the same modules.
 """
 
@@ -244,16 +244,50 @@ class Adapter:
         """The bare encoder model (``BertModel`` inside ``BertForSequenceClassification``)."""
         return getattr(model, "base_model", model)
 
+    #: submodules of the bare encoder model that only a task head reads (BERT's pooler): a
+    #: checkpoint without them gets them new with the head, a model without them drops them
+    task_head_parts: tuple[str, ...] = ("pooler",)
+
+    def is_body_tensor(self, model: nn.Module, name: str) -> bool:
+        """Whether tensor ``name`` (a state-dict key of ``model`` or of a checkpoint loaded into
+        it, with or without the base model's prefix) belongs to the encoder body: the bare
+        encoder model, less its ``task_head_parts``. A missing or unexpected body tensor means
+        a broken checkpoint; a task head's (``classifier.*``, an MLM head) may be new or dropped.
+
+        Examples:
+            >>> import transformers
+            >>> m = transformers.BertForSequenceClassification(transformers.BertConfig(
+            ...     hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=8, vocab_size=10))
+            >>> a = Adapter()
+            >>> [a.is_body_tensor(m, k) for k in ("bert.encoder.layer.1.output.dense.weight", "encoder.layer.0.x",
+            ...                                   "classifier.weight", "bert.pooler.dense.bias")]
+            [True, True, False, False]
+        """
+        base = self.base(model)
+        prefix = getattr(model, "base_model_prefix", "") or ""
+        if prefix and name.startswith(prefix + "."):
+            name = name[len(prefix) + 1:]
+        first = name.split(".", 1)[0]
+        children = {n for n, _ in base.named_children()} | {n for n, _ in base.named_parameters(recurse=False)} \
+            | {n for n, _ in base.named_buffers(recurse=False)}
+        return first in children and first not in self.task_head_parts
+
+    def max_tokens(self, config) -> int | None:
+        """The longest input (in tokens, special tokens included) the model's position embeddings
+        take (or, rotary, were trained for); None: no such limit (relative positions only)."""
+        n = getattr(config, "max_position_embeddings", None)
+        return int(n) if isinstance(n, int) and n > 0 else None
+
     def encoder(self, model: nn.Module) -> nn.Module:
         """The module whose forward runs every block once (its pre-hook resets counters)."""
         raise NotImplementedError
 
     def blocks(self, model: nn.Module) -> list[Block]:
-        """One :class:`Block` per application, in execution order."""
+        """One [`Block`][headcount.core.arch.base.Block] per application, in execution order."""
         raise NotImplementedError
 
     def layout(self, model: nn.Module) -> Layout:
-        """The model's :class:`Layout` (from its config and module tree; nothing is installed)."""
+        """The model's [`Layout`][headcount.core.arch.base.Layout] (from its config and module tree; nothing is installed)."""
         groups: dict[int, list[int]] = {}
         blocks = self.blocks(model)
         for app, block in enumerate(blocks):
@@ -279,7 +313,7 @@ class Adapter:
         """Whether the sequence-classification head reads every position (e.g. mean pooling)
         rather than only the first one and the pooled output (BERT-style heads: False).
 
-        Tells :func:`headcount.data.heads.fit_task_head` what to cache of the frozen encoder's output.
+        Tells ``headcount.data.heads.fit_task_head`` what to cache of the frozen encoder's output.
         """
         return False
 

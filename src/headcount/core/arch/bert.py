@@ -10,8 +10,17 @@ class BertAdapter(Adapter):
     model_types = ("bert", "roberta", "xlm-roberta", "electra", "camembert")
     family = ("BERT", "RoBERTa", "XLM-RoBERTa", "ELECTRA", "CamemBERT")
 
+    #: model types whose position ids start after the padding index (RoBERTa's embeddings)
+    offset_positions = ("roberta", "xlm-roberta", "camembert")
+
     def encoder(self, model):
         return self.base(model).encoder
+
+    def max_tokens(self, config):
+        n = super().max_tokens(config)
+        if n is not None and config.model_type in self.offset_positions:
+            n -= int(getattr(config, "pad_token_id", 0) or 0) + 1
+        return n
 
     def blocks(self, model):
         return [

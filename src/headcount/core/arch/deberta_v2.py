@@ -13,6 +13,10 @@ class DebertaV2Adapter(Adapter):
     def encoder(self, model):
         return self.base(model).encoder
 
+    def max_tokens(self, config):
+        # relative positions only (DeBERTa-v3): no absolute position table to run past
+        return super().max_tokens(config) if getattr(config, "position_biased_input", True) else None
+
     def blocks(self, model):
         blocks = []
         for layer in self.encoder(model).layer:

@@ -1,8 +1,8 @@
-"""The adapter registry: ``config.model_type`` -> the :class:`~headcount.core.arch.base.Adapter`
+"""The adapter registry: ``config.model_type`` -> the [`Adapter`][headcount.core.arch.base.Adapter]
 that serves it.
 
 An adapter module registers itself when it is imported (``register_adapter(MyAdapter())`` at
-its end); :mod:`headcount.core.arch` imports every module of its package, so a new adapter is
+its end); ``headcount.core.arch`` imports every module of its package, so a new adapter is
 one new file (plus its row in the tests' architecture table).
 """
 

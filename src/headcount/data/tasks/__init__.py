@@ -11,7 +11,7 @@ The contract (docs/DATA-API.md)::
     mlm_texts(source, max_examples=None, seed=0) -> list[str]
     mlm_batches(texts, tokenizer, *, max_length=128, batch_size=32, seed=0, probability=0.15)
 
-(The masked-LM head fitted on a frozen encoder is :func:`headcount.data.mlm_head.fit_mlm_head`.)
+(The masked-LM head fitted on a frozen encoder is [`headcount.data.mlm_head.fit_mlm_head`][headcount.data.mlm_head.fit_mlm_head].)
 """
 
 from headcount.data.tasks.base import METRICS, NO_LABEL, FilesSource, Source, Task, TaskData

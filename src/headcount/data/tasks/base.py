@@ -1,8 +1,8 @@
-"""Tasks as data: a :class:`Task` says which columns hold text and label and how to score; a
+"""Tasks as data: a [`Task`][headcount.data.tasks.base.Task] says which columns hold text and label and how to score; a
 *source* says where the rows come from (local files, the Hugging Face hub, fetched offline data).
 
 Turning rows into examples (checking columns, mapping labels, choosing a subset) happens in one
-place, :meth:`Task.load`, whatever the source.
+place, [`Task.load`][headcount.data.tasks.base.Task.load], whatever the source.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ IGNORE = -100
 
 # --------------------------------------------------------------------------- sources
 class Source:
-    """Where a task's rows come from. Subclasses implement :meth:`splits` and :meth:`read`."""
+    """Where a task's rows come from. Subclasses implement ``splits`` and ``read``."""
 
     def splits(self) -> list[str]:
         raise NotImplementedError
@@ -114,7 +114,7 @@ class Task:
         kind: ``"classification"`` or ``"regression"``.
         text_fields: one column, or two for sentence pairs.
         labels: class names (index = class id); ``None`` for regression.
-        metric: primary metric (see :func:`headcount.data.tasks.compute_metrics`).
+        metric: primary metric (see [`headcount.data.tasks.compute_metrics`][headcount.data.tasks.compute_metrics]).
         source: where the rows come from.
         label_field: the label column.
         train_split / validation_split: the splits training and evaluation use by default.
@@ -171,12 +171,12 @@ class Task:
         """The examples of ``split`` (default: the validation split).
 
         Args:
-            split: a name from :meth:`splits`.
+            split: a name from ``splits``.
             max_examples: keep a seeded random subset of this many (in the original order).
             seed: seed of that subset.
 
         Returns:
-            A :class:`TaskData`.
+            A [`TaskData`][headcount.data.tasks.base.TaskData].
 
         Raises:
             HeadcountError: unknown split, missing column, label outside the label set, empty split.
@@ -287,7 +287,8 @@ def _is_int_like(v) -> bool:
         return math.isfinite(v) and float(v).is_integer()
     if isinstance(v, str):
         s = v.strip()
-        return bool(s) and s.lstrip("+-").isdigit()
+        digits = s.lstrip("+-")
+        return bool(digits) and digits.isascii() and digits.isdigit()  # "²" is a digit int() refuses
     return False
 
 

@@ -2,7 +2,7 @@
 
 The cache key is the tokenizer's content (its serialised pipeline or vocabulary and special
 tokens, not its name), the texts and ``max_length``; labels are not cached (they come from the
-:class:`TaskData`), so a cache entry serves every task with the same texts.
+[`TaskData`][headcount.data.tasks.base.TaskData]), so a cache entry serves every task with the same texts.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ class Encoded(Sequence):
 
     Indexing gives ``{"input_ids": [...], "token_type_ids": [...], "labels": int | float}``
     (``token_type_ids`` only when the tokenizer makes them); there is no attention mask:
-    :func:`make_batches` adds it after padding.
+    [`make_batches`][headcount.data.tasks.batching.make_batches] adds it after padding.
     """
 
     def __init__(self, ids: np.ndarray, offsets: np.ndarray, type_ids: np.ndarray | None,
@@ -103,6 +103,9 @@ def tokenize(texts: Sequence[tuple[str, ...]], tokenizer, max_length: int = 128,
     """
     if max_length < 2:
         raise HeadcountError(f"max_length must be at least 2, not {max_length}")
+    limit = getattr(tokenizer, "model_max_length", None)  # the model's positions (load_tokenizer sets it)
+    if isinstance(limit, int) and 2 <= limit < max_length:
+        max_length = limit
     widths = {len(t) for t in texts}
     if len(widths) > 1 or widths - {1, 2}:
         raise HeadcountError("every example must have one text, or every example two (a pair)")
@@ -151,13 +154,13 @@ def encode(data: TaskData, tokenizer, max_length: int = 128, cache_dir=None) -> 
     """Tokenize a split (cached on disk) and attach its labels.
 
     Args:
-        data: from :meth:`Task.load`.
+        data: from ``Task.load``.
         tokenizer: a Hugging Face tokenizer.
         max_length: truncation length (pairs: longest first).
         cache_dir: ``None`` = default cache, ``False`` = no cache, or a folder.
 
     Returns:
-        An :class:`Encoded` (list-like of ``{"input_ids", "token_type_ids", "labels"}``).
+        An [`Encoded`][headcount.data.tasks.batching.Encoded] (list-like of ``{"input_ids", "token_type_ids", "labels"}``).
 
     >>> enc = encode(task.load("validation"), tokenizer, max_length=64)   # doctest: +SKIP
     >>> enc[0]["input_ids"][:3]                                           # doctest: +SKIP
@@ -244,7 +247,7 @@ def make_batches(encoded, batch_size: int, *, shuffle: bool = False, seed: int =
     """Cut encoded examples into padded tensor batches.
 
     Args:
-        encoded: an :class:`Encoded` (or a list of dicts with ``input_ids`` ...).
+        encoded: an [`Encoded`][headcount.data.tasks.batching.Encoded] (or a list of dicts with ``input_ids`` ...).
         batch_size: examples per batch (the last one may be smaller).
         shuffle: seeded random order (for training).
         seed: the seed; same seed, same batches.
@@ -311,7 +314,7 @@ def pack_batches(batches, tokens_per_batch: int, pad_to_multiple_of: int | None 
     rounded up to ``pad_to_multiple_of``, and only neighbours with the same rounded length merge,
     so merging adds no padding; the added positions are masked (``attention_mask`` 0, token
     ``labels`` -100), so losses and gradients do not change. Batches grouped by length
-    (:func:`make_batches`) thus give a handful of shapes (one per rounded length, plus the
+    ([`make_batches`][headcount.data.tasks.batching.make_batches]) thus give a handful of shapes (one per rounded length, plus the
     remainders), each filled up to the budget.
 
     Args:

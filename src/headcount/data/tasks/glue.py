@@ -5,15 +5,15 @@ filled Hugging Face cache) or from local files: in the hub's schema (the columns
 e.g. ``sentence, label`` for SST-2, ``premise, hypothesis, label`` for MNLI; the label a class id
 or a class name; ``-1`` = unlabelled on test splits) or as in the original GLUE download
 (``train.tsv``, ``dev.tsv``, ``dev_matched.tsv`` ... with each task's own columns; see
-:mod:`.glue_local`). Local files are found by ``get_task("glue/sst2", data_dir=DIR)``, by
+[`glue_local`][headcount.data.tasks.glue_local]). Local files are found by ``get_task("glue/sst2", data_dir=DIR)``, by
 ``data_files={"train": ...}``, by a task YAML with ``glue: sst2``, or for every GLUE task at once
 by the environment variable ``HEADCOUNT_GLUE_DIR`` (``$HEADCOUNT_GLUE_DIR/sst2/`` or ``.../SST-2/``).
 A task trains on ``train`` and evaluates on ``validation`` (MNLI: ``validation_matched``;
 ``glue/mnli-mm``: ``validation_mismatched``), never on another split in their place: a folder
 without the evaluation split is refused. ``glue/mnli`` also declares the mismatched dev set as an
-extra evaluation split (:attr:`Task.extra_eval_splits` ``{"mm": "validation_mismatched"}``, when
+extra evaluation split ([`Task.extra_eval_splits`][headcount.data.tasks.base.Task.extra_eval_splits] ``{"mm": "validation_mismatched"}``, when
 its source has that split): the studies evaluate each final model on both and report both.
-Whichever the source, the same :meth:`Task.load` checks the rows.
+Whichever the source, the same [`Task.load`][headcount.data.tasks.base.Task.load] checks the rows.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ files have no header). Those files are read as GLUE's own loaders read them: fie
 quotes kept as text (the files are not CSV-quoted); their columns are renamed to the hub's and
 their labels (``entailment``, ``1``, ``4.250``) mapped to the hub's label order by name or id.
 
-A ``.tsv`` is taken for a download file by its first line (:func:`download_header`), so both
+A ``.tsv`` is taken for a download file by its first line ([`download_header`][headcount.data.tasks.glue_local.download_header]), so both
 layouts may also be mixed, or named one by one with ``data_files``. A folder must hold the
 split the task is evaluated on; nothing falls back to another split.
 """

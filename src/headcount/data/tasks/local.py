@@ -33,7 +33,7 @@ KEYS = TASK_KEYS
 
 
 def load_task_yaml(path: str | os.PathLike) -> Task:
-    """Read a task YAML file (see the module docstring) into a :class:`Task`.
+    """Read a task YAML file (see the module docstring) into a [`Task`][headcount.data.tasks.base.Task].
 
     Raises:
         HeadcountError: unreadable or non-UTF-8 file, not YAML, not a mapping, unknown or bad

@@ -6,7 +6,7 @@ mask token, 10% a random ordinary token, 10% stay; ``labels`` hold the original 
 ``-100`` elsewhere. Everything is drawn from one ``torch.Generator`` seeded with ``seed``, so the
 same texts, tokenizer and seed give the same batches.
 
-A head for checkpoints without masked-LM weights is fitted by :func:`headcount.data.mlm_head.fit_mlm_head`
+A head for checkpoints without masked-LM weights is fitted by [`headcount.data.mlm_head.fit_mlm_head`][headcount.data.mlm_head.fit_mlm_head]
 (still importable from here).
 """
 
@@ -130,14 +130,14 @@ def mlm_batches(texts: Sequence[str], tokenizer, *, max_length: int = 128, batch
     """Padded, masked batches for the masked-LM loss.
 
     Args:
-        texts: from :func:`mlm_texts`.
+        texts: from [`mlm_texts`][headcount.data.tasks.mlm.mlm_texts].
         tokenizer: a tokenizer with a mask token.
         max_length / batch_size: truncation length; sequences per batch (grouped by length).
         seed: the masking seed (same seed, same batches).
         probability: share of ordinary tokens chosen per sequence (at least one each).
-        cache_dir: tokenization cache (see :func:`headcount.data.tasks.encode`).
+        cache_dir: tokenization cache (see [`headcount.data.tasks.encode`][headcount.data.tasks.encode]).
         group_by_length: False: the texts' order in fixed-size batches (see
-            :func:`headcount.importance.pipeline.batches_for`).
+            [`headcount.importance.pipeline.batches_for`][headcount.importance.pipeline.batches_for]).
 
     Returns:
         Batches ``{"input_ids", "attention_mask", "token_type_ids"?, "labels"}`` (labels

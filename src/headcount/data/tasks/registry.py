@@ -1,6 +1,6 @@
 """The task registry: names -> task factories; task references (a name or a YAML path); closest-name suggestions.
 
-How a string names a task is decided in one place, :func:`resolve_task_ref`: a registered name
+How a string names a task is decided in one place, ``resolve_task_ref``: a registered name
 wins; a path is a path only when it ends in ``.yaml`` / ``.yml`` or starts with ``./``, ``../``,
 ``/`` or ``~``. So ``glue/mnli`` stays the GLUE task even beside a ``glue/mnli`` data folder.
 """
@@ -44,7 +44,7 @@ def list_tasks() -> list[str]:
     return list(_REGISTRY)
 
 
-#: how a path starts (the rule of :func:`resolve_task_ref`); a bare name never is one
+#: how a path starts (the rule of ``resolve_task_ref``); a bare name never is one
 _PATH_STARTS = tuple({f".{os.sep}", f"..{os.sep}", os.sep, "./", "../", "/", "~"})
 
 
@@ -67,9 +67,9 @@ def resolve_task_ref(value, base_dir: str | os.PathLike | None = None, *, check:
     called like a task (``glue/mnli`` beside a config) changes nothing.
 
     Args:
-        value: a name from :func:`list_tasks` or a task YAML path.
+        value: a name from ``list_tasks`` or a task YAML path.
         base_dir: what relative paths are relative to.
-        check: also build the task (:func:`get_task`), so that a bad task YAML or a GLUE folder
+        check: also build the task ([`get_task`][headcount.data.tasks.registry.get_task]), so that a bad task YAML or a GLUE folder
             without its evaluation split fails here, e.g. while a study config is validated.
 
     Returns:
@@ -105,11 +105,11 @@ def resolve_task_ref(value, base_dir: str | os.PathLike | None = None, *, check:
 def get_task(name_or_yaml_path, *, data_dir=None, data_files=None) -> Task:
     """A task by registered name (``glue/sst2``, ``offline/movies``) or task YAML path.
 
-    Which one a string is follows :func:`resolve_task_ref` (relative paths: from the working
+    Which one a string is follows ``resolve_task_ref`` (relative paths: from the working
     directory).
 
     Args:
-        name_or_yaml_path: a name from :func:`list_tasks`, a path to a task YAML, or a Task.
+        name_or_yaml_path: a name from ``list_tasks``, a path to a task YAML, or a Task.
         data_dir: for GLUE tasks: a folder of local files, in the hub's layout
             (``<split>.parquet|jsonl|csv|tsv``) or the GLUE download's (``train.tsv``, ``dev.tsv``).
         data_files: for GLUE tasks: ``{split: path}`` in either schema.

@@ -1,7 +1,7 @@
 """Reading local data files (csv, tsv, jsonl, parquet) into columns, with one-line errors.
 
-A :class:`Table` is plain columns (``dict[str, list]``) plus where they came from, so that the
-code that turns rows into examples (:meth:`headcount.data.tasks.base.Task.load`) is the same for local
+A [`Table`][headcount.data.tasks.tables.Table] is plain columns (``dict[str, list]``) plus where they came from, so that the
+code that turns rows into examples ([`headcount.data.tasks.base.Task.load`][headcount.data.tasks.base.Task.load]) is the same for local
 files, the Hugging Face hub and the offline data.
 """
 
@@ -45,7 +45,7 @@ class Table:
 
 
 def read_text(path: str | os.PathLike) -> str:
-    """Read a UTF-8 text file; a one-line :class:`HeadcountError` when that is impossible.
+    """Read a UTF-8 text file; a one-line [`HeadcountError`][headcount.runtime.errors.HeadcountError] when that is impossible.
 
     >>> read_text(__file__).startswith("Reading", 3)
     True
@@ -73,7 +73,7 @@ def read_table(path: str | os.PathLike) -> Table:
 
     CSV/TSV cells are read as strings exactly as written (no ``NA`` guessing); numbers are
     converted later where a number is expected. A ``.tsv`` is plain tab-separated text (quotes are
-    text, :func:`read_tsv`), a ``.csv`` is CSV (quoted fields may span lines). Every row is read
+    text, [`read_tsv`][headcount.data.tasks.tables.read_tsv]), a ``.csv`` is CSV (quoted fields may span lines). Every row is read
     or the file is refused: a row with the wrong number of fields, a quote never closed, and a
     count of rows that does not match the file's lines (or a parquet file's metadata).
 
@@ -249,11 +249,18 @@ def _read_jsonl(p: Path, text: str) -> Table:
         if _blank(line):
             continue
         try:
-            row = json.loads(line)
+            row = json.loads(line, object_pairs_hook=_no_twice)
         except json.JSONDecodeError as e:
             raise HeadcountError(f"{p}, line {lineno}: not JSON ({e.msg})") from None
+        except _Twice as e:
+            raise HeadcountError(f"{p}, line {lineno}: the key {e.args[0]!r} appears twice in one object "
+                                 "(which value is meant?)") from None
         if not isinstance(row, dict):
             raise HeadcountError(f"{p}, line {lineno}: each line must be a JSON object, got {type(row).__name__}")
+        bad = _lone_surrogate(row)
+        if bad is not None:
+            raise HeadcountError(f"{p}, line {lineno}: {bad} holds a lone surrogate ({_escaped(bad, row)}), "
+                                 "which is not text (a \\ud800-\\udfff escape must come in a valid pair)")
         rows.append(row)
     _check_count(p, len(rows), sum(not _blank(line) for line in lines), "non-blank lines",
                  "every non-blank line must be one JSON object")
@@ -261,6 +268,46 @@ def _read_jsonl(p: Path, text: str) -> Table:
     for row in rows:
         names.update(dict.fromkeys(row))
     return Table({n: [row.get(n) for row in rows] for n in names}, str(p))
+
+
+class _Twice(Exception):
+    pass
+
+
+def _no_twice(pairs: list) -> dict:
+    """A JSON object's ``object_pairs_hook``: a key given twice is an error, not the last one kept."""
+    out: dict = {}
+    for key, value in pairs:
+        if key in out:
+            raise _Twice(key)
+        out[key] = value
+    return out
+
+
+def _lone_surrogate(value, where: str = "the row"):
+    """Where ``value`` (a parsed JSON row) holds a string with a lone UTF-16 surrogate (JSON's
+    ``"\\ud800"`` parses, but no tokenizer can encode it), or None."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return where
+        return None
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        if isinstance(key, str) and _lone_surrogate(key) is not None:
+            return f"a key of {where}"
+        found = _lone_surrogate(item, f"field {key!r}" if where == "the row" else f"{where}[{key!r}]")
+        if found is not None:
+            return found
+    return None
+
+
+def _escaped(where: str, row: dict) -> str:
+    """The first lone surrogate of ``row``, written as its JSON escape."""
+    text = json.dumps(row)
+    found = re.search(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}", text)
+    return found.group(0) if found else "?"
 
 
 def _read_parquet(p: Path) -> Table:

@@ -2,10 +2,10 @@
 under each objective, whether each seed's mask kept it, when pruning removed it, its attention
 pattern class, and what it attends to on a few examples.
 
-The package holds :mod:`.data` (the page model: quantities as [layers, heads] grids, per-head
-details, attention quantised to bytes), :mod:`.sources` (reading a study's run directory, or a
-model and a task with score and mask files), :mod:`.page` (the HTML; its script ``explorer.js``
-and style ``explorer.css`` are package files inlined at write time) and :mod:`.output` (writing
+The package holds [`data`][headcount.experiments.explorer.data] (the page model: quantities as [layers, heads] grids, per-head
+details, attention quantised to bytes), [`sources`][headcount.experiments.explorer.sources] (reading a study's run directory, or a
+model and a task with score and mask files), [`page`][headcount.experiments.explorer.page] (the HTML; its script ``explorer.js``
+and style ``explorer.css`` are package files inlined at write time) and [`output`][headcount.experiments.explorer.output] (writing
 the one file safely). The command line is
 ``headcount explore``; in a notebook::
 
@@ -26,8 +26,8 @@ from headcount.runtime.errors import HeadcountError
 
 
 class Explorer:
-    """An explorer page: ``page`` (the JSON-able model), :meth:`html`, :meth:`save`; shown inline
-    by Jupyter (:meth:`_repr_html_`: the page in an ``<iframe srcdoc>``)."""
+    """An explorer page: ``page`` (the JSON-able model), ``html``, ``save``; shown inline
+    by Jupyter (``_repr_html_``: the page in an ``<iframe srcdoc>``)."""
 
     def __init__(self, page: dict, settings: dict | None = None):
         self.page = page
@@ -72,8 +72,10 @@ def explore(run=None, *, model: str | None = None, task: str | None = None, scor
     Args:
         run: a study's run directory (transfer, lottery, or any whose jobs write ``scores.json``,
             ``mask.json`` or ``patterns.json``).
-        model, task: instead of ``run``: a checkpoint (or hub id, ``offline``) and a task.
-        scores, masks: with ``model``: paths of ``scores.json`` and ``mask.json`` files to show.
+        model: instead of ``run``: a checkpoint (or hub id, ``offline``), with ``task`` or ``texts``.
+        task: with ``model``: the task whose dev examples and quantities the page shows.
+        scores: with ``model``: paths of ``scores.json`` files to show.
+        masks: with ``model``: paths of ``mask.json`` files to show.
         texts: with ``model``: your own texts (strings or pairs) instead of the task's dev examples.
         examples: dev examples whose attention the page holds (1 to 16, each cut to 128 tokens).
         job: with ``run``: the finetune job whose model gives the attention (default: the first
@@ -82,7 +84,7 @@ def explore(run=None, *, model: str | None = None, task: str | None = None, scor
         attention: with ``run``: False leaves the attention examples out (no model is loaded).
 
     Returns:
-        An :class:`Explorer` (``.save(path)``; a notebook shows it).
+        An ``Explorer`` (``.save(path)``; a notebook shows it).
 
     Raises:
         HeadcountError: both or neither of ``run`` and ``model``; a model without a task; bad files.

@@ -1,10 +1,10 @@
-"""The page model of the explorer: one JSON-able dict that :mod:`.page` renders.
+"""The page model of the explorer: one JSON-able dict that [`page`][headcount.experiments.explorer.page] renders.
 
 Layout of the dict (``FORMAT`` 1)::
 
     {"format": 1, "title": str, "source": {...}, "notes": [str],
      "layers": L, "heads": H,
-     "quantities": [{"name", "kind", "heads": [L][H], "mlps": [L] | null, "ranks": [L][H] | null,
+     "quantities": [{"name", "key", "kind", "heads": [L][H], "mlps": [L] | null, "ranks": [L][H] | null,
                      "mlp_ranks": [L] | null, "categories": [str] | null, "group": str | null,
                      "seed": int | null, "n": int | null}],
      "details": [L][H][n_quantities] -> [value text, rank text | null],
@@ -12,16 +12,20 @@ Layout of the dict (``FORMAT`` 1)::
      "attention": null | {"label", "k", "min_weight", "examples": [{"tokens": [str]}],
                           "heads": [L][H] -> base64 | null}}
 
+``name`` says what a quantity is (method, objective, task, seed: ``task gradient importance
+(fine-tuned), tweets, seed 1``); ``key`` is where it comes from (the job name or the file), and
+the seed groups are read from it.
+
 Quantity kinds: ``score`` (an importance grid), ``mean`` (of a score grid over seeds), ``mask``
 (1 kept, 0 removed), ``survival`` (kept by k of ``n`` masks), ``level`` (the smallest pruning
 level that removed the head; null: none did), ``step`` (the iterative pruning step that removed
 the head; null: kept), ``pattern`` (an index into ``categories``).
 Values that are not finite are null.
 
-Attention (:func:`encode_attention`): per head, one byte string over the examples; for each
+Attention ([`encode_attention`][headcount.experiments.explorer.data.encode_attention]): per head, one byte string over the examples; for each
 example of ``n`` tokens: ``n`` counts (one per query row), then for each row ``count`` pairs
 ``(key index, round(weight x 255))``, the row's largest weights, largest first: at most ``k``,
-and only those of at least ``min_weight`` (the largest is always kept). :func:`decode_attention`
+and only those of at least ``min_weight`` (the largest is always kept). [`decode_attention`][headcount.experiments.explorer.data.decode_attention]
 reads it back (the page's script does the same).
 """
 
@@ -34,7 +38,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from headcount.importance.settings import Bound
+from headcount.runtime.bounds import Bound
 from headcount.runtime.errors import HeadcountError
 
 FORMAT = 1
@@ -53,6 +57,7 @@ EXAMPLES_SHOWN = Bound(1, MAX_EXAMPLES, integer=True)
 KINDS = ("score", "mean", "mask", "survival", "level", "step", "pattern")
 NUMERIC = ("score", "mean", "survival", "level", "step")
 _SEED = re.compile(r"(^|/)seed(\d+)(?=/|$)")
+_SEED_TEXT = re.compile(r", seed \d+(?=,|$)")
 
 
 def new_page(n_layers: int, n_heads: int, title: str, source: dict) -> dict:
@@ -117,7 +122,8 @@ def add_quantity(page: dict, name: str, heads, mlps=None, *, kind: str, categori
                  key: str | None = None) -> dict:
     """Add a quantity (a [layers, heads] grid and an optional [layers] MLP column) to ``page``.
 
-    ``key``: the job name its seed group is read from (:func:`seed_group`; default ``name``).
+    ``key``: the job name (or file) it comes from, and its seed group is read from
+    ([`seed_group`][headcount.experiments.explorer.data.seed_group]; default ``name``). A name already on the page gets `` [key]``.
 
     Raises:
         HeadcountError: a grid that does not fit the page's layers x heads (the message names ``name``).
@@ -127,9 +133,12 @@ def add_quantity(page: dict, name: str, heads, mlps=None, *, kind: str, categori
     L, H = page["layers"], page["heads"]
     grid = _grid(heads, L, H, name)
     column = None if mlps is None else _grid(mlps, L, None, f"{name} (MLPs)")
-    group, seed = seed_group(key or name)
+    key = key or name
+    if any(q["name"] == name for q in page["quantities"]):
+        name = f"{name} [{key}]"
+    group, seed = seed_group(key)
     clean = _count if kind in ("mask", "survival", "pattern") else _clean
-    q = {"name": name, "kind": kind, "heads": [[clean(v) for v in row] for row in grid],
+    q = {"name": name, "key": key, "kind": kind, "heads": [[clean(v) for v in row] for row in grid],
          "mlps": None if column is None else [clean(v) for v in column],
          "ranks": None, "mlp_ranks": None, "categories": list(categories) if categories is not None else None,
          "group": group, "seed": seed, "n": n}
@@ -143,7 +152,16 @@ def add_quantity(page: dict, name: str, heads, mlps=None, *, kind: str, categori
 
 def add_seed_summaries(page: dict) -> None:
     """For each group of score grids over two or more seeds, their mean; for each group of masks
-    over two or more seeds, survival (kept by k of n)."""
+    over two or more seeds, survival (kept by k of n). Members are grouped by their keys' seed
+    group ([`seed_group`][headcount.experiments.explorer.data.seed_group]: job names that differ only in ``seed<k>``); the summary is named
+    after its members' name without the seed (``, seed 1``), or after the group of keys.
+
+    >>> page = new_page(1, 2, "t", {})
+    >>> for k in (1, 2):
+    ...     _ = add_quantity(page, f"task importance, tweets, seed {k}", [[k, 0]], kind="score", key=f"s/seed{k}")
+    >>> add_seed_summaries(page); page["quantities"][-1]["name"]
+    'mean of 2 seeds: task importance, tweets'
+    """
     groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
     for q in page["quantities"]:
         if q["group"] is not None and q["kind"] in ("score", "mask"):
@@ -156,11 +174,14 @@ def add_seed_summaries(page: dict) -> None:
         if all(q["mlps"] is not None for q in members):
             mlps = np.array([[np.nan if v is None else v for v in q["mlps"]] for q in members])
         n = len(members)
+        label = _SEED_TEXT.sub("", members[0]["name"])
+        label = label if label != members[0]["name"] and all(_SEED_TEXT.sub("", q["name"]) == label
+                                                             for q in members) else group
         if kind == "score":
-            add_quantity(page, f"mean of {n} seeds: {group}", _mean(heads), None if mlps is None else _mean(mlps),
+            add_quantity(page, f"mean of {n} seeds: {label}", _mean(heads), None if mlps is None else _mean(mlps),
                          kind="mean", n=n)
         else:
-            add_quantity(page, f"kept by k of {n} seeds: {group}", heads.sum(0),
+            add_quantity(page, f"kept by k of {n} seeds: {label}", heads.sum(0),
                          None if mlps is None else mlps.sum(0), kind="survival", n=n)
 
 
@@ -172,8 +193,9 @@ def _mean(stack: np.ndarray) -> np.ndarray:
         return np.where(count > 0, np.where(finite, stack, 0).sum(0) / count, np.nan)
 
 
-def add_levels(page: dict, family: str, masks: dict[float, dict]) -> None:
-    """The smallest level (of ``{level: mask dict}``) whose mask removes each head and MLP."""
+def add_levels(page: dict, family: str, masks: dict[float, dict], label: str | None = None) -> None:
+    """The smallest level (of ``{level: mask dict}``) whose mask removes each head and MLP
+    (``label``: its name on the page; default ``removed at level: <family>``)."""
     L, H = page["layers"], page["heads"]
     heads = np.full((L, H), np.nan)
     mlps = np.full(L, np.nan)
@@ -182,10 +204,10 @@ def add_levels(page: dict, family: str, masks: dict[float, dict]) -> None:
         heads[_grid(m["heads"], L, H, family) == 0] = level
         if m.get("mlps") is not None:
             mlps[_grid(m["mlps"], L, None, family) == 0] = level
-    add_quantity(page, f"removed at level: {family}", heads, mlps, kind="level")
+    add_quantity(page, label or f"removed at level: {family}", heads, mlps, kind="level", key=family)
 
 
-def add_steps(page: dict, name: str, removed_at_step: dict) -> None:
+def add_steps(page: dict, name: str, removed_at_step: dict, key: str | None = None) -> None:
     """The iterative pruning step that removed each head and MLP (``removed_at_step`` of a
     ``mask.json``: ``{"heads": [L][H], "mlps": [L]}``, 0 = kept), as a ``step`` quantity."""
     L, H = page["layers"], page["heads"]
@@ -195,7 +217,7 @@ def add_steps(page: dict, name: str, removed_at_step: dict) -> None:
     heads[heads == 0] = np.nan
     if mlps is not None:
         mlps[mlps == 0] = np.nan
-    add_quantity(page, f"removed at step: {name}", heads, mlps, kind="step")
+    add_quantity(page, name if key else f"removed at step: {name}", heads, mlps, kind="step", key=key or name)
 
 
 def _text(q: dict, value, rank, total: int) -> list:
@@ -240,7 +262,7 @@ def finish(page: dict) -> dict:
 # -- attention --------------------------------------------------------------------------------
 def choose_k(n_rows: int, budget: int = BUDGET_BYTES) -> int:
     """Weights kept per query row so that ``n_rows`` rows fit ``budget`` bytes at worst
-    (a count byte per row and two bytes per weight); between 1 and :data:`TOP_K`.
+    (a count byte per row and two bytes per weight); between 1 and [`TOP_K`][headcount.experiments.explorer.data.TOP_K].
 
     >>> choose_k(144 * 16 * 128)   # BERT-base, 16 examples of 128 tokens
     5

@@ -156,6 +156,11 @@ function spearman(x, y) {
   for (var i = 0; i < n; i++) { sxy += (rx[i] - mx) * (ry[i] - mx); sxx += Math.pow(rx[i] - mx, 2); syy += Math.pow(ry[i] - mx, 2); }
   return sxx && syy ? sxy / Math.sqrt(sxx * syy) : NaN;
 }
+function axis(svg, attrs, name) {  // an axis named by its quantity (shortened to fit; the whole name on hover)
+  var short = name.length > 42 ? name.slice(0, 41) + "\u2026" : name, t = el("text", attrs, short);
+  t.appendChild(el("title", {}, name));
+  svg.appendChild(t);
+}
 function scatter() {
   var svg = $("scatter"), W = 340, P = 60, B = 36, M = 8, qa = Q[state.a], qb = Q[state.b];
   svg.textContent = "";
@@ -174,8 +179,8 @@ function scatter() {
   svg.appendChild(el("text", {x: W - 2, y: W - B + 14, "text-anchor": "end"}, fmt(ex[1])));
   svg.appendChild(el("text", {x: P - 4, y: W - B, "text-anchor": "end"}, fmt(ey[0])));
   svg.appendChild(el("text", {x: P - 4, y: 12, "text-anchor": "end"}, fmt(ey[1])));
-  svg.appendChild(el("text", {x: (W + P) / 2, y: W - 4, "text-anchor": "middle", "class": "axis"}, "x: left grid"));
-  svg.appendChild(el("text", {x: 12, y: (W - B) / 2, transform: "rotate(-90 12 " + (W - B) / 2 + ")", "text-anchor": "middle", "class": "axis"}, "y: right grid"));
+  axis(svg, {x: (W + P) / 2, y: W - 4, "text-anchor": "middle", "class": "axis", id: "axis-x"}, qa.name);
+  axis(svg, {x: 12, y: (W - B) / 2, transform: "rotate(-90 12 " + (W - B) / 2 + ")", "text-anchor": "middle", "class": "axis", id: "axis-y"}, qb.name);
   pts.forEach(function (p) {
     var c = el("circle", {cx: sx(p.x), cy: sy(p.y), r: 4, "data-k": p.l + "." + p.h});
     c.appendChild(el("title", {}, "layer " + p.l + ", " + headName(p.h) + ": " + fmt(p.x) + ", " + fmt(p.y)));
@@ -209,8 +214,11 @@ function brush(svg, pts, sx, sy) {
 }
 
 // -- detail: numbers and attention -------------------------------------------------------------------
-function select(l, h) {
+function select(l, h, fromHash) {
   state.sel = {l: l, h: h};
+  if (!fromHash) {  // the URL names the head: a link to it, and back in the browser's history
+    try { history.replaceState(null, "", "#head=" + l + "." + h); } catch (err) { location.hash = "head=" + l + "." + h; }
+  }
   mark();
   var mlp = h === "mlp";
   $("detail-title").textContent = mlp ? "Layer " + l + ", MLP" : "Layer " + l + ", " + headName(h);
@@ -322,7 +330,11 @@ if (A) {
 $("scatter").addEventListener("click", function (e) { if (e.target.tagName === "svg" || e.target.classList.contains("frame")) { state.marked = {}; $("marked-info").textContent = ""; mark(); } });
 scatter();
 attention();
-var deep = /^#head=(\d+)\.(\d+|mlp)$/.exec(location.hash);  // a link to one head: page.html#head=3.5
-if (deep && +deep[1] < L && (deep[2] === "mlp" ? hasMlp : +deep[2] < H)) select(+deep[1], deep[2] === "mlp" ? "mlp" : +deep[2]);
+function fromHash() {  // a link to one head: page.html#head=3.5 (typed, or clicked: select writes it)
+  var deep = /^#head=(\d+)\.(\d+|mlp)$/.exec(location.hash);
+  if (deep && +deep[1] < L && (deep[2] === "mlp" ? hasMlp : +deep[2] < H)) select(+deep[1], deep[2] === "mlp" ? "mlp" : +deep[2], true);
+}
+fromHash();
+window.addEventListener("hashchange", fromHash);
 document.body.setAttribute("data-ready", "1");
 })();

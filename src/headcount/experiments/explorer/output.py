@@ -3,8 +3,8 @@
 The page is written atomically (the old file or the complete new one, never half), under a
 lock beside it (``.headcount.lock.<name>``, held with flock, removed after; a run killed while
 writing leaves it, and the next run removes that run's temporary files). An existing file is
-replaced only when it is an explorer page (its marker line, :func:`headcount.experiments.explorer.page.marker`)
-that nobody edited since (the seal line after it: :func:`sealed_page`), and, unless ``force``, one of the same identity (the same run or model and settings).
+replaced only when it is an explorer page (its marker line, [`headcount.experiments.explorer.page.marker`][headcount.experiments.explorer.page.marker])
+that nobody edited since (the seal line after it: [`sealed_page`][headcount.experiments.explorer.output.sealed_page]), and, unless ``force``, one of the same identity (the same run or model and settings).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def check_out(out, identity: str | None, force: bool, echo=None) -> Path:
 def sealed_page(text: str) -> bytes:
     """The page's bytes with a seal line after its marker line: the SHA-256 of the page, so that a
     later run replaces the file only while it is byte for byte what headcount wrote (a note the
-    user added makes it theirs; :func:`headcount.runtime.record.sealed_intact`)."""
+    user added makes it theirs; [`headcount.runtime.record.sealed_intact`][headcount.runtime.record.sealed_intact])."""
     head, sep, rest = text.partition(" -->\n")
     return seal_bytes(f"{head}{sep}<!-- {SEAL_PLACEHOLDER} -->\n{rest}".encode())
 

@@ -1,10 +1,10 @@
 """The explorer page: one self-contained HTML file (inline style, script and data; nothing is
 fetched, so it opens from disk with the network off).
 
-The page model (:mod:`.data`) travels as JSON in ``<script type="application/json"
+The page model ([`data`][headcount.experiments.explorer.data]) travels as JSON in ``<script type="application/json"
 id="hc-data">`` (``<``, ``>`` and ``&`` escaped as ``\\u003c``...: no text of the data can end the
-tag); :func:`page_data` reads it back. The second line of the file marks it as headcount's
-(:func:`marker`): a later run replaces only a file that carries it.
+tag); [`page_data`][headcount.experiments.explorer.page.page_data] reads it back. The second line of the file marks it as headcount's
+([`marker`][headcount.experiments.explorer.page.marker]): a later run replaces only a file that carries it.
 """
 
 from __future__ import annotations
@@ -33,13 +33,13 @@ BODY = """<header>
 <main>
 <div class="row">
   <section class="panel" aria-labelledby="qa-label">
-    <label class="pick" id="qa-label">Left grid (x of the scatter)<select id="qa"></select></label>
-    <div class="grid" id="grid-a" role="group" aria-label="heads by layer, left grid: arrow keys move, Enter or Space selects"></div>
+    <label class="pick" id="qa-label">Quantity (x axis of the scatter)<select id="qa"></select></label>
+    <div class="grid" id="grid-a" role="group" aria-label="heads by layer, coloured by the x quantity: arrow keys move, Enter or Space selects"></div>
     <div class="legend" id="legend-a"></div>
   </section>
   <section class="panel" aria-labelledby="qb-label">
-    <label class="pick" id="qb-label">Right grid (y of the scatter)<select id="qb"></select></label>
-    <div class="grid" id="grid-b" role="group" aria-label="heads by layer, right grid: arrow keys move, Enter or Space selects"></div>
+    <label class="pick" id="qb-label">Quantity (y axis of the scatter)<select id="qb"></select></label>
+    <div class="grid" id="grid-b" role="group" aria-label="heads by layer, coloured by the y quantity: arrow keys move, Enter or Space selects"></div>
     <div class="legend" id="legend-b"></div>
   </section>
   <section class="panel scatter" aria-label="scatter of the two quantities">

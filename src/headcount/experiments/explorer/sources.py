@@ -1,10 +1,11 @@
-"""Where an explorer page's numbers come from: a run directory (:func:`from_run`) or a model and
-a task with optional score and mask files (:func:`from_model`); and the attention examples
-(:func:`attention_examples`) both compute with :func:`headcount.core.attention.attention_maps`.
+"""Where an explorer page's numbers come from: a run directory ([`from_run`][headcount.experiments.explorer.sources.from_run]) or a model and
+a task with optional score and mask files ([`from_model`][headcount.experiments.explorer.sources.from_model]); and the attention examples
+([`attention_examples`][headcount.experiments.explorer.sources.attention_examples]) both compute with [`headcount.core.attention.attention_maps`][headcount.core.attention.attention_maps].
 """
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from headcount.experiments.explorer.data import (
     attention_block,
     finish,
     new_page,
+    seed_group,
 )
 from headcount.runtime.errors import HeadcountError
 
@@ -37,25 +39,122 @@ def _read_json(path: Path, what: str):
         raise HeadcountError(f"{what} {path} is unreadable ({type(e).__name__})") from None
 
 
+#: Importance methods in words (others: ``<method> importance``).
+METHODS = {"gradient": "gradient importance", "gradient-token": "gradient importance",
+           "magnitude": "weight-magnitude importance"}
+
+#: Objectives in words.
+OBJECTIVES = {"mlm": "MLM", "task": "task", "embedding": "embedding"}
+
+
+def _short_task(task) -> str:
+    """``offline/tweets`` -> ``tweets``: the task as the page names it (a task file: its ``name``).
+
+    >>> _short_task("offline/tweets"), _short_task("glue/sst2"), _short_task(None)
+    ('tweets', 'sst2', '')
+    """
+    if not task:
+        return ""
+    task = str(task)
+    if task.endswith((".yaml", ".yml")):
+        task = _task_file_name(task)
+    return task.rstrip("/").rsplit("/", 1)[-1]
+
+
+@functools.lru_cache(maxsize=64)
+def _task_file_name(path: str) -> str:
+    """The ``name`` of a task file (its file name when it cannot be read)."""
+    try:
+        from headcount.data.tasks import get_task
+
+        return get_task(path).name
+    except Exception:  # noqa: BLE001  (a label only: the file may have moved since the run)
+        return Path(path).stem
+
+
+def describe(what: str, name: str, kind: str = "", params: dict | None = None, data: dict | None = None,
+             study: str = "") -> str:
+    """A quantity's name by method, task and seed, from its job (``name``, ``kind``, ``params``) and
+    its file (``data``: ``method``, ``objective``, ``task``), never by job or file path: ``task
+    gradient importance (fine-tuned), tweets, seed 1``. ``what``: ``score``, ``mask``, ``steps``,
+    ``rules``, ``cnn`` (then ``params["examples"]``), ``entropy``, ``levels``. The job name when
+    nothing is known of it.
+
+    >>> describe("score", "transfer/task-scores/tweets/seed1/fine-tuned", "score",
+    ...          {"method": "gradient-token", "objective": "task", "task": "offline/tweets"})
+    'task gradient importance (fine-tuned), tweets, seed 1'
+    >>> describe("score", "transfer/mlm-scores/tweets", "transfer-mlm-score", {"method": "gradient-token", "task": "offline/tweets"})
+    'MLM gradient importance (pre-trained), tweets'
+    >>> describe("mask", "lottery/prune/offline/tweets/seed2", "prune", {"task": "offline/tweets"}, study="demo")
+    'lottery: good mask (iterative pruning), tweets, seed 2'
+    >>> describe("score", "my-job", "custom")
+    'my-job'
+    """
+    params, data = params or {}, data or {}
+    task = _short_task(data.get("task") or params.get("task") or "")
+    _, seed = seed_group(name)
+    seed = seed if seed is not None else params.get("seed") if isinstance(params.get("seed"), int) else None
+    state = ""
+    last = name.rstrip("/").rsplit("/", 1)[-1]
+    if last in ("fine-tuned", "pre-trained"):
+        state = last
+    text = ""
+    if what == "score":
+        method = data.get("method") or params.get("method")
+        objective = data.get("objective") or params.get("objective") or ("mlm" if "mlm" in kind else None)
+        if method or objective:
+            text = " ".join(x for x in (OBJECTIVES.get(objective, objective), METHODS.get(method, f"{method} importance"
+                                                                                             if method else "importance")) if x)
+            if objective == "mlm" and not state and seed is None and kind.startswith("transfer"):
+                state = "pre-trained"
+            if objective == "task" and state == "pre-trained":
+                state = "pre-trained encoder"  # a task head fitted on the frozen encoder
+            text += f" ({state})" if state else ""
+    elif what in ("mask", "steps"):
+        if kind == "prune":
+            text = "good mask (iterative pruning)" if what == "mask" else "pruning step that removed the head"
+        elif kind.endswith("subnetwork") and params.get("kind") == "super":
+            text = "super-survivors (kept by every seed)"
+        elif what == "steps":
+            text = "pruning step that removed the head"
+    elif what in ("rules", "cnn"):
+        text = ("pattern class (rules)" if what == "rules"
+                else f"pattern class (CNN, commonest over {params.get('examples')} examples)")
+    elif what == "entropy":
+        text = "attention entropy (fine-tuned model)"
+    elif what == "levels":
+        order = last[:-2] if last.endswith("-*") else ""
+        if not task and name.count("/") >= 2:  # the transfer study's mask/<task>/<order>-<level>
+            task = name.rstrip("/").split("/")[-2]
+        text = f"pruning level that removed the head{f', by {OBJECTIVES.get(order, order)} importance' if order else ''}"
+    if not text:
+        return {"mask": f"kept: {name}", "steps": f"removed at step: {name}", "levels": f"removed at level: {name}",
+                "entropy": f"attention entropy: {name}"}.get(what, name)
+    part = name.split("/", 1)[0] if study == "demo" and "/" in name else ""
+    return (f"{part}: " if part else "") + text + (f", {task}" if task else "") + (f", seed {seed}" if seed is not None else "")
+
+
 def _is_control(params: dict) -> bool:
     return any(params.get(k) in values for k, values in _CONTROLS.items())
 
 
-def _pattern_quantities(page: dict, name: str, patterns: dict) -> None:
+def _pattern_quantities(page: dict, name: str, patterns: dict, label=None) -> None:
+    """The pattern grids of a ``patterns.json`` (``label(what, examples)``: their names; default ``pattern (...): name``)."""
+    label = label or (lambda what, n=None: f"pattern (rules): {name}" if what == "rules"
+                      else f"pattern (CNN, commonest over {n} examples): {name}")
     from headcount.analysis.patterns import CLASSES
 
     labels = np.asarray(patterns.get("labels") or [], dtype=object)
     if labels.size:
         cats = list(CLASSES) + sorted({str(v) for v in labels.ravel()} - set(CLASSES))
-        add_quantity(page, f"pattern (rules): {name}", [[cats.index(str(v)) for v in row] for row in labels],
-                     kind="pattern", categories=cats)
+        add_quantity(page, label("rules"), [[cats.index(str(v)) for v in row] for row in labels],
+                     kind="pattern", categories=cats, key=name)
     ids = patterns.get("cnn_example_ids")
     if ids:  # [examples, layers, heads]: the commonest class over the examples
         cats = list(patterns.get("cnn_classes") or CLASSES)
         arr = np.asarray(ids, dtype=int)
         counts = np.stack([(arr == c).sum(0) for c in range(len(cats))])
-        add_quantity(page, f"pattern (CNN, commonest over {arr.shape[0]} examples): {name}", counts.argmax(0),
-                     kind="pattern", categories=cats)
+        add_quantity(page, label("cnn", arr.shape[0]), counts.argmax(0), kind="pattern", categories=cats, key=name)
 
 
 _FILES = ("scores.json", "mask.json", "patterns.json")
@@ -112,15 +211,17 @@ def from_run(run, *, examples: int = DEFAULT_EXAMPLES, job: str | None = None, d
         raise HeadcountError(f"{run} has no finished score, mask or pattern results to explore "
                              f"({sum(store.is_done(e['key']) for e in store.plan['jobs'])} of its {len(store.plan['jobs'])} jobs "
                              "finished); run the study first")
-    page = new_page(*shape, title=f"{_run_name(store) or root.name} ({study} study)",
+    page = new_page(*shape, title=_run_name(store) or f"{root.name} ({study} study)",
                     source={"kind": "run", "run": str(root), "study": study})
     families: dict[str, dict[float, dict]] = {}
+    labels: dict[str, str] = {}  # family -> its name on the page
     left_out = 0
     steps_unknown = False  # a pruned mask (it has a trace) written before masks recorded removed_at_step
     for r in results:
         if (r.dir / "scores.json").is_file():
             s = _read_json(r.dir / "scores.json", "scores")
-            add_quantity(page, r.name, s.get("heads"), s.get("mlps"), kind="score")
+            add_quantity(page, describe("score", r.name, r.kind, r.params, s, study), s.get("heads"), s.get("mlps"),
+                         kind="score", key=r.name)
         if (r.dir / "mask.json").is_file():
             m = _read_json(r.dir / "mask.json", "mask")
             if _is_control(r.params):
@@ -130,16 +231,21 @@ def from_run(run, *, examples: int = DEFAULT_EXAMPLES, job: str | None = None, d
                 tail = f"{level:g}"
                 family = r.name[:-len(tail)] + "*" if r.name.endswith(tail) else f"{r.name} (levels)"
                 families.setdefault(family, {})[level] = m
+                labels.setdefault(family, describe("levels", family, r.kind, r.params, m, study))
             else:
-                add_quantity(page, f"kept: {r.name}", m.get("heads"), m.get("mlps"), kind="mask", key=r.name)
+                add_quantity(page, describe("mask", r.name, r.kind, r.params, m, study), m.get("heads"), m.get("mlps"),
+                             kind="mask", key=r.name)
                 if isinstance(m.get("removed_at_step"), dict):  # iterative pruning (the lottery's good masks)
-                    add_steps(page, r.name, m["removed_at_step"])
+                    add_steps(page, describe("steps", r.name, r.kind, r.params, m, study), m["removed_at_step"],
+                              key=r.name)
                 elif (r.dir / "trace.csv").is_file():
                     steps_unknown = True
         if (r.dir / "patterns.json").is_file():
-            _pattern_quantities(page, r.name, _read_json(r.dir / "patterns.json", "patterns"))
+            _pattern_quantities(page, r.name, _read_json(r.dir / "patterns.json", "patterns"),
+                                lambda what, n=None, r=r: describe(what, r.name, r.kind, {**r.params, "examples": n},
+                                                                   None, study))
     for family, masks in families.items():
-        add_levels(page, family, masks)
+        add_levels(page, family, masks, label=labels[family])
     add_seed_summaries(page)
     if left_out:
         page["notes"].append(f"{left_out} masks drawn as random or bad controls are left out.")
@@ -159,7 +265,8 @@ def from_run(run, *, examples: int = DEFAULT_EXAMPLES, job: str | None = None, d
         kv_groups(page, ex.get("kv_heads"))
         page["attention"] = attention_block(f"{model_job.name} on {ex['n']} dev examples of {ex['task']}",
                                             ex["tokens"], ex["maps"], ex["note"])
-        add_quantity(page, f"attention entropy: {model_job.name}", ex["entropy"], kind="score")
+        add_quantity(page, describe("entropy", model_job.name, model_job.kind, model_job.params, None, study),
+                     ex["entropy"], kind="score", key=model_job.name)
     return finish(page)
 
 
@@ -207,7 +314,7 @@ def from_model(model: str, task: str, *, scores=(), masks=(), texts=None, exampl
                     source={"kind": "model", "model": str(model), "task": str(task)})
     kv_groups(page, ex.get("kv_heads"))
     for p, kind, d in loaded:
-        add_quantity(page, f"{'kept: ' if kind == 'mask' else ''}{p}", d["heads"], d.get("mlps"), kind=kind)
+        add_quantity(page, _file_label(p, kind, d), d["heads"], d.get("mlps"), kind=kind, key=str(p))
     add_seed_summaries(page)
     what = f"{ex['n']} of your texts" if texts is not None else f"{ex['n']} dev examples of {ex['task']}"
     page["attention"] = attention_block(f"{Path(model).name or model} on {what}", ex["tokens"], ex["maps"], ex["note"])
@@ -227,6 +334,18 @@ def kv_groups(page: dict, n_kv: int | None) -> None:
         size = page["heads"] // n_kv
         page["notes"].append(f"Grouped-query attention: {n_kv} key/value heads per layer, each read by {size} query "
                              f"heads (query head h reads KV group h // {size}); a thick left edge starts each group.")
+
+
+def _file_label(path: Path, kind: str, d: dict) -> str:
+    """A ``--scores`` or ``--mask`` file's name on the page: by its method, objective and task
+    when the file records them (``headcount score`` and ``headcount prune`` do), else its path."""
+    if kind == "score" and (d.get("method") or d.get("objective")):
+        return describe("score", str(path), "score", {}, d)
+    if kind == "mask" and (d.get("method") or d.get("task")):
+        method = METHODS.get(d.get("method"), f"{d.get('method')} importance" if d.get("method") else "")
+        task = _short_task(d.get("task"))
+        return "mask" + (f" (pruned by {method})" if method else "") + (f", {task}" if task else "")
+    return f"{'kept: ' if kind == 'mask' else ''}{path}"
 
 
 def _texts(task, texts, examples: int) -> tuple[list[tuple[str, ...]], int]:
@@ -250,7 +369,7 @@ def _texts(task, texts, examples: int) -> tuple[list[tuple[str, ...]], int]:
 def attention_examples(model: str, task, *, examples: int = DEFAULT_EXAMPLES, texts=None, device=None,
                        layout: tuple[int, int] | None = None) -> dict:
     """Attention of ``model`` on ``examples`` dev examples of ``task`` (or on ``texts``), each cut
-    to :data:`MAX_TOKENS` tokens: ``{"tokens", "maps" ([layers, heads, n, n] per example, NaN for
+    to [`MAX_TOKENS`][headcount.experiments.explorer.sources.MAX_TOKENS] tokens: ``{"tokens", "maps" ([layers, heads, n, n] per example, NaN for
     a pruned head), "entropy" [layers, heads], "layout", "task", "n", "note", "kv_heads"}``
     (``kv_heads``: a decoder's key/value heads per layer, None for an encoder).
 

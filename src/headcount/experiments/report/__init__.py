@@ -1,6 +1,6 @@
 """Reports drawn from saved results: ``report.html`` (self-contained), ``results/*.csv``, ``figures/*.png``.
 
-A study type's ``report_fn(store, config)`` returns a :class:`ReportContent`; it reads results
+A study type's ``report_fn(store, config)`` returns a [`ReportContent`][headcount.experiments.report.content.ReportContent]; it reads results
 through the store (``store.result(name)``, ``store.results(kind)``), never models, so a report
 is redrawn in seconds with ``headcount report RUN_DIR``.
 """

@@ -63,14 +63,14 @@ def build_report(run_dir: str | os.PathLike, *, loaded=None, store=None) -> Path
     The study type's ``report_fn(store, config)`` supplies the sections; the page adds the
     config, the jobs with their timings (also ``results/jobs.csv``) and the software versions.
     ``RUN/results/summary.json`` keeps the summary and the main tables as shown (cells as text),
-    for the terminal (:func:`~headcount.experiments.report.terminal.print_summary`).
+    for the terminal ([`print_summary`][headcount.experiments.report.terminal.print_summary]).
     Each output is replaced atomically, and only when the run directory's record lists it as
     headcount's (a file the user added under ``results/`` stays); nothing under ``jobs/`` is touched.
 
     Args:
         run_dir: a run directory made by ``headcount study``.
         loaded: the validated config (read from ``RUN/study.yaml`` when omitted).
-        store: the run's :class:`~headcount.experiments.runner.store.RunStore` (opened when omitted).
+        store: the run's [`RunStore`][headcount.experiments.runner.store.RunStore] (opened when omitted).
 
     Returns:
         The path of ``report.html``.
@@ -118,9 +118,9 @@ def build_report(run_dir: str | os.PathLike, *, loaded=None, store=None) -> Path
         content.summary = loaded.config.description
 
     pngs = {f.name: figure_png(f.source) for f in content.figures()}
-    timings = store.timings()
+    timings, per_node = _with_nodes(store, store.timings())
     jobs_table = ReportTable("jobs", timings, caption=f"{len(timings)} jobs, "
-                             f"{timings['seconds'].fillna(0).sum():.1f} s of compute in total")
+                             f"{timings['seconds'].fillna(0).sum():.1f} s of compute in total{per_node}")
     versions_table = _versions_table(manifest)
     drawn = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     subtitle = (f"study type {st.name} · config hash {manifest.get('config_hash')} · "
@@ -144,6 +144,27 @@ def build_report(run_dir: str | os.PathLike, *, loaded=None, store=None) -> Path
     files["report.html"] = page.encode("utf-8")
     publish(run_dir, files, store.record)
     return run_dir / "report.html"
+
+
+def _with_nodes(store, timings):
+    """The jobs table with the Ray node (id, address) that ran each job, when the run used Ray,
+    and the caption's ``; jobs per node: 10.0.0.1 (3f2a9c1e) 12, ...``."""
+    import json
+
+    ids, addresses = [], []
+    for key in timings["key"]:
+        meta_path = store.job_dir(key) / "meta.json"
+        try:
+            meta = json.loads(meta_path.read_text(encoding="utf-8")) if store.is_done(key) else {}
+        except (OSError, ValueError):
+            meta = {}
+        ids.append(meta.get("node_id"))
+        addresses.append(meta.get("node_address"))
+    if not any(ids):
+        return timings, ""
+    timings = timings.assign(node_address=addresses, node_id=ids)
+    counts = timings.dropna(subset=["node_id"]).groupby(["node_address", "node_id"]).size()
+    return timings, "; jobs per node: " + ", ".join(f"{a} ({i[:8]}) {n}" for (a, i), n in counts.items())
 
 
 def _explorer_page(run_dir: Path) -> str | None:

@@ -2,7 +2,7 @@
 
 Figures are matplotlib ``Figure`` objects, PNG files, or PNG bytes; tables are pandas
 DataFrames (each becomes ``results/<name>.csv`` and an HTML table). Draw figures with
-:func:`new_figure` (no pyplot state, Agg rendering) from saved results only.
+[`new_figure`][headcount.experiments.report.content.new_figure] (no pyplot state, Agg rendering) from saved results only.
 """
 
 from __future__ import annotations
@@ -108,10 +108,10 @@ class Section:
     Args:
         title: the heading.
         text: paragraphs separated by blank lines; ```code``` spans are kept.
-        figures: ``{name: Figure | png path | png bytes}`` or a list of :class:`ReportFigure`.
-        tables: ``{name: DataFrame}`` or a list of :class:`ReportTable`.
+        figures: ``{name: Figure | png path | png bytes}`` or a list of [`ReportFigure`][headcount.experiments.report.content.ReportFigure].
+        tables: ``{name: DataFrame}`` or a list of [`ReportTable`][headcount.experiments.report.content.ReportTable].
         main: whether its tables are main tables (the ones ``headcount study`` prints in the
-            terminal too, see :meth:`ReportContent.main_tables`); None: a section of shown
+            terminal too, see [`ReportContent.main_tables`][headcount.experiments.report.content.ReportContent.main_tables]); None: a section of shown
             tables only (no figures, none collapsed) is one.
     """
 
@@ -136,6 +136,13 @@ class ReportContent:
         sections: the sections, in order.
         notice: one caution shown before everything else, in the report and in the terminal
             summary (the demo's "these numbers illustrate the pipeline only").
+        glance: a compact table shown first, beside the headline figure: this run's main numbers
+            beside the paper's (``results/<name>.csv`` too; printed first in the terminal).
+        headline: the name of a figure of the sections, shown at the top beside ``glance``
+            (and again in its section).
+        caveats: what every reader must know before reading the numbers (the MLM head they rest
+            on, ...), each said once, in one box at the top with the notice; the summary and the
+            tables mark what they concern (``†``) instead of repeating them.
 
     >>> import pandas as pd
     >>> c = ReportContent("Toy", sections=[Section("Sums", tables={"sums": pd.DataFrame({"x": [1]})})])
@@ -147,10 +154,16 @@ class ReportContent:
     summary: str = ""
     sections: list[Section] = field(default_factory=list)
     notice: str = ""
+    glance: ReportTable | None = None
+    headline: str = ""
+    caveats: list[str] = field(default_factory=list)
 
     def __post_init__(self):
         self.sections = list(self.sections)
-        seen: dict[str, str] = {}
+        self.caveats = [c for c in dict.fromkeys(self.caveats or []) if c]  # each once
+        if self.glance is not None and not isinstance(self.glance, ReportTable):
+            raise HeadcountError(f"the report's glance must be a ReportTable (got {type(self.glance).__name__})")
+        seen: dict[str, str] = {f"table:{self.glance.name}": "glance"} if self.glance is not None else {}
         for s in self.sections:
             if not isinstance(s, Section):
                 raise HeadcountError(f"report sections must be Section objects (got {type(s).__name__})")
@@ -160,14 +173,16 @@ class ReportContent:
                     if tag in seen:
                         raise HeadcountError(f"two report {kind}s are named {item.name!r}")
                     seen[tag] = s.title
+        if self.headline and f"figure:{self.headline}" not in seen:
+            raise HeadcountError(f"the report's headline {self.headline!r} is not a figure of its sections")
 
     def figures(self) -> list[ReportFigure]:
         """Every figure, in order."""
         return [f for s in self.sections for f in s.figures]
 
     def tables(self) -> list[ReportTable]:
-        """Every table, in order."""
-        return [t for s in self.sections for t in s.tables]
+        """Every table, in order (the glance first)."""
+        return ([self.glance] if self.glance is not None else []) + [t for s in self.sections for t in s.tables]
 
     def main_tables(self) -> list[tuple[Section, ReportTable]]:
         """The main tables with their sections, in order: the shown (not collapsed) tables of the

@@ -2,7 +2,7 @@
 
 A result that is NaN (a control drawn empty, a constant prediction, a constant score grid) drops
 out of a mean over seeds, and the cell would show the other seeds' value as if it were the
-whole story. :func:`seed_cell` writes ``0.345 (n=1 of 2)`` then, and :func:`nan_runs` lists the
+whole story. [`seed_cell`][headcount.experiments.report.format.seed_cell] writes ``0.345 (n=1 of 2)`` then, and [`nan_runs`][headcount.experiments.report.format.nan_runs] lists the
 runs behind such gaps, with the reason where one is known, for the report.
 """
 
@@ -99,7 +99,7 @@ def looks_numeric(text: str) -> bool:
 
 
 def display_frame(df):
-    """The DataFrame with every cell as :func:`display_cell` text (same columns and index).
+    """The DataFrame with every cell as [`display_cell`][headcount.experiments.report.format.display_cell] text (same columns and index).
 
     >>> import pandas as pd
     >>> display_frame(pd.DataFrame({"a": [1.0, None], "b": ["x", None]})).values.tolist()

@@ -1,4 +1,4 @@
-"""Render a :class:`ReportContent` into one self-contained ``report.html`` (+ CSVs and PNGs).
+"""Render a [`ReportContent`][headcount.experiments.report.content.ReportContent] into one self-contained ``report.html`` (+ CSVs and PNGs).
 
 Figures are embedded as base64 PNG, tables as HTML (and written to ``results/<name>.csv``),
 followed by the config as given, the jobs with their timings, and the versions of the software
@@ -8,6 +8,7 @@ that computed the results and drew the report.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import html
 import io
 import re
@@ -15,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from headcount.analysis.figtext import literal_texts
 from headcount.experiments.report.content import ReportContent, ReportFigure, ReportTable
 from headcount.experiments.report.format import display_frame, looks_numeric
 from headcount.runtime.errors import HeadcountError
@@ -34,6 +36,13 @@ table.data td:first-child:not(.num){min-width:9em} table.data .num{text-align:ri
 pre{background:#f7f7f7;padding:.8em;overflow-x:auto;font-size:.85em} code{background:#f3f3f3;padding:0 .2em}
 .notice{border-left:4px solid #c60;background:#fff6ee;padding:.2em .8em;margin:.6em 0} nav ul{columns:3;font-size:.92em;margin:.6em 0;padding-left:1.2em} .summary p{margin:.35em 0} .caption{color:#555;font-size:.9em;margin:.2em 0} .note{color:#666;font-size:.85em}
 div.table{max-width:100%;overflow-x:auto} details.table summary{cursor:pointer;color:#555;font-size:.9em}
+.caveats{border-left:4px solid #c60;background:#fff6ee;padding:.1em .8em;margin:.6em 0;font-size:.92em}
+.caveats p{margin:.3em 0} .caveats .notice{border:0;background:none;padding:0;margin:0} .glance{display:flex;gap:1.2em;align-items:flex-start;margin:.8em 0}
+.glance figure{flex:0 1 auto;max-width:44%;margin:0} .glance figure img{max-height:420px;object-fit:contain;object-position:left top}
+.glance .side{flex:1 1 56%;min-width:0} .glance table.data{margin-top:0;font-size:.8em}
+.glance table.data td{padding:.15em .4em} .glance table.data td:first-child:not(.num){min-width:14em}
+.glance .caption{font-size:.82em}
+@media (max-width:900px){.glance{flex-direction:column}.glance figure{flex-basis:auto}}
 """
 
 
@@ -59,6 +68,7 @@ def figure_png(source: Any, dpi: int = 110) -> bytes:
             from matplotlib.backends.backend_agg import FigureCanvasAgg
 
             FigureCanvasAgg(source)
+        literal_texts(source)  # user text (a task named "a$^{$b") is drawn as written, not as mathtext
         source.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
         if "matplotlib.pyplot" in sys.modules:  # free pyplot-managed figures
             sys.modules["matplotlib.pyplot"].close(source)
@@ -157,11 +167,41 @@ def _figure_html(fig: ReportFigure, png: bytes) -> str:
             f'src="data:image/png;base64,{b64}">{cap}</figure>')
 
 
+def _caveats_html(content: ReportContent) -> str:
+    """The notice and the caveats, each once, in one box at the top."""
+    if not content.notice and not content.caveats:
+        return ""
+    paras = [f'<div class="notice">{_text_html(content.notice)}</div>'] if content.notice else []
+    paras += [_text_html(c) for c in content.caveats]
+    return f'<div class="caveats" id="caveats">{"".join(paras)}</div>'
+
+
+def _glance_html(content: ReportContent, pngs: dict[str, bytes]) -> str:
+    """The headline figure and the glance table side by side (one screen at 1280 x 800)."""
+    fig = next((f for f in content.figures() if f.name == content.headline), None) if content.headline else None
+    if fig is None and content.glance is None:
+        return ""
+    parts = ['<div class="glance" id="glance">']
+    if fig is not None:
+        b64 = base64.b64encode(pngs[fig.name]).decode("ascii")
+        cap = f"<figcaption>{html.escape(fig.caption)}</figcaption>" if fig.caption else ""
+        parts.append(f'<figure class="headline"><img alt="{html.escape(fig.name)}" '
+                     f'src="data:image/png;base64,{b64}">{cap}</figure>')
+    if content.glance is not None:
+        bare = dataclasses.replace(content.glance, caption="")  # the caption under the table: the numbers first
+        cap = f'<p class="caption">{html.escape(content.glance.caption)}</p>' if content.glance.caption else ""
+        parts.append(f'<div class="side">{_table_html(bare)}{cap}</div>')
+    parts.append("</div>")
+    return "".join(parts)
+
+
 def render_html(content: ReportContent, pngs: dict[str, bytes], *, subtitle: str, config_text: str,
                 jobs_table, versions_table) -> str:
     """The report page as a string (figures already rendered to PNG, by name)."""
     title = html.escape(content.title or "headcount study")
     toc = "".join(f'<li><a href="#s{i}">{html.escape(s.title)}</a></li>' for i, s in enumerate(content.sections))
+    if content.summary and (content.glance is not None or content.headline):
+        toc = '<li><a href="#summary">In words</a></li>' + toc
     toc += '<li><a href="#config">Configuration</a></li><li><a href="#jobs">Jobs and timings</a></li>'
     toc += '<li><a href="#versions">Versions</a></li>'
     out = [
@@ -171,8 +211,11 @@ def render_html(content: ReportContent, pngs: dict[str, bytes], *, subtitle: str
         f"<title>{title}</title><style>{CSS}</style></head><body>",
         f"<h1>{title}</h1>",
         f'<p class="meta">{html.escape(subtitle)}</p>',
-        f'<div class="notice">{_text_html(content.notice)}</div>' if content.notice else "",
-        f'<div class="summary">{_text_html(content.summary)}</div>' if content.summary else "",
+        _caveats_html(content),
+        _glance_html(content, pngs),
+        (f'<section id="summary"><h2>In words</h2><div class="summary">{_text_html(content.summary)}</div></section>'
+         if content.summary and (content.glance is not None or content.headline) else
+         f'<div class="summary">{_text_html(content.summary)}</div>' if content.summary else ""),
         f"<nav><ul>{toc}</ul></nav>",
     ]
     for i, s in enumerate(content.sections):

@@ -1,8 +1,8 @@
 """The report's main tables as plain text, for the end of ``headcount study`` / ``demo`` / ``report``.
 
-The numbers come from one place: the study type's ``report_fn``. :func:`summary_record` keeps
+The numbers come from one place: the study type's ``report_fn``. [`summary_record`][headcount.experiments.report.terminal.summary_record] keeps
 what the report shows first (the summary and the main tables, cells as the HTML shows them) and
-``build_report`` writes it to ``RUN/results/summary.json``; :func:`print_summary` reads that file
+``build_report`` writes it to ``RUN/results/summary.json``; [`print_summary`][headcount.experiments.report.terminal.print_summary] reads that file
 and prints the tables with rich, at most 100 columns wide: a table too wide for that is split
 into column groups that each repeat its label columns (task, metric, ...).
 """
@@ -33,7 +33,7 @@ MAX_ROWS = 30
 
 
 def summary_record(content) -> dict:
-    """The summary text and the main tables of a :class:`~headcount.experiments.report.ReportContent`, cells as text.
+    """The summary text and the main tables of a [`ReportContent`][headcount.experiments.report.ReportContent], cells as text.
 
     Returns:
         ``{"title", "summary", "tables": [{"name", "section", "caption", "columns", "rows"}]}``;
@@ -46,16 +46,18 @@ def summary_record(content) -> dict:
     [['a', '']]
     """
     tables = []
-    for section, t in content.main_tables():
+    glance = [("At a glance", content.glance)] if content.glance is not None else []
+    for section, t in [*glance, *((s.title, t) for s, t in content.main_tables())]:
         df = display_frame(tidy(t.data))
-        tables.append({"name": t.name, "section": section.title, "caption": t.caption,
+        tables.append({"name": t.name, "section": section, "caption": t.caption,
                        "columns": [str(c) for c in df.columns], "rows": df.values.tolist()})
-    return {"title": content.title, "notice": content.notice, "summary": content.summary, "tables": tables}
+    return {"title": content.title, "notice": content.notice, "caveats": list(content.caveats),
+            "summary": content.summary, "tables": tables}
 
 
-def _first_sentence(text: str, limit: int = MAX_WIDTH - 4) -> str:
+def _first_sentence(text: str) -> str:
     """The caption's first sentence (the page has the rest; a ``;`` outside brackets ends it too),
-    at most ``limit`` characters.
+    whole: the terminal wraps it, never cuts it.
 
     >>> _first_sentence("Magnitude pruning (weights, the paper's procedure: prune; retrain): dev metric; more.")
     "Magnitude pruning (weights, the paper's procedure: prune; retrain): dev metric."
@@ -69,8 +71,7 @@ def _first_sentence(text: str, limit: int = MAX_WIDTH - 4) -> str:
             end = i + 1
             break
     head = text[:end]
-    head = head[:-1] + "." if head.endswith(";") else head
-    return head if len(head) <= limit else head[: limit - 1].rstrip() + "…"
+    return head[:-1] + "." if head.endswith(";") else head
 
 
 def _label_columns(columns: list[str], rows: list[list[str]]) -> int:
@@ -129,7 +130,7 @@ def _console(file=None, width: int | None = None):
 
 
 def print_tables(record: dict, console=None, *, max_rows: int = MAX_ROWS) -> None:
-    """Print the tables of a :func:`summary_record` (each caption's first sentence above it)."""
+    """Print the tables of a [`summary_record`][headcount.experiments.report.terminal.summary_record] (each caption's first sentence above it)."""
     console = console or _console()
     width = console.width
     section = None
@@ -139,7 +140,7 @@ def print_tables(record: dict, console=None, *, max_rows: int = MAX_ROWS) -> Non
             console.print(Text(section, style="bold underline"))
         columns, rows = t["columns"], t["rows"]
         shown = rows[:max_rows]
-        caption = _first_sentence(t["caption"] or t["name"], limit=width)
+        caption = _first_sentence(t["caption"] or t["name"])  # wrapped at the console's width
         groups = column_groups(columns, shown, width)
         widths = _widths(columns, shown, cap=width // 2)
         labels = _label_columns(columns, shown)
@@ -179,6 +180,9 @@ def print_summary(run_dir, console=None) -> bool:
     console.print()
     if record.get("notice"):
         console.print(Text(record["notice"].replace("**", ""), style="bold"))
+        console.print()
+    for caveat in record.get("caveats") or []:  # each once, as in the report's box
+        console.print(Text(caveat.replace("**", "")))
         console.print()
     print_tables(record, console)
     return True

@@ -2,7 +2,7 @@
 
 A study type registers a config model, an ``expand_fn`` (config -> jobs) and a ``report_fn``;
 ``run_study`` runs the jobs that have not finished into a run directory and calls the report
-function it is given (:func:`headcount.cli.api.run_study` gives it :func:`headcount.experiments.report.build_report`).
+function it is given ([`headcount.experiments.run_study`][headcount.experiments.run_study] gives it ``headcount.experiments.report.build_report``).
 See ``headcount.experiments.runner.jobs`` for the job function signature.
 """
 

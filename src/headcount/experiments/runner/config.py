@@ -6,7 +6,7 @@ A config file names its type under ``study:``; the rest is the type's own settin
     name: my first study     # optional, the report's title
     ...                      # the type's settings
 
-Files are read by :func:`headcount.runtime.yamlfile.load_yaml_with_lines` (``yaml.SafeLoader``; task YAML
+Files are read by [`headcount.runtime.yamlfile.load_yaml_with_lines`][headcount.runtime.yamlfile.load_yaml_with_lines] (``yaml.SafeLoader``; task YAML
 files too). Errors are one line that names the file, the line and the key: ``study.yaml, line 7:
 'tasks[1].seed': Input should be a valid integer (got 'x')``; unknown keys, wrong types, missing
 keys, duplicated keys, alias bombs, numbers that are not finite and booleans where a number belongs
@@ -30,7 +30,7 @@ from headcount.data.tasks import resolve_task_ref
 from headcount.experiments.runner.jobs import stable_hash
 from headcount.experiments.runner.registry import StudyType, get_study_type
 from headcount.experiments.runner.schema import SEED_FIELDS, ConfigSection, StudyConfig
-from headcount.importance.settings import SEED
+from headcount.runtime.bounds import SEED
 from headcount.runtime.errors import HeadcountError
 from headcount.runtime.yamlfile import dotted as _dotted
 from headcount.runtime.yamlfile import load_yaml_with_lines
@@ -155,7 +155,7 @@ def config_hash(config: StudyConfig) -> str:
 
 
 def parse_study_config(text: str, where: str = "<config>", base_dir: str | os.PathLike | None = None) -> LoadedConfig:
-    """Validate a study config given as YAML text (see :func:`load_study_config`).
+    """Validate a study config given as YAML text (see [`load_study_config`][headcount.experiments.runner.config.load_study_config]).
 
     >>> parse_study_config("study: nonesuch\\n")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
@@ -231,7 +231,7 @@ def _no_booleans_as_numbers(data: Any, dumped: Any, lines: dict[tuple, int], whe
 
 
 def _seeds_in_range(dumped: Any, lines: dict[tuple, int], where: str, path: tuple = ()) -> None:
-    """Every seed (:data:`SEED_FIELDS`, at any depth) in :data:`headcount.importance.settings.SEED`'s range."""
+    """Every seed ([`SEED_FIELDS`][headcount.experiments.runner.config.SEED_FIELDS], at any depth) in [`headcount.runtime.bounds.SEED`][headcount.runtime.bounds.SEED]'s range."""
     for key, value in _items(dumped):
         here = path + (key,)
         if key in SEED_FIELDS and value is not None:
@@ -253,7 +253,7 @@ def load_study_config(path: str | os.PathLike) -> LoadedConfig:
         path: a YAML file whose ``study:`` key names a registered study type.
 
     Returns:
-        A :class:`LoadedConfig` (type, frozen config model, text, hash).
+        A [`LoadedConfig`][headcount.experiments.runner.config.LoadedConfig] (type, frozen config model, text, hash).
 
     Raises:
         HeadcountError: unreadable file, bad YAML, unknown study type, or a validation error,
@@ -276,7 +276,7 @@ def load_study_config(path: str | os.PathLike) -> LoadedConfig:
 def task_ref(value: Any, info: Any) -> Any:
     """A task named in a study config, resolved and checked: call it from a field validator.
 
-    The rule of :func:`headcount.data.tasks.resolve_task_ref` (a registered name wins; a path ends in
+    The rule of [`headcount.data.tasks.resolve_task_ref`][headcount.data.tasks.resolve_task_ref] (a registered name wins; a path ends in
     ``.yaml``/``.yml`` or starts with ``./``, ``../``, ``/``; relative to the config's folder,
     ``info.context["base_dir"]``), and the task is built, so that an unknown name, a missing
     file or a bad task YAML fails while the config is validated, before any job runs.
@@ -299,7 +299,7 @@ def model_ref(value: Any, info: Any = None) -> Any:
     a path relative to the config's folder), so that a checkpoint that is not there fails while the
     config is validated, before any job runs.
 
-    The rule of :func:`headcount.core.models.resolve`: ``offline`` and hub ids (``roberta-base``,
+    The rule of [`headcount.core.models.resolve`][headcount.core.models.resolve]: ``offline`` and hub ids (``roberta-base``,
     ``org/name``) pass as they are, without the network; a value that looks like a path (it starts
     with ``/``, ``./``, ``../`` or ``~``, or exists) must be a checkpoint directory whose files can
     be loaded. Non-strings pass through (the field's type refuses them).

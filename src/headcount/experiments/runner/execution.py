@@ -1,4 +1,4 @@
-"""What every executor shares: calling a job function, the :class:`Executor` interface, the outcome of a
+"""What every executor shares: calling a job function, the [`Executor`][headcount.experiments.runner.execution.Executor] interface, the outcome of a
 run, skipping jobs whose inputs failed, and the environment a job runs in (device, precision)."""
 
 from __future__ import annotations
@@ -101,8 +101,9 @@ class Executor:
         """Fail early on an unusable executor (nothing to check by default)."""
 
     @contextmanager
-    def session(self):
-        """Context around one or more ``run`` calls (nothing by default)."""
+    def session(self, jobs: Sequence[Job] = ()):
+        """Context around one or more ``run`` calls (nothing by default); ``jobs``, those to run,
+        are checked against what the executor has (the Ray cluster's nodes) before the block runs."""
         yield self
 
     def run(self, jobs: Sequence[Job], store: RunStore, reporter: Reporter, keep_going: bool = True) -> Outcome:

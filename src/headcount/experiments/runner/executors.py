@@ -1,15 +1,17 @@
-"""Executors: run the pending jobs of a plan and publish their results in the store (:func:`make_executor`).
+"""Executors: run the pending jobs of a plan and publish their results in the store ([`make_executor`][headcount.experiments.runner.executors.make_executor]).
 
-- :class:`LocalExecutor` runs jobs one after another in this process, in plan (topological)
+- [`LocalExecutor`][headcount.experiments.runner.local.LocalExecutor] runs jobs one after another in this process, in plan (topological)
   order; each job writes straight into a temporary directory of the store. On a machine with
-  several GPUs it keeps a device pool (:func:`headcount.runtime.device.pool_devices`): up to one job per
+  several GPUs it keeps a device pool ([`headcount.runtime.device.pool_devices`][headcount.runtime.device.pool_devices]): up to one job per
   GPU at once, each in its own process that sees only its GPU (``CUDA_VISIBLE_DEVICES``).
-- :class:`RayExecutor` turns each job into a Ray task with its resources (CPUs, GPUs), starting
-  a local Ray instance when no address is given. Tasks run in a scratch directory on their
-  worker and return the result dict and their files as bytes; the driver alone writes the store,
-  so the results are the same as with ``local`` and nothing depends on a shared filesystem.
-  Inputs are read in place when the worker sees the run directory (same machine or a shared
-  filesystem) and otherwise fetched from the Ray object store.
+- [`RayExecutor`][headcount.experiments.runner.ray_executor.RayExecutor] turns each job into a Ray task with its resources (CPUs, GPUs), on the
+  cluster of ``address`` or ``$RAY_ADDRESS``, else on a local Ray instance it starts. It checks the
+  cluster before anything is written (a node for every job; every node runs this headcount and sees
+  the study's input files); tasks run in a scratch directory on their node and return the result
+  dict, their files and their output as bytes; the driver alone writes the store, so the results
+  are the same as with ``local`` and the run directory need not be shared. Inputs from earlier jobs
+  are read in place when the node sees the run directory and otherwise fetched from the Ray object
+  store.
 
 Both show rich progress bars (jobs, with ETA; and the steps a long job reports) on stderr.
 """

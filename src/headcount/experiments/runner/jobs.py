@@ -1,6 +1,6 @@
 """Jobs, their keys, and the plan (a topologically sorted DAG of jobs).
 
-A study expands into :class:`Job` objects. A job names the function that computes it (a dotted
+A study expands into [`Job`][headcount.experiments.runner.jobs.Job] objects. A job names the function that computes it (a dotted
 path ``"module:function"``, so that any process, local or on a Ray worker, can import it), the
 JSON-able parameters it needs, and the jobs whose outputs it reads. Its **key** is a hash of
 
@@ -9,7 +9,7 @@ JSON-able parameters it needs, and the jobs whose outputs it reads. Its **key** 
 
 so a setting changes exactly the keys of the jobs that read it (through their params) and of
 every job downstream of those (through the upstream keys), and so does an edited data file or a
-checkpoint rewritten at the same path (:mod:`headcount.data.fingerprint`); jobs upstream or on other
+checkpoint rewritten at the same path ([`headcount.data.fingerprint`][headcount.data.fingerprint]); jobs upstream or on other
 branches keep their keys and their finished results are reused.
 
 A job function has the signature::
@@ -73,7 +73,7 @@ def canonical_json(obj: Any) -> str:
 
 
 def stable_hash(obj: Any, length: int = 16) -> str:
-    """Hex SHA-256 of :func:`canonical_json` of ``obj``, cut to ``length`` characters.
+    """Hex SHA-256 of [`canonical_json`][headcount.experiments.runner.jobs.canonical_json] of ``obj``, cut to ``length`` characters.
 
     >>> stable_hash({"a": 1}) == stable_hash({"a": 1}) and len(stable_hash({"a": 1})) == 16
     True
@@ -101,7 +101,7 @@ class Resources:
 
     @classmethod
     def coerce(cls, value: "Resources | Mapping[str, float] | None") -> "Resources":
-        """Accept a :class:`Resources`, a ``{"cpus": .., "gpus": ..}`` dict, or ``None``."""
+        """Accept a [`Resources`][headcount.experiments.runner.jobs.Resources], a ``{"cpus": .., "gpus": ..}`` dict, or ``None``."""
         if value is None:
             return cls()
         if isinstance(value, Resources):
@@ -150,7 +150,7 @@ class JobResult:
     meta: dict = field(default_factory=dict)
 
     def path(self, relative: str) -> Path:
-        """Path of a file the job wrote; :class:`HeadcountError` when it is missing.
+        """Path of a file the job wrote; [`HeadcountError`][headcount.runtime.errors.HeadcountError] when it is missing.
 
         >>> import tempfile; d = Path(tempfile.mkdtemp()); _ = (d / "x.txt").write_text("1")
         >>> JobResult("k", "toy", "toy", {}, {}, d).path("x.txt").read_text()
@@ -181,7 +181,7 @@ class Job:
             setting widens what a change re-runs).
         deps: upstream jobs, as a list (the function sees them under their names) or a dict
             ``{input_name: job}``.
-        resources: ``{"cpus": 1, "gpus": 0}`` (or :class:`Resources`), for the Ray executor.
+        resources: ``{"cpus": 1, "gpus": 0}`` (or [`Resources`][headcount.experiments.runner.jobs.Resources]), for the Ray executor.
         uses_model: the job runs a model (forward/backward passes: fine-tuning, scoring,
             pruning, evaluation), so it wants a GPU where there is one: the Ray executor gives
             such a job ``gpus_per_job`` GPUs when the cluster has GPUs and ``resources`` asks for
@@ -369,7 +369,7 @@ class Plan:
         return next(j for j in self.jobs if j.key == key)
 
     def key(self, name: str) -> str:
-        """The key of the job with this name; :class:`HeadcountError` with suggestions when unknown."""
+        """The key of the job with this name; [`HeadcountError`][headcount.runtime.errors.HeadcountError] with suggestions when unknown."""
         try:
             return self.names[name]
         except KeyError:

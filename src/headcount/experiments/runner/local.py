@@ -1,6 +1,6 @@
 """The local executor: jobs one after another in this process, in plan (topological) order, each
 writing straight into a temporary directory of the store. On a machine with several GPUs it keeps a
-device pool (:func:`headcount.runtime.device.pool_devices`): up to one job per GPU at once, each in its own
+device pool ([`headcount.runtime.device.pool_devices`][headcount.runtime.device.pool_devices]): up to one job per GPU at once, each in its own
 process that sees only its GPU (``CUDA_VISIBLE_DEVICES``)."""
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ class LocalExecutor(Executor):
 
     Args:
         devices: the pool, e.g. ``["cuda:0", "cuda:1"]`` (tests pass ``["cpu", "cpu"]`` to run
-            two processes on the CPU); default: :func:`headcount.runtime.device.pool_devices` of
+            two processes on the CPU); default: [`headcount.runtime.device.pool_devices`][headcount.runtime.device.pool_devices] of
             ``self.device``.
 
     >>> LocalExecutor().name

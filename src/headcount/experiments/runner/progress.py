@@ -78,9 +78,11 @@ class Reporter:
         if self._progress is not None:
             self._progress.console.print(text, highlight=False)
 
-    def job_started(self, job: Job, verb: str = "start") -> None:
+    def job_started(self, job: Job, verb: str = "start", where: str | None = None) -> None:
+        """A job started (``where``: the node or device it runs on, shown after its name)."""
         self._active.add(job.key)
-        self.print(f"[cyan]{verb}[/cyan] {_esc(job.name)} [dim]{job.key}[/dim]")
+        on = f" on {_esc(where)}" if where else ""
+        self.print(f"[cyan]{verb}[/cyan] {_esc(job.name)}{on} [dim]{job.key}[/dim]")
 
     def step(self, job: Job, completed: float, total: float | None = None, description: str | None = None) -> None:
         """A running job reported its own progress."""

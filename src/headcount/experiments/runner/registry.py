@@ -1,6 +1,6 @@
 """The registry of study types.
 
-A study type is a config model (a :class:`~headcount.experiments.runner.config.StudyConfig` subclass), an
+A study type is a config model (a [`StudyConfig`][headcount.experiments.runner.config.StudyConfig] subclass), an
 ``expand_fn(config) -> list[Job]`` that turns a config into jobs (cheap and pure: no models are
 loaded here), and optionally a ``report_fn(store, config) -> ReportContent`` that draws the
 report from saved results.
@@ -70,15 +70,15 @@ def register_study(
 
     Args:
         name: the type name configs use (``study: name``).
-        config_model: a :class:`StudyConfig` subclass.
-        expand_fn: config -> list of :class:`~headcount.experiments.runner.jobs.Job`.
-        report_fn: (store, config) -> :class:`~headcount.experiments.report.ReportContent`; may be added
-            later with :func:`register_report`.
+        config_model: a [`StudyConfig`][headcount.experiments.runner.schema.StudyConfig] subclass.
+        expand_fn: config -> list of [`Job`][headcount.experiments.runner.jobs.Job].
+        report_fn: (store, config) -> [`ReportContent`][headcount.experiments.report.ReportContent]; may be added
+            later with [`register_report`][headcount.experiments.runner.registry.register_report].
         description: one line.
         replace: allow replacing a different registration.
 
     Returns:
-        The :class:`StudyType`.
+        The [`StudyType`][headcount.experiments.runner.registry.StudyType].
 
     >>> class Cfg(StudyConfig):
     ...     n: int = 1

@@ -1,8 +1,8 @@
-"""The base models of study configs: :class:`StudyConfig` (a whole config) and :class:`ConfigSection`
+"""The base models of study configs: [`StudyConfig`][headcount.experiments.runner.schema.StudyConfig] (a whole config) and [`ConfigSection`][headcount.experiments.runner.schema.ConfigSection]
 (a nested part). Frozen, unknown keys forbidden, negative seeds refused.
 
-Kept apart from :mod:`headcount.experiments.runner.config` (which reads YAML files and looks their study
-type up in the registry) because the registry checks a type's model against :class:`StudyConfig`:
+Kept apart from [`headcount.experiments.runner.config`][headcount.experiments.runner.config] (which reads YAML files and looks their study
+type up in the registry) because the registry checks a type's model against [`StudyConfig`][headcount.experiments.runner.schema.StudyConfig]:
 config -> registry -> schema, no cycle.
 """
 
@@ -35,14 +35,14 @@ class StudyConfig(BaseModel):
     """Base class of every study type's config model: frozen, unknown keys forbidden.
 
     Subclass it and add the type's fields (nested models should use ``frozen=True`` and
-    ``extra="forbid"`` too; :class:`ConfigSection` does).
+    ``extra="forbid"`` too; [`ConfigSection`][headcount.experiments.runner.schema.ConfigSection] does).
 
     Attributes:
         study: the study type (``transfer``, ``lottery``, or ``module:type``).
         name: a title for the report (defaults to the file name).
         description: free text shown at the top of the report.
         device: where the jobs run models: ``auto`` (the GPUs when there are any: one job per
-            GPU at once), ``cpu``, ``cuda`` or ``cuda:N`` (see :mod:`headcount.runtime.device`); the
+            GPU at once), ``cpu``, ``cuda`` or ``cuda:N`` (see ``headcount.runtime.device``); the
             ``--device`` of ``headcount study`` overrides it. Not part of the config's identity:
             a run can be resumed on another machine.
         precision: ``auto`` (bf16 autocast on GPUs that support it, else fp32), ``fp32`` or
@@ -111,7 +111,7 @@ def nonempty_model(value: Any) -> Any:
 def fields_of(source: type, names: Sequence[str], *, optional: bool = False) -> dict[str, tuple[Any, Any]]:
     """``{name: (type, default)}`` of some fields of a dataclass or pydantic model.
 
-    For :func:`pydantic.create_model`: a config section that exposes a library config's fields
+    For ``pydantic.create_model``: a config section that exposes a library config's fields
     takes their types and defaults from that config instead of restating them. ``optional``:
     each field may be left unset (``type | None``, default None), to mean "the library's default".
 

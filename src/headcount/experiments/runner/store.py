@@ -12,7 +12,7 @@ Layout::
       history/<n>-<hash>/   config, manifest, plan and report of an earlier config (``--force``)
       report.html, results/*.csv, figures/*.png   the report (``headcount report RUN``)
       .headcount.lock       held (flock) by the process running the study
-      .headcount-out.json   the record: which files are headcount's (:mod:`headcount.runtime.record`);
+      .headcount-out.json   the record: which files are headcount's ([`headcount.runtime.record`][headcount.runtime.record]);
                             nothing else in the folder is ever replaced, moved or deleted
 
 A job directory appears in one ``rename`` of a complete temporary directory whose ``DONE``
@@ -37,19 +37,19 @@ from typing import Any
 
 import pandas as pd
 
+from headcount.experiments.runner.jobfiles import DONE, clear_stale, list_job_files, remove_listed, write_listed
 from headcount.experiments.runner.jobs import Job, JobResult, Plan, headcount_version
-from headcount.runtime.atomic import atomic_write_json, atomic_write_text, tmp_prefix
+from headcount.runtime.atomic import atomic_write_json, tmp_prefix
 from headcount.runtime.errors import HeadcountError
 from headcount.runtime.io import ACTIVE_OUTS, first_missing, lock_file, remove_created, unlock_file
 from headcount.runtime.launch import refuse_launcher
-from headcount.runtime.record import LOCK_NAME, Record, first_foreign, refuse_foreign, stamp
+from headcount.runtime.record import LOCK_NAME, Record, first_foreign, refuse_foreign
 
 try:  # POSIX only; elsewhere a run directory is simply not locked
     import fcntl
 except ImportError:  # pragma: no cover
     fcntl = None
 
-DONE = "DONE"
 RESULT = "result.json"
 META = "meta.json"
 RESERVED = frozenset({DONE, RESULT, META})
@@ -159,7 +159,7 @@ class RunStore:
         return (self.job_dir(key) / DONE).is_file()
 
     def load(self, key: str, name: str | None = None) -> JobResult:
-        """The finished job ``key`` as a :class:`JobResult`."""
+        """The finished job ``key`` as a [`JobResult`][headcount.experiments.runner.jobs.JobResult]."""
         d = self.job_dir(key)
         if not (d / DONE).is_file():
             raise HeadcountError(f"job {name or key!r} has not finished in {self.root}")
@@ -176,7 +176,7 @@ class RunStore:
         )
 
     def new_tmp_dir(self, key: str) -> Path:
-        """A fresh temporary directory for job ``key`` (ignored until :meth:`commit`)."""
+        """A fresh temporary directory for job ``key`` (ignored until ``commit``)."""
         self.jobs_dir.mkdir(parents=True, exist_ok=True)
         d = self.jobs_dir / f"{tmp_prefix(key)}{uuid.uuid4().hex[:8]}"
         d.mkdir()
@@ -187,12 +187,12 @@ class RunStore:
 
         Args:
             job: the job that produced it.
-            tmp: a directory from :meth:`new_tmp_dir` holding the files the job wrote.
+            tmp: a directory from ``new_tmp_dir`` holding the files the job wrote.
             result: the job function's JSON-able return value.
             meta: timings and provenance (merged with the job's name/kind/params/inputs).
 
         Returns:
-            The stored :class:`JobResult`.
+            The stored [`JobResult`][headcount.experiments.runner.jobs.JobResult].
         """
         for reserved in RESERVED:
             if (tmp / reserved).exists():
@@ -227,63 +227,18 @@ class RunStore:
         os.replace(tmp, final)
         _fsync_dir(self.jobs_dir)
         self._list_job_files(job.key)
-        (self.root / "logs" / f"{job.key}.error.txt").unlink(missing_ok=True)
+        self._remove_log(f"logs/{job.key}.error.txt")  # the traceback of an earlier failure: headcount's only
         return self.load(job.key, job.name)
 
     def _list_job_files(self, key: str) -> None:
-        """List every file of the finished ``jobs/<key>/`` in the record (ownership is per file, at every depth)."""
-        rec = self.record
-        if rec is None:
-            return
-        d = self.job_dir(key)
-        for top, _, files in os.walk(d):
-            for f in files:
-                rel = (Path(top) / f).relative_to(self.root).as_posix()
-                rec.files[rel] = stamp(self.root / rel)
-        rec.write()
+        list_job_files(self.root, self.record, key)
 
     def clear_stale(self, keys) -> None:
-        """Clean each ``jobs/<key>/`` that exists without ``DONE`` file by file: the files the
-        record lists as headcount's are removed, then the folders left empty. A file headcount did
-        not write (or changed since) stays where it is and the job is refused, naming it.
-
-        Raises:
-            HeadcountError: a stale job directory that holds a file that is not headcount's, or is a link.
-        """
-        rec = self.record
-        changed = False
-        for key in keys:
-            d = self.job_dir(key)
-            if not os.path.lexists(d) or (d / DONE).is_file():
-                continue
-            if d.is_symlink() or not d.is_dir():
-                raise HeadcountError(f"{d} is not a job directory headcount wrote (a link or a file); move it away")
-            prefix = f"jobs/{key}/"
-            for rel in [k for k in (rec.files if rec is not None else {}) if k.startswith(prefix)]:
-                p = self.root / rel
-                if rec.owns(rel) and p.is_file() and not p.is_symlink():
-                    p.unlink()
-                rec.forget(rel)  # removed, gone, or the user's now
-                changed = True
-            for top, dirs, _ in os.walk(d, topdown=False):
-                for sub in dirs:
-                    try:
-                        os.rmdir(Path(top) / sub)
-                    except OSError:
-                        pass
-            try:
-                d.rmdir()
-            except OSError:
-                left = sorted((Path(t) / f).relative_to(self.root).as_posix()
-                              for t, ds, fs in os.walk(d) for f in [*fs, *(x for x in ds if os.path.islink(Path(t) / x))])
-                if changed:
-                    rec.write()
-                refuse_foreign(self.root, left or [d.relative_to(self.root).as_posix()], what="the run directory")
-        if changed:
-            rec.write()
+        """Clean each ``jobs/<key>/`` without ``DONE`` of headcount's files (``jobfiles.clear_stale``)."""
+        clear_stale(self.root, self.record, keys)
 
     def commit_files(self, job: Job, files: Mapping[str, bytes], result: Mapping, meta: Mapping) -> JobResult:
-        """Like :meth:`commit`, for files that came back as bytes (from a Ray task)."""
+        """Like ``commit``, for files that came back as bytes (from a Ray task)."""
         tmp = self.new_tmp_dir(job.key)
         try:
             unpack_files(files, tmp)
@@ -293,10 +248,17 @@ class RunStore:
                 shutil.rmtree(tmp, ignore_errors=True)
 
     def record_failure(self, job: Job, text: str) -> Path:
-        """Write the traceback of a failed job to ``logs/<key>.error.txt``."""
-        path = self.root / "logs" / f"{job.key}.error.txt"
-        atomic_write_text(path, f"job: {job.name}\nkey: {job.key}\nfn: {job.fn}\ntime: {utcnow()}\n\n{text}")
-        return path
+        """Write the traceback of a failed job to ``logs/<key>.error.txt`` (see ``write_log``)."""
+        return self.write_log(f"logs/{job.key}.error.txt",
+                              f"job: {job.name}\nkey: {job.key}\nfn: {job.fn}\ntime: {utcnow()}\n\n{text}".encode())
+
+    def write_log(self, rel: str, data: bytes) -> Path:
+        """Write ``RUN/<rel>`` (a job's traceback or output under ``logs/``), listed in the record;
+        a file of that name the record does not list is refused (``jobfiles.write_listed``)."""
+        return write_listed(self.root, self.record, rel, data)
+
+    def _remove_log(self, rel: str) -> None:
+        remove_listed(self.root, self.record, rel)
 
     def clean_tmp(self) -> int:
         """Remove the temporary directories left by killed runs; returns how many. Call under the lock.
@@ -409,7 +371,7 @@ class RunStore:
     def lock(self) -> None:
         """Take ``RUN/.headcount.lock`` (flock) and the run directory's record.
 
-        The lock file is opened without following links (:func:`headcount.runtime.io.lock_file`): one
+        The lock file is opened without following links ([`headcount.runtime.io.lock_file`][headcount.runtime.io.lock_file]): one
         that is a symlink, a directory, a hard link or a user's file is refused, never written
         through. A folder without headcount's record that holds anything is refused, and so is a
         run directory where a name the study writes is not headcount's; a refused folder is left

@@ -2,7 +2,7 @@
 
 ``run_study`` runs the jobs; the page is drawn by the ``report`` function it is given, called
 once every job has finished (the runner does not know how reports look: ``headcount.experiments.report``
-builds on the runner, not the other way round). :func:`headcount.cli.api.run_study` is the two
+builds on the runner, not the other way round). [`headcount.experiments.run_study`][headcount.experiments.run_study] is the two
 together, what ``headcount study CONFIG.yaml --out RUN`` calls. Running it again with the
 same config continues where it stopped: finished jobs (``RUN/jobs/<key>/DONE``) are reused, the
 temporary directories of jobs that were interrupted are removed, and the rest runs.
@@ -72,7 +72,7 @@ def versions() -> dict[str, str]:
 
 @dataclass
 class RunSummary:
-    """What :func:`run_study` did.
+    """What [`run_study`][headcount.experiments.runner.study.run_study] did.
 
     Attributes:
         run_dir: the run directory.
@@ -109,7 +109,7 @@ def _coerce_config(config) -> LoadedConfig:
 def _check_out_dir(out: Path) -> None:
     """Refuse a folder that is not a run directory before anything connects or is touched.
 
-    (Checked again under the lock by :meth:`RunStore.lock`.)
+    (Checked again under the lock by [`RunStore.lock`][headcount.experiments.runner.store.RunStore.lock].)
     """
     check_run_dir(out)
 
@@ -173,21 +173,21 @@ def run_study(
     """Run (or resume) a study's jobs into a run directory, then call ``report`` when they all finished.
 
     Args:
-        config: a YAML path, a validated config model, or a :class:`LoadedConfig`.
+        config: a YAML path, a validated config model, or a [`LoadedConfig`][headcount.experiments.runner.config.LoadedConfig].
         out: the run directory (created; reused when it holds this config).
-        executor: ``"local"``, ``"ray"``, or an :class:`Executor` instance.
+        executor: ``"local"``, ``"ray"``, or an [`Executor`][headcount.experiments.runner.execution.Executor] instance.
         address: Ray cluster address (``host:port``, ``ray://host:port``, ``auto``); None starts a
             local Ray instance.
         force: take over a run directory made by another config (see the module docstring:
             nothing is deleted; the old config and report move to ``history/``).
         keep_going: after a job fails, still run the jobs that do not depend on it.
         report: called as ``report(run_dir, loaded=..., store=...)`` when every job has finished
-            (e.g. :func:`headcount.experiments.report.build_report`); its return value (the page's path) is
+            (e.g. ``headcount.experiments.report.build_report``); its return value (the page's path) is
             the summary's ``report``. None: no report.
         quiet: no progress display.
         console: a rich Console for the progress display (default: stderr).
         device: ``auto`` | ``cpu`` | ``cuda`` | ``cuda:N``; default: the config's ``device:``
-            (see :mod:`headcount.runtime.device`); each job runs with ``HEADCOUNT_DEVICE`` set from it.
+            (see ``headcount.runtime.device``); each job runs with ``HEADCOUNT_DEVICE`` set from it.
         precision: ``auto`` | ``fp32`` | ``bf16``; default: the config's ``precision:`` when it
             sets one (else ``$HEADCOUNT_PRECISION``, else auto); each job runs with
             ``HEADCOUNT_PRECISION`` set to it.
@@ -196,11 +196,11 @@ def run_study(
             local executor, which runs one job per GPU.
 
     Returns:
-        A :class:`RunSummary`.
+        A [`RunSummary`][headcount.experiments.runner.study.RunSummary].
 
     Raises:
         HeadcountError: bad config, a run directory of another config (without ``force``), an
-            unreachable Ray cluster; :class:`JobsFailed` when jobs failed (the others are kept).
+            unreachable Ray cluster; [`JobsFailed`][headcount.experiments.runner.study.JobsFailed] when jobs failed (the others are kept).
 
     >>> run_study("/nonexistent.yaml", "/tmp/never")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
@@ -210,7 +210,7 @@ def run_study(
     t0 = time.perf_counter()
     if report and not callable(report):  # report=True of earlier versions: the caller must say how
         raise HeadcountError("run_study(report=...) takes a function such as headcount.experiments.report.build_report "
-                             "(headcount.cli.api.run_study draws the report itself)")
+                             "(headcount.experiments.run_study draws the report itself)")
     loaded = _coerce_config(config)
     exe = make_executor(executor, address, **({} if gpus_per_job is None else {"gpus_per_job": gpus_per_job}))
     if device is None and "device" in getattr(loaded.config, "model_fields_set", ()):
@@ -228,9 +228,10 @@ def run_study(
     out = Path(out)
     _check_out_dir(out)
     store = RunStore(out)
-    # connect (Ray) before touching the run directory, and only when something is left to run
-    needs_executor = any(not store.is_done(j.key) for j in plan)
-    with exe.session() if needs_executor else nullcontext(), store:
+    # connect (Ray) and check the jobs against the cluster before touching the run directory (a
+    # refused run writes nothing), and only when something is left to run
+    left = [j for j in plan if not store.is_done(j.key)]
+    with exe.session(left) if left else nullcontext(), store:
         manifest_path = out / MANIFEST
         now = utcnow()
         replaced = None  # the manifest of another config that --force moves to history/

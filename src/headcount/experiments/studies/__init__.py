@@ -1,5 +1,6 @@
 """Study types (orchestration only: the maths lives in scoring, pruning, training, analysis).
 
-A module here named ``<type>.py`` that calls ``register_study`` is found by ``study: <type>``.
+A study type is found by ``study: <type>`` through its entry point in the group ``headcount.studies``
+(``pyproject.toml``); its module calls ``register_study`` when loaded.
 ``jobs.py`` holds the job functions every study shares.
 """

@@ -1,11 +1,11 @@
 """Extra dev sets (MNLI mismatched): every final model of a study evaluated on them too.
 
 A task may declare further evaluation splits besides the one it is tuned and pruned on
-(:attr:`headcount.data.tasks.Task.extra_eval_splits`, ``{label: split}``; ``glue/mnli``:
+([`headcount.data.tasks.Task.extra_eval_splits`][headcount.data.tasks.Task.extra_eval_splits], ``{label: split}``; ``glue/mnli``:
 ``{"mm": "validation_mismatched"}``). The studies then add, for each final model (a fine-tuned,
-retrained or pruned one) and each extra split, one evaluation job (:func:`extra_eval_jobs`) of
+retrained or pruned one) and each extra split, one evaluation job ([`extra_eval_jobs`][headcount.experiments.studies.extra_eval.extra_eval_jobs]) of
 the same model directory (and mask) on that split, with the same dev subset settings, and
-report its score beside the matched one as the task ``<name>-<label>`` (:func:`reported_name`).
+report its score beside the matched one as the task ``<name>-<label>`` ([`reported_name`][headcount.experiments.studies.extra_eval.reported_name]).
 Tasks without extra splits get no extra job: their job names and keys are unchanged.
 """
 
@@ -54,13 +54,13 @@ def extra_eval_jobs(task: str, data: dict, model: Job, mask: Job | None = None, 
 
     Args:
         task: the task reference (as the model's own jobs have it).
-        data: the dev subset settings (:class:`~headcount.importance.pipeline.DataConfig` fields) of the
+        data: the dev subset settings ([`DataConfig`][headcount.importance.pipeline.DataConfig] fields) of the
             matched evaluation, so that both numbers come from subsets drawn alike.
         model: the job whose checkpoint is evaluated.
         mask: a job whose ``mask.json`` is applied (a pruned model without retraining).
         name: the job the evaluation stands beside (default ``model.name``); the extra job is
-            named :func:`extra_job_name` of it.
-        splits: ``{label: split}`` (default :func:`extra_splits` of ``task``).
+            named [`extra_job_name`][headcount.experiments.studies.extra_eval.extra_job_name] of it.
+        splits: ``{label: split}`` (default [`extra_splits`][headcount.experiments.studies.extra_eval.extra_splits] of ``task``).
 
     Returns:
         The jobs, none for a task without extra splits.

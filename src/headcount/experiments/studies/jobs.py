@@ -32,9 +32,10 @@ from headcount.importance.pipeline import (
     settings_from,
 )
 from headcount.importance.pruning import PruneConfig
-from headcount.importance.scoring import get_scorer, score
+from headcount.importance.scoring import score
 from headcount.importance.settings import check_objective, default_of
 from headcount.runtime.atomic import atomic_path, atomic_write_text
+from headcount.runtime.device import resolve_runtime
 from headcount.train import TrainConfig, finetune
 
 
@@ -54,6 +55,19 @@ def input_mask(params: dict, inputs: dict) -> Mask | None:
     return None
 
 
+def job_task(params: dict):
+    """The task of a job: ``params["task"]``, scored by ``params["metric"]`` when given (a study's
+    metric that is not the task's own, e.g. the lottery study's accuracy on MRPC and QQP, whose
+    task YAMLs declare F1; [`headcount.experiments.studies.lottery.plan.lottery_metric`][headcount.experiments.studies.lottery.plan.lottery_metric]).
+
+    >>> job_task({"task": "glue/mrpc", "metric": "accuracy"}).metric, job_task({"task": "glue/mrpc"}).metric
+    ('accuracy', 'f1')
+    """
+    task = get_task(params["task"])
+    metric = params.get("metric")
+    return task if not metric or metric == task.metric else replace(task, metric=metric)
+
+
 def step_messages(progress):
     """Adapt the runner's ``progress(step, total, message)`` to a ``say(message)`` callback."""
     state = {"n": 0}
@@ -68,14 +82,15 @@ def step_messages(progress):
 def finetune_job(params, inputs, workdir: Path, progress) -> dict:
     """Fine-tune (or retrain with a mask from the pre-trained weights).
 
-    params: model, task, seed, train (TrainConfig fields), mask_mode ("prune" | "gate"),
+    params: model, task, seed, train (TrainConfig fields), mask_mode ("prune" | "gate"), metric
+    (optional: the score's metric when not the task's, [`job_task`][headcount.experiments.studies.jobs.job_task]),
     optional weight_mask from an upstream ``weight_mask`` job (its weight_mask.safetensors).
-    Unset ones take :func:`headcount.train.finetune`'s defaults. Writes ``model/`` and ``metrics.json``.
+    Unset ones take [`headcount.train.finetune`][headcount.train.finetune]'s defaults. Writes ``model/`` and ``metrics.json``.
     """
     weight_mask = inputs["weight_mask"].path("weight_mask.safetensors") if "weight_mask" in inputs else None
     given = {k: params[k] for k in ("mask_mode", "seed") if params.get(k) is not None}
     metrics = finetune(
-        model_spec(params, inputs), params["task"], mask=input_mask(params, inputs), weight_mask=weight_mask,
+        model_spec(params, inputs), job_task(params), mask=input_mask(params, inputs), weight_mask=weight_mask,
         config=TrainConfig(**params.get("train", {})), out_dir=workdir, progress=step_messages(progress), **given,
     )
     return metrics
@@ -86,7 +101,7 @@ def _data(params: dict, key: str = "data") -> DataConfig:
 
 
 def _objective(params: dict) -> str:
-    """The job's objective: ``params["objective"]``, else the default of :class:`ScoreSettings`."""
+    """The job's objective: ``params["objective"]``, else the default of [`ScoreSettings`][headcount.importance.settings.ScoreSettings]."""
     return check_objective(params.get("objective") or default_of(ScoreSettings, "objective"))
 
 
@@ -94,18 +109,19 @@ def score_job(params, inputs, workdir: Path, progress) -> dict:
     """Importance scores of a model for an objective; writes ``scores.json`` (+ per-example
     contributions ``per_example.safetensors`` for bootstrap statistics).
 
-    params: model, task, and the fields of :class:`~headcount.importance.settings.ScoreSettings` (objective,
+    params: model, task, and the fields of [`ScoreSettings`][headcount.importance.settings.ScoreSettings] (objective,
     method, normalize, accumulate; unset ones take its defaults), data (DataConfig fields).
     """
     how = settings_from(ScoreSettings, params)
     task = get_task(params["task"])
     data = _data(params)
-    model, tokenizer, info = load_for(model_spec(params, inputs), task, how.objective, seed=data.seed)
-    scorer = get_scorer(how.method)
+    rt = resolve_runtime()  # $HEADCOUNT_DEVICE / $HEADCOUNT_PRECISION (set by the runner), once
+    model, tokenizer, info = load_for(model_spec(params, inputs), task, how.objective, seed=data.seed, device=rt)
+    scorer = how.scorer
     batches = [] if not scorer.needs_data else batches_for(task, tokenizer, how.objective, data,
                                                                group_by_length=how.grouped)
     with decoding(model, metric_for(task, how.objective)):
-        s = score(model, batches, method=how.method, normalize=how.normalize,
+        s = score(model, batches, method=scorer, normalize=how.normalize, device=rt,
                   mask=input_mask(params, inputs), keep_per_example=scorer.per_example,
                   accumulate=how.accumulate, progress=lambda i: progress(i, len(batches), "scoring"),
                   contrastive=info.get("contrastive"))
@@ -120,7 +136,7 @@ def save_per_example(workdir: Path, s, task, tokenizer, objective: str, data, gr
     """Write ``per_example.safetensors`` (when ``s`` kept per-example contributions): ``heads``
     ``[n_examples, n_layers, n_heads]`` and ``example_ids`` ``[n_examples]`` (each row's position in
     its split; the metadata ``example_source`` names the task and split), so that two score jobs
-    of the same examples can be paired by id (:func:`load_per_example`)."""
+    of the same examples can be paired by id ([`load_per_example`][headcount.experiments.studies.jobs.load_per_example])."""
     if s.per_example is None:
         return
     tensors = {"heads": s.per_example.contiguous()}
@@ -152,17 +168,18 @@ def load_per_example(path) -> tuple:
 def prune_job(params, inputs, workdir: Path, progress) -> dict:
     """Iterative pruning of a model to a threshold; writes ``mask.json`` and ``trace.csv``.
 
-    params: model, task, the fields of :class:`~headcount.importance.settings.PruneSettings` (objective,
+    params: model, task, the fields of [`PruneSettings`][headcount.importance.settings.PruneSettings] (objective,
     method, normalize, accumulate, importance_split, stop_split; unset ones take its defaults),
     prune (PruneConfig fields), data (importance examples), eval_data (stop-rule examples; default:
     the same as data).
     """
     how = settings_from(PruneSettings, params)
     objective = how.objective
-    task = get_task(params["task"])
+    task = job_task(params)
     data = _data(params)
     eval_data = _data(params, "eval_data" if "eval_data" in params else "data")
-    model, tokenizer, info = load_for(model_spec(params, inputs), task, objective, seed=data.seed)
+    rt = resolve_runtime()  # $HEADCOUNT_DEVICE / $HEADCOUNT_PRECISION (set by the runner), once
+    model, tokenizer, info = load_for(model_spec(params, inputs), task, objective, seed=data.seed, device=rt)
     imp = batches_for(task, tokenizer, objective, data, split=how.importance_split or task.train_split,
                       group_by_length=how.grouped)
     stop = batches_for(task, tokenizer, objective, eval_data, split=how.stop_split or task.validation_split)
@@ -172,7 +189,7 @@ def prune_job(params, inputs, workdir: Path, progress) -> dict:
         progress(row["step"], None, f"{row['phase']}: {row['heads_kept']} heads, {metric} {row['metric']:.3f}")
 
     result = prune_model(model, imp, stop, metric, settings=how, config=PruneConfig(**params.get("prune", {})),
-                         progress=report)
+                         progress=report, device=rt)
     mask = result.mask.with_meta(task=task.name, objective=objective, metric_name=metric, head=info["head"])
     mask.save(workdir / "mask.json")
     atomic_write_text(workdir / "trace.csv", result.trace_csv())
@@ -184,13 +201,14 @@ def evaluate_job(params, inputs, workdir: Path, progress) -> dict:
 
     params: model, task, objective, split, data (DataConfig fields).
     """
-    task = get_task(params["task"])
+    task = job_task(params)
     objective = _objective(params)
     data = _data(params)
-    model, tokenizer, info = load_for(model_spec(params, inputs), task, objective, seed=data.seed)
+    rt = resolve_runtime()  # $HEADCOUNT_DEVICE / $HEADCOUNT_PRECISION (set by the runner), once
+    model, tokenizer, info = load_for(model_spec(params, inputs), task, objective, seed=data.seed, device=rt)
     batches = batches_for(task, tokenizer, objective, data, split=params.get("split") or task.validation_split)
     mask = input_mask(params, inputs)
-    r = evaluate_batches(model, batches, metric_for(task, objective), mask=mask)
+    r = evaluate_batches(model, batches, metric_for(task, objective), mask=mask, device=rt)
     return {**r, "metric_name": metric_for(task, objective), "head": info["head"],
             "heads_kept": mask.n_heads_kept if mask is not None else None,
             "mlps_kept": mask.n_mlps_kept if mask is not None else None}

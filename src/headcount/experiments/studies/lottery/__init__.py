@@ -28,15 +28,15 @@ and bad controls, each retrained (``lottery.subnetwork`` + ``lottery.retrain``);
 (Krippendorff's alpha, Cochran's Q, pairwise Jaccard; ``lottery.stability``). Across tasks: the
 overlap of good subnetworks (``lottery.overlap``).
 
-The modules: :mod:`.config` (settings, job parameters), :mod:`.plan` (settings -> jobs),
-:mod:`.jobs` (the job functions), :mod:`.tables`, :mod:`.figures` and :mod:`.report` (the report
-from saved results). The maths lives elsewhere: :mod:`headcount.importance.pruning` (the loop),
-:mod:`headcount.train.magnitude_search` (the magnitude procedures) on :mod:`headcount.importance.magnitude`
-(weight masks and their controls), :mod:`headcount.train` (retraining),
-:mod:`headcount.analysis` (controls, stability, overlap, super-survivors, pattern classes).
+The modules: [`config`][headcount.experiments.studies.lottery.config] (settings, job parameters), [`plan`][headcount.experiments.studies.lottery.plan] (settings -> jobs),
+[`jobs`][headcount.experiments.studies.lottery.jobs] (the job functions), [`tables`][headcount.experiments.studies.lottery.tables], [`figures`][headcount.experiments.studies.lottery.figures] and [`report`][headcount.experiments.studies.lottery.report] (the report
+from saved results). The maths lives elsewhere: [`headcount.importance.pruning`][headcount.importance.pruning] (the loop),
+[`headcount.train.magnitude_search`][headcount.train.magnitude_search] (the magnitude procedures) on ``headcount.importance.magnitude``
+(weight masks and their controls), ``headcount.train`` (retraining),
+``headcount.analysis`` (controls, stability, overlap, super-survivors, pattern classes).
 
-Composable: :func:`lottery_jobs` returns the jobs of a :class:`LotterySettings` under a name
-prefix and :func:`lottery_sections` the report sections for them, so another study type (the
+Composable: [`lottery_jobs`][headcount.experiments.studies.lottery.plan.lottery_jobs] returns the jobs of a [`LotterySettings`][headcount.experiments.studies.lottery.config.LotterySettings] under a name
+prefix and [`lottery_sections`][headcount.experiments.studies.lottery.report.lottery_sections] the report sections for them, so another study type (the
 demo) can include a lottery part::
 
     class DemoConfig(StudyConfig):
@@ -66,8 +66,9 @@ from headcount.experiments.studies.lottery.jobs import (
     retrain_job,
     stability_job,
     subnetwork_job,
+    super_random_rng,
 )
-from headcount.experiments.studies.lottery.plan import expand, job_name, lottery_jobs, task_name
+from headcount.experiments.studies.lottery.plan import expand, job_name, lottery_jobs, lottery_metric, task_name
 from headcount.experiments.studies.lottery.report import lottery_sections, lottery_summary, report
 from headcount.experiments.studies.lottery.tables import (
     EXPERIMENTS,
@@ -92,6 +93,7 @@ __all__ = [
     "expand",
     "job_name",
     "lottery_jobs",
+    "lottery_metric",
     "lottery_sections",
     "lottery_summary",
     "magnitude_job",
@@ -104,6 +106,7 @@ __all__ = [
     "stability_job",
     "subnetwork_job",
     "summarize",
+    "super_random_rng",
     "task_name",
     "wide_table",
 ]

@@ -1,10 +1,10 @@
 """The settings of a lottery study (pydantic models), and the parameters of its jobs.
 
-One declaration per setting: the training settings are :class:`headcount.train.TrainConfig`'s
-fields and the magnitude settings :class:`headcount.train.magnitude_search.MagnitudeConfig`'s (their types
+One declaration per setting: the training settings are [`headcount.train.TrainConfig`][headcount.train.TrainConfig]'s
+fields and the magnitude settings [`headcount.train.magnitude_search.MagnitudeConfig`][headcount.train.magnitude_search.MagnitudeConfig]'s (their types
 and defaults, read from those classes); the pattern CNN's defaults are those of
-:func:`headcount.analysis.patterns.train_pattern_cnn`. Each job function validates its
-``params`` into one of the ``*Params`` models below (:func:`job_params`).
+[`headcount.analysis.patterns.train_pattern_cnn`][headcount.analysis.patterns.train_pattern_cnn]. Each job function validates its
+``params`` into one of the ``*Params`` models below ([`job_params`][headcount.experiments.studies.lottery.config.job_params]).
 """
 
 from __future__ import annotations
@@ -24,22 +24,12 @@ from pydantic import (
     model_validator,
 )
 
-from headcount.analysis.patterns import ARCHITECTURES, MAP_SIZE, train_pattern_cnn
+from headcount.analysis.patterns import ARCHITECTURES, CNN_EPOCHS, MAP_SIDE, MAP_SIZE, train_pattern_cnn
 from headcount.data.tasks import get_task
 from headcount.experiments.runner import ConfigSection, StudyConfig
 from headcount.experiments.runner.config import format_validation_error, model_ref, task_ref
 from headcount.experiments.runner.schema import fields_of, nonempty_model
-from headcount.importance.settings import (
-    BATCH_SIZE,
-    CNN_EPOCHS,
-    EXAMPLES,
-    FRACTION,
-    LEARNING_RATE,
-    MAP_SIDE,
-    MAX_LENGTH,
-    SEED,
-    STEPS,
-)
+from headcount.runtime.bounds import BATCH_SIZE, EXAMPLES, FRACTION, LEARNING_RATE, MAX_LENGTH, SEED, STEPS
 from headcount.runtime.errors import HeadcountError
 from headcount.train import TrainConfig
 from headcount.train.magnitude_search import MagnitudeConfig, check_procedure
@@ -51,14 +41,14 @@ RandomDraw = Literal["uniform", "bernoulli"]
 #: Side of the fixed-size mean attention maps (at least 8 cells).
 MapSide = Annotated[int, Field(ge=8, le=MAP_SIDE.high)]
 
-#: :class:`headcount.train.TrainConfig` fields a lottery config exposes under ``train``.
+#: [`headcount.train.TrainConfig`][headcount.train.TrainConfig] fields a lottery config exposes under ``train``.
 TRAIN_FIELDS: tuple[str, ...] = (
     "lr", "batch_size", "epochs", "max_length", "weight_decay", "warmup", "max_grad_norm", "max_train_examples",
     "max_eval_examples", "eval_batch_size", "max_steps", "gradient_accumulation_steps", "data_seed", "bf16",
     "eval_each_epoch", "save_steps",
 )
 
-#: :class:`headcount.train.magnitude_search.MagnitudeConfig` fields a lottery config exposes under ``magnitude``.
+#: [`headcount.train.magnitude_search.MagnitudeConfig`][headcount.train.magnitude_search.MagnitudeConfig] fields a lottery config exposes under ``magnitude``.
 MAGNITUDE_FIELDS: tuple[str, ...] = ("procedure", "rounds", "rate", "threshold", "variant", "schedule", "at_cap")
 
 _CNN_DEFAULTS = {k: p.default for k, p in inspect.signature(train_pattern_cnn).parameters.items()}
@@ -69,7 +59,7 @@ def _resolve_path(value: str, info: ValidationInfo) -> str:
 
     Everything else stays as written: absolute paths, ``~``, paths relative to the working
     directory, files that do not exist yet, the empty string. Narrower than the transfer study's
-    rule (:func:`headcount.experiments.studies.transfer.config._resolve_path`, which also expands ``~``, makes
+    rule ([`headcount.experiments.studies.transfer.config._resolve_path`][headcount.experiments.studies.transfer.config._resolve_path], which also expands ``~``, makes
     existing working-directory paths absolute and points a missing ``.yaml``/``.txt`` at the
     config's folder). Kept apart on purpose: the resolved value is part of the config hash, so
     the wider rule would re-plan lottery runs already written with this one.
@@ -90,8 +80,8 @@ def _check(build, values: dict) -> None:
 
 
 class TrainSettings(create_model("TrainFields", __base__=ConfigSection, **fields_of(TrainConfig, TRAIN_FIELDS))):
-    """Fine-tuning / retraining hyper-parameters: the :data:`TRAIN_FIELDS` of
-    :class:`headcount.train.TrainConfig`, with its defaults and checks.
+    """Fine-tuning / retraining hyper-parameters: the [`TRAIN_FIELDS`][headcount.experiments.studies.lottery.config.TRAIN_FIELDS] of
+    [`headcount.train.TrainConfig`][headcount.train.TrainConfig], with its defaults and checks.
 
     Defaults are Prasanna et al.'s: lr 2e-5, batch 32, 3 epochs, max length 128, no weight
     decay, no warm-up, clipping at 1.0. ``max_train_examples`` / ``max_eval_examples`` take
@@ -108,12 +98,12 @@ class TrainSettings(create_model("TrainFields", __base__=ConfigSection, **fields
         return self
 
     def config(self) -> TrainConfig:
-        """The :class:`headcount.train.TrainConfig` of these settings."""
+        """The [`headcount.train.TrainConfig`][headcount.train.TrainConfig] of these settings."""
         return TrainConfig(**self.model_dump())
 
 
 class PruningSettings(ConfigSection):
-    """Structured pruning to the good subnetwork (:func:`headcount.importance.pruning.iterative_prune`).
+    """Structured pruning to the good subnetwork ([`headcount.importance.pruning.iterative_prune`][headcount.importance.pruning.iterative_prune]).
 
     Attributes:
         threshold: keep the last mask whose dev metric is >= threshold x the full model's.
@@ -171,10 +161,10 @@ class PruningSettings(ConfigSection):
 
 class MagnitudeSettings(create_model("MagnitudeFields", __base__=ConfigSection,
                                      **fields_of(MagnitudeConfig, MAGNITUDE_FIELDS))):
-    """Magnitude pruning (:func:`headcount.train.magnitude_prune.magnitude_prune`): the good mask, then
+    """Magnitude pruning ([`headcount.train.magnitude_prune.magnitude_prune`][headcount.train.magnitude_prune.magnitude_prune]): the good mask, then
     random and bad masks at exactly its sparsity; all retrained from the pre-trained weights.
 
-    The :data:`MAGNITUDE_FIELDS` of :class:`headcount.train.magnitude_search.MagnitudeConfig` (its
+    The [`MAGNITUDE_FIELDS`][headcount.experiments.studies.lottery.config.MAGNITUDE_FIELDS] of [`headcount.train.magnitude_search.MagnitudeConfig`][headcount.train.magnitude_search.MagnitudeConfig] (its
     defaults and checks), and ``enabled``. When no step passes the good run has no mask: a NaN
     row flagged ``no_passing_mask`` in the tables, and its random and bad controls are skipped.
 
@@ -202,12 +192,14 @@ class MagnitudeSettings(create_model("MagnitudeFields", __base__=ConfigSection,
         return self
 
     def config(self, control: str = "good") -> MagnitudeConfig:
-        """The :class:`headcount.train.magnitude_search.MagnitudeConfig` of these settings for one control."""
+        """The [`headcount.train.magnitude_search.MagnitudeConfig`][headcount.train.magnitude_search.MagnitudeConfig] of these settings for one control."""
         return MagnitudeConfig(**self.model_dump(exclude={"enabled"}), control=control)
 
 
-#: How the super-survivors' random and bad controls are drawn (:class:`SuperSurvivorSettings`).
+#: How the super-survivors' random and bad controls are drawn ([`SuperSurvivorSettings`][headcount.experiments.studies.lottery.config.SuperSurvivorSettings]).
 SuperControls = Literal["reference", "as-good-mask"]
+SuperRandomDraws = Literal["per-seed", "per-task"]
+LotteryMetric = Literal["reference", "task"]
 
 
 class SuperSurvivorSettings(ConfigSection):
@@ -224,10 +216,16 @@ class SuperSurvivorSettings(ConfigSection):
             components pruned in every seed, resized to the super-survivors' size (dropping
             random ones, or topping up with random components that are neither); random = the
             "middlings", components neither super-survivors nor in that bad control, resized
-            likewise (:func:`headcount.analysis.super_controls`). ``as-good-mask`` (headcount
+            likewise ([`headcount.analysis.super_controls`][headcount.analysis.super_controls]). ``as-good-mask`` (headcount
             before): the super mask's controls as any good mask's: bad from the components it
-            prunes, random uniformly from all (:func:`headcount.analysis.draw_controls`); its
+            prunes, random uniformly from all ([`headcount.analysis.draw_controls`][headcount.analysis.draw_controls]); its
             jobs keep their earlier keys.
+        random_draws: with ``controls: reference``, how often the random (middling) control is
+            drawn. ``per-seed`` (default, the authors' ``compute_super_masks.py``, whose loop over
+            the seeds draws the middlings again for every seed; the bad control it is drawn around
+            is resized once, on the first seed, and stays the same): one draw per retraining seed,
+            job ``subnetwork/super-random/<task>/seed<s>``. ``per-task`` (headcount before): one
+            draw for the task, retrained with every seed (job ``subnetwork/super-random/<task>``).
     """
 
     enabled: bool = True
@@ -235,12 +233,13 @@ class SuperSurvivorSettings(ConfigSection):
     seeds: list[int] | None = None
     draw_seed: int = Field(0, **SEED.limits())
     controls: SuperControls = "reference"
+    random_draws: SuperRandomDraws = "per-seed"
 
 
 class PatternCNNSettings(ConfigSection):
     """The pattern CNN of Prasanna et al., trained on user-labelled maps (see ``headcount
     patterns train``): ``maps`` a .safetensors with ``maps`` [N, S, S], ``labels`` a .csv/.json.
-    The other fields are :func:`headcount.analysis.patterns.train_pattern_cnn`'s, with its
+    The other fields are [`headcount.analysis.patterns.train_pattern_cnn`][headcount.analysis.patterns.train_pattern_cnn]'s, with its
     defaults (the paper's recipe: their net, 200 epochs, batch 64, Adam 1e-3, 20% held out)."""
 
     maps: str
@@ -271,7 +270,7 @@ class PatternSettings(ConfigSection):
         batch_size: examples per forward pass.
         max_length: tokens per example (default: ``train.max_length``).
         size: side of the fixed-size mean maps the rule classifier reads
-            (:func:`headcount.analysis.patterns.mean_attention_maps`).
+            ([`headcount.analysis.patterns.mean_attention_maps`][headcount.analysis.patterns.mean_attention_maps]).
         cnn: optional labelled maps to train the CNN on; it classifies every example's map of
             every head (the same ``max_examples`` dev examples), centre-padded to the CNN's size,
             and its shares over examples x heads are reported beside the rules' shares of heads.
@@ -295,13 +294,18 @@ class LotterySettings(ConfigSection):
         random: ``bernoulli`` (the default, the paper's draw: each head and MLP kept with p = the
             good subnetwork's kept fraction, so the size matches only on average) or ``uniform``
             (exactly as many heads and MLPs as the good subnetwork, drawn uniformly).
-        train: :class:`TrainSettings`.
-        pruning: :class:`PruningSettings`.
-        magnitude: :class:`MagnitudeSettings`.
-        super_survivors: :class:`SuperSurvivorSettings`.
-        patterns: :class:`PatternSettings`.
+        train: [`TrainSettings`][headcount.experiments.studies.lottery.config.TrainSettings].
+        pruning: [`PruningSettings`][headcount.experiments.studies.lottery.config.PruningSettings].
+        magnitude: [`MagnitudeSettings`][headcount.experiments.studies.lottery.config.MagnitudeSettings].
+        super_survivors: [`SuperSurvivorSettings`][headcount.experiments.studies.lottery.config.SuperSurvivorSettings].
+        patterns: [`PatternSettings`][headcount.experiments.studies.lottery.config.PatternSettings].
         keep_models: keep the checkpoints of retrained subnetworks (default: only metrics; the
             fine-tuned full models are always kept, later jobs read them).
+        metric: the dev metric of the stop rule and of every score the study reports.
+            ``reference`` (default, the authors' code: accuracy for every classification task but
+            CoLA, so accuracy where a task declares F1, i.e. GLUE's MRPC and QQP; any other
+            task's own metric) or ``task`` (the task's declared metric: F1 on MRPC and QQP, the
+            GLUE official one). See [`headcount.experiments.studies.lottery.plan.lottery_metric`][headcount.experiments.studies.lottery.plan.lottery_metric].
 
     >>> LotterySettings(tasks=["offline/movies"], seeds=[1, 2]).random
     'bernoulli'
@@ -317,6 +321,7 @@ class LotterySettings(ConfigSection):
     super_survivors: SuperSurvivorSettings = SuperSurvivorSettings()
     patterns: PatternSettings = PatternSettings()
     keep_models: bool = False
+    metric: LotteryMetric = "reference"
 
     @field_validator("model")
     @classmethod
@@ -348,7 +353,7 @@ class LotterySettings(ConfigSection):
 
 
 class LotteryConfig(StudyConfig, LotterySettings):
-    """The ``study: lottery`` config: :class:`LotterySettings` plus ``study``, ``name``, ``description``.
+    """The ``study: lottery`` config: [`LotterySettings`][headcount.experiments.studies.lottery.config.LotterySettings] plus ``study``, ``name``, ``description``.
 
     >>> LotteryConfig(study="lottery", tasks=["offline/movies"], seeds=[1]).model
     'offline'
@@ -359,7 +364,7 @@ class LotteryConfig(StudyConfig, LotterySettings):
 # job parameters: what each job function of .jobs reads from ``params``
 # =============================================================================================
 def job_params(model: type[BaseModel], params: dict):
-    """``params`` validated into ``model``; a :class:`HeadcountError` (one line) when they do not fit.
+    """``params`` validated into ``model``; a [`HeadcountError`][headcount.runtime.errors.HeadcountError] (one line) when they do not fit.
 
     >>> job_params(OverlapParams, {"tasks": ["a"], "seeds": ["x"]})
     Traceback (most recent call last):
@@ -380,13 +385,14 @@ class SubnetworkParams(ConfigSection):
     mask; ``super``: the super-survivors of the upstream masks), the draw ``seed`` and the
     random ``mode`` (both needed by the controls); ``controls``: ``reference`` for a control
     of the super-survivors of all upstream good masks drawn as the authors' code does
-    (:func:`headcount.analysis.super_controls`; random: ``mode`` uniform), unset (or
+    ([`headcount.analysis.super_controls`][headcount.analysis.super_controls]; random: ``mode`` uniform), unset (or
     ``as-good-mask``) for a control of the one upstream ``good`` mask."""
 
     kind: str
     seed: int | None = None
     mode: RandomDraw | None = None
     controls: SuperControls | None = None
+    draw: int | None = None  # reference random super control drawn per retraining seed: that seed
 
     @field_validator("kind")
     @classmethod
@@ -415,6 +421,7 @@ class RetrainParams(ConfigSection):
     train: TrainSettings
     mask_mode: Literal["prune", "gate"]
     keep_model: bool
+    metric: str | None = None  # the study's metric where it is not the task's (lottery_metric)
 
 
 class MagnitudeParams(ConfigSection):
@@ -428,11 +435,12 @@ class MagnitudeParams(ConfigSection):
     magnitude: MagnitudeSettings
     control: Literal["good", "random", "bad"]
     keep_models: bool
+    metric: str | None = None  # the study's metric where it is not the task's (lottery_metric)
 
 
 class PatternsParams(ConfigSection):
     """``lottery.patterns``: ``task``, ``split``, the map ``size`` and ``data``
-    (:class:`headcount.importance.pipeline.DataConfig` fields); the model is the upstream ``model`` job."""
+    ([`headcount.importance.pipeline.DataConfig`][headcount.importance.pipeline.DataConfig] fields); the model is the upstream ``model`` job."""
 
     task: str
     split: str | None
@@ -441,7 +449,7 @@ class PatternsParams(ConfigSection):
 
 
 class PatternCNNParams(PatternCNNSettings):
-    """``lottery.pattern-cnn``: :class:`PatternCNNSettings` and the ``digests`` of its two files
+    """``lottery.pattern-cnn``: [`PatternCNNSettings`][headcount.experiments.studies.lottery.config.PatternCNNSettings] and the ``digests`` of its two files
     (so that a changed file re-trains the CNN)."""
 
     digests: list[str | None]

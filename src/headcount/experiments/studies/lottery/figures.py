@@ -1,4 +1,4 @@
-"""The figures of a lottery report (matplotlib Figures drawn with :func:`headcount.experiments.report.new_figure`)."""
+"""The figures of a lottery report (matplotlib Figures drawn with [`headcount.experiments.report.new_figure`][headcount.experiments.report.new_figure])."""
 
 from __future__ import annotations
 
@@ -14,7 +14,9 @@ from headcount.experiments.studies.lottery.plan import job_name, task_name
 from headcount.experiments.studies.lottery.tables import finished
 
 
-def scores_figure(summary, experiments, title):
+def scores_figure(summary, experiments, title, threshold: float):
+    """Mean ± std per experiment and task, with a line at ``threshold`` x the full model's mean
+    (the structured pruning's stop rule, ``pruning.threshold``)."""
 
     tasks = list(dict.fromkeys(summary["task"]))
     fig, axes = new_figure(1, len(tasks), size=(max(4.0, 3.6 * len(tasks)), 3.6))
@@ -28,7 +30,7 @@ def scores_figure(summary, experiments, title):
         ax.bar(range(len(exps)), means, yerr=stds, capsize=3,
                color=[colors.get(sub.loc[e, "pruning"], "#8172b2") for e in exps])
         if "full" in sub.index and math.isfinite(sub.loc["full", "mean"]):
-            ax.axhline(0.9 * sub.loc["full", "mean"], color="k", ls="--", lw=0.8, label="0.9 x full")
+            ax.axhline(threshold * sub.loc["full", "mean"], color="k", ls="--", lw=0.8, label=f"{threshold:g} x full")
             ax.legend(fontsize=7, loc="lower left")
         ax.set_xticks(range(len(exps)))
         ax.set_xticklabels(exps, rotation=60, ha="right", fontsize=7)

@@ -1,7 +1,7 @@
 """The job functions of the lottery study (the runner's signature: ``(params, inputs, workdir,
-progress) -> dict``). Orchestration only: each validates its params (:mod:`.config`), loads
-what it needs, calls the maths (:mod:`headcount.analysis`, :mod:`headcount.importance.magnitude`,
-:mod:`headcount.train`) and writes its files.
+progress) -> dict``). Orchestration only: each validates its params ([`config`][headcount.experiments.studies.lottery.config]), loads
+what it needs, calls the maths (``headcount.analysis``, ``headcount.importance.magnitude``,
+``headcount.train``) and writes its files.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from headcount.analysis.subnetworks import cross_task_overlap, seed_stability
 from headcount.core.attention import attention_maps
 from headcount.core.masks import Mask
 from headcount.data.tasks import get_task
-from headcount.experiments.studies.jobs import finetune_job, model_spec, step_messages
+from headcount.experiments.studies.jobs import finetune_job, job_task, model_spec, step_messages
 from headcount.experiments.studies.lottery.config import (
     MagnitudeParams,
     OverlapParams,
@@ -61,6 +61,20 @@ def control_rng(seed: int, kind: str) -> np.random.Generator:
     if kind not in _CONTROL_IDS:
         raise HeadcountError(f"unknown control {kind!r}; use 'random' or 'bad'")
     return np.random.default_rng([int(seed) & 0xFFFFFFFF, _CONTROL_IDS[kind]])
+
+
+def super_random_rng(draw_seed: int, retrain_seed: int) -> np.random.Generator:
+    """The generator of the reference super-survivor random control (the middlings) of retraining
+    seed ``retrain_seed`` (``super_survivors.random_draws: per-seed``): the authors'
+    ``compute_super_masks.py`` draws the middlings again in its loop over the seeds, from one
+    Python ``random`` stream; here one numpy generator per (draw seed, retraining seed), so that a
+    seed's draw does not depend on which other seeds are retrained.
+
+    >>> a, b = super_random_rng(0, 1), super_random_rng(0, 2)
+    >>> int(a.integers(1 << 30)) != int(b.integers(1 << 30))
+    True
+    """
+    return np.random.default_rng([int(draw_seed) & 0xFFFFFFFF, _CONTROL_IDS["random"], int(retrain_seed) & 0xFFFFFFFF])
 
 
 def _link_tree(src: Path, dst: Path) -> None:
@@ -117,15 +131,16 @@ def _to_heads(groups: np.ndarray, n_heads: int) -> np.ndarray:
 def subnetwork_job(params, inputs, workdir: Path, progress) -> dict:
     """A head/MLP subnetwork derived from good masks; writes ``mask.json``.
 
-    params (:class:`~.config.SubnetworkParams`): ``kind``: ``random`` or ``bad`` (a control of
+    params ([`SubnetworkParams`][headcount.experiments.studies.lottery.config.SubnetworkParams]): ``kind``: ``random`` or ``bad`` (a control of
     the upstream ``good`` mask, drawn separately for heads and MLPs with
-    :func:`headcount.analysis.draw_controls`), or ``super`` (the super-survivors: kept in every
-    upstream mask, :func:`headcount.analysis.super_survivors`); ``mode``: ``uniform`` |
+    [`headcount.analysis.draw_controls`][headcount.analysis.draw_controls]), or ``super`` (the super-survivors: kept in every
+    upstream mask, [`headcount.analysis.super_survivors`][headcount.analysis.super_survivors]); ``mode``: ``uniform`` |
     ``bernoulli`` (random only); ``seed``: the draw seed; ``controls: reference`` (random or
     bad): a control of the super-survivors of all upstream masks, drawn as the authors' code
-    (:func:`headcount.analysis.super_controls`: bad from the components pruned in every mask,
+    ([`headcount.analysis.super_controls`][headcount.analysis.super_controls]: bad from the components pruned in every mask,
     random from the middlings around that bad control, which it rebuilds from the bad draw's
-    generator, so it is the ``bad`` job's of the same seed).
+    generator, so it is the ``bad`` job's of the same seed); ``draw`` (random, reference): the
+    retraining seed whose middlings these are ([`super_random_rng`][headcount.experiments.studies.lottery.jobs.super_random_rng]; unset: one draw per task).
     inputs: ``good`` (a job with ``mask.json``), or for ``super`` and ``controls: reference``
     any number of them (one per seed). Good masks pruned in whole key/value groups (``unit:
     kv-groups``, decoders) get controls drawn in whole groups, and the masks written say so.
@@ -150,11 +165,13 @@ def subnetwork_job(params, inputs, workdir: Path, progress) -> dict:
         heads, mlps = _masks_of(inputs, sorted(inputs))
         n_kv = _kv_unit(inputs, sorted(inputs))
         units = heads if n_kv is None else _to_groups(heads, n_kv)
-        # random is drawn around the bad control: rebuilt from the bad job's own generator
-        drawn = super_controls({"heads": units, "mlps": mlps}, p.kind, seed=control_rng(p.seed, p.kind),
+        # random is drawn around the bad control: rebuilt from the bad job's own generator; the
+        # middlings of retraining seed p.draw (random_draws: per-seed) from that seed's generator
+        rng = super_random_rng(p.seed, p.draw) if p.kind == "random" and p.draw is not None else control_rng(p.seed, p.kind)
+        drawn = super_controls({"heads": units, "mlps": mlps}, p.kind, seed=rng,
                                **({"bad_seed": control_rng(p.seed, "bad")} if p.kind == "random" else {}))
         meta = {"kind": p.kind, "controls": "reference", "mode": p.mode if p.kind == "random" else None,
-                "seed": p.seed, "n_masks": len(inputs), "good_heads_kept": int(super_survivors(heads).sum()),
+                "seed": p.seed, "draw": p.draw, "n_masks": len(inputs), "good_heads_kept": int(super_survivors(heads).sum()),
                 "good_mlps_kept": int(super_survivors(mlps).sum()), "unit": "kv-groups" if n_kv else None}
         n_heads, heads, mlps = heads.shape[-1], drawn["heads"], drawn["mlps"]
         if n_kv:
@@ -187,7 +204,7 @@ def subnetwork_job(params, inputs, workdir: Path, progress) -> dict:
 
 
 def retrain_job(params, inputs, workdir: Path, progress) -> dict:
-    """Retrain a subnetwork from the pre-trained weights: :func:`headcount.experiments.studies.jobs.finetune_job`
+    """Retrain a subnetwork from the pre-trained weights: [`headcount.experiments.studies.jobs.finetune_job`][headcount.experiments.studies.jobs.finetune_job]
     with an upstream ``mask`` (physically pruned) or ``weight_mask``; the checkpoint is removed
     afterwards unless ``params["keep_model"]`` (nothing downstream reads it).
 
@@ -203,10 +220,11 @@ def retrain_job(params, inputs, workdir: Path, progress) -> dict:
 
 def magnitude_job(params, inputs, workdir: Path, progress) -> dict:
     """Magnitude pruning with retraining from the pre-trained weights
-    (:func:`headcount.train.magnitude_prune.magnitude_prune`, by ``magnitude.procedure``).
+    ([`headcount.train.magnitude_prune.magnitude_prune`][headcount.train.magnitude_prune.magnitude_prune], by ``magnitude.procedure``).
 
-    params (:class:`~.config.MagnitudeParams`): model (pre-trained), task, seed, train,
-    magnitude, control (``good`` | ``random`` | ``bad``), keep_models.
+    params ([`MagnitudeParams`][headcount.experiments.studies.lottery.config.MagnitudeParams]): model (pre-trained), task, seed, train,
+    magnitude, control (``good`` | ``random`` | ``bad``), keep_models, metric (the study's metric
+    where it is not the task's: stop rule and score).
     inputs: ``full`` (the finished full fine-tuning of this seed: the weights the paper's search
     prunes without retraining, or IMP's round 0) for ``good``; ``match`` (the good magnitude job)
     for ``random`` and ``bad``, which prune once to exactly its sparsity, ranking the same
@@ -229,7 +247,7 @@ def magnitude_job(params, inputs, workdir: Path, progress) -> dict:
         for name in ("run.json", "metrics.json"):
             shutil.copy2(full.path(name), workdir / "full" / name)
         _link_tree(full.path("model"), workdir / "full" / "model")
-    summary = magnitude_prune(p.model, p.task, config=p.magnitude.config(p.control), train=p.train.config(),
+    summary = magnitude_prune(p.model, job_task(params), config=p.magnitude.config(p.control), train=p.train.config(),
                               seed=p.seed, out_dir=workdir, match=match, progress=step_messages(progress))
     if not p.keep_models:
         for d in [*workdir.glob("round_*"), workdir / "retrain"]:
@@ -246,12 +264,12 @@ def _special_ids(tokenizer) -> set[int]:
 def patterns_job(params, inputs, workdir: Path, progress) -> dict:
     """Pattern classes of the heads of a (fine-tuned) model, in two views.
 
-    Attention probabilities of dev examples (:func:`headcount.core.attention.attention_maps`, eval
+    Attention probabilities of dev examples ([`headcount.core.attention.attention_maps`][headcount.core.attention.attention_maps], eval
     mode, on the model's device).
 
     1. Rule classifier on per-head mean maps (headcount): averaged per head over the examples of
        the most common structure (e.g. ``[CLS] text [SEP]``) on a fixed ``size`` x ``size`` layout
-       (:func:`headcount.analysis.patterns.commonest_structure_maps`); result keys ``labels``
+       ([`headcount.analysis.patterns.commonest_structure_maps`][headcount.analysis.patterns.commonest_structure_maps]); result keys ``labels``
        ``[n_layers, n_heads]``, ``counts`` (heads), ``features``.
     2. CNN on per-example maps (Prasanna et al.), when an upstream ``cnn`` job is given: every
        example's map of every head, centre-padded with zeros to the CNN's side (longer inputs
@@ -259,7 +277,7 @@ def patterns_job(params, inputs, workdir: Path, progress) -> dict:
        the model's device; ``cnn_example_ids`` ``[n_examples, n_layers, n_heads]`` (ids into
        ``cnn_classes``) and ``cnn_counts`` over examples x heads.
 
-    params (:class:`~.config.PatternsParams`): task, split, data, size; inputs: ``model``, ``cnn``.
+    params ([`PatternsParams`][headcount.experiments.studies.lottery.config.PatternsParams]): task, split, data, size; inputs: ``model``, ``cnn``.
     Writes ``maps.safetensors`` (``maps`` [n_layers, n_heads, size, size]) and ``patterns.json``.
 
     >>> patterns_job({"task": "offline/movies", "size": 32}, {"model": full}, out, print)["counts"]  # doctest: +SKIP
@@ -334,7 +352,7 @@ def patterns_job(params, inputs, workdir: Path, progress) -> dict:
 def pattern_cnn_job(params, inputs, workdir: Path, progress) -> dict:
     """Train the pattern CNN on user-labelled maps; writes ``cnn/`` (model.safetensors, config.json).
 
-    params (:class:`~.config.PatternCNNParams`): maps, labels (paths), epochs, seed, holdout, batch_size,
+    params ([`PatternCNNParams`][headcount.experiments.studies.lottery.config.PatternCNNParams]): maps, labels (paths), epochs, seed, holdout, batch_size,
     lr, architecture, size, digests. Trains on the job's device (``$HEADCOUNT_DEVICE``, else auto).
 
     >>> pattern_cnn_job({"maps": "maps.safetensors", "labels": "labels.csv"}, {}, out, print)  # doctest: +SKIP
@@ -351,7 +369,7 @@ def pattern_cnn_job(params, inputs, workdir: Path, progress) -> dict:
 
 def stability_job(params, inputs, workdir: Path, progress) -> dict:
     """Stability of the good masks of one task across seeds
-    (:func:`headcount.analysis.subnetworks.seed_stability`): Krippendorff's alpha, Cochran's Q,
+    ([`headcount.analysis.subnetworks.seed_stability`][headcount.analysis.subnetworks.seed_stability]): Krippendorff's alpha, Cochran's Q,
     pairwise Jaccard, for heads, MLPs and both; how often each head/MLP survives; the super-survivors.
 
     inputs: one prune job (``mask.json``) per seed.
@@ -366,10 +384,10 @@ def stability_job(params, inputs, workdir: Path, progress) -> dict:
 
 
 def overlap_job(params, inputs, workdir: Path, progress) -> dict:
-    """Overlap of good subnetworks across tasks (:func:`headcount.analysis.subnetworks.cross_task_overlap`):
+    """Overlap of good subnetworks across tasks ([`headcount.analysis.subnetworks.cross_task_overlap`][headcount.analysis.subnetworks.cross_task_overlap]):
     mean Jaccard of kept heads (and MLPs) over all seed pairs of two tasks, and of their super-survivors.
 
-    params (:class:`~.config.OverlapParams`): tasks (names, in order), seeds.
+    params ([`OverlapParams`][headcount.experiments.studies.lottery.config.OverlapParams]): tasks (names, in order), seeds.
     inputs: ``t{i}-s{j}`` -> prune job of task i, seed j.
 
     >>> overlap_job({"tasks": ["a", "b"], "seeds": [1]}, {"t0-s0": pa, "t1-s0": pb}, out, print)["heads_jaccard"]  # doctest: +SKIP

@@ -1,4 +1,4 @@
-"""The job graph of a lottery study: :func:`lottery_jobs` (settings -> jobs), pure and cheap.
+"""The job graph of a lottery study: [`lottery_jobs`][headcount.experiments.studies.lottery.plan.lottery_jobs] (settings -> jobs), pure and cheap.
 
 Job names (``{prefix}finetune/{task}/seed{s}``, ...) and parameters are what a run's store
 keys results by: changing a parameter's name or value re-runs that job and everything after it.
@@ -24,12 +24,46 @@ def task_name(task: str) -> str:
     """The registered name of a task (its YAML ``name`` for a file), used in job names.
 
     Builds the task to read it; not the same as the transfer study's
-    :func:`headcount.experiments.studies.transfer.config.task_name`, which returns the reference as written.
+    [`headcount.experiments.studies.transfer.config.task_name`][headcount.experiments.studies.transfer.config.task_name], which returns the reference as written.
 
     >>> task_name("offline/movies")
     'offline/movies'
     """
     return get_task(task).name
+
+
+#: the metric the reference's code scores a task by, where it is not the task's declared one:
+#: ``find_head_mlp_masks.py`` and ``find_global_weight_mask.py`` use "acc" for every classification
+#: task but CoLA (MCC), so accuracy for MRPC and QQP, whose GLUE-official metric (their YAMLs) is F1.
+REFERENCE_METRIC: dict[str, str] = {"f1": "accuracy"}
+
+
+def lottery_metric(task: str, choice: str = "reference") -> str:
+    """The dev metric of a lottery study's stop rule and scores on ``task``.
+
+    ``choice``: ``reference`` (the authors' code: accuracy where the task declares F1, i.e. MRPC
+    and QQP; any other task's own metric) or ``task`` (the task's declared metric).
+
+    >>> lottery_metric("glue/mrpc"), lottery_metric("glue/mrpc", "task"), lottery_metric("glue/cola")
+    ('accuracy', 'f1', 'mcc')
+    """
+    declared = get_task(task).metric
+    if choice == "task":
+        return declared
+    if choice != "reference":
+        raise ValueError(f"unknown lottery metric {choice!r}; use 'reference' or 'task'")
+    return REFERENCE_METRIC.get(declared, declared)
+
+
+def metric_param(task: str, choice: str = "reference") -> dict:
+    """``{"metric": m}`` for a job's params when the study scores ``task`` by a metric ``m`` that is
+    not its declared one, else ``{}`` (so that every other job keeps its key).
+
+    >>> metric_param("glue/qqp"), metric_param("offline/movies")
+    ({'metric': 'accuracy'}, {})
+    """
+    m = lottery_metric(task, choice)
+    return {} if m == get_task(task).metric else {"metric": m}
 
 
 def _file_digest(path: str) -> str | None:
@@ -68,20 +102,22 @@ def lottery_jobs(settings: LotterySettings, prefix: str = "") -> list[Job]:
     Names: ``{prefix}finetune/{task}/seed{s}``, ``{prefix}prune/...``, ``{prefix}good-pruned/...``,
     ``{prefix}subnetwork/{random|bad}/...``, ``{prefix}retrain/{good|random|bad}/...``,
     ``{prefix}magnitude/{good|random|bad}/...``, ``{prefix}patterns/...``,
-    ``{prefix}subnetwork/{super|super-random|super-bad}/{task}``,
+    ``{prefix}subnetwork/{super|super-bad}/{task}``, ``{prefix}subnetwork/super-random/{task}/seed{s}``
+    (the reference's middlings, drawn again for each retraining seed; ``super_survivors.random_draws:
+    per-task``: ``{prefix}subnetwork/super-random/{task}``, one draw),
     ``{prefix}retrain/{super|super-random|super-bad}/{task}/seed{s}``,
     ``{prefix}stability/{task}``, ``{prefix}overlap``, ``{prefix}pattern-cnn``.
-    A task with extra dev sets (:attr:`~headcount.data.tasks.Task.extra_eval_splits`: MNLI's
+    A task with extra dev sets ([`extra_eval_splits`][headcount.data.tasks.Task.extra_eval_splits]: MNLI's
     mismatched one) adds ``<name>/eval-<label>`` evaluations of the full fine-tuning, the good
-    pruned model and every retrained subnetwork (:mod:`headcount.experiments.studies.extra_eval`); its
+    pruned model and every retrained subnetwork ([`headcount.experiments.studies.extra_eval`][headcount.experiments.studies.extra_eval]); its
     retrained checkpoints are kept (they are evaluated again), so its retrain jobs' keys differ.
     Jobs that run a model are marked ``uses_model`` (a GPU under Ray).
     The full fine-tuning, pruning and evaluation are the shared jobs of
-    :mod:`headcount.experiments.studies.jobs` (same parameters, same keys: another study's identical
+    [`headcount.experiments.studies.jobs`][headcount.experiments.studies.jobs] (same parameters, same keys: another study's identical
     fine-tuning is computed once).
 
     Args:
-        settings: a :class:`LotterySettings` (a :class:`LotteryConfig` is one).
+        settings: a [`LotterySettings`][headcount.experiments.studies.lottery.config.LotterySettings] (a [`LotteryConfig`][headcount.experiments.studies.lottery.config.LotteryConfig] is one).
         prefix: prepended to every job name (e.g. ``"lottery/"`` inside a demo study).
 
     Returns:
@@ -109,10 +145,11 @@ def lottery_jobs(settings: LotterySettings, prefix: str = "") -> list[Job]:
         val = _validation_split(task)
         extra = extra_splits(task)  # {label: split}: further dev sets every final model is evaluated on
         keep = s.keep_models or bool(extra)  # a retrained model evaluated again is kept for it
+        scored = metric_param(task, s.metric)  # {"metric": "accuracy"} on MRPC/QQP by default, else {}
         for si, seed in enumerate(s.seeds):
             tag = f"seed{seed}"
             full = Job(job_name(prefix, "finetune", tname, tag), "finetune", f"{JOBS}:finetune_job",
-                       {"model": s.model, "task": task, "seed": seed, "train": train}, uses_model=True)
+                       {"model": s.model, "task": task, "seed": seed, "train": train, **scored}, uses_model=True)
             p = s.pruning
             imp_data = {**eval_data, "batch_size": p.batch_size}
             if p.max_examples is not None:
@@ -128,12 +165,13 @@ def lottery_jobs(settings: LotterySettings, prefix: str = "") -> list[Job]:
                           **({"unit": p.unit} if p.unit != "heads" else {})},
                 "data": imp_data, "eval_data": eval_data,
                 "importance_split": val if p.importance == "validation" else None, "stop_split": val,
+                **scored,
             }
             prune = Job(job_name(prefix, "prune", tname, tag), "prune", f"{JOBS}:prune_job", prune_params,
                         deps={"model": full}, uses_model=True)
             prunes[ti, si] = prune
             good_pruned = Job(job_name(prefix, "good-pruned", tname, tag), "evaluate", f"{JOBS}:evaluate_job",
-                              {"task": task, "objective": "task", "split": val, "data": eval_data},
+                              {"task": task, "objective": "task", "split": val, "data": eval_data, **scored},
                               deps={"model": full, "mask": prune}, uses_model=True)
             jobs += [full, prune, good_pruned]
             jobs += extra_eval_jobs(task, eval_data, full, splits=extra)
@@ -147,7 +185,7 @@ def lottery_jobs(settings: LotterySettings, prefix: str = "") -> list[Job]:
             for kind, mask_job in subnets.items():
                 retrain = Job(job_name(prefix, "retrain", kind, tname, tag), "lottery.retrain", f"{JOBS_HERE}:retrain_job",
                               {"model": s.model, "task": task, "seed": seed, "train": train, "mask_mode": "prune",
-                               "keep_model": keep},
+                               "keep_model": keep, **scored},
                               deps={"mask": mask_job}, uses_model=True)
                 jobs += [retrain, *extra_eval_jobs(task, eval_data, retrain, splits=extra)]
             if s.magnitude.enabled:
@@ -155,7 +193,7 @@ def lottery_jobs(settings: LotterySettings, prefix: str = "") -> list[Job]:
                 # every setting the procedure reads, resolved (IMP does not read at_cap)
                 mag = m.model_dump(mode="json", exclude={"enabled", *(("at_cap",) if m.procedure == "imp" else ())})
                 base = {"model": s.model, "task": task, "seed": seed, "train": train, "magnitude": mag,
-                        "keep_models": s.keep_models}
+                        "keep_models": s.keep_models, **scored}
                 good = Job(job_name(prefix, "magnitude", "good", tname, tag), "lottery.magnitude",
                            f"{JOBS_HERE}:magnitude_job", {**base, "control": "good"}, deps={"full": full},
                            uses_model=True)
@@ -189,14 +227,24 @@ def lottery_jobs(settings: LotterySettings, prefix: str = "") -> list[Job]:
                     {"kind": kind, "seed": s.super_survivors.draw_seed, **({"mode": "uniform"} if kind == "random" else {}),
                      **({"controls": "reference"} if reference else {})},
                     deps=goods if reference else {"good": sup})
+            retrain_seeds = s.super_survivors.seeds or s.seeds
+            per_seed: dict[int, Job] = {}  # the reference's middlings, drawn again for every retraining seed
+            if reference and s.super_survivors.random_draws == "per-seed":
+                base = masks.pop("super-random")
+                per_seed = {seed: Job(job_name(prefix, "subnetwork", "super-random", tname, f"seed{seed}"),
+                                      "lottery.subnetwork", f"{JOBS_HERE}:subnetwork_job",
+                                      {**base.params, "draw": seed}, deps=goods) for seed in retrain_seeds}
+                jobs += list(per_seed.values())
             jobs += list(masks.values())
             if s.super_survivors.retrain:
-                for seed in s.super_survivors.seeds or s.seeds:
-                    for kind, mask_job in masks.items():
+                for seed in retrain_seeds:
+                    seed_masks = {**masks, **({"super-random": per_seed[seed]} if per_seed else {})}
+                    for kind in ("super", "super-random", "super-bad"):
+                        mask_job = seed_masks[kind]
                         retrain = Job(job_name(prefix, "retrain", kind, tname, f"seed{seed}"), "lottery.retrain",
                                       f"{JOBS_HERE}:retrain_job",
                                       {"model": s.model, "task": task, "seed": seed, "train": train,
-                                       "mask_mode": "prune", "keep_model": keep},
+                                       "mask_mode": "prune", "keep_model": keep, **scored},
                                       deps={"mask": mask_job}, uses_model=True)
                         jobs += [retrain, *extra_eval_jobs(task, eval_data, retrain, splits=extra)]
     if len(s.tasks) > 1:
@@ -207,7 +255,7 @@ def lottery_jobs(settings: LotterySettings, prefix: str = "") -> list[Job]:
 
 
 def expand(config: LotteryConfig) -> list[Job]:
-    """``expand_fn`` of the ``lottery`` study type: :func:`lottery_jobs` without a prefix.
+    """``expand_fn`` of the ``lottery`` study type: [`lottery_jobs`][headcount.experiments.studies.lottery.plan.lottery_jobs] without a prefix.
 
     >>> len(expand(LotteryConfig(study="lottery", tasks=["offline/movies"], seeds=[1, 2]))) > 10
     True

@@ -9,7 +9,7 @@ import re
 
 import pandas as pd
 
-from headcount.analysis.paired import at_chance, paired_sign_flip_test, seed_interval
+from headcount.analysis.paired import at_chance, metric_range, paired_sign_flip_test, seed_interval
 from headcount.experiments.report import ReportContent, ReportTable, Section
 from headcount.experiments.studies.lottery.config import LotteryConfig, LotterySettings
 from headcount.experiments.studies.lottery.figures import (
@@ -92,13 +92,13 @@ def lottery_sections(store, settings: LotterySettings, prefix: str = "", tag: st
     pattern mix (full vs good vs super-survivors), per-head pattern grid.
 
     Args:
-        store: the run's :class:`~headcount.experiments.runner.RunStore`.
-        settings: the :class:`LotterySettings` the jobs came from.
-        prefix: the job-name prefix given to :func:`lottery_jobs`.
+        store: the run's [`RunStore`][headcount.experiments.runner.RunStore].
+        settings: the [`LotterySettings`][headcount.experiments.studies.lottery.config.LotterySettings] the jobs came from.
+        prefix: the job-name prefix given to ``lottery_jobs``.
         tag: prefix of table and figure names (default: from ``prefix``, else ``lottery``).
 
     Returns:
-        A list of :class:`~headcount.experiments.report.Section`.
+        A list of [`Section`][headcount.experiments.report.Section].
 
     >>> lottery_sections(store, config)[0].title           # doctest: +SKIP
     "The paper's main tables"
@@ -141,7 +141,8 @@ def lottery_sections(store, settings: LotterySettings, prefix: str = "", tag: st
     )
     sections.append(Section(
         "Good, random and bad subnetworks", text,
-        figures={f"{tag}_scores": scores_figure(main, main_names, "dev metric, mean ± std over seeds"),
+        figures={f"{tag}_scores": scores_figure(main, main_names, "dev metric, mean ± std over seeds",
+                                                         s.pruning.threshold),
                  f"{tag}_prune_trace": trace_figure(store, s, prefix)},
         tables=[_raw(f"{tag}_main_wide", wide_table(main), "All experiments x tasks: mean ± std over seeds."),
                 _raw(f"{tag}_main", main, "Tidy main table (also the sizes: heads/MLPs kept, weight sparsity)."),
@@ -154,7 +155,8 @@ def lottery_sections(store, settings: LotterySettings, prefix: str = "", tag: st
         figures = {f"{tag}_survivors": survivor_figure(stab)} if stab else {}
         if not sup.empty:
             figures[f"{tag}_super_scores"] = scores_figure(pd.concat([main[main["experiment"] == "full"], sup]),
-                                                           ["full", *SUPER_EXPERIMENTS], "super-survivors, retrained")
+                                                           ["full", *SUPER_EXPERIMENTS], "super-survivors, retrained",
+                                                           s.pruning.threshold)
         sections.append(Section(
             "Stability across seeds and super-survivors",
             "How often each head and MLP survives across seeds (super-survivors, kept by every seed, marked *); "
@@ -207,7 +209,7 @@ SUMMARY_EXPERIMENTS: tuple[str, ...] = ("full", "good pruned", "good retrained",
                                         "magnitude bad retrained")
 
 #: The paper's order of the retrained subnetworks (good > random > bad), per pruning kind: each
-#: pair is tested one-sided in this direction (:func:`ordering_phrase`).
+#: pair is tested one-sided in this direction ([`ordering_phrase`][headcount.experiments.studies.lottery.report.ordering_phrase]).
 ORDERINGS: dict[str, tuple[str, str, str]] = {
     "structured": ("good retrained", "random retrained", "bad retrained"),
     "magnitude": ("magnitude good retrained", "magnitude random retrained", "magnitude bad retrained"),
@@ -218,8 +220,8 @@ ALPHA = 0.05
 
 #: How the summary's numbers and tests are made (the paragraph's first sentence).
 SUMMARY_METHOD = (
-    "Dev metric per task: mean ± sample std over seeds [95% t interval over seeds] (n seeds); \"at chance\": "
-    "the interval contains the chance level. Orderings: exact paired sign-flip permutation test on the "
+    "Dev metric per task: mean ± sample std over seeds [95% t interval over seeds] (n seeds); \"interval contains chance\": "
+    "the interval cannot tell the score from the chance level. Orderings: exact paired sign-flip permutation test on the "
     "per-seed differences (all 2^n sign patterns), one-sided in the paper's direction (good > random > bad), "
     f"significant when p < {ALPHA:g} (each test on its own: no correction for the several tests)."
 )
@@ -230,28 +232,35 @@ def _short(experiment: str) -> str:
     return experiment.replace("magnitude ", "").replace(" retrained", "")
 
 
-def score_phrase(values, chance: float | None = None, n_total: int | None = None, digits: int = 3) -> str:
-    """``mean ± std [low, high] (n=k)`` of one experiment's per-seed scores (95% t interval),
-    followed by ``: at chance`` when the interval contains ``chance``; ``""`` without a score.
+def score_phrase(values, chance: float | None = None, n_total: int | None = None, digits: int = 3,
+                 metric: str | None = None) -> str:
+    """``mean ± std [low, high] (n=k)`` of one experiment's per-seed scores (95% t interval,
+    clipped to the ``metric``'s range, marked ``clipped``), followed by ``: interval contains chance`` when
+    the interval contains ``chance`` (it cannot tell the score from chance: no stronger word); ``""``
+    without a score.
 
     >>> score_phrase([0.576, 0.576, 0.576], chance=0.576)
-    '0.576 ± 0.000 [0.576, 0.576] (n=3): at chance'
+    '0.576 ± 0.000 [0.576, 0.576] (n=3): interval contains chance'
     >>> score_phrase([0.8, float("nan")], chance=0.5, n_total=2)
     '0.800 (n=1 of 2, no interval)'
+    >>> print(score_phrase([0.70, 0.98], metric="accuracy"))
+    0.840 ± 0.198 [0.000, 1.000] (n=2, interval clipped to the metric's range)
     """
-    iv = seed_interval(values)
+    iv = seed_interval(values, bounds=metric_range(metric))
     n = iv["n"]
     if n == 0:
         return ""
     seeds = f"n={n}" + (f" of {n_total}" if n_total is not None and n_total > n else "")
     if n == 1:
         return f"{iv['mean']:.{digits}f} ({seeds}, no interval)"
+    if iv["clipped"]:
+        seeds += ", interval clipped to the metric's range"  # the t interval of 2-3 seeds reaches past it
     text = f"{iv['mean']:.{digits}f} ± {iv['std']:.{digits}f} [{iv['low']:.{digits}f}, {iv['high']:.{digits}f}] ({seeds})"
-    return text + (": at chance" if at_chance(iv["low"], iv["high"], chance) else "")
+    return text + (": interval contains chance" if at_chance(iv["low"], iv["high"], chance) else "")
 
 
 def ordering_phrase(a_scores, b_scores, a: str, b: str, alpha: float = ALPHA) -> str:
-    """``a > b`` tested over seeds (one-sided exact paired sign-flip test, :func:`paired_sign_flip_test`).
+    """``a > b`` tested over seeds (one-sided exact paired sign-flip test, [`paired_sign_flip_test`][headcount.analysis.paired.paired_sign_flip_test]).
 
     Args:
         a_scores: per-seed scores of the experiment the paper puts higher (NaN: left out with its pair).
@@ -285,13 +294,13 @@ def ordering_phrase(a_scores, b_scores, a: str, b: str, alpha: float = ALPHA) ->
 
 def summary_text(scores, chance: dict | None = None, experiments=SUMMARY_EXPERIMENTS) -> str:
     """The summary paragraph from the per-seed scores: per task, every experiment's mean ± std
-    [95% t interval] (n), ``at chance`` wherever the interval contains the task's chance level,
-    and the paper's orderings good > random > bad tested over seeds (:func:`ordering_phrase`).
+    [95% t interval] (n), ``interval contains chance`` wherever the interval contains the task's chance level,
+    and the paper's orderings good > random > bad tested over seeds ([`ordering_phrase`][headcount.experiments.studies.lottery.report.ordering_phrase]).
 
     Args:
-        scores: :func:`~.tables.seed_scores` (columns experiment, task, seed, metric, score).
-        chance: task -> ``(chance level, what it is)`` (:func:`~.tables.chance_levels`);
-            a task without one gets no ``at chance`` verdicts and says so.
+        scores: [`seed_scores`][headcount.experiments.studies.lottery.tables.seed_scores] (columns experiment, task, seed, metric, score).
+        chance: task -> ``(chance level, what it is)`` ([`chance_levels`][headcount.experiments.studies.lottery.tables.chance_levels]);
+            a task without one gets no ``interval contains chance`` verdicts and says so.
         experiments: the experiments stated, in order (those without scores are left out).
 
     >>> import pandas as pd
@@ -311,7 +320,8 @@ def summary_text(scores, chance: dict | None = None, experiments=SUMMARY_EXPERIM
         cells = []
         for exp in experiments:
             e = t[t["experiment"] == exp]
-            phrase = score_phrase(e["score"].astype(float), level, n_total=len(e)) if len(e) else ""
+            phrase = (score_phrase(e["score"].astype(float), level, n_total=len(e),
+                                   metric=metrics[0] if metrics else None) if len(e) else "")
             if phrase:
                 cells.append(f"{exp} {phrase}")
         if not cells:
@@ -329,8 +339,8 @@ def summary_text(scores, chance: dict | None = None, experiments=SUMMARY_EXPERIM
 
 
 def lottery_summary(store, settings: LotterySettings, prefix: str = "") -> str:
-    """The summary: :func:`summary_text` of the run's per-seed scores, with each task's chance
-    level (:func:`~.tables.chance_levels`).
+    """The summary: [`summary_text`][headcount.experiments.studies.lottery.report.summary_text] of the run's per-seed scores, with each task's chance
+    level ([`chance_levels`][headcount.experiments.studies.lottery.tables.chance_levels]).
 
     >>> lottery_summary(RunStore("runs/lottery-offline"), config)  # doctest: +SKIP
     'Dev metric per task: mean ± sample std over seeds [95% t interval over seeds] ...'
@@ -340,10 +350,70 @@ def lottery_summary(store, settings: LotterySettings, prefix: str = "") -> str:
     return summary_text(scores, chance_levels(settings), experiments)
 
 
+#: The glance table's quantity for each experiment.
+GLANCE_NAMES = {"full": "full model, fine-tuned", "good pruned": "good subnetwork, not retrained",
+                "good retrained": "good subnetwork, retrained", "random retrained": "random subnetwork, retrained",
+                "bad retrained": "bad subnetwork, retrained", "magnitude good retrained": "magnitude: good, retrained",
+                "magnitude random retrained": "magnitude: random, retrained",
+                "magnitude bad retrained": "magnitude: bad, retrained"}
+
+#: The glance table's caption for a lottery study.
+LOTTERY_GLANCE = ("This run's dev metric (mean ± std over seeds) beside Prasanna et al.'s published dev mean "
+                  "(BERT-base, 5 seeds), for the task or, for an offline sentiment task the paper lacks, its nearest "
+                  "(SST-2, named in the cell); the tables below have the rest.")
+
+
+def lottery_glance(store, settings: LotterySettings, prefix: str = "") -> list[dict]:
+    """The glance rows of a lottery part, per task: each experiment's mean ± std over seeds beside
+    the paper's mean ([`nearest_published`][headcount.experiments.studies.lottery.published.nearest_published]), and the heads the good subnetwork keeps.
+
+    >>> lottery_glance(RunStore("runs/lottery-offline"), config)[0]["quantity"]   # doctest: +SKIP
+    'full model, fine-tuned'
+    """
+    from headcount.experiments.report.format import seed_cell
+    from headcount.experiments.studies.lottery.published import PAPER_HEADS_KEPT, nearest_published
+
+    scores = seed_scores(store, settings, prefix)
+    names = [e for e in SUMMARY_EXPERIMENTS if settings.magnitude.enabled or not e.startswith("magnitude")]
+    main = summarize(scores[scores["experiment"].isin(names)], names)
+    rows = []
+    for task in dict.fromkeys(main["task"]):
+        sub = main[main["task"] == task].set_index("experiment")
+        for exp in names:
+            if exp not in sub.index:
+                continue
+            r = sub.loc[exp]
+            value, col = nearest_published(exp, task)
+            rows.append({"quantity": GLANCE_NAMES[exp] + (f" ({r['metric']})" if exp == "full" else ""), "task": task,
+                         "this run": seed_cell(r["mean"], r["std"], n=r.get("n"), n_total=r.get("n_total")),
+                         "paper": "" if value is None else f"{value:.2f} ({col})"})
+        good = [e for e in ("good pruned", "good retrained") if e in sub.index]
+        kept = float(sub.loc[good[0], "heads_kept"]) if good else math.nan
+        if math.isfinite(kept):
+            _, col = nearest_published("full", task)
+            paper = f"{PAPER_HEADS_KEPT[col]} of 144 ({col})" if col in PAPER_HEADS_KEPT else ""
+            total = _heads_total(scores, task)
+            rows.append({"quantity": "heads the good subnetwork keeps", "task": task,
+                         "this run": f"{kept:.1f}" + (f" of {total}" if total else ""), "paper": paper})
+    return rows
+
+
+def _heads_total(scores, task) -> int | None:
+    """The model's number of heads: the full model's heads_kept (it keeps every head), when recorded."""
+    full = scores[(scores["experiment"] == "full") & (scores["task"] == task)]
+    v = pd.to_numeric(full.get("heads_kept", pd.Series(dtype=float)), errors="coerce").dropna()
+    return int(v.iloc[0]) if len(v) else None
+
+
 def report(store, config: LotteryConfig):
-    """``report_fn`` of the ``lottery`` study type: :func:`lottery_summary` and :func:`lottery_sections`.
+    """``report_fn`` of the ``lottery`` study type: [`lottery_summary`][headcount.experiments.studies.lottery.report.lottery_summary] and [`lottery_sections`][headcount.experiments.studies.lottery.report.lottery_sections].
 
     >>> report(RunStore("runs/lottery-offline"), config).sections[0].title  # doctest: +SKIP
     "The paper's main tables"
     """
-    return ReportContent(summary=lottery_summary(store, config), sections=lottery_sections(store, config))
+    from headcount.experiments.studies.transfer.report import glance_table, headline_of
+
+    sections = lottery_sections(store, config)
+    return ReportContent(summary=lottery_summary(store, config), sections=sections,
+                         glance=glance_table(lottery_glance(store, config), "glance", LOTTERY_GLANCE),
+                         headline=headline_of(sections, ("lottery_scores",)))

@@ -16,7 +16,7 @@ from headcount.analysis.patterns import CLASSES, pattern_distribution
 from headcount.experiments.report.format import nan_runs, seed_cell
 from headcount.experiments.studies.extra_eval import extra_job_name, extra_splits, reported_name
 from headcount.experiments.studies.lottery.config import LotterySettings
-from headcount.experiments.studies.lottery.plan import job_name, task_name
+from headcount.experiments.studies.lottery.plan import job_name, lottery_metric, task_name
 from headcount.experiments.studies.lottery.published import PAPER_HEADS_KEPT, paper_task, published
 from headcount.runtime.errors import HeadcountError
 
@@ -160,7 +160,7 @@ def chance_level(metric: str, labels=None) -> tuple[float, str]:
 
 
 def chance_levels(settings: LotterySettings) -> dict[str, tuple[float, str]]:
-    """Per reported task (extra dev sets included): :func:`chance_level` on the dev subset every
+    """Per reported task (extra dev sets included): [`chance_level`][headcount.experiments.studies.lottery.tables.chance_level] on the dev subset every
     evaluation uses (``train.max_eval_examples`` drawn with ``train.data_seed``). A task whose
     labels cannot be read gets ``(nan, "unknown ...")``, never an error."""
     from headcount.data.tasks import get_task
@@ -171,9 +171,10 @@ def chance_levels(settings: LotterySettings) -> dict[str, tuple[float, str]]:
         task = get_task(ref)
         splits = {task.name: task.validation_split,
                   **{reported_name(task.name, label, names): split for label, split in extra_splits(ref).items()}}
+        metric = lottery_metric(ref, getattr(settings, "metric", "reference"))  # the study's metric (accuracy on MRPC/QQP by default)
         for name, split in splits.items():
-            if task.metric not in ("accuracy", "f1"):
-                out[name] = chance_level(task.metric)
+            if metric not in ("accuracy", "f1"):
+                out[name] = chance_level(metric)
                 continue
             try:
                 labels = task.load(split, max_examples=settings.train.max_eval_examples,
@@ -181,7 +182,7 @@ def chance_levels(settings: LotterySettings) -> dict[str, tuple[float, str]]:
             except Exception as e:  # noqa: BLE001  (a report of a run whose data moved still works)
                 out[name] = (math.nan, f"unknown (dev labels not readable: {type(e).__name__})")
                 continue
-            out[name] = chance_level(task.metric, labels)
+            out[name] = chance_level(metric, labels)
     return out
 
 
@@ -213,6 +214,8 @@ def nan_table(store, settings: LotterySettings, scores, prefix: str = ""):
                  for seed in settings.seeds for kind in ("random", "bad")]
         names += [(f"{kind} subnetwork", None, job_name(prefix, "subnetwork", kind, tname))
                   for kind in ("super", "super-random", "super-bad")]
+        names += [("super-random subnetwork", seed, job_name(prefix, "subnetwork", "super-random", tname, f"seed{seed}"))
+                  for seed in (settings.super_survivors.seeds or settings.seeds)]  # drawn per retraining seed
         for label, seed, name in names:
             r = finished(store, name)
             if r is not None and r.result.get("empty"):
@@ -272,7 +275,7 @@ def mean_std(mean, std, digits: int = 3) -> str:
 
 def wide_table(summary):
     """Experiments x tasks with ``mean ± std`` cells (the paper's layout); blank where a score is missing,
-    ``(n=k of m)`` where only k of m seeds gave a number (with the ``n``/``n_total`` of :func:`summarize`).
+    ``(n=k of m)`` where only k of m seeds gave a number (with the ``n``/``n_total`` of [`summarize`][headcount.experiments.studies.lottery.tables.summarize]).
 
     >>> wide_table(pd.DataFrame({"experiment": ["full"], "task": ["t"], "mean": [0.8], "std": [0.01]}))["t"][0]
     '0.800 ± 0.010'
@@ -292,11 +295,11 @@ def wide_table(summary):
 
 def paper_table(summary, experiments: dict[str, str], heads: bool = False):
     """One of the paper's main tables, one row per task: this run's ``mean ± std`` over seeds
-    beside Prasanna et al.'s published mean (:mod:`.published`), both to the paper's two decimals
+    beside Prasanna et al.'s published mean ([`published`][headcount.experiments.studies.lottery.published]), both to the paper's two decimals
     (the tidy ``main`` table has the full precision).
 
     Args:
-        summary: :func:`summarize` of the run's scores.
+        summary: [`summarize`][headcount.experiments.studies.lottery.tables.summarize] of the run's scores.
         experiments: experiment (a row of ``summary``) -> column header, in order.
         heads: add the good subnetwork's heads kept (mean over seeds), and the paper's.
 
@@ -384,7 +387,7 @@ def pattern_tables(store, settings, prefix):
 
     Distribution rows: ``task, seed, classifier, group, pattern, fraction`` and, new with the
     CNN on per-example maps, ``counted_over`` (``heads`` for the rule classifier, ``examples x
-    heads`` for the CNN, as Prasanna et al. count) and ``view`` (:data:`PATTERN_VIEWS`);
+    heads`` for the CNN, as Prasanna et al. count) and ``view`` ([`PATTERN_VIEWS`][headcount.experiments.studies.lottery.tables.PATTERN_VIEWS]);
     aggregated over seeds into ``mean, std, n``. Per-head rows: the rule class (``pattern``) and
     features; with the CNN, ``pattern_cnn_commonest`` (its commonest class over the examples) and
     ``cnn_share_<class>`` (the share of examples it gives each class).

@@ -38,15 +38,15 @@ Design choices (the paper leaves them open):
   each task's own texts, so "MLM vs task" differs in the objective only) or of one fixed text
   source (``mlm.corpus: <task>``). Curves and fine-tuning scores use the validation split.
 - **MLM head**: a checkpoint's own MLM head when it has one; otherwise one head fitted on the
-  frozen pre-trained encoder (:func:`headcount.data.mlm_head.fit_mlm_head`, on ``mlm.head_corpus``,
+  frozen pre-trained encoder ([`headcount.data.mlm_head.fit_mlm_head`][headcount.data.mlm_head.fit_mlm_head], on ``mlm.head_corpus``,
   cached). On a fine-tuned encoder the *pre-trained* head is put back on top
   (``mlm.after_head: pretrained``, what fine-tuning a model that keeps its MLM head would give),
   or a new one is fitted (``refit``).
 - **MLM cost**: the vocabulary projection runs only at masked positions
-  (:func:`headcount.data.evaluation.masked_positions_only`); the loss and its gradients are those of
+  ([`headcount.data.evaluation.masked_positions_only`][headcount.data.evaluation.masked_positions_only]); the loss and its gradients are those of
   the full model.
 - **Before fine-tuning**: a task head fitted on the frozen pre-trained encoder
-  (:func:`headcount.data.heads.fit_task_head`; ``head_fit``, merged over ``train``: by default lr 1e-3, 10 epochs). Its
+  (``headcount.data.heads.fit_task_head``; ``head_fit``, merged over ``train``: by default lr 1e-3, 10 epochs). Its
   parameters are those outside ``model.base_model`` (a pooler inside the encoder stays frozen);
   the encoder runs once and its outputs are replayed to the head every epoch.
 - **Pruning levels** remove ``round(level x n_heads)`` heads with the lowest importance,
@@ -78,7 +78,7 @@ Design choices (the paper leaves them open):
   by default (``stats.permutation``; layer effects shared by both grids do not count),
   ``p_value_global`` over all heads; two-sided. Seeded from ``stats.seed`` and the pair's name.
 - **A second pre-training objective** (``objectives: [mlm, embedding]``; default ``[mlm]``, whose
-  jobs keep their keys): :mod:`headcount.data.embedding`'s unsupervised SimCSE loss scored like MLM
+  jobs keep their keys): ``headcount.data.embedding``'s unsupervised SimCSE loss scored like MLM
   (same texts, method, example ids), compared with task importance and with MLM
   (``embedding-vs-task``, ``embedding-vs-task-before``, ``mlm-vs-embedding``), and an ``embedding``
   order in the task prunability curves. Its per-example rows split the gate gradient exactly
@@ -86,21 +86,19 @@ Design choices (the paper leaves them open):
   rows as independent, is approximate for these grids.
 - **Shared layers** (ALBERT): every statistic and curve is reported per application (depth x
   head) and per shared head (importance summed over the depths that run a shared layer); the
-  ``layout`` job records the groups (:func:`headcount.core.gates.shared_groups`).
+  ``layout`` job records the groups ([`headcount.core.gates.shared_groups`][headcount.core.gates.shared_groups]).
 
-Composable: :func:`transfer_jobs` returns the jobs of a :class:`TransferSettings` under a name
-prefix and :func:`transfer_sections` the report sections, so another study type (the demo)
+Composable: [`transfer_jobs`][headcount.experiments.studies.transfer.plan.transfer_jobs] returns the jobs of a [`TransferSettings`][headcount.experiments.studies.transfer.config.TransferSettings] under a name
+prefix and [`report.transfer_sections`][headcount.experiments.studies.transfer.report.transfer_sections] the report sections, so another study type (the demo)
 can include a transfer part.
 
-The package: :mod:`.config` (settings and job parameters), :mod:`.plan` (settings -> jobs),
-:mod:`.jobs` (the job functions), :mod:`.tables`, :mod:`.figures`, :mod:`.report`. The maths is
-in :mod:`headcount.analysis.coherence` (views, coherence) and :mod:`headcount.analysis.removal`
-(removal masks, acceptable deduction); fitting heads on a frozen encoder in :mod:`headcount.data.heads`.
+The package: [`config`][headcount.experiments.studies.transfer.config] (settings and job parameters), [`plan`][headcount.experiments.studies.transfer.plan] (settings -> jobs),
+[`jobs`][headcount.experiments.studies.transfer.jobs] (the job functions), [`tables`][headcount.experiments.studies.transfer.tables], [`figures`][headcount.experiments.studies.transfer.figures], [`report`][headcount.experiments.studies.transfer.report]. The maths is
+in [`headcount.analysis.coherence`][headcount.analysis.coherence] (views, coherence) and [`headcount.analysis.removal`][headcount.analysis.removal]
+(removal masks, acceptable deduction); fitting heads on a frozen encoder in [`headcount.data.heads`][headcount.data.heads].
 """
 
 from __future__ import annotations
-
-import importlib
 
 from headcount.experiments.runner import register_study
 from headcount.experiments.studies.transfer.config import (
@@ -118,33 +116,15 @@ from headcount.experiments.studies.transfer.config import (
 )
 from headcount.experiments.studies.transfer.plan import COMPARISONS, Names, expand, plan_of, transfer_jobs
 
-# Names served on first use: the job functions, the report and the maths they need import torch
-# models, pandas and matplotlib (about 1 s), which validating or planning a config does not need.
-_LAZY = {
-    **dict.fromkeys(("layout_job", "mlm_score_job", "head_fit_job", "mask_job", "curve_job", "coherence_job",
-                     "_load_per_example"), ".jobs"),
-    **dict.fromkeys(("transfer_tables",), ".tables"),
-    **dict.fromkeys(("transfer_summary",), ".summary"),
-    **dict.fromkeys(("transfer_sections",), ".report"),
-    **dict.fromkeys(("coherence", "shared_view", "view_of"), "headcount.analysis.coherence"),
-    **dict.fromkeys(("removal_mask", "acceptable_deduction"), "headcount.analysis.removal"),
-    **dict.fromkeys(("fit_task_head",), "headcount.data.heads"),
-    **dict.fromkeys(("evaluate_mlm", "mlm_model"), "headcount.data.mlm_head"),
-}
-
+# The job functions, the tables and the report import torch models, pandas and matplotlib (about
+# 1 s), which validating or planning a config does not need: import them from their modules.
 __all__ = ["COMPARISONS", "BeforeAfterSettings", "DataSettings", "MlmSettings", "Names", "PruningSettings",
            "ScoringSettings", "StatsSettings", "TaskSpec", "TrainSettings", "TransferConfig", "TransferSettings",
-           "expand", "plan_of", "task_id", "transfer_jobs", *sorted(k for k in _LAZY if not k.startswith("_"))]
-
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name], __name__), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+           "expand", "plan_of", "task_id", "transfer_jobs"]
 
 
 def _report(store, config: TransferConfig):
-    """``report_fn`` of the ``transfer`` study type (:func:`.report.report`, imported when a report is built)."""
+    """``report_fn`` of the ``transfer`` study type ([`report.report`][headcount.experiments.studies.transfer.report.report], imported when a report is built)."""
     from headcount.experiments.studies.transfer.report import report
 
     return report(store, config)

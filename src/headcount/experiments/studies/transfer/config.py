@@ -1,8 +1,8 @@
 """The ``transfer`` study's settings (pydantic).
 
-Every setting is declared once, here: :class:`TransferConfig` is what a ``study: transfer``
-YAML holds, :class:`TransferSettings` the same without ``study:`` (a part of another study,
-e.g. the demo). The job parameter models (``*Params``, :mod:`.params`) reuse these sections.
+Every setting is declared once, here: [`TransferConfig`][headcount.experiments.studies.transfer.config.TransferConfig] is what a ``study: transfer``
+YAML holds, [`TransferSettings`][headcount.experiments.studies.transfer.config.TransferSettings] the same without ``study:`` (a part of another study,
+e.g. the demo). The job parameter models (``*Params``, [`params`][headcount.experiments.studies.transfer.params]) reuse these sections.
 """
 
 from __future__ import annotations
@@ -27,16 +27,7 @@ from headcount.experiments.runner import ConfigSection, StudyConfig
 from headcount.experiments.runner.config import model_ref, task_ref
 from headcount.experiments.runner.schema import fields_of, nonempty_model
 from headcount.importance.pipeline import DataConfig
-from headcount.importance.settings import (
-    BATCH_SIZE,
-    DRAWS,
-    EXAMPLES,
-    FRACTION,
-    MAX_LENGTH,
-    RESAMPLES,
-    SEED,
-    STEPS,
-)
+from headcount.runtime.bounds import BATCH_SIZE, DRAWS, EXAMPLES, FRACTION, MAX_LENGTH, RESAMPLES, SEED, STEPS
 from headcount.runtime.errors import HeadcountError
 from headcount.train import TrainConfig
 
@@ -69,7 +60,7 @@ _DATA_DEFAULTS = {f.name: f.default for f in fields(DataConfig)}
 # =============================================================================================
 # settings (the YAML)
 # =============================================================================================
-#: :class:`headcount.train.TrainConfig` fields a transfer config may set under ``train``
+#: [`headcount.train.TrainConfig`][headcount.train.TrainConfig] fields a transfer config may set under ``train``
 TRAIN_FIELDS: tuple[str, ...] = (
     "lr", "batch_size", "epochs", "max_length", "weight_decay", "warmup", "max_grad_norm", "eval_each_epoch", "bf16",
     "group_by_length", "max_train_examples", "max_eval_examples", "eval_batch_size", "max_steps",
@@ -79,7 +70,7 @@ TRAIN_FIELDS: tuple[str, ...] = (
 
 class TrainSettings(create_model("TransferTrainFields", __base__=ConfigSection,
                                  **fields_of(TrainConfig, TRAIN_FIELDS, optional=True))):
-    """Fine-tuning settings: the :data:`TRAIN_FIELDS` of :class:`headcount.train.TrainConfig`
+    """Fine-tuning settings: the [`TRAIN_FIELDS`][headcount.experiments.studies.transfer.config.TRAIN_FIELDS] of [`headcount.train.TrainConfig`][headcount.train.TrainConfig]
     (their types read from it); unset = its default."""
 
     def values(self) -> dict:
@@ -87,7 +78,7 @@ class TrainSettings(create_model("TransferTrainFields", __base__=ConfigSection,
         return {k: v for k, v in self.model_dump().items() if v is not None}
 
     def config(self) -> TrainConfig:
-        """The :class:`~headcount.train.TrainConfig` these settings give (its defaults where unset)."""
+        """The [`TrainConfig`][headcount.train.TrainConfig] these settings give (its defaults where unset)."""
         return TrainConfig(**self.values())
 
     @model_validator(mode="after")
@@ -100,7 +91,7 @@ class TrainSettings(create_model("TransferTrainFields", __base__=ConfigSection,
 
 
 class DataSettings(ConfigSection):
-    """Which examples and how they are batched (:class:`headcount.importance.pipeline.DataConfig`; its defaults
+    """Which examples and how they are batched ([`headcount.importance.pipeline.DataConfig`][headcount.importance.pipeline.DataConfig]; its defaults
     except ``max_examples``, which the study keeps smaller)."""
 
     max_examples: int | None = Field(512, **EXAMPLES.limits())
@@ -209,6 +200,12 @@ class StatsSettings(ConfigSection):
             permuted only within their layer, so layer effects shared by both grids do not
             count as agreement) or ``global`` (all heads permuted: the earlier default). The
             global p-value is always reported too (``p_value_global``).
+        seed_interval: the interval of a mean over seeds (``coherence_seeds.csv``, the tables'
+            ``[low, high]``): ``t`` (default): the t interval over the seed estimates plus the
+            example noise the seeds share (every seed scores the same examples; bounded by the
+            seeds' mean bootstrap variance: [`headcount.analysis.coherence.seed_mean_ci`][headcount.analysis.coherence.seed_mean_ci]);
+            ``t-resampled``: headcount's earlier interval, the t interval of the hierarchical
+            bootstrap samples, which counts example noise twice (too wide).
     """
 
     n_boot: int = Field(N_BOOT, **RESAMPLES.limits())
@@ -217,6 +214,7 @@ class StatsSettings(ConfigSection):
     level: float = Field(LEVEL, gt=0, lt=1)
     seed: int = Field(0, **SEED.limits())
     fractions: tuple[float, ...] = DEFAULT_FRACTIONS
+    seed_interval: Literal["t", "t-resampled"] = "t"
 
     @field_validator("fractions")
     @classmethod
@@ -244,7 +242,7 @@ class TransferSettings(ConfigSection):
         head_fit: settings of the task head fitted on the frozen encoder, over ``train``.
         objectives: the pre-training objectives whose importance (on the pre-trained model) is
             compared with task importance: ``mlm`` (always) and optionally ``embedding`` (SimCSE's
-            unsupervised contrastive loss on the same texts, :mod:`headcount.data.embedding`): its
+            unsupervised contrastive loss on the same texts, ``headcount.data.embedding``): its
             score jobs, its comparisons and an ``embedding`` order in the task prunability curves.
             A decoder takes ``[lm]`` instead: its own causal-LM (next-token) loss in MLM's place
             (the jobs and comparisons keep their ``mlm`` names; curves stop on next-token accuracy).
@@ -327,7 +325,7 @@ class TransferSettings(ConfigSection):
 
 
 class TransferConfig(StudyConfig, TransferSettings):
-    """The ``study: transfer`` config: :class:`TransferSettings` plus name and description.
+    """The ``study: transfer`` config: [`TransferSettings`][headcount.experiments.studies.transfer.config.TransferSettings] plus name and description.
 
     >>> c = TransferConfig(study="transfer", tasks=["offline/movies", "offline/tweets"])
     >>> [task_id(t) for t in c.tasks], c.pruning.levels[:2]
@@ -338,7 +336,7 @@ class TransferConfig(StudyConfig, TransferSettings):
 def _resolve_path(value: str, info: ValidationInfo) -> str:
     """A relative path that exists next to the config file becomes absolute; names stay names.
 
-    Wider than the lottery study's rule (:func:`headcount.experiments.studies.lottery.config._resolve_path`,
+    Wider than the lottery study's rule ([`headcount.experiments.studies.lottery.config._resolve_path`][headcount.experiments.studies.lottery.config._resolve_path],
     which only does the first): ``~`` is expanded; a ``.yaml``/``.yml``/``.txt`` that exists
     nowhere yet points at the config's folder (so the error names that path); a path that exists
     relative to the working directory (with a suffix, or starting with ``.``) becomes absolute;
@@ -361,7 +359,7 @@ def _resolve_path(value: str, info: ValidationInfo) -> str:
 
 
 def _corpus_ref(value: str, info: ValidationInfo) -> str:
-    """Texts to fit an MLM head on (:func:`headcount.data.tasks.mlm_texts`): ``offline/corpus`` and
+    """Texts to fit an MLM head on ([`headcount.data.tasks.mlm_texts`][headcount.data.tasks.mlm_texts]): ``offline/corpus`` and
     registered task names as they are, a task YAML by the task rule, a ``.txt`` file or a path
     (``./``, ``../``, ``/``, ``~``) relative to the config's folder, anything else (a ``datasets``
     id) as it is."""
@@ -395,10 +393,10 @@ def task_id(spec: str | TaskSpec) -> str:
 
 
 def task_name(spec: str | TaskSpec) -> str:
-    """The task a task entry names (what :func:`headcount.data.tasks.get_task` reads).
+    """The task a task entry names (what [`headcount.data.tasks.get_task`][headcount.data.tasks.get_task] reads).
 
     The reference as written (a registered name or a task YAML path), not the task's registered
-    name that the lottery study's :func:`headcount.experiments.studies.lottery.plan.task_name` returns by
-    building the task; transfer job names use :func:`task_id` instead.
+    name that the lottery study's [`headcount.experiments.studies.lottery.plan.task_name`][headcount.experiments.studies.lottery.plan.task_name] returns by
+    building the task; transfer job names use [`task_id`][headcount.experiments.studies.transfer.config.task_id] instead.
     """
     return spec.task if isinstance(spec, TaskSpec) else str(spec)

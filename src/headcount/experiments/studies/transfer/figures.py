@@ -1,4 +1,4 @@
-"""The transfer study's figures, drawn from :func:`.tables.transfer_tables` (nothing is recomputed)."""
+"""The transfer study's figures, drawn from [`tables.transfer_tables`][headcount.experiments.studies.transfer.tables.transfer_tables] (nothing is recomputed)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from headcount.experiments.studies.transfer.tables import fmt, grid_of, rank01, 
 def figures(tables: dict, settings: TransferSettings, p: dict, art: str) -> dict:
     """Every figure of the report, drawn from the tables: ``{name: (figure, caption)}``.
 
-    ``p`` is :func:`.plan.plan_of`'s output, ``art`` the name prefix of the part (:func:`.tables.artifact`).
+    ``p`` is [`plan.plan_of`][headcount.experiments.studies.transfer.plan.plan_of]'s output, ``art`` the name prefix of the part ([`tables.artifact`][headcount.experiments.studies.transfer.tables.artifact]).
     """
     figs = {}
     scores, summary, curves = tables["head_scores"], tables["coherence_summary"], tables["curves"]

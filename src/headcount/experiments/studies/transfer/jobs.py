@@ -1,9 +1,9 @@
 """The transfer study's job functions ``(params, inputs, workdir, progress) -> dict``: orchestration only.
 
-Each validates its params into the model of :mod:`.config` that declares them, then calls the
-core (:mod:`headcount.data.heads`, :mod:`headcount.importance.scoring`, :mod:`headcount.data.evaluation`) and the
-analysis (:mod:`headcount.analysis.coherence`, :mod:`headcount.analysis.removal`), and writes
-its files atomically. Fine-tuning and task scores use the shared jobs of :mod:`headcount.experiments.studies.jobs`.
+Each validates its params into the model of [`config`][headcount.experiments.studies.transfer.config] that declares them, then calls the
+core ([`headcount.data.heads`][headcount.data.heads], [`headcount.importance.scoring`][headcount.importance.scoring], [`headcount.data.evaluation`][headcount.data.evaluation]) and the
+analysis ([`headcount.analysis.coherence`][headcount.analysis.coherence], [`headcount.analysis.removal`][headcount.analysis.removal]), and writes
+its files atomically. Fine-tuning and task scores use the shared jobs of [`headcount.experiments.studies.jobs`][headcount.experiments.studies.jobs].
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def _grid(result) -> np.ndarray:
     return np.asarray(result.load_json("scores.json")["heads"], dtype=np.float64)
 
 
-def _load_per_example(result):
+def per_example_of(result):
     """``(rows, ids)`` of a score job: ``[n_examples, n_layers, n_heads]`` per-example contributions
     and their example ids (None for results saved without ids); ``(None, None)`` without the file."""
     # each row is one example's share of its batch's score: for gradient-token they sum to the grid
@@ -98,7 +98,7 @@ def layout_job(params, inputs, workdir: Path, progress) -> dict:
 def mlm_score_job(params, inputs, workdir: Path, progress) -> dict:
     """Masked-LM importance of the pre-trained model, or of a fine-tuned encoder (input ``encoder``).
 
-    params: :class:`~.params.MlmScoreParams`. Writes ``scores.json`` and
+    params: [`MlmScoreParams`][headcount.experiments.studies.transfer.params.MlmScoreParams]. Writes ``scores.json`` and
     ``per_example.safetensors`` like the shared ``score_job``.
 
     >>> mlm_score_job(params, {}, Path("out"), print)["objective"]   # doctest: +SKIP
@@ -134,7 +134,7 @@ def mlm_score_job(params, inputs, workdir: Path, progress) -> dict:
 def head_fit_job(params, inputs, workdir: Path, progress) -> dict:
     """A task head fitted on the frozen pre-trained encoder ("before fine-tuning" has a task loss).
 
-    params: :class:`~.params.HeadFitParams` (``train``: lr, epochs, weight_decay, batch_size,
+    params: [`HeadFitParams`][headcount.experiments.studies.transfer.params.HeadFitParams] (``train``: lr, epochs, weight_decay, batch_size,
     max_length, max_train_examples, max_eval_examples, eval_batch_size, data_seed are read).
     Writes ``model/`` (encoder unchanged) and ``metrics.json`` (``final``: validation metrics, as
     ``finetune_job``). Trains and evaluates on the job's device (``$HEADCOUNT_DEVICE``, else auto).
@@ -173,7 +173,7 @@ def head_fit_job(params, inputs, workdir: Path, progress) -> dict:
 def mask_job(params, inputs, workdir: Path, progress) -> dict:
     """A mask removing ``level`` of the heads: by the upstream ``scores`` or at random (``order: random``).
 
-    params: :class:`~.params.MaskParams`. Writes ``mask.json``.
+    params: [`MaskParams`][headcount.experiments.studies.transfer.params.MaskParams]. Writes ``mask.json``.
 
     >>> mask_job({"level": 0.5, "order": "random", "seed": 0, ...}, {"layout": layout}, Path("o"), print)  # doctest: +SKIP
     """
@@ -190,7 +190,7 @@ def mask_job(params, inputs, workdir: Path, progress) -> dict:
 def curve_job(params, inputs, workdir: Path, progress) -> dict:
     """Prunability curve: the metric of a model with the lowest-ranked heads gated off, level by level.
 
-    params: :class:`~.params.CurveParams` (validation split). Writes ``curve.csv``; returns
+    params: [`CurveParams`][headcount.experiments.studies.transfer.params.CurveParams] (validation split). Writes ``curve.csv``; returns
     ``full`` and ``rows`` (one per view, order, replicate, level).
 
     >>> curve_job(params, inputs, Path("out"), print)["rows"][0]["fraction"]   # doctest: +SKIP
@@ -271,7 +271,7 @@ def curve_job(params, inputs, workdir: Path, progress) -> dict:
 def coherence_job(params, inputs, workdir: Path, progress) -> dict:
     """Coherence of every pair of score grids the study compares, in every view.
 
-    params: :class:`~.params.CoherenceParams` (``pairs``: ``a``/``b`` are input names of score
+    params: [`CoherenceParams`][headcount.experiments.studies.transfer.params.CoherenceParams] (``pairs``: ``a``/``b`` are input names of score
     jobs; ``grids``: what each input is). Writes ``coherence.csv`` (one row per pair, view and
     statistic), ``coherence_seeds.csv`` (the mean over the pairs of each comparison, view and task:
     hierarchical bootstrap interval over seeds and examples) and ``layer_mass.csv``; returns
@@ -285,7 +285,7 @@ def coherence_job(params, inputs, workdir: Path, progress) -> dict:
     views = _views(p.views, lay)
     st = p.stats
     grids = {alias: _grid(inputs[alias]) for alias in p.grids}
-    per_example = {alias: _load_per_example(inputs[alias]) for alias in p.grids}  # (rows, ids)
+    per_example = {alias: per_example_of(inputs[alias]) for alias in p.grids}  # (rows, ids)
     rows = []
     samples: dict[tuple, list] = {}  # (comparison, view, task, task_b, statistic) -> [(estimate, samples)]
     for i, pair in enumerate(p.pairs):
@@ -311,7 +311,8 @@ def coherence_job(params, inputs, workdir: Path, progress) -> dict:
     seed_means = []
     for (comparison, view, task, task_b, stat), got in samples.items():
         m = seed_mean_ci([e for e, _ in got], [x for _, x in got], stat, level=st.level,
-                         seed=pair_seed(st.seed, f"{comparison}/{view}/{task}/{task_b}/{stat}"))
+                         seed=pair_seed(st.seed, f"{comparison}/{view}/{task}/{task_b}/{stat}"),
+                         interval=st.seed_interval, examples="shared")
         seed_means.append({"comparison": comparison, "view": view, "task": task, "task_b": task_b, "statistic": stat,
                            **m})
     mass = []

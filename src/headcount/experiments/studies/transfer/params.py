@@ -1,7 +1,7 @@
-"""The parameters of each job of the transfer study (what :mod:`.plan` writes and :mod:`.jobs` reads).
+"""The parameters of each job of the transfer study (what [`plan`][headcount.experiments.studies.transfer.plan] writes and [`jobs`][headcount.experiments.studies.transfer.jobs] reads).
 
 One pydantic model per job kind (``*Params``). They reuse the settings sections of
-:mod:`.config` (a job's ``data`` *is* a :class:`~.config.DataSettings`) and declare no default of
+[`config`][headcount.experiments.studies.transfer.config] (a job's ``data`` *is* a [`DataSettings`][headcount.experiments.studies.transfer.config.DataSettings]) and declare no default of
 their own, so a job never restates one; an unknown parameter is refused.
 """
 
@@ -28,7 +28,7 @@ class LayoutParams(ConfigSection):
 
 
 class MlmHeadParams(ConfigSection):
-    """The MLM head of every MLM job (from :class:`MlmSettings`): texts, fit steps, subset, seed."""
+    """The MLM head of every MLM job (from ``MlmSettings``): texts, fit steps, subset, seed."""
 
     corpus: str
     steps: int
@@ -72,7 +72,7 @@ class MaskParams(ConfigSection):
 
 class CurveParams(ConfigSection):
     """A prunability curve: ``task`` (the upstream ``model``), ``mlm`` (``model`` + ``mlm_head``) or
-    ``embedding`` (``model``: its similarity structure, :func:`headcount.data.embedding.similarity_agreement`).
+    ``embedding`` (``model``: its similarity structure, [`headcount.data.embedding.similarity_agreement`][headcount.data.embedding.similarity_agreement]).
 
     ``orders``: ``{order: {replicate: input name}}``, the score grids that rank the heads.
     """
@@ -124,7 +124,7 @@ class CoherenceParams(ConfigSection):
     grids: dict[str, GridParams]
     stats: StatsSettings
     views: tuple[View, ...]
-    #: how two-sided permutation p-values are computed (:func:`headcount.analysis.permutation_test`):
+    #: how two-sided permutation p-values are computed ([`headcount.analysis.permutation_test`][headcount.analysis.permutation_test]):
     #: twice the smaller one-sided p, capped at 1. In the params so that the job's key changed with
     #: the rule (earlier runs counted |null| >= |observed|, one-sided in effect within layers)
     p_rule: Literal["twice-smaller-tail"] = "twice-smaller-tail"

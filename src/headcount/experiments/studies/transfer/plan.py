@@ -1,8 +1,8 @@
 """The transfer study's job graph: settings -> jobs (pure: nothing is read or run here).
 
 Job names (``<t>`` a task id, ``<s>`` a seed, ``<c>`` the masked-LM text source, ``<p>`` a
-pruning level) are made by :class:`Names`, which the report uses to find the results again.
-A job's params are exactly what its job function validates (:mod:`.params`, ``*Params``); their
+pruning level) are made by [`Names`][headcount.experiments.studies.transfer.plan.Names], which the report uses to find the results again.
+A job's params are exactly what its job function validates ([`params`][headcount.experiments.studies.transfer.params], ``*Params``); their
 JSON is part of the job's key, so these dicts are kept as they are: changing one re-runs the job.
 """
 
@@ -36,7 +36,7 @@ def _level(x: float) -> str:
 
 
 class Names:
-    """Job names of a transfer part under a prefix (shared by :func:`transfer_jobs` and the report).
+    """Job names of a transfer part under a prefix (shared by [`transfer_jobs`][headcount.experiments.studies.transfer.plan.transfer_jobs] and the report).
 
     >>> Names("demo/").finetune("movies", 1)
     'demo/finetune/movies/seed1'
@@ -145,7 +145,7 @@ def transfer_jobs(settings: TransferSettings, prefix: str = "") -> list[Job]:
     """The jobs of a transfer part (see the package docstring), named under ``prefix``.
 
     Args:
-        settings: a :class:`TransferSettings` (or the whole :class:`TransferConfig`).
+        settings: a [`TransferSettings`][headcount.experiments.studies.transfer.config.TransferSettings] (or the whole [`TransferConfig`][headcount.experiments.studies.transfer.config.TransferConfig]).
         prefix: prepended to every job name (``"transfer/"`` inside another study).
 
     Returns:
@@ -293,7 +293,7 @@ def transfer_jobs(settings: TransferSettings, prefix: str = "") -> list[Job]:
 
 
 def expand(config: TransferConfig) -> list[Job]:
-    """``expand_fn`` of the ``transfer`` study type: :func:`transfer_jobs` without a prefix.
+    """``expand_fn`` of the ``transfer`` study type: [`transfer_jobs`][headcount.experiments.studies.transfer.plan.transfer_jobs] without a prefix.
 
     >>> len(expand(TransferConfig(study="transfer", tasks=["offline/movies"]))) > 5
     True

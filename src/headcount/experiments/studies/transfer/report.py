@@ -1,7 +1,7 @@
 """The transfer study's report: the summary, and the sections of figures and tables.
 
-:func:`transfer_summary` and :func:`transfer_sections` work under a job-name prefix, so another
-study (the demo) can include a transfer part; :func:`report` is the study type's ``report_fn``.
+[`transfer_summary`][headcount.experiments.studies.transfer.summary.transfer_summary] and [`transfer_sections`][headcount.experiments.studies.transfer.report.transfer_sections] work under a job-name prefix, so another
+study (the demo) can include a transfer part; [`report`][headcount.experiments.studies.transfer.report.report] is the study type's ``report_fn``.
 """
 
 from __future__ import annotations
@@ -14,12 +14,15 @@ from headcount.experiments.studies.transfer.config import TransferConfig, Transf
 from headcount.experiments.studies.transfer.figures import figures
 from headcount.experiments.studies.transfer.plan import COMPARISONS, plan_of
 from headcount.experiments.studies.transfer.summary import (
+    MARK,
     NA,
     _finite,
     _no_full_score,
     _over_seeds,
     _share,
     cell,
+    stat_rows,
+    transfer_caveats,
     transfer_summary,
 )
 from headcount.experiments.studies.transfer.tables import artifact, transfer_tables
@@ -143,6 +146,58 @@ def main_section(tables: dict, settings: TransferSettings, art: str = "") -> Sec
                    "the raw tables (folded, with their CSV files) follow.", tables=ts)
 
 
+#: The report's columns for the glance table (one row per number).
+GLANCE_COLUMNS = ["quantity", "task", "this run", "paper"]
+
+
+def transfer_glance(tables: dict, settings: TransferSettings) -> list[dict]:
+    """The glance rows of a transfer part, per task: the fine-tuned score, Spearman of MLM vs task
+    importance and of task importance before vs after fine-tuning (mean over seeds [interval]),
+    the share of heads removable by task / MLM / random order, the acceptable deduction. MLM-side
+    rows carry ``†``. The paper column is blank: Chiang & Chen (2021) publish no numbers that
+    headcount records.
+
+    >>> transfer_glance(transfer_tables(store, config), config)[0]["quantity"]   # doctest: +SKIP
+    'fine-tuned accuracy'
+    """
+    rows = []
+    pr = main_pruning(tables, settings) if not tables["finetune"].empty else pd.DataFrame()
+    summ = tables["coherence_summary"]
+    pct = f"{settings.before_after.threshold:.0%}"
+    for _, r in pr.iterrows():
+        t = r["task"]
+        rows.append({"quantity": f"fine-tuned {r['metric']}", "task": t, "this run": r["fine-tuned"]})
+        for comparison, what in (("mlm-vs-task", f"Spearman, MLM{MARK} vs task importance"),
+                                 ("task-before-vs-after", "Spearman, task importance: pre-trained vs fine-tuned")):
+            d = stat_rows(summ, comparison, "spearman") if not summ.empty else summ
+            d = d[d["task"] == t] if len(d) else d
+            if len(d):
+                x = d.iloc[0]
+                rows.append({"quantity": what, "task": t,
+                             "this run": cell(x.get("estimate"), low=x.get("low"), high=x.get("high"))})
+        shares = [r.get(f"removable at {pct}, by {o}", "") for o in ("task", "mlm", "random")]
+        if any(shares):
+            rows.append({"quantity": f"heads removable at >= {pct}, by task / MLM{MARK} / random",
+                         "task": t, "this run": " / ".join(x or "?" for x in shares)})
+        if r.get("acceptable deduction: heads removed"):
+            rows.append({"quantity": f"acceptable deduction{MARK} (heads pruned, then fine-tuned)", "task": t,
+                         "this run": r["acceptable deduction: heads removed"]})
+    return [{**row, "paper": ""} for row in rows]
+
+
+def glance_table(rows: list[dict], name: str, caption: str):
+    """The report's glance table ([`ReportContent.glance`][headcount.experiments.report.content.ReportContent.glance]) from glance rows; None without rows."""
+    if not rows:
+        return None
+    return ReportTable(name, pd.DataFrame(rows, columns=GLANCE_COLUMNS), caption=caption)
+
+
+#: The glance table's caption for a transfer study.
+TRANSFER_GLANCE = ("This run's main numbers (mean ± std over seeds, [interval] where there is one; the tables below "
+                   "have the rest). Chiang & Chen (2021) publish no numbers that headcount records: the paper column "
+                   "is blank.")
+
+
 def nan_table(tables: dict) -> pd.DataFrame:
     """The runs that produced NaN, and why: fine-tuned and head-only scores, pruned-then-fine-tuned
     scores (seeds missing from a mean), removable shares and acceptable deductions that are n/a
@@ -186,14 +241,14 @@ def transfer_sections(store, settings: TransferSettings, prefix: str = "", table
     """The report sections of a finished transfer part (figures and tables from saved results).
 
     Args:
-        store: the run's :class:`~headcount.experiments.runner.RunStore`.
+        store: the run's [`RunStore`][headcount.experiments.runner.RunStore].
         settings: the part's settings.
-        prefix: the job-name prefix given to :func:`transfer_jobs`; figure and table names get
+        prefix: the job-name prefix given to ``transfer_jobs``; figure and table names get
             it too (``/`` -> ``-``), so several parts fit in one report.
-        tables: :func:`transfer_tables` output, when already computed.
+        tables: [`transfer_tables`][headcount.experiments.studies.transfer.tables.transfer_tables] output, when already computed.
 
     Returns:
-        A list of :class:`~headcount.experiments.report.Section`.
+        A list of [`Section`][headcount.experiments.report.Section].
 
     >>> sections = transfer_sections(store, config)      # doctest: +SKIP
     """
@@ -229,8 +284,9 @@ def transfer_sections(store, settings: TransferSettings, prefix: str = "", table
                 "(percentile bootstrap intervals over scoring examples, paired by example id where both grids "
                 "come from the same examples (pairing); two-sided permutation p-values: p_value heads permuted "
                 "within their layer by default, p_value_global over all heads); here the mean over seeds "
-                "(estimate_min/max: range over seeds; low/high: hierarchical bootstrap over seeds and examples, "
-                "t interval (ci), approximate where the pairs share a grid: the MLM grid of every seed, "
+                "(estimate_min/max: range over seeds; low/high: the interval over seeds named in ci, by default the t "
+                "interval over the seed estimates with the noise of the examples every seed shares added once "
+                "(stats.seed_interval), approximate where the pairs share a grid: the MLM grid of every seed, "
                 "seed-vs-seed pairs; p_value_max, p_value_global_max: the largest over seeds; n_finite of n: "
                 "seeds with a number; chance: the expected value for unrelated scores).",
                 figures=F("correlation-matrix", "layer-mass"),
@@ -255,7 +311,11 @@ def transfer_sections(store, settings: TransferSettings, prefix: str = "", table
             "Pruned before: the pre-trained model without its least MLM-important heads, fine-tuned with the "
             "full model's settings. Pruned after: the fine-tuned model with its least important heads (by task "
             "or by MLM importance) gated off, not retrained.",
-            figures=F("before-after"), tables=[T("before_after", "Scores before vs after, per level.")]))
+            figures=F("before-after"),
+            tables=[T("before_after", "Scores before vs after, per level."),
+                    T("before_after_seeds", "Per seed: the pruned-then-fine-tuned model beside the same seed's "
+                                            "fine-tuned model gated at the same level (the summary counts the seeds "
+                                            "where pruning first scores higher).")]))
         sections.append(Section(
             "Acceptable deduction",
             "For each task, the largest masked-LM loss increase of the pruned pre-trained model at which the "
@@ -275,4 +335,17 @@ def report(store, config: TransferConfig):
     'Main results'
     """
     tables = transfer_tables(store, config)
-    return ReportContent(summary=transfer_summary(tables, config), sections=transfer_sections(store, config, tables=tables))
+    sections = transfer_sections(store, config, tables=tables)
+    return ReportContent(summary=transfer_summary(tables, config), sections=sections,
+                         glance=glance_table(transfer_glance(tables, config), "glance", TRANSFER_GLANCE),
+                         headline=headline_of(sections, HEADLINES), caveats=transfer_caveats(tables))
+
+
+#: The transfer study's headline figures, the first one drawn is shown at the top.
+HEADLINES = ("heatmaps", "scatter", "prunability")
+
+
+def headline_of(sections: list, names, art: str = "") -> str:
+    """The first of ``names`` (with the artifact prefix ``art``) that is a figure of ``sections``, or ``""``."""
+    drawn = {f.name for s in sections for f in s.figures}
+    return next((f"{art}{n}" for n in names if f"{art}{n}" in drawn), "")

@@ -1,10 +1,12 @@
 """The transfer study's summary: one sentence per comparison, no stronger than its table.
 
 Each sentence gives the mean over seeds with its interval and the paired test over seeds
-(:mod:`headcount.analysis.paired`): a difference is claimed only when its test rejects at
-:data:`ALPHA`, otherwise the comparison reads "at chance"; comparisons that rest on a fitted MLM
-head carry :func:`mlm_caveat`. Also the cell formats the summary and the report's tables share
-(:func:`cell`: ``mean ± std [low, high]``, ``(n=k of m)`` when seeds gave no number).
+([`headcount.analysis.paired`][headcount.analysis.paired]): a difference is claimed only when its test rejects at
+[`ALPHA`][headcount.experiments.studies.transfer.summary.ALPHA] (otherwise "not significant"), and "interval contains chance" marks an interval that
+cannot tell the estimate from the chance level; comparisons that rest on a fitted MLM
+head carry its mark, ``†`` ([`MARK`][headcount.experiments.studies.transfer.summary.MARK]), and [`transfer_caveats`][headcount.experiments.studies.transfer.summary.transfer_caveats] says once what it stands for
+([`mlm_caveat`][headcount.experiments.studies.transfer.summary.mlm_caveat]: the report's box of caveats). Also the cell formats the summary and the report's tables share
+([`cell`][headcount.experiments.studies.transfer.summary.cell]: ``mean ± std [low, high]``, ``(n=k of m)`` when seeds gave no number).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from headcount.analysis.helpers import LEVEL
-from headcount.analysis.paired import at_chance, seed_interval
+from headcount.analysis.paired import at_chance, paired_sign_flip_test, seed_interval
 from headcount.experiments.report.format import finite, seed_cell
 from headcount.experiments.studies.transfer.config import TransferSettings
 from headcount.experiments.studies.transfer.tables import fmt, prunability_table, stat_rows
@@ -32,6 +34,34 @@ SUMMARY_COMPARISONS: tuple[tuple[str, str, bool], ...] = (
     ("task-vs-task", "Task vs task", False),
     ("seed-vs-seed", "Seed vs seed (same task)", False),
 )
+
+
+#: What the summary's MLM-side sentences carry instead of the whole caveat (said once, in the report's box).
+MARK = "†"
+
+
+def _marked(caveat: str, inside: str = "") -> str:
+    """A sentence's tag for ``caveat``: ``†`` alone (the caveat is in the box), or the caveat in brackets.
+
+    >>> _marked(MARK), _marked("† a head"), _marked("")
+    ('†', ' († a head)', '')
+    """
+    if not caveat:
+        return ""
+    return MARK if caveat == MARK else f" ({inside}{caveat})"
+
+
+def transfer_caveats(tables: dict) -> list[str]:
+    """What the ``†`` of the summary stands for, once: the MLM head the MLM side rests on
+    ([`mlm_caveat`][headcount.experiments.studies.transfer.summary.mlm_caveat]), and for a fitted head that it is not evidence about masked-LM pre-training.
+
+    >>> transfer_caveats({"mlm": pd.DataFrame({"corpus": ["a"], "head": ["fitted"], "head_heldout_accuracy": [0.09]})})[0][-76:]
+    'importance for that head, not evidence about masked-LM pre-training as such.'
+    """
+    caveat = mlm_caveat(tables)
+    m = tables.get("mlm")
+    fitted = m is not None and not m.empty and "head" in m and (m["head"] == "fitted").any()
+    return [caveat + (", not evidence about masked-LM pre-training as such." if fitted else ".")]
 
 
 def mlm_caveat(tables: dict) -> str:
@@ -83,14 +113,14 @@ def coherence_interval(tables: dict, row, level: float = LEVEL) -> tuple[float, 
 
 
 def coherence_phrase(tables: dict, row, level: float = LEVEL, alpha: float = ALPHA) -> str:
-    """One task's coherence statistic: ``estimate [low, high] (n=k)``, ``: at chance`` when the
-    interval contains the chance level, and the permutation verdict (``p <= ... on each of k seeds``
+    """One task's coherence statistic: ``estimate [low, high] (n=k)``, ``: interval contains
+    chance`` when it does, and the permutation verdict (``p <= ... on each of k seeds``
     or ``not significant (largest p over k seeds = ...)``) when the statistic has p-values.
 
     >>> r = pd.Series({"comparison": "c", "statistic": "jaccard@0.25", "task": "amazon", "task_b": None,
     ...                "estimate": 0.16, "low": 0.07, "high": 0.25, "chance": 0.1429, "n_finite": 3})
     >>> coherence_phrase({}, r)
-    'amazon 0.16 [0.07, 0.25] (n=3): at chance (the interval contains 0.14)'
+    'amazon 0.16 [0.07, 0.25] (n=3): interval contains chance (0.14)'
     """
     task, tb = row.get("task"), row.get("task_b")
     name = str(task) if pd_isna(tb) or tb == task else f"{task} / {tb}"
@@ -104,7 +134,7 @@ def coherence_phrase(tables: dict, row, level: float = LEVEL, alpha: float = ALP
     if not _finite(chance) and stat.startswith(("spearman", "kendall")):  # a table without the column
         chance = 0.0
     if at_chance(low, high, chance):
-        text += f": at chance (the interval contains {float(chance):.2f})"
+        text += f": interval contains chance ({float(chance):.2f})"
     p = row.get("p_value_max")
     if _finite(p):
         over = f"each of {n} seeds" if n and n > 1 else "its seed"
@@ -115,17 +145,17 @@ def coherence_phrase(tables: dict, row, level: float = LEVEL, alpha: float = ALP
 
 def coherence_sentence(tables: dict, comparison: str, label: str, settings: TransferSettings,
                        caveat: str = "") -> str:
-    """The summary's sentence on one comparison: per task, Spearman with its interval, ``at chance``
+    """The summary's sentence on one comparison: per task, Spearman with its interval, ``interval contains chance``
     where the interval contains 0, and the permutation verdict; then the top-25% Jaccard with its
-    interval and ``at chance`` where it contains the Jaccard chance level. ``""`` without rows.
+    interval and ``interval contains chance`` where it contains the Jaccard chance level. ``""`` without rows.
 
     Args:
-        tables: :func:`~.tables.transfer_tables` output (``coherence_summary``; ``coherence`` for
+        tables: [`transfer_tables`][headcount.experiments.studies.transfer.tables.transfer_tables] output (``coherence_summary``; ``coherence`` for
             the fallback interval; the application view).
-        comparison: a key of :data:`~.plan.COMPARISONS`.
+        comparison: a key of [`COMPARISONS`][headcount.experiments.studies.transfer.plan.COMPARISONS].
         label: its name in the text.
         settings: the part's settings (``stats``: level, fractions, permutation).
-        caveat: appended to the label (the MLM head's, :func:`mlm_caveat`, for MLM-side comparisons).
+        caveat: appended to the label (the MLM head's, [`mlm_caveat`][headcount.experiments.studies.transfer.summary.mlm_caveat], for MLM-side comparisons).
     """
     s = tables["coherence_summary"]
     d = stat_rows(s, comparison, "spearman")
@@ -134,7 +164,7 @@ def coherence_sentence(tables: dict, comparison: str, label: str, settings: Tran
     level = settings.stats.level
     how = {coherence_interval(tables, r, level)[2] for _, r in d.iterrows()} - {""}
     test = ("heads permuted within layers" if settings.stats.permutation == "within-layer" else "heads permuted globally")
-    text = (f"{label}{f' ({caveat})' if caveat else ''}: Spearman, mean over seeds [{level:.0%} interval"
+    text = (f"{label}{_marked(caveat)}: Spearman, mean over seeds [{level:.0%} interval"
             f"{': ' + ', '.join(sorted(how)) if how else ''}], p: two-sided permutation test, {test}: "
             + "; ".join(coherence_phrase(tables, r, level) for _, r in d.iterrows()) + ".")
     j = stat_rows(s, comparison, "jaccard@0.25") if 0.25 in settings.stats.fractions else d.iloc[0:0]
@@ -195,7 +225,7 @@ def prunability_sentence(tables: dict, settings: TransferSettings, caveat: str =
             txt += " (each seed's curve, mean ± std: " + ", ".join(spread) + ")"
         parts.append(txt)
     return (f"Heads removable with >= {threshold:.0%} of the fine-tuned score (no retraining), by order"
-            + (f" (the mlm order: {caveat})" if caveat else "") + ": " + "; ".join(parts) + ".")
+            + (" (the mlm order†)" if caveat == MARK else _marked(caveat, "the mlm order: ")) + ": " + "; ".join(parts) + ".")
 
 
 def deduction_sentence(tables: dict, settings: TransferSettings, caveat: str = "") -> str:
@@ -227,35 +257,70 @@ def deduction_sentence(tables: dict, settings: TransferSettings, caveat: str = "
                         + (f", against {threshold:g} x full = {threshold * float(full):.2f}" if _finite(full) else "")
                         + ")")
         parts.append(txt)
-    return (f"Acceptable deduction (prune by MLM, then fine-tune, >= {threshold:.0%}"
-            + (f"; {caveat}" if caveat else "") + "): " + "; ".join(parts) + ".")
+    return (f"Acceptable deduction{MARK if caveat == MARK else ''} (prune by MLM, then fine-tune, >= {threshold:.0%}"
+            + (f"; {caveat}" if caveat and caveat != MARK else "") + "): " + "; ".join(parts) + ".")
+
+
+def before_after_sentence(tables: dict, caveat: str = "") -> str:
+    """Pruning before fine-tuning vs removing the same (MLM-ranked) heads from the fine-tuned
+    model, seed by seed: at each level, on how many seeds the pruned-then-fine-tuned model scores
+    higher, and the two-sided paired sign-flip test over seeds, or, when the seeds are too few
+    for any p below [`ALPHA`][headcount.experiments.studies.transfer.summary.ALPHA] (3 seeds: the smallest two-sided p is 2/2^3 = 0.25), "not
+    testable at this n". ``""`` without the per-seed table.
+
+    >>> t = {"before_after_seeds": pd.DataFrame({"task": ["a"] * 3, "level": [0.5] * 3, "seed": [1, 2, 3],
+    ...      "prune_mlm_then_finetune": [0.8, 0.7, 0.9], "finetune_then_prune_mlm": [0.6, 0.75, 0.5]})}
+    >>> before_after_sentence(t)
+    'Pruning before fine-tuning vs removing the same MLM-ranked heads after it (no retraining), seed by seed: a: higher on 2 of 3 seeds at 50%; not testable at this n (with 3 seeds the smallest two-sided sign-flip p is 0.25).'
+    """
+    d = tables.get("before_after_seeds")
+    if d is None or d.empty:
+        return ""
+    parts, floors = [], []
+    for t, g in d.groupby("task", sort=False):
+        levels = []
+        for level, x in g.groupby("level", sort=True):
+            a = pd.to_numeric(x["prune_mlm_then_finetune"], errors="coerce").to_numpy(float)
+            b = pd.to_numeric(x["finetune_then_prune_mlm"], errors="coerce").to_numpy(float)
+            r = paired_sign_flip_test(a, b)
+            floors.append(r.min_p)
+            txt = f"higher on {r.n_above} of {r.n} seeds at {float(level):.0%}"
+            if r.min_p <= ALPHA:
+                txt += f" (p = {r.p_value:.3g})"
+            levels.append(txt)
+        parts.append(f"{t}: " + ", ".join(levels))
+    floor = max(floors) if floors else float("nan")
+    tail = ""
+    if floors and all(f > ALPHA for f in floors):
+        n = int(d.groupby(["task", "level"]).size().max())
+        tail = f"; not testable at this n (with {n} seeds the smallest two-sided sign-flip p is {floor:.2g})"
+    return ("Pruning before fine-tuning vs removing the same MLM-ranked heads after it (no retraining)"
+            + _marked(caveat) + ", seed by seed: " + "; ".join(parts) + tail + ".")
 
 
 def transfer_summary(tables: dict, settings: TransferSettings, prefix: str = "") -> str:
     """The headline numbers as text (for the report's summary): every estimate with its interval
-    (or mean ± std over seeds, n), ``at chance`` wherever an interval contains the chance level,
-    ``not significant`` wherever a p-value is >= 0.05, and the MLM head's caveat (:func:`mlm_caveat`)
-    on every sentence that rests on it.
+    (or mean ± std over seeds, n), ``interval contains chance`` wherever an interval contains the chance level,
+    ``not significant`` wherever a p-value is >= 0.05, and ``†`` on every sentence that rests on
+    the MLM head (what it stands for: [`transfer_caveats`][headcount.experiments.studies.transfer.summary.transfer_caveats], said once in the report's box).
 
     >>> transfer_summary(transfer_tables(store, config), config)    # doctest: +SKIP
-    'Masked LM of the pre-trained model: ...'
+    'Masked LM of the pre-trained model†: ...'
     """
-    caveat = mlm_caveat(tables)
+    caveat = MARK
     parts = []
     m = tables.get("mlm")
     if m is not None and not m.empty:
-        fitted = "head" in m and (m["head"] == "fitted").any()
-        parts.append("Masked LM of the pre-trained model: " + "; ".join(
-            f"{r['corpus']}: accuracy {_mlm_accuracy(r)}, loss {fmt(r.get('validation_loss'))} "
-            + (f"(head fitted on the frozen encoder, its held-out masked-token accuracy "
-               f"{fmt(r.get('head_heldout_accuracy'))})" if r.get("head") == "fitted" else "(its own head)")
-            for _, r in m.iterrows())
-            + (f". {caveat}, not evidence about masked-LM pre-training as such." if fitted else "."))
+        parts.append(f"Masked LM of the pre-trained model{MARK}: " + "; ".join(
+            f"{r['corpus']}: accuracy {_mlm_accuracy(r)}, loss {fmt(r.get('validation_loss'))}"
+            + ("" if r.get("head") == "fitted" else " (its own head)")
+            for _, r in m.iterrows()) + ".")
     for comparison, label, mlm_side in SUMMARY_COMPARISONS:
         txt = coherence_sentence(tables, comparison, label, settings, caveat if mlm_side else "")
         if txt:
             parts.append(txt)
-    for txt in (prunability_sentence(tables, settings, caveat), deduction_sentence(tables, settings, caveat)):
+    for txt in (prunability_sentence(tables, settings, caveat), deduction_sentence(tables, settings, caveat),
+                before_after_sentence(tables, caveat)):
         if txt:
             parts.append(txt)
     return "\n\n".join(parts)
@@ -273,7 +338,7 @@ NA = "n/a (full score undefined)"
 
 
 def _share(x) -> str:
-    """A removable share as a percentage; :data:`NA` when it is NaN (the full metric is undefined).
+    """A removable share as a percentage; [`NA`][headcount.experiments.studies.transfer.summary.NA] when it is NaN (the full metric is undefined).
 
     >>> _share(0.25), _share(float("nan"))
     ('25%', 'n/a (full score undefined)')
@@ -288,7 +353,7 @@ def _no_full_score(row) -> bool:
 
 def cell(mean, std=None, low=None, high=None, digits: int = 2, n=None, n_total=None) -> str:
     """``mean ± std [low, high]`` with the parts that are defined, ``(n=k of m)`` when only k of
-    m seeds gave a number (:func:`headcount.experiments.report.format.seed_cell`); blank without a mean.
+    m seeds gave a number ([`headcount.experiments.report.format.seed_cell`][headcount.experiments.report.format.seed_cell]); blank without a mean.
 
     >>> cell(0.3141, 0.02, 0.2, 0.4), cell(0.5), cell(float("nan")), cell(0.5, float("nan"), None, 0.7)
     ('0.31 ± 0.02 [0.20, 0.40]', '0.50', '', '0.50')

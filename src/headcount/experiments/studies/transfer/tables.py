@@ -1,7 +1,7 @@
 """The transfer study's tables: saved results -> tidy pandas DataFrames (and small helpers on them).
 
-:func:`transfer_tables` reads every finished job of a transfer part through :class:`.plan.Names`;
-the figures (:mod:`.figures`) and the report (:mod:`.report`) are drawn from its output only.
+[`transfer_tables`][headcount.experiments.studies.transfer.tables.transfer_tables] reads every finished job of a transfer part through [`plan.Names`][headcount.experiments.studies.transfer.plan.Names];
+the figures ([`figures`][headcount.experiments.studies.transfer.figures]) and the report ([`report`][headcount.experiments.studies.transfer.report]) are drawn from its output only.
 """
 
 from __future__ import annotations
@@ -29,8 +29,10 @@ def transfer_tables(store, settings: TransferSettings, prefix: str = "") -> dict
 
     Keys: ``layout`` (the layout job's result, a dict), ``mlm`` (the MLM head and the
     pre-trained model's MLM quality per text source), ``coherence``, ``coherence_summary``, ``layer_mass``, ``head_scores``, ``finetune``,
-    ``curves``, ``prunability``, ``before_after``, ``acceptable_deduction``,
-    ``acceptable_deduction_summary`` (the last three empty when ``before_after`` is off).
+    ``curves``, ``prunability``, ``before_after``, ``before_after_seeds`` (per seed: the pruned-
+    then-fine-tuned score beside the same seed's fine-tuned model gated at the same level),
+    ``acceptable_deduction``, ``acceptable_deduction_summary`` (the last four empty when
+    ``before_after`` is off).
     A task with extra dev sets (MNLI mismatched, label ``mm``) adds ``fine_tuned_<label>`` to
     ``finetune`` (the fine-tuned models on that split) and ``before_after`` rows
     ``prune (<order>) then fine-tune (<label>)`` (the pruned-then-fine-tuned models on it);
@@ -97,7 +99,7 @@ def transfer_tables(store, settings: TransferSettings, prefix: str = "") -> dict
 
     prunability = prunability_table(curves, settings.before_after.threshold)
 
-    ba_rows, ad_rows, ad_summary = [], [], []
+    ba_rows, ba_seed_rows, ad_rows, ad_summary = [], [], [], []
     if p["ba_levels"]:
         ftd = pd.DataFrame(ft_rows)
         for t in p["ids"]:
@@ -130,6 +132,14 @@ def transfer_tables(store, settings: TransferSettings, prefix: str = "") -> dict
                                         "score_max": float(np.max(ok)) if ok else float("nan"),
                                         "full": float(full_x.mean()), "score_std": _std(ok), "n": len(ok),
                                         "n_total": len(vals)})
+                for seed in p["ba_seeds"]:  # the same seed's models, paired: the before/after sentence counts these
+                    first = store.result(n.pruned_finetune(t, seed, "mlm", level)).result["final"]["score"]
+                    at = task_c[(task_c["seed"] == seed) & np.isclose(task_c["fraction"], level)]
+                    after = {o: at[at["order"] == o]["score"] for o in ("mlm", "task")}
+                    ba_seed_rows.append({"task": t, "level": level, "seed": seed,
+                                         "prune_mlm_then_finetune": _number(first),
+                                         **{f"finetune_then_prune_{o}": float(v.iloc[0]) if len(v) else float("nan")
+                                            for o, v in after.items()}})
                 for order in ("task", "mlm"):
                     v = task_c[(task_c["order"] == order) & np.isclose(task_c["fraction"], level)]["score"]
                     ba_rows.append({"task": t, "level": level, "setting": f"fine-tune then prune ({order})",
@@ -151,7 +161,13 @@ def transfer_tables(store, settings: TransferSettings, prefix: str = "") -> dict
             "coherence_summary": summary, "layer_mass": pd.DataFrame(coh.result["layer_mass"]),
             "head_scores": pd.DataFrame(scores), "finetune": pd.DataFrame(ft_rows), "curves": curves,
             "prunability": prunability, "before_after": pd.DataFrame(ba_rows),
+            "before_after_seeds": pd.DataFrame(ba_seed_rows),
             "acceptable_deduction": pd.DataFrame(ad_rows), "acceptable_deduction_summary": pd.DataFrame(ad_summary)}
+
+
+def _number(x) -> float:
+    """A job's score as a float (None, a failed metric, reads NaN)."""
+    return float(x) if x is not None else float("nan")
 
 
 def prunability_table(curves: pd.DataFrame, threshold: float) -> pd.DataFrame:
@@ -159,7 +175,7 @@ def prunability_table(curves: pd.DataFrame, threshold: float) -> pd.DataFrame:
 
     ``removable_fraction``: the largest level such that at it and every lower level the mean
     score over replicates stays at or above ``threshold`` x the full model's
-    (:func:`~headcount.analysis.summaries.largest_contiguous_passing`; 0 when the lowest level fails);
+    ([`largest_contiguous_passing`][headcount.analysis.summaries.largest_contiguous_passing]; 0 when the lowest level fails);
     ``removable_fraction_raw``: the largest passing level, ignoring failures below it. Both are NaN
     (n/a) when the full model's metric is (e.g. a correlation metric on constant labels): nothing
     can be compared with it, which is not "nothing removable".
@@ -221,7 +237,7 @@ def coherence_summary(rows: pd.DataFrame, seed_means: list | None) -> pd.DataFra
 
 
 def _keys(df: pd.DataFrame) -> pd.Series:
-    """One text key per row from the :data:`KEYS` columns (None and NaN alike: no task_b)."""
+    """One text key per row from the [`KEYS`][headcount.experiments.studies.transfer.tables.KEYS] columns (None and NaN alike: no task_b)."""
     def text(v) -> str:
         return "" if v is None or (isinstance(v, float) and math.isnan(v)) else str(v)
 

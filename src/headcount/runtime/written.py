@@ -1,0 +1,250 @@
+"""What a direct writer (finetune, magnitude) writes while its ``--out`` guard is open: a library
+function (the Trainer's checkpoints, a model's ``save_pretrained``) writes inside the folder, and
+these functions list, claim, move and remove those files in the folder's record, so that a file is
+headcount's only while the record lists it, at every depth.
+
+The open guards are [`headcount.runtime.io.OutDir`][headcount.runtime.io.OutDir] objects that
+``prepare_out`` registers here for direct writers; these functions find the guard whose folder
+holds a path and act on its record.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from headcount.runtime.atomic import _entries_under
+from headcount.runtime.errors import HeadcountError
+from headcount.runtime.record import linked_parent, refuse_foreign, stamp
+
+if TYPE_CHECKING:
+    from headcount.runtime.io import OutDir
+
+#: the open guards of direct writers (finetune, magnitude): what [`record_written`][headcount.runtime.written.record_written] and
+#: [`remove_written`][headcount.runtime.written.remove_written] update while a library function (the Trainer's checkpoints) writes inside them
+_DIRECT: list["OutDir"] = []
+
+
+def _guard_of(path: Path) -> "tuple[OutDir, str] | None":
+    """The open direct guard whose folder holds ``path``, and ``path`` relative to it."""
+    path = Path(os.path.abspath(path))
+    for guard in reversed(_DIRECT):
+        base = Path(os.path.abspath(guard.path))
+        if base in path.parents:
+            return guard, path.relative_to(base).as_posix()
+    return None
+
+
+def record_written(path: Path) -> None:
+    """List every file under ``path`` (a folder a library wrote inside a direct writer's ``--out``,
+    e.g. a Trainer checkpoint) in that ``--out``'s record: ownership is per file, at every depth.
+    Outside such a guard (library use, a study job's private folder): nothing to record."""
+    found = _guard_of(path)
+    if found is None:
+        return
+    guard, rel = found
+    rec = guard.record
+    for top, _, files in os.walk(path):
+        for f in files:
+            sub = (Path(top) / f).relative_to(Path(path)).as_posix()
+            rec.files[f"{rel}/{sub}"] = stamp(Path(path) / sub)
+    rec.write()
+
+
+def owned_check(path: Path):
+    """For ``atomic_dir``: a test of the files under ``path`` (relative
+    paths) by the record of the direct writer's ``--out`` that holds it; None outside such a guard.
+    A file the record lists is headcount's while unchanged. One it does not list is headcount's
+    only while the record lists ``path`` itself and nothing under it (a folder claimed or sealed
+    before its files were listed: a killed run's); once its files are listed, any other is the
+    user's. (``atomic_dir`` refuses a file without a namesake in the new version in any case.)"""
+    found = _guard_of(path)
+    if found is None:
+        return None
+    guard, rel = found
+    rec = guard.record
+
+    def owned(sub: str) -> bool:
+        key = f"{rel}/{sub}"
+        if key in rec.files:
+            return rec.owns(key)
+        return rel in rec.files and not any(k.startswith(rel + "/") for k in rec.files)  # listed before files were
+
+    return owned
+
+
+def remove_written(path: Path) -> bool:
+    """Remove a folder inside a direct writer's ``--out`` file by file: the files its record lists
+    (unchanged since) go, then the folders left empty; any other file stays where it is (and keeps
+    its folders). Returns False when no guard holds ``path`` (the caller's folder is its own)."""
+    found = _guard_of(path)
+    if found is None:
+        return False
+    guard, rel = found
+    rec = guard.record
+    for k in [k for k in rec.files if k.startswith(rel + "/")]:
+        p = guard.path / k
+        if rec.owns(k) and p.is_file() and not p.is_symlink():
+            p.unlink()
+        rec.forget(k)
+    if os.path.isdir(path) and not os.path.islink(path):
+        for top, dirs, _ in os.walk(path, topdown=False):
+            for d in dirs:
+                try:
+                    os.rmdir(Path(top) / d)
+                except OSError:
+                    pass
+        try:
+            os.rmdir(path)
+        except OSError:
+            pass
+    rec.write()
+    return True
+
+
+def remove_written_file(path: Path) -> None:
+    """Remove one file a direct writer wrote into its ``--out`` (an earlier run's
+    ``weight_mask.safetensors`` that is not this result) only while the record says it is
+    headcount's; outside such a guard the caller's own file goes.
+
+    Raises:
+        HeadcountError: a file is there that the record does not list as headcount's (the user's,
+            or changed since): it stays, and the result would sit beside it, so the run is refused.
+    """
+    path = Path(path)
+    found = _guard_of(path)
+    if found is None:
+        path.unlink(missing_ok=True)
+        return
+    guard, rel = found
+    if not os.path.lexists(path):
+        guard.record.forget(rel)
+        return
+    appeared = "/" not in rel and rel not in guard._before  # absent when this run began: not an earlier run's
+    if appeared or not guard.record.owns(rel) or not path.is_file() or path.is_symlink():
+        refuse_foreign(guard.path, [rel])
+    path.unlink()
+    guard.record.forget(rel)
+    guard.record.write()
+
+
+def _owned_now(guard: "OutDir", rel: str) -> bool:
+    """Whether ``rel`` is headcount's now: listed and unchanged, and, for a name claimed but not yet
+    written by this run (a top-level name absent when the run began), not a file that appeared since."""
+    rec = guard.record
+    if rec.files.get(rel, 0) is None and "/" not in rel and rel not in guard._before:
+        return False  # claimed by this run, which has not written it: whoever put it there, not headcount
+    return rec.owns(rel)
+
+
+def write_listed_json(path: Path, obj) -> None:
+    """Write a JSON file a direct writer rewrites as it runs (``evaluations.json``) and list its
+    stamp in the record after each write: a file found there that is not headcount's (the user's,
+    or changed since headcount wrote it) is refused, never written over. Outside a guard: a plain
+    atomic write."""
+    from headcount.runtime.atomic import atomic_write_json
+
+    path = Path(path)
+    found = _guard_of(path)
+    if found is None:
+        atomic_write_json(path, obj)
+        return
+    guard, rel = found
+    rec = guard.record
+    if os.path.lexists(path) and not (_owned_now(guard, rel) and path.is_file() and not path.is_symlink()):
+        refuse_foreign(guard.path, [rel])
+    rec.claim([rel], rewrite=True)  # a kill between the write and the stamp leaves it headcount's
+    rec.write()
+    atomic_write_json(path, obj)
+    rec.seal([rel])
+    rec.write()
+
+
+def remove_listed(path: Path, refuse: bool = True) -> None:
+    """Remove one file of a direct writer's ``--out`` only while the record says, now, that it is
+    headcount's. A file that is not (the user's, saved since the run began or changed since
+    headcount wrote it) stays: with ``refuse`` the run is refused with one line naming it (the
+    run would write that name again), otherwise it is only dropped from the record. Outside a
+    guard the caller's own file goes."""
+    path = Path(path)
+    found = _guard_of(path)
+    if found is None:
+        path.unlink(missing_ok=True)
+        return
+    guard, rel = found
+    rec = guard.record
+    if os.path.lexists(path):
+        if _owned_now(guard, rel) and path.is_file() and not path.is_symlink():
+            path.unlink()
+        elif refuse:
+            refuse_foreign(guard.path, [rel])
+    rec.forget(rel)
+    rec.write()
+
+
+def claim_under(folder: Path, names) -> None:
+    """Claim ``names`` (relative to ``folder``, a temporary folder a library is about to write
+    into inside a direct writer's ``--out``) in the record, so that a later run removes exactly
+    these if this one is killed while writing ([`Record.clean_tmp`][headcount.runtime.record.Record.clean_tmp]). Outside a guard: nothing."""
+    found = _guard_of(folder)
+    if found is None:
+        return
+    guard, rel = found
+    guard.record.claim(f"{rel}/{n}" for n in names)
+    guard.record.write()
+
+
+def forget_under(folder: Path) -> None:
+    """Drop the record's entries under ``folder`` (a temporary folder of this process that is gone)."""
+    found = _guard_of(folder)
+    if found is None:
+        return
+    guard, rel = found
+    for k in [k for k in guard.record.files if k.startswith(rel + "/")]:
+        guard.record.forget(k)
+    guard.record.write()
+
+
+def move_listed(src: Path, dst: Path, last: tuple[str, ...] = ()) -> list[str]:
+    """Move the files of ``src`` (a temporary folder this process wrote) into the folder ``dst``,
+    file by file, ``last`` ones last (a Trainer checkpoint: ``trainer_state.json``, which makes
+    it complete). Inside a direct writer's ``--out`` every file is first listed in the record
+    under its final name, so a kill during the moves leaves only listed files in ``dst``; a file
+    in the way that the record does not list as headcount's (a user's note saved into a cut-short
+    checkpoint) is refused with one line, before anything moves. ``src`` is removed when empty
+    (its claims dropped). Returns the files moved (relative paths)."""
+    src, dst = Path(src), Path(dst)
+    files = sorted(_entries_under(src), key=lambda f: (f in last, f))
+    found = _guard_of(dst)
+    if found is not None:
+        guard, rel = found
+        rec = guard.record
+        theirs = []
+        for f in files:
+            key = f"{rel}/{f}"
+            link = linked_parent(guard.path, key)
+            if link or (os.path.lexists(dst / f) and not (rec.owns(key) and (dst / f).is_file()
+                                                          and not (dst / f).is_symlink())):
+                theirs.append(link or key)
+        refuse_foreign(guard.path, sorted(set(theirs)))
+        for f in files:
+            rec.files[f"{rel}/{f}"] = stamp(src / f)  # the same bytes (and mtime) once moved
+        rec.write()
+    elif dst.is_symlink():
+        raise HeadcountError(f"{dst} is a link, not a folder headcount wrote; move it away")
+    for f in files:
+        (dst / f).parent.mkdir(parents=True, exist_ok=True)
+        os.replace(src / f, dst / f)
+    for top, dirs, _ in os.walk(src, topdown=False):
+        for d in dirs:
+            try:
+                os.rmdir(Path(top) / d)
+            except OSError:
+                pass
+    try:
+        os.rmdir(src)
+    except OSError:
+        pass
+    forget_under(src)
+    return files
