@@ -51,7 +51,7 @@ def kept_heads(out_projection: nn.Module, n_heads: int) -> list[int]:
 def kept_kv_heads(out_projection: nn.Module, n_kv: int) -> list[int]:
     """Original key/value head of each KV slot of a decoder layer, repeats included (surgery
     repeats a K/V head when a group keeps more query heads than another; see
-    :func:`headcount.core.arch.base.kv_plan`)."""
+    ``headcount.core.arch.base.kv_plan``)."""
     kept = getattr(out_projection, "headcount_kv_heads", None)
     return list(range(n_kv)) if kept is None else kept
 

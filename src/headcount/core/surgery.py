@@ -132,7 +132,7 @@ def prune_heads(model: nn.Module, heads: Mapping[int, Iterable[int]]) -> nn.Modu
 
 def _prune_kv(adapter, block, grid, kept: list[int], positions: list[int]) -> None:
     """A decoder layer: keep the query heads at ``positions`` (of ``kept``) and the key/value
-    slots they read (:func:`kv_plan`: whole groups go, uneven cuts repeat K/V heads)."""
+    slots they read (``kv_plan``: whole groups go, uneven cuts repeat K/V heads)."""
     slots = kept_kv_heads(block.out_projection, grid.n_kv_heads)  # original KV head of each slot now
     plan = kv_plan([kept[i] for i in positions], grid.group_size)
     kv_pos = [slots.index(g) for g in plan]  # copies of one K/V head are equal: take the first

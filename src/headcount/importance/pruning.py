@@ -67,7 +67,7 @@ class PruneConfig:
         max_steps: optional cap on evaluated steps.
         shrink: physically shrink a working copy between steps (faster than masking alone).
         unit: ``heads`` (query heads) or ``kv-groups`` (decoders with grouped-query attention: whole
-            key/value groups go, ranked by :func:`kv_group_scores`; ``step`` is then a fraction of
+            key/value groups go, ranked by [`kv_group_scores`][headcount.importance.pruning.kv_group_scores]; ``step`` is then a fraction of
             the groups, and what is removed shrinks the KV cache).
     """
 

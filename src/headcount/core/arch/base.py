@@ -52,7 +52,7 @@ class Block:
             surgery slices them like the projections' rows.
 
     A projection may be a transformers ``Conv1D`` (weight ``[in, out]``): its "rows" are then
-    weight columns; surgery and the weight-based scorers handle both (:func:`out_dim`).
+    weight columns; surgery and the weight-based scorers handle both (``out_dim``).
     """
 
     layer: nn.Module
@@ -92,7 +92,8 @@ class Block:
 
         >>> b = Block(nn.Identity(), nn.Identity(), (nn.Linear(2, 8),), nn.Linear(4, 2), nn.Identity(),
         ...           nn.Identity(), head_units=(("q", "kv", "kv"),))
-        >>> b.unit_rows([1], 2, [0, 0], 1, head_dim=2)[0][1].tolist()   # q head 1, kv head 0 twice
+        >>> [(_, rows)] = b.unit_rows([1], 2, [0, 0], 1, head_dim=2)
+        >>> rows.tolist()   # q head 1, kv head 0 twice
         [2, 3, 4, 5, 4, 5, 6, 7, 6, 7]
         """
         out = []
@@ -298,7 +299,7 @@ class Adapter:
     # --- what surgery needs to change besides weights ---------------------------------
     def set_heads(self, attention: nn.Module, n_heads: int, n_kv: int, head_dim: int) -> None:
         """After surgery: ``n_heads`` query heads read ``n_kv`` key/value slots (decoders;
-        encoders: ``n_kv == n_heads``). Default: :meth:`set_num_heads`."""
+        encoders: ``n_kv == n_heads``). Default: ``set_num_heads``."""
         self.set_num_heads(attention, n_heads, head_dim)
 
     def set_num_heads(self, attention: nn.Module, n_heads: int, head_dim: int) -> None:

@@ -16,7 +16,7 @@ from headcount.core.arch.base import Adapter, Block
 
 class DecoderAdapter(Adapter):
     """Llama's module layout (``model.layers[i].self_attn.{q,k,v,o}_proj``, a gated MLP
-    ``mlp.{gate,up,down}_proj``); families with other names override :meth:`blocks`."""
+    ``mlp.{gate,up,down}_proj``); families with other names override ``blocks``."""
 
     #: the attribute of the attention module that holds the output projection
     out_name = "o_proj"

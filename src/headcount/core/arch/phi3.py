@@ -3,7 +3,7 @@ v: n_kv * head_dim]`` (three parts of unequal size) and a fused ``gate_up_proj``
 
 Its forward splits the fused output at ``self.config.num_attention_heads * head_dim`` and
 ``self.num_key_value_heads * head_dim``: after surgery a layer's split points differ from the
-model's config, so the attention module gets its own view of the config (:class:`HeadsView`)
+model's config, so the attention module gets its own view of the config ([`HeadsView`][headcount.core.arch.phi3.HeadsView])
 that answers ``num_attention_heads`` with the layer's own count and passes everything else
 (``_attn_implementation`` included, so switching the implementation still reaches it) to the
 model's config.

@@ -30,7 +30,7 @@ def register_adapter(adapter: Adapter) -> Adapter:
 
 
 def refuse_model_type(model_types: tuple[str, ...], reason: str) -> None:
-    """Name model types whose heads cannot be removed exactly; :func:`get_adapter` refuses them
+    """Name model types whose heads cannot be removed exactly; [`get_adapter`][headcount.core.arch.registry.get_adapter] refuses them
     with ``reason`` instead of the generic "not supported" line.
 
     >>> refuse_model_type(("my-olmo",), "its q/k norm runs over all heads together")
