@@ -472,3 +472,21 @@ def test_the_page_works_in_a_browser_with_the_network_off(world, model_page, lot
     assert run_cli(capsys, "explore", lottery, "--examples", "2", "--out", run_page)[0] == 0
     r = _probe(run_page, {"l": 0, "h": 0, "q": 0})
     assert r["errors"] == [] and "exception" not in r and r["cells"] == 8 and r["title"] == "Layer 0, head 0", r
+
+
+@pytest.mark.skipif(chromium() is None, reason="no Chromium installed (apt-get install chromium)")
+def test_a_decoder_page_groups_query_heads_by_kv_group_in_a_browser(world, tmp_path, capsys):
+    """A tiny random Llama (4 query heads on 2 KV heads): the detail panel names the head's group,
+    and each group's first column is marked."""
+    from conftest import tiny_model
+    from training_helpers import make_tokenizer
+
+    tiny_model("llama", head="lm").save_pretrained(tmp_path / "lm")
+    make_tokenizer(tmp_path / "lm").save_pretrained(tmp_path / "lm")
+    out = tmp_path / "decoder.html"
+    assert run_cli(capsys, "explore", "--model", tmp_path / "lm", "--task", world["task"], "--examples", "2",
+                   "--out", out)[0] == 0
+    r = _probe(out, {"l": 1, "h": 2, "q": 0})
+    assert r["errors"] == [] and "exception" not in r and r["ready"] == "1", r
+    assert r["title"] == "Layer 1, query head 2 (KV group 1)" and r["label"].startswith("layer 1, query head 2 (KV group 1): ")
+    assert out.read_text(encoding="utf-8").count('"kv_heads":2') == 1
