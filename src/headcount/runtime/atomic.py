@@ -138,3 +138,21 @@ def atomic_dir(path: str | os.PathLike, owned=None):
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def remove_empty_dirs(folder) -> bool:
+    """Remove ``folder`` and the folders under it that hold nothing, deepest first; a folder that
+    holds anything (a user's file) stays with its parents. Whether ``folder`` itself is gone."""
+    folder = Path(folder)
+    for top, dirs, _ in os.walk(folder, topdown=False):
+        for d in dirs:
+            try:
+                os.rmdir(Path(top) / d)
+            except OSError:
+                pass  # not empty (or a link): it stays
+    try:
+        os.rmdir(folder)
+    except OSError:
+        return False
+    return True
+

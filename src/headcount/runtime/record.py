@@ -35,7 +35,14 @@ import shutil
 from collections.abc import Iterable
 from pathlib import Path
 
-from headcount.runtime.atomic import SESSION, TMP_PREFIX, atomic_write_json, tmp_prefix, tmp_session
+from headcount.runtime.atomic import (
+    SESSION,
+    TMP_PREFIX,
+    atomic_write_json,
+    remove_empty_dirs,
+    tmp_prefix,
+    tmp_session,
+)
 from headcount.runtime.errors import HeadcountError
 
 RECORD = ".headcount-out.json"
@@ -305,16 +312,7 @@ class Record:
             p.unlink()
         for k in listed:
             self.forget(k)
-        for top, dirs, _ in os.walk(d, topdown=False):
-            for x in dirs:
-                try:
-                    os.rmdir(Path(top) / x)
-                except OSError:
-                    pass
-        try:
-            os.rmdir(d)
-        except OSError:
-            pass
+        remove_empty_dirs(d)
         return [p.relative_to(self.folder).as_posix() for p in theirs]
 
 

@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from headcount.runtime.atomic import _entries_under
+from headcount.runtime.atomic import _entries_under, remove_empty_dirs
 from headcount.runtime.errors import HeadcountError
 from headcount.runtime.record import linked_parent, refuse_foreign, stamp
 
@@ -89,16 +89,7 @@ def remove_written(path: Path) -> bool:
             p.unlink()
         rec.forget(k)
     if os.path.isdir(path) and not os.path.islink(path):
-        for top, dirs, _ in os.walk(path, topdown=False):
-            for d in dirs:
-                try:
-                    os.rmdir(Path(top) / d)
-                except OSError:
-                    pass
-        try:
-            os.rmdir(path)
-        except OSError:
-            pass
+        remove_empty_dirs(path)
     rec.write()
     return True
 
@@ -236,15 +227,6 @@ def move_listed(src: Path, dst: Path, last: tuple[str, ...] = ()) -> list[str]:
     for f in files:
         (dst / f).parent.mkdir(parents=True, exist_ok=True)
         os.replace(src / f, dst / f)
-    for top, dirs, _ in os.walk(src, topdown=False):
-        for d in dirs:
-            try:
-                os.rmdir(Path(top) / d)
-            except OSError:
-                pass
-    try:
-        os.rmdir(src)
-    except OSError:
-        pass
+    remove_empty_dirs(src)
     forget_under(src)
     return files

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from headcount.runtime.atomic import atomic_write_bytes
+from headcount.runtime.atomic import atomic_write_bytes, remove_empty_dirs
 from headcount.runtime.errors import HeadcountError
 from headcount.runtime.record import Record, refuse_foreign, stamp
 
@@ -50,15 +50,7 @@ def clear_stale(root: Path, rec: Record | None, keys) -> None:
                 p.unlink()
             rec.forget(rel)  # removed, gone, or the user's now
             changed = True
-        for top, dirs, _ in os.walk(d, topdown=False):
-            for sub in dirs:
-                try:
-                    os.rmdir(Path(top) / sub)
-                except OSError:
-                    pass
-        try:
-            d.rmdir()
-        except OSError:
+        if not remove_empty_dirs(d):  # a user's file (or link) is left in the job's folder
             left = sorted((Path(t) / f).relative_to(root).as_posix()
                           for t, ds, fs in os.walk(d) for f in [*fs, *(x for x in ds if os.path.islink(Path(t) / x))])
             if changed:
