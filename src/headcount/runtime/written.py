@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from headcount.runtime.atomic import _entries_under, remove_empty_dirs
+from headcount.runtime.atomic import _entries_under, atomic_write_json, remove_empty_dirs
 from headcount.runtime.errors import HeadcountError
 from headcount.runtime.record import linked_parent, refuse_foreign, stamp
 
@@ -134,7 +134,6 @@ def write_listed_json(path: Path, obj) -> None:
     stamp in the record after each write: a file found there that is not headcount's (the user's,
     or changed since headcount wrote it) is refused, never written over. Outside a guard: a plain
     atomic write."""
-    from headcount.runtime.atomic import atomic_write_json
 
     path = Path(path)
     found = _guard_of(path)
