@@ -12,7 +12,7 @@ from pathlib import Path
 import typer
 
 from headcount.cli.commands import app, bounded, setting
-from headcount.cli.commands.core import MODEL_HELP
+from headcount.cli.commands.options import IMPORTANCE_DATA, MODEL, SCORING, TASK, WHERE, takes
 from headcount.data.fingerprint import run_identity
 from headcount.data.tasks import get_task
 from headcount.importance.pruning import PruneConfig
@@ -25,20 +25,13 @@ from headcount.importance.settings import (
     prune_methods,
     settings_from,
 )
-from headcount.runtime.bounds import EXAMPLES, TOKENS_PER_BATCH
-from headcount.runtime.device import DEVICE_HELP, PRECISION_HELP, TOKENS_HELP
+from headcount.runtime.bounds import EXAMPLES
 from headcount.runtime.io import ACTIVE_OUTS, check_out_path, prepare_out
 
 SCORE_FILES = ("scores.json", "heads.png")
 PRUNE_FILES = ("mask.json", "trace.csv", "curve.png")
-TASK_HELP = "a registered task (glue/sst2, offline/movies, ...; see `headcount tasks`) or a task YAML file"
-BATCH_ORDER_HELP = ("order of the importance batches: auto (file for --accumulate cumulative, as run_bertology and "
-                    "Prasanna et al.; length otherwise) | file (the split's order, fixed-size batches) | length "
-                    "(grouped by length, longest first: less padding)")
 UNIT_HELP = ("heads (query heads) | kv-groups (decoders with grouped-query attention: a key/value group and its query "
              "heads, scored as their sum; pruning them whole shrinks the KV cache)")
-ACCUMULATE_HELP = ("gradient: per-batch (sum of each batch's |gradient|) | cumulative (sum of the |running gradient|, "
-                   "as run_bertology and Prasanna et al.); default: the library's (headcount.importance.scores.DEFAULT_ACCUMULATE)")
 
 #: set (to anything but "" or 0) to make ``headcount score`` print one ``timing:`` line of its phases
 TIMING_ENV = "HEADCOUNT_TIMING"
@@ -116,35 +109,29 @@ class _Phases:
 
 
 @app.command()
+@takes(IMPORTANCE_DATA, SCORING, WHERE)
 def score(
-    model: str = typer.Option("offline", "--model", "-m", help=MODEL_HELP),
-    task: str = typer.Option("offline/movies", "--task", "-t", help=TASK_HELP),
+    model: str = MODEL,
+    task: str = TASK,
     objective: str = setting(ScoreSettings, "objective", help="task | mlm | embedding (SimCSE: dropout views, "
                                                                   "no labels) | embedding-supervised (text pairs) | "
                                                                   "lm (a decoder's next-token loss)"),
     split: str = setting(DataConfig, "split", help="split to score on (default: the task's train split)"),
-    max_examples: int = setting(DataConfig, "max_examples", help="examples to score on"),
-    batch_size: int = setting(DataConfig, "batch_size"),
-    max_length: int = setting(DataConfig, "max_length"),
+    data: DataConfig = None,
     method: str = setting(ScoreSettings, "method", help=" | ".join(scorer_names())),
     normalize: str = setting(ScoreSettings, "normalize", help=" | ".join(NORMALIZE)),
-    accumulate: str = typer.Option(None, "--accumulate", help=ACCUMULATE_HELP),
-    batch_order: str = setting(ScoreSettings, "batch_order", "--batch-order", help=BATCH_ORDER_HELP),
+    scoring: dict = None,
     unit: str = setting(ScoreSettings, "unit", help=UNIT_HELP),
-    seed: int = setting(DataConfig, "seed"),
     out: Path = typer.Option(..., "--out", "-o"),
     force: bool = typer.Option(False, "--force", help="replace an earlier score run with other settings in --out"),
-    device: str = typer.Option(None, "--device", help=DEVICE_HELP),
-    precision: str = typer.Option(None, "--precision", help=PRECISION_HELP),
-    tokens_per_batch: int = typer.Option(None, "--tokens-per-batch", help=TOKENS_HELP,
-                                         callback=bounded(TOKENS_PER_BATCH)),
+    where: dict = None,
 ):
     """Importance of every head and MLP -> scores.json, heads.png."""
     phases = _Phases("start+CLI")
     # the settings are checked before the imports (seconds): a bad value is refused at once
-    how = settings_from(ScoreSettings, dict(objective=objective, method=method, normalize=normalize,
-                                            accumulate=accumulate, batch_order=batch_order, unit=unit))
-    data = DataConfig(split=split, max_examples=max_examples, batch_size=batch_size, max_length=max_length, seed=seed)
+    how = settings_from(ScoreSettings, dict(objective=objective, method=method, normalize=normalize, unit=unit,
+                                            **scoring))
+    data = replace(data, split=split)
     score_command = _heavy_imports().score_command
     phases("imports")
 
@@ -152,8 +139,7 @@ def score(
     # the run's identity: every setting as resolved (0.x keeps no earlier versions' identities)
     identity = run_identity({"model": model, "task": task, **asdict(how), **asdict(data)}, model, t)
     with prepare_out(out, "score", identity=identity, outputs=SCORE_FILES, force=force, echo=typer.echo) as guard:
-        summary = score_command(model, t, how, data, guard.staging(), echo=typer.echo, device=device,
-                                precision=precision, tokens_per_batch=tokens_per_batch, mark=phases)
+        summary = score_command(model, t, how, data, guard.staging(), echo=typer.echo, mark=phases, **where)
         guard.commit()
     typer.echo(f"wrote {out}/scores.json and {out}/heads.png ({summary['n_examples']} examples, "
                f"{summary['seconds']:.1f} s)")
@@ -162,9 +148,10 @@ def score(
 
 
 @app.command()
+@takes(IMPORTANCE_DATA, SCORING, WHERE)
 def prune(
-    model: str = typer.Option("offline", "--model", "-m", help=MODEL_HELP),
-    task: str = typer.Option("offline/movies", "--task", "-t", help=TASK_HELP),
+    model: str = MODEL,
+    task: str = TASK,
     objective: str = setting(PruneSettings, "objective", help="task | mlm (metric: masked-token accuracy) | lm (decoders; metric: next-token "
                                     "accuracy) | embedding (retrieval accuracy of "
                                     "the second dropout view) | embedding-supervised (cosine Pearson/Spearman)"),
@@ -176,33 +163,24 @@ def prune(
     unit: str = setting(PruneConfig, "unit", help=UNIT_HELP),
     method: str = setting(PruneSettings, "method", help=" | ".join(prune_methods())),
     normalize: str = setting(PruneSettings, "normalize", help=" | ".join(NORMALIZE)),
-    accumulate: str = typer.Option(None, "--accumulate", help=ACCUMULATE_HELP),
-    batch_order: str = setting(ScoreSettings, "batch_order", "--batch-order", help=BATCH_ORDER_HELP),
+    scoring: dict = None,
     importance_split: str = setting(PruneSettings, "importance_split", help="default: train (the anchors: validation)"),
     stop_split: str = setting(PruneSettings, "stop_split", help="default: the task's validation split"),
-    max_examples: int = setting(DataConfig, "max_examples", help="examples for importance"),
+    data: DataConfig = None,
     max_eval_examples: int = setting(DataConfig, "max_examples", "--max-eval-examples",
                                      help="examples for the stop rule", callback=bounded(EXAMPLES)),
-    batch_size: int = setting(DataConfig, "batch_size"),
-    max_length: int = setting(DataConfig, "max_length"),
-    seed: int = setting(DataConfig, "seed"),
     out: Path = typer.Option(..., "--out", "-o"),
     force: bool = typer.Option(False, "--force", help="replace an earlier prune run with other settings in --out"),
-    device: str = typer.Option(None, "--device", help=DEVICE_HELP),
-    precision: str = typer.Option(None, "--precision", help=PRECISION_HELP),
-    tokens_per_batch: int = typer.Option(None, "--tokens-per-batch", help=TOKENS_HELP,
-                                         callback=bounded(TOKENS_PER_BATCH)),
+    where: dict = None,
 ):
     """Iterative pruning to a threshold -> mask.json, trace.csv, curve.png."""
     check_out_path(out)
     # the settings are checked before the imports (seconds): a bad value is refused at once
     how = settings_from(PruneSettings, dict(objective=objective, method=method, normalize=normalize,
-                                            accumulate=accumulate, batch_order=batch_order,
-                                            importance_split=importance_split,
-                                            stop_split=stop_split))
+                                            importance_split=importance_split, stop_split=stop_split, **scoring))
     loop = PruneConfig(threshold=threshold, step=step, step_of=step_of, schedule="prasanna" if mlps else "heads",
                        one_shot=one_shot, unit=unit)
-    importance = DataConfig(max_examples=max_examples, batch_size=batch_size, max_length=max_length, seed=seed)
+    importance = data
     stop = replace(importance, max_examples=max_eval_examples)
     with _naming_out_on_interrupt(out):  # the imports and the fingerprints take seconds before --out is taken
         prune_command = _heavy_imports().prune_command
@@ -211,8 +189,7 @@ def prune(
         identity = run_identity({"model": model, "task": task, **asdict(how), "loop": asdict(loop),
                                  "importance": asdict(importance), "stop": asdict(stop)}, model, t)
     with prepare_out(out, "prune", identity=identity, outputs=PRUNE_FILES, force=force, echo=typer.echo) as guard:
-        result = prune_command(model, t, how, loop, importance, stop, guard.staging(), echo=typer.echo,
-                               device=device, precision=precision, tokens_per_batch=tokens_per_batch)
+        result = prune_command(model, t, how, loop, importance, stop, guard.staging(), echo=typer.echo, **where)
         guard.commit()
     typer.echo(f"wrote {out}/mask.json: {result.mask.n_heads_kept} heads and {result.mask.n_mlps_kept} MLPs kept; "
                f"metric {result.mask.meta['metric']:.4f} (unpruned {result.full_metric:.4f})")

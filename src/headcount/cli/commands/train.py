@@ -8,10 +8,9 @@ from pathlib import Path
 import typer
 
 from headcount.cli.commands import app, bounded, setting
-from headcount.cli.commands.core import MODEL_HELP
+from headcount.cli.commands.options import MODEL, TASK, TRAINING, takes
 from headcount.importance.magnitude import check_sparsity
 from headcount.runtime.bounds import SEED
-from headcount.runtime.device import DEVICE_HELP, PRECISION_HELP, trainer_settings
 from headcount.runtime.errors import HeadcountError
 from headcount.runtime.io import check_out_path, prepare_out
 from headcount.runtime.launch import launch_rank
@@ -28,15 +27,6 @@ MAGNITUDE_FILES = ("weight_mask.safetensors", "trace.csv", "magnitude.json", "ma
 def magnitude_files(rounds: int) -> tuple[str, ...]:
     """What ``magnitude`` writes into --out: the fixed names and one ``round_XX/`` per IMP round."""
     return (*MAGNITUDE_FILES, *(f"round_{k:02d}" for k in range(min(int(rounds), 999) + 1)))
-TASK_HELP = "a registered task (glue/sst2, offline/movies, ...) or a task YAML file"
-
-
-def _train_config(epochs, lr, batch_size, max_length, max_train_examples, max_eval_examples, save_steps,
-                  device=None, precision=None):
-    where = trainer_settings(device, precision)  # use_cpu, bf16; cuda:N -> the only visible GPU
-    return TrainConfig(lr=lr, batch_size=batch_size, epochs=epochs, max_length=max_length,
-                       max_train_examples=max_train_examples, max_eval_examples=max_eval_examples,
-                       save_steps=save_steps, **where)
 
 
 def _echo(msg: str) -> None:
@@ -44,36 +34,26 @@ def _echo(msg: str) -> None:
 
 
 @app.command()
+@takes(TRAINING)
 def finetune(
-    model: str = typer.Option("offline", "--model", "-m", help=MODEL_HELP),
-    task: str = typer.Option("offline/movies", "--task", "-t", help=TASK_HELP),
+    model: str = MODEL,
+    task: str = TASK,
     mask: Path = typer.Option(None, "--mask", help="mask.json (1 = kept): retrain the subnetwork from these weights"),
     mask_mode: str = setting(finetune_model, "mask_mode", "--mask-mode",
                              help="prune (remove physically) | gate (gates fixed at 0)"),
     weight_mask: Path = typer.Option(None, "--weight-mask", help="weight_mask.safetensors from `headcount magnitude`"),
     seed: int = setting(finetune_model, "seed", help="training seed (head initialisation, data order, dropout)",
                         callback=bounded(SEED)),
-    epochs: float = setting(TrainConfig, "epochs"),
-    lr: float = setting(TrainConfig, "lr", "--lr"),
-    batch_size: int = setting(TrainConfig, "batch_size", "--batch-size"),
-    max_length: int = setting(TrainConfig, "max_length", "--max-length"),
-    max_train_examples: int = setting(TrainConfig, "max_train_examples", "--max-train-examples"),
-    max_eval_examples: int = setting(TrainConfig, "max_eval_examples", "--max-eval-examples"),
-    save_steps: int = setting(TrainConfig, "save_steps", "--save-steps",
-                              help="checkpoint interval (what an interrupted run resumes from)"),
+    train: TrainConfig = None,
     out: Path = typer.Option(..., "--out", "-o", help="output folder: model/, metrics.json"),
-    device: str = typer.Option(None, "--device", help=DEVICE_HELP),
-    precision: str = typer.Option(None, "--precision", help=PRECISION_HELP),
 ):
     """Fine-tune (or retrain a masked subnetwork) -> model/, metrics.json. Run again to resume."""
     check_out_path(out)
-    config = _train_config(epochs, lr, batch_size, max_length, max_train_examples, max_eval_examples, save_steps,
-                           device, precision)
     rank, _ = launch_rank()
     # under torchrun / accelerate launch, rank 0 guards --out (and writes it); the others only train
     guard = prepare_out(out, "finetune", outputs=FINETUNE_FILES, distributed=True, direct=True) if rank == 0 else nullcontext()
     with guard:  # run.json decides resume vs another run
-        m = finetune_model(model, task, mask=mask, mask_mode=mask_mode, weight_mask=weight_mask, seed=seed, config=config,
+        m = finetune_model(model, task, mask=mask, mask_mode=mask_mode, weight_mask=weight_mask, seed=seed, config=train,
                 out_dir=out, progress=_echo if rank == 0 else None)
     if rank:
         return
@@ -87,9 +67,10 @@ def finetune(
 
 
 @app.command()
+@takes(TRAINING)
 def magnitude(
-    model: str = typer.Option("offline", "--model", "-m", help=MODEL_HELP),
-    task: str = typer.Option("offline/movies", "--task", "-t", help=TASK_HELP),
+    model: str = MODEL,
+    task: str = TASK,
     procedure: str = setting(
         MagnitudeConfig, "procedure", help="prasanna (the paper: prune the fine-tuned weights without retraining, stop on the "
                          "un-retrained dev metric, retrain the kept mask once) | imp (retrain every round, Chen et al.)"),
@@ -109,16 +90,8 @@ def magnitude(
                           help="prasanna: the mask kept when all --max-steps steps pass: reference (the authors' code: "
                                "the step before the last) | last (the last step)"),
     seed: int = setting(magnitude_prune, "seed", callback=bounded(SEED)),
-    epochs: float = setting(TrainConfig, "epochs"),
-    lr: float = setting(TrainConfig, "lr", "--lr"),
-    batch_size: int = setting(TrainConfig, "batch_size", "--batch-size"),
-    max_length: int = setting(TrainConfig, "max_length", "--max-length"),
-    max_train_examples: int = setting(TrainConfig, "max_train_examples", "--max-train-examples"),
-    max_eval_examples: int = setting(TrainConfig, "max_eval_examples", "--max-eval-examples"),
-    save_steps: int = setting(TrainConfig, "save_steps", "--save-steps"),
+    train: TrainConfig = None,
     out: Path = typer.Option(..., "--out", "-o", help="output folder: weight_mask.safetensors, trace.csv"),
-    device: str = typer.Option(None, "--device", help=DEVICE_HELP),
-    precision: str = typer.Option(None, "--precision", help=PRECISION_HELP),
 ):
     """Magnitude pruning (the paper's search, IMP, or one shot) -> weight_mask.safetensors, trace.csv."""
     check_out_path(out)
@@ -129,8 +102,6 @@ def magnitude(
     config = MagnitudeConfig(procedure=procedure, rounds=rounds, threshold=threshold, rate=rate, control=control,
                              variant=variant, sparsity=sparsity, rewind_step=rewind_step, at_cap=at_cap)
     check_procedure(config, match)
-    train = _train_config(epochs, lr, batch_size, max_length, max_train_examples, max_eval_examples, save_steps,
-                          device, precision)
     with prepare_out(out, "magnitude", outputs=magnitude_files(rounds), direct=True):  # magnitude_run.json decides resume vs another run
         r = magnitude_prune(model, task, config=config, train=train, seed=seed, out_dir=out, match=match,
                             progress=_echo)
