@@ -129,7 +129,8 @@ def test_shrink_then_info_and_reload(capsys, tiny_dir, tmp_path):
     assert info["heads kept"] == "7/12"
     assert info["MLPs kept"] == "2/3"
     assert info["layers"] == "3"
-    assert info["parameters"] == f"{count_parameters(pruned.base_model):,}"
+    assert info["parameters"] == (f"{count_parameters(pruned):,} with the task head "
+                                  f"(encoder alone: {count_parameters(pruned.base_model):,})")
 
 
 def test_shrink_keeps_a_masked_lm_head_and_albert_residual_gates(capsys, tmp_path):

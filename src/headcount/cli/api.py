@@ -15,7 +15,7 @@ from headcount.analysis import plots
 from headcount.core.arch import get_adapter
 from headcount.core.gates import layout
 from headcount.core.masks import Mask
-from headcount.core.models import is_gguf, load_model, load_tokenizer, resolve
+from headcount.core.models import checkpoint_head, is_gguf, load_model, load_tokenizer, resolve
 from headcount.core.surgery import count_parameters, kv_summary, pruning_record, save_pruned, shrink
 from headcount.data.tasks import get_task
 from headcount.importance.pipeline import (
@@ -24,11 +24,9 @@ from headcount.importance.pipeline import (
     ScoreSettings,
     batches_for,
     decoding,
-    has_task_head,
     load_for,
     metric_for,
     prune_model,
-    saved_config,
 )
 from headcount.importance.pruning import PruneConfig, PruneResult, kv_group_scores
 from headcount.importance.scoring import score
@@ -38,8 +36,9 @@ from headcount.runtime.errors import HeadcountError
 
 
 def describe(model_spec: str) -> dict:
-    """What ``headcount info`` prints: sizes, parameters and what is pruned."""
-    model = load_model(model_spec, head="base")
+    """What ``headcount info`` prints: sizes, parameters and what is pruned (the model loaded with
+    the head it was saved with: the parameters are counted with that head, and without it)."""
+    model = load_model(model_spec)
     grid = layout(model)
     n_layers, n_heads = grid
     rec = pruning_record(model) or {}
@@ -52,13 +51,37 @@ def describe(model_spec: str) -> dict:
         "heads": f"{n_heads} per layer, head size {grid.head_dim}",
         "shared layers": (f"yes: {len(grid.groups)} physical layer(s) for {n_layers} applications" if grid.shared
                           else "no"),
-        "parameters": f"{count_parameters(model):,}",
+        "parameters": parameters_line(model, checkpoint_head(model_spec)),
         "heads kept": f"{n_layers * n_heads - removed_heads}/{n_layers * n_heads}",
         "MLPs kept": f"{n_layers - len(rec.get('removed_mlps', []))}/{n_layers}",
         "residual gates": "yes" if rec.get("gates") else "no",
         **_decoder_lines(model_spec, model),
         "device": _where(),
     }
+
+
+#: how ``info`` and ``shrink`` name a model's output head (core.models.checkpoint_head's names)
+HEAD_WORDS = {"classification": "task head", "regression": "task head", "mlm": "masked-LM head", "lm": "LM head"}
+
+
+def parameter_counts(model) -> tuple[int, int]:
+    """``(all, body)``: the parameters of ``model`` (shared tensors once) and of its encoder or
+    decoder alone (``base_model``: what ``head="base"`` loads), the output head being the
+    difference (0 for an LM head tied to the embeddings)."""
+    return count_parameters(model), count_parameters(model.base_model)
+
+
+def parameters_line(model, head: str) -> str:
+    """What the parameter count counts, in words: ``22,713,986 with the task head (encoder
+    alone: 22,713,216)``; a bare encoder's count is the encoder's.
+
+    ``head``: the head the model was loaded with ([`checkpoint_head`][headcount.core.models.checkpoint_head]'s names)."""
+    total, body = parameter_counts(model)
+    part = "decoder" if layout(model).n_kv_heads is not None else "encoder"
+    if head not in HEAD_WORDS:
+        return f"{total:,} (the {part} alone, no output head)"
+    tied = " (tied to the embeddings)" if total == body else ""
+    return f"{total:,} with the {HEAD_WORDS[head]}{tied} ({part} alone: {body:,})"
 
 
 def _decoder_lines(model_spec: str, model) -> dict:
@@ -90,18 +113,35 @@ def _where() -> str:
 
 
 def shrink_checkpoint(model_spec: str, mask_path, out) -> dict:
-    """Load a model, physically remove what the mask removes, save a reloadable checkpoint."""
-    mask = Mask.load(mask_path)
-    model = load_model(model_spec, head="classification" if has_task_head(model_spec) else _saved_head(model_spec))
-    mask.check_model(model)
-    before = count_parameters(model)
-    shrink(model, mask)
+    """Load a model with the head it was saved with, physically remove what the mask removes,
+    save a reloadable checkpoint. Returns its ``headcount.json`` summary: ``parameters`` (with the
+    head, as ``parameters_before``) and ``body_parameters`` (the encoder or decoder alone, as
+    ``body_parameters_before``), ``head`` (the head's name)."""
+    model = shrunk_model(model_spec, mask_path, load_model)
     try:
         tokenizer = load_tokenizer(model_spec)
     except HeadcountError:
         tokenizer = None
-    save_pruned(model, out, tokenizer=tokenizer, extra={"parameters_before": before, "mask": str(mask_path)})
+    extra = {**model.headcount_shrunk, "mask": str(mask_path)}
+    del model.headcount_shrunk
+    save_pruned(model, out, tokenizer=tokenizer, extra=extra)
     return json.loads((Path(out) / "headcount.json").read_text())
+
+
+def shrunk_model(model_spec: str, mask_path, loader):
+    """``loader(model_spec)`` (the model with its saved head) with what the mask at ``mask_path``
+    removes physically removed: the one path of ``shrink`` and ``export --mask``. The counts
+    before and after are left on the model as ``headcount_shrunk`` (``parameters_before``,
+    ``body_parameters``, ``body_parameters_before``, ``head``)."""
+    mask = Mask.load(mask_path)
+    model = loader(model_spec)
+    mask.check_model(model)
+    before, body_before = parameter_counts(model)
+    shrink(model, mask)
+    object.__setattr__(model, "headcount_shrunk", {
+        "parameters_before": before, "body_parameters_before": body_before,
+        "body_parameters": parameter_counts(model)[1], "head": checkpoint_head(model_spec)})
+    return model
 
 
 def _kv_group_meta(model, s, unit: str) -> dict:
@@ -118,16 +158,9 @@ def _kv_group_meta(model, s, unit: str) -> dict:
     return {} if s is None else {"unit": unit, "kv_groups": kv_group_scores(s.heads, grid.n_kv_heads).tolist()}
 
 
-def _saved_head(model_spec: str) -> str:
-    """The head shrink keeps when it is not a classifier: "mlm" for a masked-LM checkpoint, "lm" for a
-    causal LM (a GGUF file is one), else "base"."""
-    cfg = saved_config(model_spec)
-    if cfg is None:
-        return "lm" if is_gguf(resolve(model_spec)) else "base"
-    names = cfg.architectures or []
-    if any(a.endswith("ForMaskedLM") for a in names):
-        return "mlm"
-    return "lm" if any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in names) else "base"
+def _head_seed(info: dict) -> dict:
+    """``{"head_seed": N}`` for a task head drawn new (what ``load_for`` seeded it with), else nothing."""
+    return {"head_seed": info["head_seed"]} if "head_seed" in info else {}
 
 
 def _echo_none(*args, **kwargs):
@@ -153,7 +186,8 @@ def score_command(model: str, task, settings: ScoreSettings, data: DataConfig, o
     data = fit_positions(data, tok, model, echo)
     if info["head"] == "new":
         echo(f"note: {model} has no trained head for {t.name}; "
-             + ("scoring with a new, untrained task head (fine-tune first for task importance)" if scorer.needs_loss
+             + (f"scoring with a new, untrained task head (drawn with --seed {info['head_seed']}; fine-tune first "
+                "for task importance)" if scorer.needs_loss
                 else f"a new, untrained task head was created ({method} scores do not read it)"))
     if info["head"] == "fitted":
         r = info["mlm_head"]
@@ -172,7 +206,7 @@ def score_command(model: str, task, settings: ScoreSettings, data: DataConfig, o
     mark("score")
     echo(f"scored on {_on(s.meta)}")
     meta = {"objective": objective, "task": t.name, "model": model, "split": data.split or t.train_split,
-            "head": info["head"], **_kv_group_meta(m, s, settings.unit)}
+            "head": info["head"], **_head_seed(info), **_kv_group_meta(m, s, settings.unit)}
     if "mlm_head" in info:
         meta["mlm_head"] = info["mlm_head"]
     bad = non_finite_scores(s, pruning_record(m) or {}, scorer.scores_mlps)
@@ -232,8 +266,8 @@ def prune_command(model: str, task, settings: PruneSettings, loop: PruneConfig, 
     importance = fit_positions(importance, tok, model, echo)
     stop = fit_positions(stop, tok, model, _echo_none)  # one note is enough
     if info["head"] == "new":
-        echo(f"note: {model} has no trained head for {t.name}: the metric is that of an untrained head "
-             "(fine-tune first: `headcount finetune`)")
+        echo(f"note: {model} has no trained head for {t.name}: the metric is that of an untrained head, drawn with "
+             f"--seed {info['head_seed']} (fine-tune first: `headcount finetune`)")
     imp_batches = ([] if not settings.scorer.needs_data
                    else batches_for(t, tok, objective, importance, split=settings.importance_split,
                                     group_by_length=settings.grouped))
@@ -249,7 +283,7 @@ def prune_command(model: str, task, settings: PruneSettings, loop: PruneConfig, 
     echo(f"pruned on {_on(result.meta)}")
     out = Path(out)
     mask = result.mask.with_meta(model=model, task=t.name, objective=objective, metric_name=metric, method=method,
-                                 normalize=settings.normalize)
+                                 normalize=settings.normalize, head=info["head"], **_head_seed(info))
     mask.save(out / "mask.json")
     atomic_write_text(out / "trace.csv", result.trace_csv())
     plots.prune_curve(result.trace, loop.threshold * result.full_metric, out / "curve.png",

@@ -246,17 +246,67 @@ def _gguf_args(path: str) -> tuple[str, dict]:
     return path, {}
 
 
-def load_model(spec: str = OFFLINE, head: str = "base", num_labels: int | None = None,
-               trust_remote_code: bool = False, **kwargs):
-    """Load a model for ``head`` ("classification", "regression", "mlm", "base", "lm": a causal LM).
+def checkpoint_head(spec: str) -> str:
+    """The head a checkpoint was saved with, read from its config's ``architectures``: a
+    sequence classifier is ``"classification"`` (``"regression"`` when its config's
+    ``problem_type`` says so), a masked LM ``"mlm"``, a causal LM ``"lm"`` (a GGUF file is one),
+    anything else ``"base"`` (the bare encoder; also when the config cannot be read: loading
+    then says why).
+
+    >>> checkpoint_head("offline")   # all-MiniLM-L6-v2 is saved as a bare encoder  # doctest: +SKIP
+    'base'
+    """
+    return _saved_head(resolve(spec))
+
+
+def _saved_head(path: str) -> str:
+    """[`checkpoint_head`][headcount.core.models.checkpoint_head] of a resolved path."""
+    if is_gguf(path):
+        return "lm"
+    try:
+        config = transformers.AutoConfig.from_pretrained(path)
+    except (OSError, ValueError):
+        return "base"
+    names = getattr(config, "architectures", None) or []
+    if any(a.endswith("ForSequenceClassification") for a in names):
+        return "regression" if getattr(config, "problem_type", None) == "regression" else "classification"
+    if any(a.endswith("ForMaskedLM") for a in names):
+        return "mlm"
+    return "lm" if any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in names) else "base"
+
+
+def load_model(spec: str = OFFLINE, head: str | None = None, num_labels: int | None = None,
+               trust_remote_code: bool = False, seed: int | None = None, **kwargs):
+    """Load a model with the head it was saved with, or for ``head``.
+
+    Args:
+        spec: a hub id, a checkpoint directory, a GGUF file, ``offline`` or ``offline-decoder``.
+        head: None (the default): the checkpoint's own head
+            ([`checkpoint_head`][headcount.core.models.checkpoint_head]: a fine-tuned classifier
+            loads with its classifier); or "classification", "regression", "mlm", "base" (the
+            bare encoder, dropping a saved head), "lm" (a causal LM).
+        num_labels: the outputs of a classification head the checkpoint lacks.
+        trust_remote_code: passed to transformers (headcount never sets it).
+        seed: the seed of the weights a head the checkpoint lacks starts from (drawn in a forked
+            random state: the global one is untouched); None: transformers' global random
+            state, as ``from_pretrained`` does.
 
     Pruned checkpoints (from ``save_pruned`` / ``headcount shrink``) are recognised and loaded
     with their surgery replayed. A task head missing from the checkpoint is created new
-    (transformers says so in its load report).
+    ([`new_weights`][headcount.core.models.new_weights] lists its tensors).
 
-    >>> model = load_model("offline", head="classification", num_labels=2)   # doctest: +SKIP
+    >>> model = load_model("runs/ft/model")   # the fine-tuned classifier, head included  # doctest: +SKIP
+    >>> model = load_model("offline", head="classification", num_labels=2, seed=0)   # doctest: +SKIP
     """
+    if seed is not None:
+        import torch
+
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(int(seed))
+            return load_model(spec, head, num_labels, trust_remote_code, **kwargs)
     path = resolve(spec)
+    if head is None:
+        head = _saved_head(path)
     if head not in HEADS:
         raise HeadcountError(f"unknown model head {head!r}; choose one of {', '.join(HEADS)}")
     config_kwargs = {}

@@ -103,7 +103,8 @@ def load_for(model_spec: str, task, objective: str = "task", mlm_texts=None, see
     given (score, evaluate, prune) keep it there. ``info["device"]`` names it.
 
     ``info["head"]`` says where the output head came from: ``"checkpoint"``, ``"new"`` (a task
-    head that was not in the checkpoint: untrained), ``"fitted"`` (an MLM head fitted on the
+    head that was not in the checkpoint: untrained, its weights drawn with ``seed``, which
+    ``info["head_seed"]`` records), ``"fitted"`` (an MLM head fitted on the
     frozen encoder) or ``"pooling"`` (the embedding objectives: the encoder alone;
     ``info["contrastive"]`` is the ``Contrastive`` to score with, its
     pooling read from the checkpoint's sentence-transformers config, its views seeded by ``seed``).
@@ -129,10 +130,13 @@ def load_for(model_spec: str, task, objective: str = "task", mlm_texts=None, see
         return model, tokenizer, {"head": "checkpoint", "device": str(where)}
     if objective == "task":
         head = task_head(model_spec, task)["head"]  # refuses a fine-tuned head that does not fit
-        model = pad_for_classification(load_model(model_spec, head=task.kind, num_labels=task.num_labels), tokenizer)
+        # a head the checkpoint lacks starts from weights drawn with ``seed``: the same run, the same head
+        model = pad_for_classification(load_model(model_spec, head=task.kind, num_labels=task.num_labels, seed=seed),
+                                       tokenizer)
         if new_weights(model):  # the config names a task head, its weights are not all there
             head = "new"
-        return model.to(where), tokenizer, {"head": head, "device": str(where)}
+        seeded = {"head_seed": int(seed)} if head == "new" else {}
+        return model.to(where), tokenizer, {"head": head, **seeded, "device": str(where)}
     texts = mlm_texts if mlm_texts is not None else _texts(task, task.train_split, MLM_HEAD_MAX_TEXTS, seed)
     model, report = fit_mlm_head(model_spec, texts, device=where)
     model.to(where)
@@ -154,8 +158,7 @@ def batches_for(task, tokenizer, objective: str, data: DataConfig, split: str | 
     ``SequentialSampler``: what ``cumulative`` importance needs, see ``ScoreSettings.batch_order``).
     """
     split = split or data.split or task.train_split
-    if split not in task.splits():
-        raise HeadcountError(f"task {task.name} has no split {split!r}; it has {', '.join(task.splits())}")
+    task.check_split(split)  # the task's one line: which splits it has, how to declare the missing one
     if is_embedding(objective):
         return embedding_batches(task, tokenizer, data, split, supervised=objective == "embedding-supervised",
                                  group_by_length=group_by_length)

@@ -50,8 +50,22 @@ def shrink(
     kv = (f", {summary['kv_heads_kept']}/{summary['kv_heads_total']} key/value heads"
           + (f" ({summary['kv_heads_repeated']} repeated for uneven query-head cuts)" if summary["kv_heads_repeated"]
              else "")) if "kv_heads_total" in summary else ""
-    typer.echo(
-        f"wrote {out}: {summary['heads_kept']}/{summary['heads_total']} heads{kv}, "
-        f"{summary['mlps_kept']} MLPs, {summary['parameters']:,} parameters "
-        f"(was {summary['parameters_before']:,})"
-    )
+    typer.echo(f"wrote {out}: {summary['heads_kept']}/{summary['heads_total']} heads{kv}, "
+               f"{summary['mlps_kept']} MLPs, {shrunk_parameters(summary)}")
+
+
+def shrunk_parameters(summary: dict) -> str:
+    """What ``shrink`` says of the parameters, naming what it counts: ``17,839,586 parameters with
+    the task head (was 22,713,986); encoder alone 17,838,816 (was 22,713,216)``."""
+    from headcount.cli.api import HEAD_WORDS
+
+    counts = f"{summary['parameters']:,} parameters"
+    was = f"(was {summary['parameters_before']:,})"
+    if "body_parameters" not in summary:  # a summary written before the counts were told apart
+        return f"{counts} {was}"
+    part = "decoder" if "kv_heads_total" in summary else "encoder"
+    head = HEAD_WORDS.get(summary.get("head"))
+    if head is None:
+        return f"{counts}, the {part} alone (no output head) {was}"
+    return (f"{counts} with the {head} {was}; {part} alone {summary['body_parameters']:,} "
+            f"(was {summary['body_parameters_before']:,})")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import os
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Mapping
 
@@ -22,7 +22,7 @@ from headcount.runtime.errors import HeadcountError
 KINDS = ("classification", "regression")
 #: the keys of a task YAML file (users' tasks and the shipped GLUE declarations alike; docs/tasks.md)
 TASK_KEYS = ("name", "kind", "files", "hub", "splits", "text", "label", "labels", "metric", "glue", "train_split",
-             "validation_split", "extra_eval", "description")
+             "validation_split", "holdout", "extra_eval", "description")
 CLASSIFICATION_METRICS = ("accuracy", "f1", "mcc")
 REGRESSION_METRICS = ("pearson", "spearman", "pearson_spearman")
 METRICS = CLASSIFICATION_METRICS + REGRESSION_METRICS
@@ -52,13 +52,20 @@ class Source:
         """Whether ``split`` may carry the no-label marker ``-1`` (GLUE test splits)."""
         return False
 
+    def missing_split_hint(self, split: str) -> str:
+        """How to give the task the split ``split`` it lacks (appended to the error; "" when
+        nothing general can be said)."""
+        return ""
+
 
 class FilesSource(Source):
     """One local file per split: ``{"train": "train.csv", "validation": "dev.jsonl"}``."""
 
-    def __init__(self, files: Mapping[str, str | os.PathLike], unlabelled_prefix: str | None = None):
+    def __init__(self, files: Mapping[str, str | os.PathLike], unlabelled_prefix: str | None = None,
+                 declared_in: str | os.PathLike | None = None):
         self.files = {str(k): Path(v) for k, v in files.items()}
         self.unlabelled_prefix = unlabelled_prefix
+        self.declared_in = declared_in  # the task YAML that lists the files (its errors say how to add a split)
 
     def splits(self) -> list[str]:
         return list(self.files)
@@ -77,8 +84,60 @@ class FilesSource(Source):
     def unlabelled(self, split: str) -> bool:
         return bool(self.unlabelled_prefix) and split.startswith(self.unlabelled_prefix)
 
+    def missing_split_hint(self, split: str) -> str:
+        if self.declared_in is None:
+            return ""
+        listed = ", ".join(f"{k}: {v.name}" for k, v in self.files.items())
+        held = (", or hold out part of train: `holdout: {fraction: 0.2, seed: 0}`" if split == "validation"
+                and "train" in self.files else "")
+        return f"; declare it in {self.declared_in}: `files: {{{listed}, {split}: FILE}}`{held} (docs/tasks.md)"
+
     def __repr__(self) -> str:
         return f"FilesSource({ {k: str(v) for k, v in self.files.items()} })"
+
+
+# --------------------------------------------------------------------------- held-out split
+@dataclass(frozen=True)
+class Holdout:
+    """A split held out of another: a seeded ``fraction`` of the rows of ``of`` become the split
+    ``name``, the other rows stay in ``of`` (a task YAML's ``holdout: {fraction: 0.2, seed: 0}``:
+    a validation split out of a single training file).
+
+    The rows are chosen by [`holdout_indices`][headcount.data.tasks.base.holdout_indices] from the
+    number of rows alone: the same file, fraction and seed give the same split on every machine.
+    """
+
+    fraction: float
+    seed: int = 0
+    of: str = "train"
+    name: str = "validation"
+
+    def describe(self) -> dict:
+        """What a task's description (and so its fingerprint) records of it."""
+        return {"split": self.name, "of": self.of, "fraction": self.fraction, "seed": self.seed}
+
+
+def holdout_indices(n: int, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(kept, held)``: sorted row indices of ``n`` rows, ``round(fraction * n)`` of them held out,
+    drawn by a permutation seeded with ``seed`` (numpy's ``default_rng``); disjoint, together
+    every row.
+
+    Raises:
+        HeadcountError: a fraction that would leave either part empty.
+
+    >>> kept, held = holdout_indices(10, 0.2, seed=0)
+    >>> len(kept), len(held), sorted(kept.tolist() + held.tolist()) == list(range(10))
+    (8, 2, True)
+    """
+    k = int(round(float(fraction) * n))
+    if n < 2:
+        raise HeadcountError(f"cannot hold out part of a split of {n} row{'' if n == 1 else 's'}")
+    if not 1 <= k <= n - 1:
+        left = "no row held out" if k < 1 else "no row to train on"
+        raise HeadcountError(f"holding out {fraction:g} of {n} rows leaves {left}; "
+                             f"choose a fraction between {1 / n:.3g} and {(n - 1) / n:.3g}")
+    order = np.random.default_rng(int(seed)).permutation(n)
+    return np.sort(order[k:]), np.sort(order[:k])
 
 
 # --------------------------------------------------------------------------- data
@@ -124,6 +183,7 @@ class Task:
         extra_eval_splits: ``{label: split}``: further dev sets the studies evaluate every final
             model on, besides ``validation_split``, and report as the task ``<name>-<label>``
             (``glue/mnli``: ``{"mm": "validation_mismatched"}``, reported as ``glue/mnli-mm``).
+        holdout: a split held out of another ([`Holdout`][headcount.data.tasks.base.Holdout]), or None.
     """
 
     name: str
@@ -140,6 +200,7 @@ class Task:
     description: str = ""
     extra: Mapping = field(default_factory=dict)
     extra_eval_splits: Mapping[str, str] = field(default_factory=dict)
+    holdout: Holdout | None = None
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -164,8 +225,26 @@ class Task:
         return len(self.text_fields) == 2
 
     def splits(self) -> list[str]:
-        """Split names, e.g. ``["train", "validation", "test"]``."""
-        return self.source.splits()
+        """Split names, e.g. ``["train", "validation", "test"]`` (a held-out split included)."""
+        names = self.source.splits()
+        if self.holdout is not None and self.holdout.name not in names:
+            names = [*names, self.holdout.name]
+        return names
+
+    def check_split(self, split: str) -> None:
+        """Refuse a split the task does not have, saying which it has and, for a task YAML, how
+        to declare the missing one (never another split in its place).
+
+        Raises:
+            HeadcountError: ``split`` is not one of [`splits`][headcount.data.tasks.base.Task.splits].
+        """
+        available = self.splits()
+        if split in available:
+            return
+        role = (" (the split it is evaluated on)" if split == self.validation_split else
+                " (the split it is trained on)" if split == self.train_split else "")
+        raise HeadcountError(f"task {self.name} has no split {split!r}{role}; splits: {', '.join(available) or 'none'}"
+                             f"{self.source.missing_split_hint(split)}")
 
     def load(self, split: str | None = None, max_examples: int | None = None, seed: int = 0) -> TaskData:
         """The examples of ``split`` (default: the validation split).
@@ -186,11 +265,7 @@ class Task:
         (8,)
         """
         split = self.validation_split if split is None else split
-        available = self.splits()
-        if split not in available:  # never another split in its place
-            role = (" (the split it is evaluated on)" if split == self.validation_split else
-                    " (the split it is trained on)" if split == self.train_split else "")
-            raise HeadcountError(f"task {self.name} has no split {split!r}{role}; splits: {', '.join(available) or 'none'}")
+        self.check_split(split)  # never another split in its place
         texts, labels = _load_cached(self, split)
         idx = subset_indices(len(texts), max_examples, seed)
         if idx is not None:
@@ -202,11 +277,15 @@ class Task:
         return TaskData(self, split, texts, labels)
 
     def describe(self) -> dict:
-        """A row for ``headcount tasks``."""
-        return {"name": self.name, "kind": self.kind, "metric": self.metric,
-                "labels": list(self.labels) if self.labels else None,
-                "text": list(self.text_fields), "sizes": dict(self.sizes) if self.sizes else None,
-                "description": self.description}
+        """A row for ``headcount tasks`` (and what a task's fingerprint hashes, with its files):
+        a held-out split's fraction and seed included."""
+        row = {"name": self.name, "kind": self.kind, "metric": self.metric,
+               "labels": list(self.labels) if self.labels else None,
+               "text": list(self.text_fields), "sizes": dict(self.sizes) if self.sizes else None,
+               "description": self.description}
+        if self.holdout is not None:
+            row["holdout"] = self.holdout.describe()
+        return row
 
     def __repr__(self) -> str:
         return f"Task({self.name!r}, {self.kind}, text={self.text_fields}, metric={self.metric})"
@@ -234,6 +313,13 @@ _CACHE_SIZE = 16
 
 
 def _load_cached(task: Task, split: str) -> tuple[list[tuple[str, ...]], np.ndarray]:
+    held = task.holdout
+    if held is not None and split in (held.name, held.of):
+        # the whole file is checked (row numbers in errors are the file's), then cut in two
+        texts, labels = _load_cached(replace(task, holdout=None), held.of)
+        kept, out = holdout_indices(len(texts), held.fraction, held.seed)
+        idx = out if split == held.name else kept
+        return [texts[i] for i in idx], labels[idx]
     key = (task.name, task.kind, task.text_fields, task.label_field, task.labels, task.label_ids,
            task.source.cache_key(split))
     hit = _CACHE.get(key)

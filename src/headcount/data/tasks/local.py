@@ -13,8 +13,11 @@ metric: accuracy              # accuracy | f1 | mcc | pearson | spearman | pears
 Optional keys: ``glue: sst2`` takes text, label, labels and metric of that GLUE task (files
 in the GLUE schema); ``train_split`` / ``validation_split`` name the splits used by default
 (else ``train`` and the first of ``validation``, ``dev``, ``test`` present; a task without
-such a split fails when it is loaded, no other split takes its place); ``description``. With
-``glue:``, the files may also be the GLUE download's TSVs (``dev.tsv`` with its own columns).
+such a split fails when it is loaded, saying how to declare one, no other split takes its
+place); ``holdout: {fraction: 0.2, seed: 0}`` makes a ``validation`` split of a seeded fifth of
+the train file's rows, the others staying in ``train`` (a [`Holdout`][headcount.data.tasks.base.Holdout], recorded in the
+task's description and fingerprint); ``description``. With ``glue:``, the files may also be the
+GLUE download's TSVs (``dev.tsv`` with its own columns).
 """
 
 from __future__ import annotations
@@ -23,7 +26,16 @@ import os
 from dataclasses import fields
 from pathlib import Path
 
-from headcount.data.tasks.base import KINDS, METRICS, TASK_KEYS, FilesSource, Task, distinct_label_names, label_name
+from headcount.data.tasks.base import (
+    KINDS,
+    METRICS,
+    TASK_KEYS,
+    FilesSource,
+    Holdout,
+    Task,
+    distinct_label_names,
+    label_name,
+)
 from headcount.data.tasks.glue import GLUE, glue_task
 from headcount.data.tasks.tables import SUFFIXES, read_text
 from headcount.runtime.errors import HeadcountError
@@ -72,8 +84,16 @@ def load_task_yaml(path: str | os.PathLike) -> Task:
             raise HeadcountError(f"{where}: files.{split}: not a file: {fp}")
         resolved[str(split)] = fp
     splits = list(resolved)
+    holdout = _holdout(doc, splits, where)
+    if holdout is not None:
+        splits.append(holdout.name)
     # never one split in another's place: a task without them fails when it loads the missing one
     train_split = _split_key(doc, "train_split", splits, where) or "train"
+    if holdout is not None:
+        if train_split not in resolved:
+            raise HeadcountError(f"{where}: `holdout` takes its rows from the train split {train_split!r}, "
+                                 f"and files has none (files: {', '.join(resolved)})")
+        holdout = Holdout(holdout.fraction, holdout.seed, of=train_split)
     validation_split = _split_key(doc, "validation_split", splits, where) or next(
         (s for s in ("validation", "dev", "test") if s in splits), "validation")
     name = doc.get("name", p.stem)
@@ -89,8 +109,9 @@ def load_task_yaml(path: str | os.PathLike) -> Task:
         overrides = {k: doc[k] for k in ("kind", "text", "label", "labels", "metric") if k in doc}
         if not overrides:
             return Task(**{**_fields(base), "train_split": train_split,
-                           "validation_split": _split_key(doc, "validation_split", splits, where) or base.validation_split,
-                           "description": description})
+                           "validation_split": _split_key(doc, "validation_split", splits, where) or (
+                               holdout.name if holdout is not None else base.validation_split),
+                           "description": description, "holdout": holdout})
         doc = {"kind": base.kind, "text": list(base.text_fields), "label": base.label_field,
                "labels": list(base.labels) if base.labels else None, "metric": base.metric, **overrides}
 
@@ -108,7 +129,7 @@ def load_task_yaml(path: str | os.PathLike) -> Task:
     metric = doc.get("metric", "accuracy" if kind == "classification" else "pearson_spearman")
     if metric not in METRICS:
         raise HeadcountError(f"{where}: metric must be one of {', '.join(METRICS)}, not {metric!r}")
-    source = FilesSource(resolved)
+    source = FilesSource(resolved, declared_in=p)
     labels = doc.get("labels")
     if kind == "regression":
         if labels is not None:
@@ -131,7 +152,29 @@ def load_task_yaml(path: str | os.PathLike) -> Task:
             raise HeadcountError(f"{where}: the train split has fewer than two distinct labels; list them under `labels`")
     return Task(name=name, kind=kind, text_fields=tuple(text), labels=names, metric=metric, source=source,
                 label_field=label, train_split=train_split, validation_split=validation_split,
-                label_ids=bool(doc.get("glue")) and kind == "classification", description=description)
+                label_ids=bool(doc.get("glue")) and kind == "classification", description=description,
+                holdout=holdout)
+
+
+def _holdout(doc: dict, splits: list[str], where: str) -> Holdout | None:
+    """The ``holdout`` key: ``{fraction: F, seed: S}`` (seed optional, 0), a validation split held
+    out of the train split; refused beside a ``validation`` file (which would it be?)."""
+    value = doc.get("holdout")
+    if value is None:
+        return None
+    example = "e.g. holdout: {fraction: 0.2, seed: 0} (a seeded fifth of the train rows as the validation split)"
+    if not isinstance(value, dict) or set(value) - {"fraction", "seed"} or "fraction" not in value:
+        raise HeadcountError(f"{where}: `holdout` must be {{fraction: F, seed: S}}, {example}")
+    fraction, seed = value["fraction"], value.get("seed", 0)
+    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction < 1:
+        raise HeadcountError(f"{where}: holdout.fraction must be a number between 0 and 1 (exclusive), not {fraction!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
+        raise HeadcountError(f"{where}: holdout.seed must be an integer in 0..4294967295, not {seed!r}")
+    held = Holdout(float(fraction), seed)
+    if held.name in splits:
+        raise HeadcountError(f"{where}: files declares a {held.name!r} split and `holdout` would make another; "
+                             "keep one of them")
+    return held
 
 
 def _hub_task(doc: dict, where: str) -> Task:
@@ -141,6 +184,8 @@ def _hub_task(doc: dict, where: str) -> Task:
     from headcount.data.tasks.glue import HubSource
 
     hub, splits = doc.get("hub"), doc.get("splits")
+    if "holdout" in doc:
+        raise HeadcountError(f"{where}: `holdout` splits a local train file (`files`); a hub task names its splits")
     if "files" in doc:
         raise HeadcountError(f"{where}: a task has `files` (local data) or `hub` with `splits`, not both")
     if not isinstance(hub, dict) or not isinstance(hub.get("path"), str) or set(hub) - {"path", "config"}:
