@@ -42,6 +42,7 @@ from headcount.experiments.runner.jobs import Job, JobResult, Plan, headcount_ve
 from headcount.runtime.atomic import atomic_write_json, tmp_prefix
 from headcount.runtime.errors import HeadcountError
 from headcount.runtime.io import ACTIVE_OUTS, first_missing, lock_file, remove_created, unlock_file
+from headcount.runtime.jsonfile import read_json as read_json_file
 from headcount.runtime.launch import refuse_launcher
 from headcount.runtime.record import LOCK_NAME, Record, first_foreign, refuse_foreign
 
@@ -70,17 +71,10 @@ def is_report_file(rel: str) -> bool:
 
 
 def read_json(path: Path, what: str = "", kind: type = dict):
-    """``json.loads`` of a store file, or one line naming the corrupt file (never a traceback)."""
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise HeadcountError(f"{path} is missing{' (' + what + ')' if what else ''}") from None
-    except (OSError, ValueError) as e:
-        raise HeadcountError(f"{path} is unreadable or corrupt ({type(e).__name__}); restore it, or delete "
-                             f"{'the job directory' if what == 'job' else 'it'} to recompute") from None
-    if not isinstance(data, kind):
-        raise HeadcountError(f"{path} is corrupt (a JSON {kind.__name__} was expected)")
-    return data
+    """A store file (a JSON ``kind``), or one line naming the missing or corrupt file (never a traceback);
+    ``what="job"``: a job's file, whose fix is to delete the job directory (it is recomputed)."""
+    fix = f"restore it, or delete {'the job directory' if what == 'job' else 'it'} to recompute"
+    return read_json_file(path, f"the {what} file" if what else "", kind=kind, fix=fix)
 
 
 def utcnow() -> str:
