@@ -24,7 +24,8 @@ def explore(
     scores: list[Path] = typer.Option(None, "--scores", help="with --model: a scores.json to show (repeatable)"),
     mask: list[Path] = typer.Option(None, "--mask", help="with --model: a mask.json to show (repeatable)"),
     text: list[str] = typer.Option(None, "--text", help="with --model: your own example text instead of the task's "
-                                                          "dev examples (repeatable, at most 16)"),
+                                                          "dev examples (repeatable, at most 16; without --task: "
+                                                          "the attention on them alone)"),
     examples: int = typer.Option(DEFAULT_EXAMPLES, "--examples", "-n", callback=bounded(EXAMPLES_SHOWN),
                                  help="dev examples whose attention the page holds (each cut to 128 tokens)"),
     job: str = typer.Option(None, "--job", help="with RUN: the finetune job whose model gives the attention "
@@ -40,7 +41,8 @@ def explore(
     if run is not None and model is not None:
         raise HeadcountError("give a run directory or --model, not both")
     if run is None and model is None:
-        raise HeadcountError("give a run directory (headcount explore RUN --out explore.html) or --model and --task")
+        raise HeadcountError("give a run directory (headcount explore RUN --out explore.html) or --model with --task "
+                             "or --text")
     check_out(out, None, force)  # a directory or a foreign file is refused before anything loads
     explorer = make(run, model=model, task=task, scores=scores or (), masks=mask or (),
                     texts=list(text) if text else None, examples=examples, job=job, device=device)

@@ -29,16 +29,36 @@ def _check_onnx_out(out: Path, identity: dict, force: bool, echo=typer.echo) -> 
     return check_file_out(out, "export", onnx_marker, identity, force, echo, example="model.onnx")
 
 
-def _export_onnx(model_spec: str, out: Path, opset: int, tolerance: float, force: bool) -> None:
+def _load(model_spec: str, mask: Path | None):
+    """The model to export: as saved (its head included), shrunk by ``mask`` first when one is
+    given (``shrink``'s own code path, in memory: as ``shrink`` then ``export`` of its output)."""
+    from headcount.core.export import load_for_export
+
+    if mask is None:
+        return load_for_export(model_spec)
+    from headcount.cli.api import shrunk_model  # transformers, matplotlib: loaded when the command runs
+
+    return shrunk_model(model_spec, mask, load_for_export)
+
+
+def _identity(settings: dict, model_spec: str, mask: Path | None) -> dict:
+    """The run's identity; a mask is part of it (its path and content) only when one is given."""
+    if mask is None:
+        return run_identity(settings, model_spec)
+    return run_identity({**settings, "mask": str(mask)}, model_spec, files=[mask])
+
+
+def _export_onnx(model_spec: str, out: Path, opset: int, tolerance: float, force: bool,
+                 mask: Path | None = None) -> None:
     import json
 
-    from headcount.core.export import export_onnx, load_for_export, output_name, require_onnx
+    from headcount.core.export import export_onnx, output_name, require_onnx
 
     require_onnx()
-    identity = run_identity({"model": model_spec, "format": "onnx", "opset": opset}, model_spec)
+    identity = _identity({"model": model_spec, "format": "onnx", "opset": opset}, model_spec, mask)
     path = _check_onnx_out(out, identity, force)
     with one_file_out(path, "export"):
-        model = load_for_export(model_spec)
+        model = _load(model_spec, mask)
         marker = json.dumps({"command": "export", "identity": identity, "seal": SEAL_PLACEHOLDER})
         data, rows = export_onnx(model, opset=opset, tolerance=tolerance, metadata={"headcount": marker})
         data = seal_bytes(data)  # a later run replaces the file only while it is byte for byte this one
@@ -58,17 +78,23 @@ def _export_onnx(model_spec: str, out: Path, opset: int, tolerance: float, force
     typer.echo(f"onnxruntime vs PyTorch: max abs diff {diffs}; tolerance {tolerance:g}")
 
 
-def _export_hf(model_spec: str, out: Path, force: bool) -> None:
-    from headcount.core.export import export_hf, load_for_export, native_config
+def _export_hf(model_spec: str, out: Path, force: bool, mask: Path | None = None) -> None:
+    from headcount.core.export import export_hf, native_config
     from headcount.core.models import load_tokenizer
 
-    model = load_for_export(model_spec)
-    native_config(model)  # refuses (saying why) before --out is touched
+    model = _load(model_spec, mask)
+    try:
+        native_config(model)  # refuses (saying why) before --out is touched
+    except HeadcountError as e:  # ONNX describes any pruned model: say so in the same line
+        onnx_out = out.with_suffix(".onnx") if out.suffix else out.parent / f"{out.name or 'model'}.onnx"
+        again = f"--model {model_spec}" + (f" --mask {mask}" if mask is not None else "")
+        raise HeadcountError(f"{e}; export it as ONNX instead, which runs any pruned model without headcount: "
+                             f"headcount export {again} --out {onnx_out}") from None
     try:
         tokenizer = load_tokenizer(model_spec)
     except Exception:  # a checkpoint without a tokenizer: the weights alone
         tokenizer = None
-    identity = run_identity({"model": model_spec, "format": "hf"}, model_spec)
+    identity = _identity({"model": model_spec, "format": "hf"}, model_spec, mask)
     with prepare_out(out, "export", identity=identity, outputs=SHRINK_FILES, force=force, echo=typer.echo) as guard:
         staged = guard.staging() / "checkpoint"
         _, diff = export_hf(model, staged, tokenizer)
@@ -91,6 +117,8 @@ def export(
                                help="max |onnxruntime - PyTorch| accepted (fp32, random inputs of two shapes)",
                                callback=bounded(TOLERANCE)),
     force: bool = typer.Option(False, "--force", help="replace an earlier export of another model or settings"),
+    mask: Path = typer.Option(None, "--mask", help="mask.json (1 = kept): shrink the model by it first, as "
+                                                     "`headcount shrink` does, then export (nothing else is written)"),
 ):
     """A pruned (or unpruned) model, task head included, that runs without headcount: ONNX or plain transformers."""
     if format not in FORMATS:
@@ -98,7 +126,11 @@ def export(
     check_opset(opset)
     if not tolerance > 0:
         raise HeadcountError(f"--tolerance must be a positive number (got {tolerance})")
+    if mask is not None:
+        from headcount.core.masks import Mask
+
+        Mask.load(mask)  # a bad mask file is refused before anything loads or --out is touched
     if format == "onnx":
-        _export_onnx(model, out, opset, tolerance, force)
+        _export_onnx(model, out, opset, tolerance, force, mask)
     else:
-        _export_hf(model, out, force)
+        _export_hf(model, out, force, mask)

@@ -73,7 +73,8 @@ def explore(run=None, *, model: str | None = None, task: str | None = None, scor
         run: a study's run directory (transfer, lottery, or any whose jobs write ``scores.json``,
             ``mask.json`` or ``patterns.json``).
         model: instead of ``run``: a checkpoint (or hub id, ``offline``), with ``task`` or ``texts``.
-        task: with ``model``: the task whose dev examples and quantities the page shows.
+        task: with ``model``: the task whose dev examples the page shows; None with ``texts``: the
+            attention on them alone (the model with the head it was saved with, no task).
         scores: with ``model``: paths of ``scores.json`` files to show.
         masks: with ``model``: paths of ``mask.json`` files to show.
         texts: with ``model``: your own texts (strings or pairs) instead of the task's dev examples.
@@ -87,12 +88,13 @@ def explore(run=None, *, model: str | None = None, task: str | None = None, scor
         An ``Explorer`` (``.save(path)``; a notebook shows it).
 
     Raises:
-        HeadcountError: both or neither of ``run`` and ``model``; a model without a task; bad files.
+        HeadcountError: both or neither of ``run`` and ``model``; a model with neither a task nor
+            texts; bad files.
     """
     from headcount.experiments.explorer.sources import from_model, from_run
 
     if (run is None) == (model is None):
-        raise HeadcountError("give a run directory, or --model and --task (not both)")
+        raise HeadcountError("give a run directory, or --model with --task or --text (not both)")
     if run is not None:
         if scores or masks or texts is not None:
             raise HeadcountError("--scores, --mask and --text go with --model; a run directory has its own results")
@@ -100,13 +102,15 @@ def explore(run=None, *, model: str | None = None, task: str | None = None, scor
         settings = {"run": str(Path(run).expanduser().resolve()), "examples": examples, "job": job}
     else:
         assert model is not None
-        if task is None:
-            raise HeadcountError("--model needs --task (the task whose dev examples the attention is shown on)")
+        if task is None and texts is None:
+            raise HeadcountError("--model needs --task (the attention on its dev examples) or --text (on your own "
+                                 "texts, repeatable)")
         if job is not None:
             raise HeadcountError("--job goes with a run directory")
         page = from_model(model, task, scores=scores, masks=masks, texts=texts, examples=examples, device=device)
         local = Path(str(model)).expanduser()
-        settings = {"model": str(local.resolve()) if local.exists() else str(model), "task": str(task),
+        settings = {"model": str(local.resolve()) if local.exists() else str(model),
+                    "task": None if task is None else str(task),
                     "scores": [str(Path(p).resolve()) for p in scores], "masks": [str(Path(p).resolve()) for p in masks],
                     "texts": texts, "examples": examples}
     return Explorer(page, settings)

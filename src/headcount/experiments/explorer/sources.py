@@ -6,6 +6,7 @@ a task with optional score and mask files ([`from_model`][headcount.experiments.
 from __future__ import annotations
 
 import functools
+import json
 from pathlib import Path
 
 import numpy as np
@@ -24,10 +25,18 @@ from headcount.experiments.explorer.data import (
     seed_group,
 )
 from headcount.runtime.errors import HeadcountError
-from headcount.runtime.jsonfile import read_json
 
 #: parameters that mark a mask as a drawn control (random or bad), not a result to explore
 _CONTROLS = {"kind": ("random", "bad"), "order": ("random",)}
+
+
+def _read_json(path: Path, what: str):
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise HeadcountError(f"{what} {path} does not exist") from None
+    except (OSError, ValueError, UnicodeDecodeError) as e:
+        raise HeadcountError(f"{what} {path} is unreadable ({type(e).__name__})") from None
 
 
 #: Importance methods in words (others: ``<method> importance``).
@@ -166,7 +175,7 @@ def _layout_of(results) -> tuple[int, int] | None:
     for r in results:
         for file, key in (("scores.json", "heads"), ("mask.json", "heads"), ("patterns.json", "labels")):
             if (r.dir / file).is_file():
-                grid = np.asarray(read_json(r.dir / file, "result file").get(key) or [], dtype=object)
+                grid = np.asarray(_read_json(r.dir / file, "result file").get(key) or [], dtype=object)
                 if grid.ndim == 2 and grid.size:
                     return grid.shape
     return None
@@ -210,11 +219,11 @@ def from_run(run, *, examples: int = DEFAULT_EXAMPLES, job: str | None = None, d
     steps_unknown = False  # a pruned mask (it has a trace) written before masks recorded removed_at_step
     for r in results:
         if (r.dir / "scores.json").is_file():
-            s = read_json(r.dir / "scores.json", "scores")
+            s = _read_json(r.dir / "scores.json", "scores")
             add_quantity(page, describe("score", r.name, r.kind, r.params, s, study), s.get("heads"), s.get("mlps"),
                          kind="score", key=r.name)
         if (r.dir / "mask.json").is_file():
-            m = read_json(r.dir / "mask.json", "mask")
+            m = _read_json(r.dir / "mask.json", "mask")
             if _is_control(r.params):
                 left_out += 1
             elif isinstance(r.params.get("level"), (int, float)):
@@ -232,7 +241,7 @@ def from_run(run, *, examples: int = DEFAULT_EXAMPLES, job: str | None = None, d
                 elif (r.dir / "trace.csv").is_file():
                     steps_unknown = True
         if (r.dir / "patterns.json").is_file():
-            _pattern_quantities(page, r.name, read_json(r.dir / "patterns.json", "patterns"),
+            _pattern_quantities(page, r.name, _read_json(r.dir / "patterns.json", "patterns"),
                                 lambda what, n=None, r=r: describe(what, r.name, r.kind, {**r.params, "examples": n},
                                                                    None, study))
     for family, masks in families.items():
@@ -285,24 +294,25 @@ def _model_job(store, results, job: str | None):
     return None
 
 
-def from_model(model: str, task: str, *, scores=(), masks=(), texts=None, examples: int = DEFAULT_EXAMPLES,
+def from_model(model: str, task: str | None, *, scores=(), masks=(), texts=None, examples: int = DEFAULT_EXAMPLES,
                device=None) -> dict:
     """The page model of a model on a task: attention on ``examples`` dev examples (or on ``texts``),
-    and the grids of the given ``scores.json`` and ``mask.json`` files.
+    and the grids of the given ``scores.json`` and ``mask.json`` files. ``task`` None (with
+    ``texts``): the attention on the texts alone, the model loaded with its own head, no task.
 
     Raises:
         HeadcountError: a file that cannot be read or does not fit the model, an empty text.
     """
     EXAMPLES_SHOWN.check(examples, "--examples")
     files = [(Path(p), "score") for p in scores] + [(Path(p), "mask") for p in masks]
-    loaded = [(p, kind, read_json(p, "scores file" if kind == "score" else "mask file")) for p, kind in files]
+    loaded = [(p, kind, _read_json(p, "scores file" if kind == "score" else "mask file")) for p, kind in files]
     for p, kind, d in loaded:
         if not isinstance(d, dict) or not isinstance(d.get("heads"), list):
             raise HeadcountError(f"{p} is not a {'scores' if kind == 'score' else 'mask'} file (no 'heads' grid)")
     ex = attention_examples(model, task, examples=examples, texts=texts, device=device)
     n_layers, n_heads = ex["layout"]
-    page = new_page(n_layers, n_heads, title=f"{Path(model).name or model} on {ex['task']}",
-                    source={"kind": "model", "model": str(model), "task": str(task)})
+    page = new_page(n_layers, n_heads, title=f"{Path(model).name or model} on {ex['task'] or 'your texts'}",
+                    source={"kind": "model", "model": str(model), "task": None if task is None else str(task)})
     kv_groups(page, ex.get("kv_heads"))
     for p, kind, d in loaded:
         add_quantity(page, _file_label(p, kind, d), d["heads"], d.get("mlps"), kind=kind, key=str(p))
@@ -362,7 +372,9 @@ def attention_examples(model: str, task, *, examples: int = DEFAULT_EXAMPLES, te
     """Attention of ``model`` on ``examples`` dev examples of ``task`` (or on ``texts``), each cut
     to [`MAX_TOKENS`][headcount.experiments.explorer.sources.MAX_TOKENS] tokens: ``{"tokens", "maps" ([layers, heads, n, n] per example, NaN for
     a pruned head), "entropy" [layers, heads], "layout", "task", "n", "note", "kv_heads"}``
-    (``kv_heads``: a decoder's key/value heads per layer, None for an encoder).
+    (``kv_heads``: a decoder's key/value heads per layer, None for an encoder). ``task`` None
+    (``texts`` given): the model with the head it was saved with (attention does not read the
+    head), ``"task"`` None.
 
     Raises:
         HeadcountError: an unknown task, a model that cannot be loaded, an empty text, or a model
@@ -374,12 +386,19 @@ def attention_examples(model: str, task, *, examples: int = DEFAULT_EXAMPLES, te
     from headcount.core.gates import hooks, kept_heads
     from headcount.core.gates import layout as grid_of
     from headcount.data.tasks import get_task
+    from headcount.core.models import load_model, load_tokenizer
     from headcount.importance.pipeline import load_for
-    from headcount.runtime.device import model_device
+    from headcount.runtime.device import model_device, resolve_device
 
     task = get_task(task) if isinstance(task, (str, Path)) else task
+    if task is None and texts is None:
+        raise HeadcountError("the attention needs a task's dev examples (--task) or your own texts (--text)")
     chosen, skipped = _texts(task, texts, examples)
-    net, tokenizer, _ = load_for(str(model), task, "task", device=device)
+    if task is None:  # the texts alone: no task head to build, the checkpoint as saved
+        net, tokenizer = load_model(str(model)), load_tokenizer(str(model))
+        net.to(resolve_device(device))
+    else:
+        net, tokenizer, _ = load_for(str(model), task, "task", device=device)
     net.eval()
     grid = grid_of(net)
     n_layers, n_heads = grid
@@ -404,5 +423,6 @@ def attention_examples(model: str, task, *, examples: int = DEFAULT_EXAMPLES, te
             entropy += -np.nansum(np.where(full > 0, full * np.log(full), 0.0), -1).mean(-1) / len(chosen)
     entropy[np.isnan(maps[0]).any(axis=(2, 3))] = np.nan
     note = f"{skipped} empty examples left out." if skipped else None
-    return {"tokens": tokens, "maps": maps, "entropy": entropy, "layout": (n_layers, n_heads), "task": task.name,
+    return {"tokens": tokens, "maps": maps, "entropy": entropy, "layout": (n_layers, n_heads),
+            "task": None if task is None else task.name,
             "n": len(chosen), "note": note, "kv_heads": grid.n_kv_heads}
