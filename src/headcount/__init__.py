@@ -9,6 +9,7 @@ The public API, re-exported (loaded lazily so that the command line starts fast)
     scores = hc.score(model, batches, method="gradient", normalize="layer+global")
     pruned = hc.shrink(model, hc.Mask.load("mask.json"))
     hc.save_pruned(pruned, "pruned/"); hc.load_pruned("pruned/")
+    cache = hc.apply_kv_budget(decoder, hc.KVBudget.load("budget.json"))   # full or sink + window per KV head
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ _EXPORTS = {
     "shrink": "core.surgery", "prune_heads": "core.surgery", "prune_mlps": "core.surgery", "prune_neurons": "core.surgery",
     "save_pruned": "core.surgery", "load_pruned": "core.surgery", "count_parameters": "core.surgery",
     "Mask": "core.masks",
+    # KV budgets (decoders): full cache or sink + window per KV head
+    "KVBudget": "core.kvbudget", "apply_kv_budget": "core.kvcache", "KVBudgetCache": "core.kvcache",
     # importance and pruning
     "score": "importance.scoring", "Scores": "importance.scores", "normalize_scores": "importance.scores",
     "iterative_prune": "importance.pruning", "PruneConfig": "importance.pruning", "select_lowest": "importance.pruning",
@@ -53,6 +56,8 @@ if TYPE_CHECKING:  # what type checkers see (py.typed): the same names, imported
     from headcount.core.attention import attention_maps
     from headcount.core.export import export_hf, export_onnx
     from headcount.core.gates import clear_gates, clone_model, gated, layout, set_gates, shared_groups
+    from headcount.core.kvbudget import KVBudget
+    from headcount.core.kvcache import KVBudgetCache, apply_kv_budget
     from headcount.core.masks import Mask
     from headcount.core.models import load_model, load_tokenizer
     from headcount.core.surgery import (

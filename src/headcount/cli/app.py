@@ -22,6 +22,7 @@ from headcount.cli.commands import analyse  # noqa: F401  (score, prune)
 from headcount.cli.commands import demo  # noqa: F401  (demo)
 from headcount.cli.commands import export  # noqa: F401  (export)
 from headcount.cli.commands import explore  # noqa: F401  (explore)
+from headcount.cli.commands import kvbudget  # noqa: F401  (kv-budget)
 from headcount.runtime.errors import HeadcountError
 from headcount.runtime.io import ACTIVE_OUTS, io_error_message
 

@@ -1,0 +1,258 @@
+"""The KV budget value: which key/value heads of a decoder keep the full cache and which keep
+only a sink and a recent window, with JSON I/O and the memory arithmetic.
+
+A budget is per **KV head** (grouped-query attention: one K/V head serves ``n_heads / n_kv``
+query heads, which all follow its budget; the K/V are never repeated per query head). A full KV
+head caches every token; a streaming KV head caches its first ``sink`` tokens (the attention
+sinks) and its ``window`` most recent ones, as DuoAttention's streaming heads
+(arXiv 2410.10819). [`headcount.core.kvcache`][headcount.core.kvcache] applies a budget to a model;
+[`headcount.importance.budgets`][headcount.importance.budgets] makes one from head scores.
+
+``budget.json`` (``docs/kv-budgets.md`` has an example)::
+
+    {"format": "headcount.kv-budget", "version": 1,
+     "n_layers": L, "n_heads": H, "n_kv_heads": K, "head_dim": D,
+     "full":   [[0|1]*K]*L,          # 1 = the full cache, 0 = sink + window
+     "sink":   [[int|null]*K]*L,     # tokens; null where full is 1
+     "window": [[int|null]*K]*L,     # tokens; null where full is 1
+     ...what it was made from (model, context, memory, scores, method), "bytes": {...}}
+
+Everything else in the file is kept as ``meta`` and written back as it was.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from headcount.runtime.atomic import atomic_write_json
+from headcount.runtime.errors import HeadcountError
+
+FORMAT = "headcount.kv-budget"
+VERSION = 1
+#: the most layers, heads or tokens a budget file may state (a larger count would only exhaust memory)
+MAX_SIZE = 10_000
+MAX_TOKENS = 2**40
+#: bytes of one element of each cache dtype a budget's arithmetic may assume
+ELEMENT_SIZES = {"float32": 4, "bfloat16": 2, "float16": 2}
+_SHAPE = ("n_layers", "n_heads", "n_kv_heads", "head_dim")
+
+
+def _json(value) -> str:
+    try:
+        return json.dumps(value)[:40]
+    except (TypeError, ValueError):
+        return type(value).__name__
+
+
+def _whole(value, what: str, low: int, high: int) -> int:
+    ok = (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+          and value == int(value) and low <= value <= high)
+    if not ok:
+        raise HeadcountError(f"budget '{what}' must be a whole number in {low}..{high}, got {_json(value)}")
+    return int(value)
+
+
+def _grid(value, what: str, n_layers: int, n_kv: int) -> list:
+    """A ``[n_layers][n_kv]`` list of lists (entries checked by the caller)."""
+    if not isinstance(value, list) or len(value) != n_layers:
+        got = f"{len(value)} rows" if isinstance(value, list) else _json(value)
+        raise HeadcountError(f"budget '{what}' must be a list of {n_layers} layers (n_layers), got {got}")
+    for i, row in enumerate(value):
+        if not isinstance(row, list) or len(row) != n_kv:
+            got = f"{len(row)} entries" if isinstance(row, list) else _json(row)
+            raise HeadcountError(f"budget '{what}[{i}]' must list {n_kv} KV heads (n_kv_heads), got {got}")
+    return value
+
+
+@dataclass(frozen=True)
+class KVBudget:
+    """Per KV head: the full cache, or a sink and a recent window (in tokens).
+
+    Attributes:
+        sink: ``[n_layers][n_kv_heads]``: tokens a streaming KV head keeps from the start; None
+            for a full KV head.
+        window: ``[n_layers][n_kv_heads]``: the most recent tokens a streaming KV head keeps
+            (the token being processed is always seen besides them); None for a full KV head.
+        n_heads: query heads per layer (query head h reads KV head ``h // (n_heads / n_kv_heads)``).
+        head_dim: size of one head's key (and value) vector.
+        meta: what the budget was made from (written back as it was read).
+
+    >>> b = KVBudget.uniform(2, 4, 2, 16, sink=4, window=8).with_full([(0, 1)])
+    >>> b.full, b.n_full
+    ([[False, True], [False, False]], 1)
+    >>> b.kv_bytes(100) / b.full_bytes(100)   # (1 x 100 + 3 x 12) / (4 x 100)
+    0.34
+    """
+
+    sink: tuple[tuple[int | None, ...], ...]
+    window: tuple[tuple[int | None, ...], ...]
+    n_heads: int
+    head_dim: int
+    meta: dict = field(default_factory=dict, compare=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "sink", tuple(tuple(r) for r in self.sink))
+        object.__setattr__(self, "window", tuple(tuple(r) for r in self.window))
+        if [len(r) for r in self.sink] != [len(r) for r in self.window] or not self.sink or not self.sink[0]:
+            raise HeadcountError("a budget needs sink and window grids of the same [n_layers][n_kv_heads] shape")
+        if len({len(r) for r in self.sink}) > 1:
+            raise HeadcountError("every layer of a budget needs the same number of KV heads")
+        for (row_s, row_w) in zip(self.sink, self.window):
+            for s, w in zip(row_s, row_w):
+                if (s is None) != (w is None):
+                    raise HeadcountError("a KV head's sink and window are both null (the full cache) or both given")
+        if self.n_heads % self.n_kv_heads:
+            raise HeadcountError(f"{self.n_heads} query heads do not split into {self.n_kv_heads} KV groups")
+
+    # --- making one ----------------------------------------------------------------------
+    @classmethod
+    def uniform(cls, n_layers: int, n_heads: int, n_kv_heads: int, head_dim: int, *, sink: int, window: int,
+                meta: dict | None = None) -> "KVBudget":
+        """Every KV head streams with the same ``sink`` and ``window`` (StreamingLLM)."""
+        return cls(((sink,) * n_kv_heads,) * n_layers, ((window,) * n_kv_heads,) * n_layers, n_heads, head_dim,
+                   dict(meta or {}))
+
+    @classmethod
+    def full_cache(cls, n_layers: int, n_heads: int, n_kv_heads: int, head_dim: int) -> "KVBudget":
+        """Every KV head keeps the full cache (the model as it is)."""
+        none = ((None,) * n_kv_heads,) * n_layers
+        return cls(none, none, n_heads, head_dim, {})
+
+    def with_full(self, heads) -> "KVBudget":
+        """A copy in which the KV heads ``heads`` (``(layer, kv_head)`` pairs) keep the full cache."""
+        sink, window = [list(r) for r in self.sink], [list(r) for r in self.window]
+        for layer, head in heads:
+            sink[layer][head] = window[layer][head] = None
+        return KVBudget(sink, window, self.n_heads, self.head_dim, dict(self.meta))
+
+    # --- shape ---------------------------------------------------------------------------
+    @property
+    def n_layers(self) -> int:
+        return len(self.sink)
+
+    @property
+    def n_kv_heads(self) -> int:
+        return len(self.sink[0])
+
+    @property
+    def group_size(self) -> int:
+        """Query heads per KV head."""
+        return self.n_heads // self.n_kv_heads
+
+    @property
+    def full(self) -> list[list[bool]]:
+        """``[n_layers][n_kv_heads]``: True where the KV head keeps the full cache."""
+        return [[s is None for s in row] for row in self.sink]
+
+    @property
+    def n_full(self) -> int:
+        return sum(map(sum, self.full))
+
+    # --- memory --------------------------------------------------------------------------
+    def slots(self, tokens: int) -> list[list[int]]:
+        """``[n_layers][n_kv_heads]``: the tokens each KV head's cache holds after ``tokens``
+        tokens: all of them (full), or ``min(tokens, sink + window)`` (streaming)."""
+        return [[tokens if s is None else min(tokens, s + w) for s, w in zip(rs, rw)]
+                for rs, rw in zip(self.sink, self.window)]
+
+    def kv_bytes(self, tokens: int, *, batch: int = 1, element_size: int = 4) -> int:
+        """Bytes of the K and V tensors a cache under this budget holds after ``tokens`` tokens:
+        ``2 x batch x head_dim x element_size x`` the sum of [`slots`][headcount.core.kvbudget.KVBudget.slots]."""
+        return 2 * batch * self.head_dim * element_size * sum(map(sum, self.slots(tokens)))
+
+    def full_bytes(self, tokens: int, *, batch: int = 1, element_size: int = 4) -> int:
+        """Bytes of the full cache (every KV head keeps every token) after ``tokens`` tokens."""
+        return 2 * batch * self.head_dim * element_size * self.n_layers * self.n_kv_heads * tokens
+
+    # --- checks --------------------------------------------------------------------------
+    def check_model(self, model) -> "KVBudget":
+        """Raise a one-line error unless this budget fits ``model`` (layers, query heads, KV heads,
+        head size)."""
+        from headcount.core.gates import layout
+
+        grid = layout(model)
+        if grid.n_kv_heads is None:
+            raise HeadcountError("a KV budget needs a decoder (a model with a key/value cache); this model is an encoder")
+        if len({len(g) for g in grid.groups}) > 1 or len(grid.groups) != grid.n_layers:
+            raise HeadcountError("a KV budget needs a model whose layers each run once (no shared layers)")
+        want = {"n_layers": grid.n_layers, "n_heads": grid.n_heads, "n_kv_heads": grid.n_kv_heads,
+                "head_dim": grid.head_dim}
+        for name, value in want.items():
+            if getattr(self, name) != value:
+                raise HeadcountError(f"the budget is for {self.n_layers} layers x {self.n_kv_heads} KV heads "
+                                     f"({self.n_heads} query heads of {self.head_dim}), the model has {grid.n_layers} x "
+                                     f"{grid.n_kv_heads} ({grid.n_heads} of {grid.head_dim}): {name} differs")
+        return self
+
+    # --- JSON ----------------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        shape = {"n_layers": self.n_layers, "n_heads": self.n_heads, "n_kv_heads": self.n_kv_heads,
+                 "head_dim": self.head_dim}
+        grids = {"full": [[int(f) for f in row] for row in self.full], "sink": [list(r) for r in self.sink],
+                 "window": [list(r) for r in self.window]}
+        meta = {k: v for k, v in self.meta.items() if k not in ("format", "version", *shape, *grids)}
+        return {"format": FORMAT, "version": VERSION, **shape, **grids, **meta}
+
+    def save(self, path) -> Path:
+        return atomic_write_json(path, self.to_dict())
+
+    @classmethod
+    def from_dict(cls, d) -> "KVBudget":
+        """A budget from its JSON form; every field is checked (one line naming the field)."""
+        if not isinstance(d, dict):
+            raise HeadcountError(f"a budget file holds a JSON object, got {_json(d)}")
+        if d.get("format") != FORMAT:
+            raise HeadcountError(f"not a KV budget: 'format' must be {FORMAT!r}, got {_json(d.get('format'))}")
+        if d.get("version") != VERSION:
+            raise HeadcountError(f"budget 'version' {_json(d.get('version'))} is not one this headcount reads ({VERSION})")
+        missing = [k for k in (*_SHAPE, "full", "sink", "window") if k not in d]
+        if missing:
+            raise HeadcountError(f"the budget has no {', '.join(repr(m) for m in missing)}")
+        n_layers, n_heads, n_kv, head_dim = (_whole(d[k], k, 1, MAX_SIZE) for k in _SHAPE)
+        if n_heads % n_kv:
+            raise HeadcountError(f"budget 'n_heads' {n_heads} is not a multiple of 'n_kv_heads' {n_kv}")
+        full = _grid(d["full"], "full", n_layers, n_kv)
+        sinks, windows = _grid(d["sink"], "sink", n_layers, n_kv), _grid(d["window"], "window", n_layers, n_kv)
+        sink: list[list[int | None]] = []
+        window: list[list[int | None]] = []
+        for layer in range(n_layers):
+            sink.append([])
+            window.append([])
+            for head in range(n_kv):
+                f, s, w, at = full[layer][head], sinks[layer][head], windows[layer][head], f"[{layer}][{head}]"
+                if isinstance(f, bool) or f not in (0, 1):
+                    raise HeadcountError(f"budget 'full{at}' must be 0 or 1, got {_json(f)}")
+                if f:
+                    if s is not None or w is not None:
+                        raise HeadcountError(f"budget KV head {at} keeps the full cache (full 1): its sink and window "
+                                             f"must be null, got {_json(s)} and {_json(w)}")
+                    sink[-1].append(None)
+                    window[-1].append(None)
+                else:
+                    sink[-1].append(_whole(s, f"sink{at}", 0, MAX_TOKENS))
+                    window[-1].append(_whole(w, f"window{at}", 0, MAX_TOKENS))
+        meta = {k: v for k, v in d.items() if k not in ("format", "version", *_SHAPE, "full", "sink", "window")}
+        return cls(sink, window, n_heads, head_dim, meta)
+
+    @classmethod
+    def load(cls, path) -> "KVBudget":
+        """Read and check ``budget.json`` (a missing, unreadable or malformed file: one error line)."""
+        path = Path(path)
+        if not path.is_file():
+            raise HeadcountError(f"budget file not found: {path}")
+        try:
+            d = json.loads(path.read_bytes().decode("utf-8"))
+        except (UnicodeDecodeError, ValueError) as e:
+            raise HeadcountError(f"budget file {path} is not JSON: {str(e).splitlines()[0]}") from None
+        except OSError as e:
+            raise HeadcountError(f"cannot read budget file {path}: {e.strerror or e}") from None
+        try:
+            return cls.from_dict(d)
+        except HeadcountError as e:
+            raise HeadcountError(f"{path}: {e}") from None
+
+
+__all__ = ["KVBudget", "FORMAT", "VERSION", "ELEMENT_SIZES"]
