@@ -9,7 +9,6 @@ accumulation, normalisation and batch-order options (``ACCUMULATE``, ``NORMALIZE
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import torch
 from headcount.importance.scorers import Scorer, get_scorer
 from headcount.runtime.atomic import atomic_write_json
 from headcount.runtime.errors import HeadcountError
+from headcount.runtime.jsonfile import read_json
 
 NORMALIZE = ("none", "layer", "layer+global")
 #: how the ``gradient`` method sums over batches: ``per-batch`` = sum_b |g_b|; ``cumulative`` =
@@ -114,10 +114,11 @@ class Scores:
 
     @classmethod
     def load(cls, path) -> "Scores":
+        d = read_json(path, "scores file", kind=dict)
         try:
-            return cls.from_dict(json.loads(Path(path).read_text(encoding="utf-8")))
-        except (OSError, json.JSONDecodeError, KeyError, UnicodeDecodeError) as e:
-            raise HeadcountError(f"cannot read scores from {path}: {e}") from None
+            return cls.from_dict(d)
+        except KeyError as e:
+            raise HeadcountError(f"scores file {path} has no {e}: not a scores file") from None
 
 
 def normalize_scores(heads: torch.Tensor, mlps: torch.Tensor, mode: str) -> tuple[torch.Tensor, torch.Tensor]:

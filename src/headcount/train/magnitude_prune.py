@@ -37,6 +37,7 @@ from headcount.importance.magnitude import (
 from headcount.runtime.atomic import atomic_dir, atomic_write_json, atomic_write_text
 from headcount.runtime.device import resolve_device
 from headcount.runtime.errors import HeadcountError
+from headcount.runtime.jsonfile import read_json
 from headcount.runtime.written import remove_written_file
 from headcount.train import TrainConfig, evaluate, finetune, use_bf16
 from headcount.train.config import _use_cpu
@@ -64,13 +65,7 @@ def _read_summary(path: Path) -> dict:
     f = path / "magnitude.json"
     if not f.is_file():
         raise HeadcountError(f"{path} is not a finished magnitude run (no magnitude.json)")
-    try:
-        summary = json.loads(f.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        raise HeadcountError(f"{f} is unreadable or corrupt (not JSON)") from None
-    if not isinstance(summary, dict):
-        raise HeadcountError(f"{f} is not a magnitude summary")
-    return summary
+    return read_json(f, "the magnitude summary", kind=dict)
 
 
 def _identity(model_spec, task, seed, config: MagnitudeConfig, train, match) -> dict:
