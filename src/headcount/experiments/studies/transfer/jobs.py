@@ -39,7 +39,7 @@ from headcount.experiments.studies.transfer.params import (
 from headcount.importance.pipeline import batches_for, load_for
 from headcount.importance.scoring import score
 from headcount.runtime.atomic import atomic_write_json, atomic_write_text
-from headcount.runtime.device import resolve_device
+from headcount.runtime.device import resolve_runtime
 from headcount.runtime.errors import HeadcountError
 from headcount.train import prepare_model
 
@@ -105,13 +105,14 @@ def mlm_score_job(params, inputs, workdir: Path, progress) -> dict:
     'mlm'
     """
     p = MlmScoreParams.model_validate(params)
+    rt = resolve_runtime()  # $HEADCOUNT_DEVICE / $HEADCOUNT_PRECISION (set by the runner), once
     task = get_task(p.task)
     encoder = str(inputs["encoder"].path("model")) if "encoder" in inputs else None
     if p.objective == "lm":  # a decoder: its own next-token loss, no head to fit
         model, tokenizer = _lm_model(p.model, encoder)
         batches = batches_for(task, tokenizer, "lm", p.data.config())
         s = score(model, batches, method=p.method, normalize="none", keep_per_example=True,
-                  progress=lambda i: progress(i, len(batches), "scoring"))
+                  progress=lambda i: progress(i, len(batches), "scoring"), device=rt)
         s = replace(s, meta={**s.meta, "task": task.name, "objective": "lm", "model": p.model, "encoder": encoder,
                              "head": "checkpoint"})
         s.save(workdir / "scores.json")
@@ -121,7 +122,7 @@ def mlm_score_job(params, inputs, workdir: Path, progress) -> dict:
     batches = batches_for(task, tokenizer, "mlm", p.data.config())
     with masked_positions_only(model):
         s = score(model, batches, method=p.method, normalize="none",
-                  keep_per_example=True, progress=lambda i: progress(i, len(batches), "scoring"))
+                  keep_per_example=True, progress=lambda i: progress(i, len(batches), "scoring"), device=rt)
     head = info["mlm_head"]
     s = replace(s, meta={**s.meta, "task": task.name, "objective": "mlm", "model": p.model,
                          "encoder": encoder, "head": "fitted" if head.get("fitted") else "checkpoint",
@@ -142,6 +143,7 @@ def head_fit_job(params, inputs, workdir: Path, progress) -> dict:
     >>> head_fit_job({"model": "offline", "task": "offline/movies", "seed": 1, "train": {}}, {}, Path("o"), print)  # doctest: +SKIP
     """
     p = HeadFitParams.model_validate(params)
+    rt = resolve_runtime()  # $HEADCOUNT_DEVICE / $HEADCOUNT_PRECISION (set by the runner), once
     cfg = p.train.config()
     task = get_task(p.task)
     say = step_messages(progress)
@@ -155,10 +157,10 @@ def head_fit_job(params, inputs, workdir: Path, progress) -> dict:
                             group_by_length=True, pad_token_id=pad)
 
     train = batches(task.train_split, cfg.max_train_examples, cfg.batch_size)
-    # on the job's device (the device rule: $HEADCOUNT_DEVICE, set per job by the executor, else auto)
     fit = fit_task_head(model, train, lr=cfg.lr, epochs=cfg.epochs, weight_decay=cfg.weight_decay, seed=p.seed,
-                        progress=say, device=resolve_device(None))
-    final = evaluate_batches(model, batches(task.validation_split, cfg.max_eval_examples, cfg.eval_batch_size), task.metric)
+                        progress=say, device=rt.device)
+    final = evaluate_batches(model, batches(task.validation_split, cfg.max_eval_examples, cfg.eval_batch_size), task.metric,
+                             device=rt)
     model.save_pretrained(workdir / "model", safe_serialization=True)
     save_tokenizer(tokenizer, workdir / "model")  # without the padding/truncation of its last call
     metrics = {"task": task.name, "metric": task.metric, "model": p.model, "seed": p.seed,
