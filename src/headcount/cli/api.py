@@ -75,7 +75,7 @@ def parameters_line(model, head: str) -> str:
     """What the parameter count counts, in words: ``22,713,986 with the task head (encoder
     alone: 22,713,216)``; a bare encoder's count is the encoder's.
 
-    ``head``: the head the model was loaded with ([`checkpoint_head`][headcount.core.models.checkpoint_head]'s names)."""
+    ``head``: the head the model was loaded with (``headcount.core.models.checkpoint_head``'s names)."""
     total, body = parameter_counts(model)
     part = "decoder" if layout(model).n_kv_heads is not None else "encoder"
     if head not in HEAD_WORDS:

@@ -260,7 +260,7 @@ def checkpoint_head(spec: str) -> str:
 
 
 def _saved_head(path: str) -> str:
-    """[`checkpoint_head`][headcount.core.models.checkpoint_head] of a resolved path."""
+    """``checkpoint_head`` of a resolved path."""
     if is_gguf(path):
         return "lm"
     try:
@@ -282,7 +282,7 @@ def load_model(spec: str = OFFLINE, head: str | None = None, num_labels: int | N
     Args:
         spec: a hub id, a checkpoint directory, a GGUF file, ``offline`` or ``offline-decoder``.
         head: None (the default): the checkpoint's own head
-            ([`checkpoint_head`][headcount.core.models.checkpoint_head]: a fine-tuned classifier
+            (``checkpoint_head``: a fine-tuned classifier
             loads with its classifier); or "classification", "regression", "mlm", "base" (the
             bare encoder, dropping a saved head), "lm" (a causal LM).
         num_labels: the outputs of a classification head the checkpoint lacks.
@@ -293,7 +293,7 @@ def load_model(spec: str = OFFLINE, head: str | None = None, num_labels: int | N
 
     Pruned checkpoints (from ``save_pruned`` / ``headcount shrink``) are recognised and loaded
     with their surgery replayed. A task head missing from the checkpoint is created new
-    ([`new_weights`][headcount.core.models.new_weights] lists its tensors).
+    (``new_weights`` lists its tensors).
 
     >>> model = load_model("runs/ft/model")   # the fine-tuned classifier, head included  # doctest: +SKIP
     >>> model = load_model("offline", head="classification", num_labels=2, seed=0)   # doctest: +SKIP
