@@ -94,32 +94,6 @@ def remove_written(path: Path) -> bool:
     return True
 
 
-def remove_written_file(path: Path) -> None:
-    """Remove one file a direct writer wrote into its ``--out`` (an earlier run's
-    ``weight_mask.safetensors`` that is not this result) only while the record says it is
-    headcount's; outside such a guard the caller's own file goes.
-
-    Raises:
-        HeadcountError: a file is there that the record does not list as headcount's (the user's,
-            or changed since): it stays, and the result would sit beside it, so the run is refused.
-    """
-    path = Path(path)
-    found = _guard_of(path)
-    if found is None:
-        path.unlink(missing_ok=True)
-        return
-    guard, rel = found
-    if not os.path.lexists(path):
-        guard.record.forget(rel)
-        return
-    appeared = "/" not in rel and rel not in guard._before  # absent when this run began: not an earlier run's
-    if appeared or not guard.record.owns(rel) or not path.is_file() or path.is_symlink():
-        refuse_foreign(guard.path, [rel])
-    path.unlink()
-    guard.record.forget(rel)
-    guard.record.write()
-
-
 def _owned_now(guard: "OutDir", rel: str) -> bool:
     """Whether ``rel`` is headcount's now: listed and unchanged, and, for a name claimed but not yet
     written by this run (a top-level name absent when the run began), not a file that appeared since."""

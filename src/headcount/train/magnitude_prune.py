@@ -38,7 +38,7 @@ from headcount.runtime.atomic import atomic_dir, atomic_write_json, atomic_write
 from headcount.runtime.device import resolve_device
 from headcount.runtime.errors import HeadcountError
 from headcount.runtime.jsonfile import read_json
-from headcount.runtime.written import remove_written_file
+from headcount.runtime.written import remove_listed
 from headcount.train import TrainConfig, evaluate, finetune, use_bf16
 from headcount.train.config import _use_cpu
 from headcount.train.data import _as_task
@@ -204,7 +204,7 @@ def prasanna_magnitude_prune(model_spec: str, task, *, config: MagnitudeConfig |
         "rewind": "pre-trained", "match": None, "trace": found.trace,
     }
     if found.no_passing_mask:
-        remove_written_file(mask_file)  # an earlier run's mask is not this result (a user's file is refused)
+        remove_listed(mask_file)  # an earlier run's mask is not this result (a user's file is refused)
         if found.stopped == "threshold":
             say(f"no step kept {task.metric} >= {config.threshold} x {found.full_metric:.4f} without retraining "
                 "(step 1 failed): no mask, nothing retrained")
@@ -252,7 +252,7 @@ def _skipped(out: Path, model_spec, task, seed, config: MagnitudeConfig, match: 
                "config": asdict(config), "full_metric": None, "round": None, "metric": None, "sparsity": None,
                "pruned": None, "total": None, "no_passing_mask": True, "skipped": True, "match": str(match),
                "seconds": 0.0, "trace": []}
-    remove_written_file(out / "weight_mask.safetensors")
+    remove_listed(out / "weight_mask.safetensors")
     atomic_write_text(out / "trace.csv", _trace_csv([]))
     atomic_write_json(out / "magnitude.json", summary)
     say(f"skipped: {match} kept no mask (no pruning step passed), so there is no sparsity to match")
@@ -415,7 +415,7 @@ def iterative_magnitude_prune(model_spec: str, task, *, config: MagnitudeConfig 
         "trace": rows,
     }
     if final_mask is None:  # nothing passed: no mask (not the full model at sparsity 0)
-        remove_written_file(out / "weight_mask.safetensors")
+        remove_listed(out / "weight_mask.safetensors")
     else:
         save_weight_mask(final_mask, out / "weight_mask.safetensors",
                          meta={"round": best["round"], "variant": config.variant, "control": config.control,
