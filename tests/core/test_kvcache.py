@@ -18,7 +18,7 @@ import json
 
 import pytest
 import torch
-from conftest import tiny_model
+from conftest import DECODER_IDS, tiny_model
 from transformers import AttentionInterface, DynamicCache
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
@@ -266,7 +266,25 @@ def test_a_budget_file_applies_and_what_does_not_fit_is_refused(tmp_path):
             apply_kv_budget(model, tmp_path / "bad.json")
 
 
-@pytest.mark.parametrize("arch, what", [("mistral", "sliding_window"), ("gemma2", "softcap")])
+#: decoders whose attention the budget cannot express (refused at the first forward), and why
+REFUSED = {"mistral": "sliding_window", "gemma2": "softcap", "gemma3": "sliding_window"}
+
+
+@pytest.mark.parametrize("arch", [a for a in DECODER_IDS if a not in REFUSED])
+def test_every_other_decoder_runs_a_budget(arch):
+    """The full budget is the model's own attention; a window as long as the text too."""
+    model = tiny_model(arch, head="lm", attn_implementation="eager")
+    n_layers, n_heads, n_kv, head_dim = shape(model)
+    ids, mask = ids_and_mask(model, length=9)
+    with torch.no_grad():
+        want = model(input_ids=ids).logits
+    for budget in (KVBudget.full_cache(n_layers, n_heads, n_kv, head_dim),
+                   KVBudget.uniform(n_layers, n_heads, n_kv, head_dim, sink=2, window=8)):
+        got, cache = budgeted(model, budget, ids, mask, 4)
+        assert (got - want).abs().max() <= ATOL and cache.nbytes() == budget.kv_bytes(9, batch=2)
+
+
+@pytest.mark.parametrize("arch, what", sorted(REFUSED.items()))
 def test_attention_the_budget_cannot_express_is_refused(arch, what):
     model = tiny_model(arch, head="lm", attn_implementation="eager")
     ids, _ = ids_and_mask(model)
