@@ -12,6 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from headcount.analysis import plots
+from headcount.analysis.retrieval import with_retrieval_interval
 from headcount.core.arch import get_adapter
 from headcount.core.gates import layout
 from headcount.core.masks import Mask
@@ -155,7 +156,10 @@ def _kv_group_meta(model, s, unit: str) -> dict:
         what = "is an encoder" if grid.n_kv_heads is None else "has no grouped-query attention (a KV group is one head)"
         raise HeadcountError(f"--unit kv-groups needs a decoder with grouped-query attention; this model {what}: "
                              "use --unit heads")
-    return {} if s is None else {"unit": unit, "kv_groups": kv_group_scores(s.heads, grid.n_kv_heads).tolist()}
+    if s is None:
+        return {}
+    own = s.meta.get("kv_groups")  # a scorer's own per-KV-head score (long-range: its neediest query head) wins
+    return {"unit": unit, "kv_groups": own if own is not None else kv_group_scores(s.heads, grid.n_kv_heads).tolist()}
 
 
 def _head_seed(info: dict) -> dict:
@@ -202,7 +206,12 @@ def score_command(model: str, task, settings: ScoreSettings, data: DataConfig, o
     mark("data")
     with decoding(m, metric_for(t, objective)):
         s = score(m, batches, method=scorer, normalize=settings.normalize, device=rt,
-                  accumulate=settings.accumulate, contrastive=info.get("contrastive"))
+                  accumulate=settings.accumulate, contrastive=info.get("contrastive"), options=settings.options())
+    if "retrieval" in s.meta:  # Wu et al.'s score: its bootstrap interval over examples
+        s = with_retrieval_interval(s)
+        r = s.meta["retrieval"]
+        echo(f"retrieval: {r['n_counted']} of {s.n_examples} examples count ({r['success']}); needle accuracy "
+             f"{r['needle_accuracy']:.2f}" + ("; no example counts: every score is 0" if not r["n_counted"] else ""))
     mark("score")
     echo(f"scored on {_on(s.meta)}")
     meta = {"objective": objective, "task": t.name, "model": model, "split": data.split or t.train_split,

@@ -6,6 +6,8 @@ MLM head gets one fitted on the frozen encoder, and the returned info says so.
 ``objective="embedding"`` / ``"embedding-supervised"``: the contrastive loss of
 ``headcount.data.embedding`` on the encoder's pooled states (no head; the texts, or the pairs).
 ``objective="lm"``: a decoder's causal-LM (next-token) loss on the task's texts, its own head.
+A needle-in-a-haystack task ([`headcount.data.tasks.niah`][headcount.data.tasks.niah]) with ``task`` or ``lm``: the
+causal-LM loss of the needle's answer (the prompt's labels are -100), the decoder's own head.
 
 The settings these verbs take are declared in [`headcount.importance.settings`][headcount.importance.settings] (re-exported here).
 """
@@ -37,6 +39,7 @@ from headcount.data.mlm_head import MLM_HEAD_MAX_TEXTS, fit_mlm_head
 from headcount.data.tasks import encode, lm_batches, make_batches, mlm_batches, tokenize
 from headcount.data.tasks.base import subset_indices
 from headcount.data.tasks.batching import batch_order
+from headcount.data.tasks.niah import is_niah, niah_batches
 from headcount.importance.pruning import PruneConfig, iterative_prune
 from headcount.importance.scoring import score
 from headcount.importance.settings import (
@@ -110,6 +113,7 @@ def load_for(model_spec: str, task, objective: str = "task", mlm_texts=None, see
     pooling read from the checkpoint's sentence-transformers config, its views seeded by ``seed``).
     """
     check_objective(objective)
+    niah = _niah_objective(task, objective)  # a needle-in-a-haystack task: its answer's loss (refused before loading)
     if objective == "embedding-supervised":
         check_pairs(task)  # refused before anything loads
     # an unavailable device is refused before anything loads
@@ -122,7 +126,7 @@ def load_for(model_spec: str, task, objective: str = "task", mlm_texts=None, see
         model = load_model(model_spec, head="base").to(where)
         return model, tokenizer, {"head": "pooling", "pooling": spec.pooling, "contrastive": spec,
                                   "device": str(where)}
-    if objective == "lm":  # a decoder's own language-model head
+    if objective == "lm" or niah:  # a decoder's own language-model head
         model = load_model(model_spec, head="lm")
         if layout(model).n_kv_heads is None:  # an encoder (BERT loads as a causal LM, but was not trained as one)
             raise HeadcountError(f"--objective lm needs a decoder (causal language model); {model_spec} is an encoder")
@@ -162,6 +166,9 @@ def batches_for(task, tokenizer, objective: str, data: DataConfig, split: str | 
     if is_embedding(objective):
         return embedding_batches(task, tokenizer, data, split, supervised=objective == "embedding-supervised",
                                  group_by_length=group_by_length)
+    if _niah_objective(task, objective):  # prompts with the answer; labels: the answer's tokens only
+        return niah_batches(task, tokenizer, split=split, max_examples=data.max_examples, seed=data.seed,
+                            batch_size=data.batch_size, group_by_length=group_by_length)
     if objective == "lm":
         return lm_batches(_texts(task, split, data.max_examples, data.seed), tokenizer, max_length=data.max_length,
                           batch_size=data.batch_size, group_by_length=group_by_length)
@@ -200,10 +207,23 @@ def example_order(task, tokenizer, objective: str, data: DataConfig, split: str 
     return f"{task.name}/{split}", picked[rows].astype(np.int64)
 
 
+def _niah_objective(task, objective: str) -> bool:
+    """Whether ``task`` is a needle-in-a-haystack task, whose objective (``task`` or ``lm``) is the
+    causal-LM loss of the answer; other objectives are refused."""
+    if not is_niah(task):
+        return False
+    if objective not in ("task", "lm"):
+        raise HeadcountError(f"task {task.name} is a needle-in-a-haystack task: its objective is the answer's "
+                             f"causal-LM loss (--objective lm, or task), not {objective}")
+    return True
+
+
 def metric_for(task, objective: str) -> str:
     """The stop rule's metric: the task's, masked-token accuracy, a decoder's next-token accuracy
     (``lm``), the embedding's agreement with the unpruned model's similarities (no labels) or the
     pairs' cosine Pearson/Spearman (STS-B's)."""
+    if _niah_objective(task, objective):  # next-token accuracy on the answer's tokens
+        return LM_METRIC
     return {"mlm": MLM_METRIC, "lm": LM_METRIC, "embedding": SIMILARITY_METRIC,
             "embedding-supervised": PAIR_METRIC}.get(objective, task.metric)
 

@@ -18,7 +18,7 @@ study's ``method: weight-count`` use it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from headcount.runtime.errors import HeadcountError
@@ -37,6 +37,8 @@ class ScoreContext:
         progress: called with the number of batches done (or None).
         accumulate: the accumulation (scorers with ``accumulations``).
         at: the mask whose gate values the gradient is taken at (scorers with ``gate_gradient``), or None.
+        options: a scorer's own settings by name (``retrieval``: ``max_new_tokens``, ``success``;
+            ``long-range``: ``sink``, ``window``, ``kv_reduce``); a scorer takes what it knows.
     """
 
     rt: object
@@ -44,6 +46,7 @@ class ScoreContext:
     progress: Callable | None = None
     accumulate: str = "per-batch"
     at: object = None
+    options: Mapping = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,8 @@ Methods (all in eval mode, no dropout):
   importance, a description (low = focused).
 - ``magnitude``: Frobenius norm of each head's query/key/value rows and output columns; of each
   MLP's two projections. Needs no data.
+- ``retrieval`` (Wu et al.'s retrieval score on needle-in-a-haystack tasks) and ``long-range``
+  (attention mass outside a sink and a recent window): [`headcount.importance.retrieval`][headcount.importance.retrieval].
 
 The ``embedding`` objectives (``score(..., contrastive=...)``, ``headcount.data.embedding``) keep
 eval mode too, except the encoder's ``nn.Dropout`` modules inside the unsupervised loss (its
@@ -44,6 +46,7 @@ from torch import nn
 from headcount.core.gates import clear_gates, gated, hooks, kept_heads, layout, set_gates
 from headcount.data.tasks.base import IGNORE
 from headcount.importance.activation import activation_scores
+from headcount.importance.retrieval import SCORERS as RETRIEVAL_SCORERS
 # scorer_names from here: the registry's names with the built-ins below registered
 from headcount.importance.scorers import ScoreContext, Scorer, get_scorer, register_scorer, scorer_names  # noqa: F401
 from headcount.importance.scores import (
@@ -315,7 +318,7 @@ def magnitude_scores(model: nn.Module) -> Scores:
 def score(model: nn.Module, batches=(), method: str | Scorer = "gradient", normalize: str = "none",
           mask=None, keep_per_example: bool = False, progress=None, *, device=None, precision=None,
           tokens_per_batch: int | None = None, accumulate: str = DEFAULT_ACCUMULATE,
-          at_mask: bool = False, contrastive=None) -> Scores:
+          at_mask: bool = False, contrastive=None, options=None) -> Scores:
     """Score heads and MLPs of ``model`` on ``batches`` (the public verb behind ``headcount score``).
 
     Args:
@@ -345,6 +348,8 @@ def score(model: nn.Module, batches=(), method: str | Scorer = "gradient", norma
             the loss is the contrastive one (``headcount.data.embedding.contrastive``; batches from
             ``embedding_batches``), batches are never merged (in-batch
             negatives), and its settings are recorded in ``meta``.
+        options: the scorer's own settings by name (``ScoreContext.options``; e.g. ``retrieval``'s
+            ``max_new_tokens``); None: its defaults.
 
     The device, precision and token budget are recorded in ``Scores.meta``.
 
@@ -371,7 +376,7 @@ def score(model: nn.Module, batches=(), method: str | Scorer = "gradient", norma
         batches = [{k: v for k, v in b.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
                    for b in batches]
     ctx = ScoreContext(rt=rt, keep_per_example=keep_per_example and scorer.per_example, progress=progress,
-                       accumulate=accumulate, at=at)
+                       accumulate=accumulate, at=at, options=dict(options or {}))
     try:
         with objective:
             s = scorer.fn(model, batches, ctx)
@@ -439,6 +444,7 @@ for _s in (
                        "projection times its weight columns, over calibration text; no gradient"),
     Scorer("magnitude", _magnitude, needs_data=False, needs_loss=False,
            description="Frobenius norm of each head's (MLP's) weights; needs no data"),
+    *RETRIEVAL_SCORERS,  # retrieval, long-range (headcount.importance.retrieval)
 ):
     register_scorer(_s)
 del _s

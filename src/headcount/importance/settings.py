@@ -16,6 +16,16 @@ from dataclasses import MISSING, dataclass, fields
 
 from headcount.data.embedding import EMBEDDING_OBJECTIVES
 from headcount.importance.pruning import check_unit
+from headcount.importance.retrieval import (
+    KV_REDUCE,
+    MAX_NEW_TOKENS,
+    MAX_NEW_TOKENS_RANGE,
+    SINK,
+    SINK_RANGE,
+    SUCCESS_RULES,
+    WINDOW,
+    WINDOW_RANGE,
+)
 from headcount.importance.scorers import Scorer
 from headcount.importance.scoring import get_scorer, scorer_names
 from headcount.importance.scores import DEFAULT_ACCUMULATE, check_accumulate, check_batch_order, check_normalize, groups_by_length
@@ -65,6 +75,11 @@ class ScoreSettings:
             batches for ``cumulative``, as the references do; grouped by length otherwise).
         unit: ``heads``, or ``kv-groups``: ``scores.json`` also gets ``kv_groups [L, n_kv]``, each
             group's query heads' scores summed (decoders with grouped-query attention).
+        max_new_tokens: ``retrieval``: greedy decoding length (the reference's 50).
+        success: ``retrieval``: which examples count: ``rouge1`` (ROUGE-1 recall of the answer
+            > 0.5, the reference) or ``exact`` (the answer verbatim).
+        sink / window: ``long-range``: the first tokens and the last keys a query reads "nearby".
+        kv_reduce: ``long-range``: a KV head's score from its query heads' (``max`` or ``mean``).
 
     >>> ScoreSettings(method="nonesuch")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
@@ -78,6 +93,11 @@ class ScoreSettings:
     accumulate: str = DEFAULT_ACCUMULATE
     batch_order: str = "auto"
     unit: str = "heads"
+    max_new_tokens: int = MAX_NEW_TOKENS
+    success: str = SUCCESS_RULES[0]
+    sink: int = SINK
+    window: int = WINDOW
+    kv_reduce: str = KV_REDUCE[0]
 
     def __post_init__(self):
         check_objective(self.objective)
@@ -87,6 +107,18 @@ class ScoreSettings:
         check_accumulate(self.accumulate, scorer)
         check_batch_order(self.batch_order)
         check_unit(self.unit)
+        MAX_NEW_TOKENS_RANGE.check(self.max_new_tokens, "--max-new-tokens")
+        SINK_RANGE.check(self.sink, "--sink")
+        WINDOW_RANGE.check(self.window, "--window")
+        for name, value, choices in (("--success", self.success, SUCCESS_RULES),
+                                     ("--kv-reduce", self.kv_reduce, KV_REDUCE)):
+            if value not in choices:
+                raise HeadcountError(f"{name} must be one of {', '.join(choices)}, not {value!r}")
+
+    def options(self) -> dict:
+        """The scorers' own settings ([`ScoreContext`][headcount.importance.scorers.ScoreContext]'s ``options``)."""
+        return {"max_new_tokens": self.max_new_tokens, "success": self.success, "sink": self.sink,
+                "window": self.window, "kv_reduce": self.kv_reduce}
 
     @property
     def scorer(self) -> Scorer:

@@ -37,6 +37,8 @@ from headcount.data.tasks.base import (
     label_name,
 )
 from headcount.data.tasks.glue import GLUE, glue_task
+from headcount.data.tasks.niah import KIND as NIAH_KIND
+from headcount.data.tasks.niah import niah_task_yaml
 from headcount.data.tasks.tables import SUFFIXES, read_text
 from headcount.runtime.errors import HeadcountError
 from headcount.runtime.yamlfile import load_yaml_with_lines
@@ -60,6 +62,8 @@ def load_task_yaml(path: str | os.PathLike) -> Task:
     if not isinstance(doc, dict):
         got = "an empty file" if doc is None else f"a {type(doc).__name__}"
         raise HeadcountError(f"{p}: a task YAML must be a mapping (name, kind, files, text, label, ...), got {got}")
+    if doc.get("kind") == NIAH_KIND:  # needle in a haystack: generated, or RULER-style files (its own keys)
+        return niah_task_yaml(doc, p)
     unknown = [k for k in doc if k not in KEYS]
     if unknown:
         raise HeadcountError(f"{p}: unknown key {unknown[0]!r}; keys: {', '.join(KEYS)}")

@@ -17,6 +17,7 @@ from typing import Callable
 from headcount.data.tasks.base import Task
 from headcount.data.tasks.glue import GLUE_TASKS, glue_task
 from headcount.data.tasks.local import load_task_yaml
+from headcount.data.tasks.niah import niah_task
 from headcount.data.tasks.offline import OFFLINE_TASKS, offline_task
 from headcount.runtime.errors import HeadcountError
 
@@ -149,6 +150,7 @@ def _register_builtin() -> None:
         register_task(name, partial(glue_task, name))
     for name in OFFLINE_TASKS:
         register_task(name, partial(offline_task, name))
+    register_task("offline/niah", niah_task)  # needle in a haystack over the offline texts (headcount.data.tasks.niah)
 
 
 _register_builtin()
