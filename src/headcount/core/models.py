@@ -10,6 +10,7 @@ import os
 import struct
 from pathlib import Path
 
+import torch
 import transformers
 
 from headcount.core.arch import get_adapter
@@ -246,25 +247,13 @@ def _gguf_args(path: str) -> tuple[str, dict]:
     return path, {}
 
 
-def checkpoint_head(spec: str) -> str:
-    """The head a checkpoint was saved with, read from its config's ``architectures``: a
-    sequence classifier is ``"classification"`` (``"regression"`` when its config's
-    ``problem_type`` says so), a masked LM ``"mlm"``, a causal LM ``"lm"`` (a GGUF file is one),
-    anything else ``"base"`` (the bare encoder; also when the config cannot be read: loading
-    then says why).
-
-    >>> checkpoint_head("offline")   # all-MiniLM-L6-v2 is saved as a bare encoder  # doctest: +SKIP
-    'base'
-    """
-    return _saved_head(resolve(spec))
-
-
-def _saved_head(path: str) -> str:
-    """``checkpoint_head`` of a resolved path."""
-    if is_gguf(path):
-        return "lm"
+def checkpoint_head(spec: str, resolved: bool = False) -> str:
+    """The head a checkpoint was saved with (its config's ``architectures``): ``"classification"``
+    (``"regression"`` by its ``problem_type``), ``"mlm"``, ``"lm"`` (a GGUF file too), else ``"base"``
+    (also when the config cannot be read: loading says why). ``resolved``: ``spec`` is a path already."""
+    path = spec if resolved else resolve(spec)
     try:
-        config = transformers.AutoConfig.from_pretrained(path)
+        config = None if is_gguf(path) else transformers.AutoConfig.from_pretrained(path)
     except (OSError, ValueError):
         return "base"
     names = getattr(config, "architectures", None) or []
@@ -272,41 +261,29 @@ def _saved_head(path: str) -> str:
         return "regression" if getattr(config, "problem_type", None) == "regression" else "classification"
     if any(a.endswith("ForMaskedLM") for a in names):
         return "mlm"
-    return "lm" if any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in names) else "base"
+    return "lm" if is_gguf(path) or any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in names) else "base"
 
 
 def load_model(spec: str = OFFLINE, head: str | None = None, num_labels: int | None = None,
                trust_remote_code: bool = False, seed: int | None = None, **kwargs):
-    """Load a model with the head it was saved with, or for ``head``.
+    """Load a model with the head it was saved with (``head`` None: ``checkpoint_head``; a
+    fine-tuned classifier keeps its classifier), or for ``head``: "classification",
+    "regression", "mlm", "base" (the bare encoder), "lm" (a causal LM).
 
-    Args:
-        spec: a hub id, a checkpoint directory, a GGUF file, ``offline`` or ``offline-decoder``.
-        head: None (the default): the checkpoint's own head
-            (``checkpoint_head``: a fine-tuned classifier
-            loads with its classifier); or "classification", "regression", "mlm", "base" (the
-            bare encoder, dropping a saved head), "lm" (a causal LM).
-        num_labels: the outputs of a classification head the checkpoint lacks.
-        trust_remote_code: passed to transformers (headcount never sets it).
-        seed: the seed of the weights a head the checkpoint lacks starts from (drawn in a forked
-            random state: the global one is untouched); None: transformers' global random
-            state, as ``from_pretrained`` does.
-
-    Pruned checkpoints (from ``save_pruned`` / ``headcount shrink``) are recognised and loaded
-    with their surgery replayed. A task head missing from the checkpoint is created new
-    (``new_weights`` lists its tensors).
+    Pruned checkpoints (``save_pruned``, ``headcount shrink``) load with their surgery replayed. A
+    task head missing from the checkpoint is created new, sized by ``num_labels`` (``new_weights``
+    lists its tensors), drawn from ``seed`` in a forked random state (None: the global one).
 
     >>> model = load_model("runs/ft/model")   # the fine-tuned classifier, head included  # doctest: +SKIP
     >>> model = load_model("offline", head="classification", num_labels=2, seed=0)   # doctest: +SKIP
     """
     if seed is not None:
-        import torch
-
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(int(seed))
             return load_model(spec, head, num_labels, trust_remote_code, **kwargs)
     path = resolve(spec)
     if head is None:
-        head = _saved_head(path)
+        head = checkpoint_head(path, resolved=True)
     if head not in HEADS:
         raise HeadcountError(f"unknown model head {head!r}; choose one of {', '.join(HEADS)}")
     config_kwargs = {}
