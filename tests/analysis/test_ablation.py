@@ -1,0 +1,96 @@
+"""The causal test of a head ranking (``headcount.analysis.ablation``): top-k gated vs k random,
+against a plain re-computation with explicit gates on a tiny random Llama (4 query heads on 2 KV
+heads, 3 layers)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+
+from headcount.analysis.ablation import _unit_gates, ablation_test
+from headcount.core.gates import gated
+from headcount.data.tasks import get_task
+from headcount.data.tasks.niah import niah_batches
+from headcount.importance.retrieval import retrieval_scores, retrieve
+from headcount.runtime.errors import HeadcountError
+
+NEW = 6  # decoded tokens per example (the tiny model's answers are what it says in 6 tokens)
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    from niah_helpers import niah_tokenizer, tiny_niah_model, write_niah_task
+
+    tok = niah_tokenizer()
+    model = tiny_niah_model(tok)
+    task = get_task(str(write_niah_task(tmp_path_factory.mktemp("niah"), examples=4)))
+    batches = niah_batches(task, tok, split="validation", batch_size=2)
+    # each example's answer is what the full model answers: full accuracy 1, so gating can lower it
+    for b in batches:
+        b.examples = [replace(e, answers=(b.decode(retrieve(model, e, b.stop_ids, NEW)[1]).strip(),))
+                      for e in b.examples]
+    return model, batches
+
+
+def _reference_successes(model, batches, off):
+    """Needle success per example with the heads of ``off`` ([L, H] booleans) gated to 0."""
+    gates = torch.as_tensor(~off, dtype=torch.float32)
+    with gated(model, heads=gates):
+        s = retrieval_scores(model, batches, max_new_tokens=NEW)
+    return [int(r["exact"]) for r in s.meta["retrieval"]["examples"]]
+
+
+def test_top_and_random_sets_are_gated_as_a_plain_recomputation_says(setup):
+    model, batches = setup
+    scores = torch.arange(12, dtype=torch.float32).reshape(3, 4)  # head (2, 3) first, then (2, 2), ...
+    r = ablation_test(model, batches, scores, fraction=0.25, draws=2, seed=7, max_new_tokens=NEW)
+    assert r.k == 3 and r.n_units == 12 and r.top == [[2, 1], [2, 2], [2, 3]]
+    assert r.accuracy_full == 1.0 and r.per_example["full"] == [1, 1, 1, 1]
+    top = np.zeros((3, 4), dtype=bool)
+    top[2, 1:] = True
+    assert r.per_example["top"] == _reference_successes(model, batches, top)
+    for d in range(2):  # the random sets: k heads drawn uniformly with the seed [seed, d]
+        pick = np.zeros(12, dtype=bool)
+        pick[np.random.default_rng([7, d]).choice(np.arange(12), size=3, replace=False)] = True
+        assert r.per_example["random"][d] == _reference_successes(model, batches, pick.reshape(3, 4))
+    rand = np.array(r.per_example["random"]).mean(0)
+    assert r.difference == pytest.approx(float((rand - np.array(r.per_example["top"])).mean()))
+    assert r.accuracy_top == pytest.approx(np.mean(r.per_example["top"])) and 0 <= r.p_value <= 1
+
+
+def test_every_head_gated_is_no_difference(setup):
+    model, batches = setup
+    r = ablation_test(model, batches, torch.rand(3, 4), fraction=1.0, draws=1, max_new_tokens=NEW)
+    assert r.k == 12 and r.per_example["top"] == r.per_example["random"][0] and r.difference == 0.0
+
+
+def test_a_kv_group_gates_every_query_head_that_reads_it():
+    chosen = np.array([[True, False], [False, True]])  # [L=2, n_kv=2]; 4 query heads: 2 per group
+    gates = _unit_gates(chosen, 4, "kv-groups")
+    assert gates.tolist() == [[0, 0, 1, 1], [1, 1, 0, 0]]
+    assert _unit_gates(np.array([[True, False, False, True]]), 4, "heads").tolist() == [[0, 1, 1, 0]]
+
+
+def test_kv_group_ranking_chooses_whole_groups(setup):
+    model, batches = setup
+    r = ablation_test(model, batches, torch.tensor([[0.0, 1.0], [0.0, 0.0], [0.0, 0.0]]), fraction=1 / 6, draws=1,
+                      unit="kv-groups", max_new_tokens=NEW)
+    assert r.k == 1 and r.n_units == 6 and r.top == [[0, 1]]
+    off = np.zeros((3, 4), dtype=bool)
+    off[0, 2:] = True  # KV head 1 of layer 0 is read by query heads 2 and 3
+    assert r.per_example["top"] == _reference_successes(model, batches, off)
+
+
+@pytest.mark.parametrize("scores, kwargs, message", [
+    (torch.zeros(3, 3), {}, "ranking of this model is"),
+    (torch.zeros(3, 4), {"unit": "kv-groups"}, "ranking of this model is"),
+    (torch.zeros(3, 4), {"unit": "layers"}, "unknown unit"),
+    (torch.zeros(3, 4), {"draws": 0}, "draws must be"),
+])
+def test_bad_rankings_are_refused_in_one_line(setup, scores, kwargs, message):
+    model, batches = setup
+    with pytest.raises(HeadcountError, match=message):
+        ablation_test(model, batches, scores, **kwargs)
