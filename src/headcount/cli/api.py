@@ -81,7 +81,7 @@ def parameters_line(model, head: str) -> str:
     part = "decoder" if layout(model).n_kv_heads is not None else "encoder"
     if head not in HEAD_WORDS:
         return f"{total:,} (the {part} alone, no output head)"
-    tied = " (tied to the embeddings)" if total == body else ""
+    tied = ", tied to the embeddings" if total == body else ""
     return f"{total:,} with the {HEAD_WORDS[head]}{tied} ({part} alone: {body:,})"
 
 
