@@ -21,7 +21,7 @@ Methods (all in eval mode, no dropout):
 - ``magnitude``: Frobenius norm of each head's query/key/value rows and output columns; of each
   MLP's two projections. Needs no data.
 - ``retrieval`` (Wu et al.'s retrieval score on needle-in-a-haystack tasks) and ``long-range``
-  (attention mass outside a sink and a recent window): [`headcount.importance.retrieval`][headcount.importance.retrieval].
+  (attention mass outside a sink and a recent window): ``headcount.importance.retrieval``.
 
 The ``embedding`` objectives (``score(..., contrastive=...)``, ``headcount.data.embedding``) keep
 eval mode too, except the encoder's ``nn.Dropout`` modules inside the unsupervised loss (its

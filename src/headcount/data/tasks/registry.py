@@ -150,7 +150,7 @@ def _register_builtin() -> None:
         register_task(name, partial(glue_task, name))
     for name in OFFLINE_TASKS:
         register_task(name, partial(offline_task, name))
-    register_task("offline/niah", niah_task)  # needle in a haystack over the offline texts (headcount.data.tasks.niah)
+    register_task("offline/niah", niah_task)  # needle in a haystack over the offline texts
 
 
 _register_builtin()
