@@ -1,4 +1,8 @@
-"""The transfer study's figures, drawn from [`tables.transfer_tables`][headcount.experiments.studies.transfer.tables.transfer_tables] (nothing is recomputed)."""
+"""The transfer study's figures, drawn from [`tables.transfer_tables`][headcount.experiments.studies.transfer.tables.transfer_tables] (nothing is recomputed).
+
+Titles, axis labels, legends and captions name the objective in MLM's role as
+[`tables.objective_words`][headcount.experiments.studies.transfer.tables.objective_words] does (a decoder's next-token LM with ``objectives: [lm]``).
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,7 @@ from matplotlib.colors import TwoSlopeNorm
 from headcount.analysis.coherence import shared_view
 from headcount.experiments.report import new_figure
 from headcount.experiments.studies.transfer.config import TransferSettings
-from headcount.experiments.studies.transfer.tables import fmt, grid_of, rank01, stat_rows
+from headcount.experiments.studies.transfer.tables import fmt, grid_of, objective_words, rank01, stat_rows
 
 
 def figures(tables: dict, settings: TransferSettings, p: dict, art: str) -> dict:
@@ -19,6 +23,7 @@ def figures(tables: dict, settings: TransferSettings, p: dict, art: str) -> dict
     figs = {}
     scores, summary, curves = tables["head_scores"], tables["coherence_summary"], tables["curves"]
     ids = p["ids"]
+    w = objective_words(settings)  # MLM, or a decoder's next-token LM
 
     # --- heatmaps: MLM | (embedding |) task before | task after, one row per task (percentile ranks)
     emb = bool(p.get("embedding"))
@@ -26,10 +31,10 @@ def figures(tables: dict, settings: TransferSettings, p: dict, art: str) -> dict
     axes = np.atleast_2d(axes)
     for i, t in enumerate(ids):
         c = p["corpus_of"][t]
-        panels = [("mlm-pre-trained", c, f"MLM ({c} texts), pre-trained")]
+        panels = [("mlm-pre-trained", c, f"{w.label} ({c} texts), pre-trained")]
         if emb:  # the second pre-training objective beside MLM
             panels.append(("embedding-pre-trained", c, f"embedding ({c} texts), pre-trained"))
-        panels += [("task-pre-trained", t, f"{t}: pre-trained encoder"), ("task-fine-tuned", t, f"{t}: fine-tuned")]
+        panels += [("task-pre-trained", t, f"{t}: pre-trained {w.encoder}"), ("task-fine-tuned", t, f"{t}: fine-tuned")]
         for j, (kind, task, label) in enumerate(panels):
             ax = axes[i, j]
             g = grid_of(scores, kind, task)
@@ -41,10 +46,10 @@ def figures(tables: dict, settings: TransferSettings, p: dict, art: str) -> dict
             ax.set_yticks(range(g.shape[0]))
             ax.tick_params(labelsize=6)
     fig.colorbar(im, ax=axes, shrink=0.6, label="importance percentile")
-    figs[f"{art}heatmaps"] = (fig, "Head importance as percentile ranks (1 = most important): MLM "
+    figs[f"{art}heatmaps"] = (fig, f"Head importance as percentile ranks (1 = most important): {w.label} "
                                    + ("and the embedding (SimCSE) objective " if emb else "")
-                                   + "on the pre-trained model beside the task, before (frozen encoder + fitted head) "
-                                   "and after fine-tuning (mean over seeds).")
+                                   + f"on the pre-trained model beside the task, before (frozen {w.encoder} + fitted "
+                                   "head) and after fine-tuning (mean over seeds).")
 
     # --- scatter MLM vs task per head
     fig, axes = new_figure(1, len(ids), size=(3.4 * len(ids), 3.2))
@@ -56,12 +61,12 @@ def figures(tables: dict, settings: TransferSettings, p: dict, art: str) -> dict
         sc = ax.scatter(x.ravel(), y.ravel(), c=layers, cmap="plasma", s=14, alpha=0.8)
         rho = stat_rows(summary, "mlm-vs-task", "spearman", task=t)["estimate"]
         ax.set_title(f"{t}: Spearman {fmt(float(rho.mean()) if len(rho) else None)}", fontsize=9)
-        ax.set_xlabel("MLM importance (percentile)", fontsize=8)
+        ax.set_xlabel(f"{w.label} importance (percentile)", fontsize=8)
         ax.set_ylabel("task importance (percentile)", fontsize=8)
         ax.plot([0, 1], [0, 1], ls=":", color="0.5", lw=0.8)
     fig.colorbar(sc, ax=axes, label="layer", shrink=0.8)
-    figs[f"{art}scatter"] = (fig, "Each head's MLM importance (pre-trained) against its task importance (fine-tuned), "
-                                  "as percentile ranks; colour = layer.")
+    figs[f"{art}scatter"] = (fig, f"Each head's {w.label} importance (pre-trained) against its task importance "
+                                  "(fine-tuned), as percentile ranks; colour = layer.")
 
     # --- shared layers: importance per shared head (summed over the depths that run it)
     lay = tables.get("layout") or {}
@@ -69,7 +74,7 @@ def figures(tables: dict, settings: TransferSettings, p: dict, art: str) -> dict
         fig, axes = new_figure(len(ids), 1, size=(max(6.0, 0.35 * lay["n_heads"] * len(lay["groups"])), 2.4 * len(ids)))
         axes = np.atleast_1d(axes)
         for ax, t in zip(axes, ids):
-            for k, (kind, task, label) in enumerate((("mlm-pre-trained", p["corpus_of"][t], "MLM (pre-trained)"),
+            for k, (kind, task, label) in enumerate((("mlm-pre-trained", p["corpus_of"][t], f"{w.label} (pre-trained)"),
                                                       ("task-fine-tuned", t, f"{t} (fine-tuned)"))):
                 d = scores[(scores["kind"] == kind) & (scores["task"] == task)]
                 grids = [rank01(shared_view(g.pivot(index="layer", columns="head", values="score").to_numpy(),
@@ -83,7 +88,7 @@ def figures(tables: dict, settings: TransferSettings, p: dict, art: str) -> dict
                                            "that run the shared layer), as percentile ranks.")
 
     # --- correlation matrix: MLM grids and tasks; task diagonal = seed-vs-seed agreement
-    labels = [f"MLM:{c}" for c in p["corpora"]] + ids
+    labels = [f"{w.label}:{c}" for c in p["corpora"]] + ids
     mat = np.full((len(labels), len(labels)), np.nan)
     idx = {lab: i for i, lab in enumerate(labels)}
     for lab in labels:
@@ -91,11 +96,11 @@ def figures(tables: dict, settings: TransferSettings, p: dict, art: str) -> dict
     for _, r in summary[(summary["statistic"] == "spearman") & (summary["view"] == "application")].iterrows():
         comp = r["comparison"]
         if comp == "mlm-vs-task":
-            a, b = f"MLM:{p['corpus_of'][r['task']]}", r["task"]
+            a, b = f"{w.label}:{p['corpus_of'][r['task']]}", r["task"]
         elif comp == "task-vs-task":
             a, b = r["task"], r["task_b"]
         elif comp == "mlm-vs-mlm":
-            a, b = f"MLM:{r['task']}", f"MLM:{r['task_b']}"
+            a, b = f"{w.label}:{r['task']}", f"{w.label}:{r['task_b']}"
         elif comp == "seed-vs-seed":
             a = b = r["task"]
         else:
@@ -125,7 +130,7 @@ def figures(tables: dict, settings: TransferSettings, p: dict, art: str) -> dict
             task = p["corpus_of"][t] if kind == "mlm-pre-trained" else t
             d = lm[(lm["kind"] == kind) & (lm["task"] == task)].groupby("layer")["mass"].mean()
             if len(d):
-                ax.plot(d.index, d.values, style, marker="o", ms=3, label=kind)
+                ax.plot(d.index, d.values, style, marker="o", ms=3, label=w.kind(kind))
         ax.set_title(t, fontsize=9)
         ax.set_xlabel("layer", fontsize=8)
         ax.set_ylabel("share of importance", fontsize=8)
@@ -134,7 +139,7 @@ def figures(tables: dict, settings: TransferSettings, p: dict, art: str) -> dict
 
     # --- prunability curves
     views = sorted(curves["view"].unique(), key=lambda v: v != "application")
-    pre = "lm" if (curves["objective"] == "lm").any() else "mlm"  # a decoder's next-token loss in MLM's place
+    pre = settings.pretrain  # the curve of the objective in MLM's role: mlm, or a decoder's lm
     objectives = ("task", pre, "embedding") if emb else ("task", pre)
     fig, axes = new_figure(len(objectives), len(ids), size=(3.6 * len(ids), 3.0 * len(objectives)))
     axes = np.asarray(axes).reshape(len(objectives), len(ids))
@@ -150,20 +155,19 @@ def figures(tables: dict, settings: TransferSettings, p: dict, art: str) -> dict
                     if g.empty:
                         continue
                     agg = g.groupby("fraction")["score"].agg(["mean", "min", "max"])
-                    label = f"by {order}" + ("" if view == "application" else " (shared heads)")
+                    label = f"by {w.by(order)}" + ("" if view == "application" else " (shared heads)")
                     ax.plot(agg.index, agg["mean"], ls, color=colors[order], marker="o", ms=2.5, label=label)
                     ax.fill_between(agg.index, agg["min"], agg["max"], color=colors[order], alpha=0.15)
             if not d.empty:
                 full = d[d["fraction"] == 0]["score"].mean()
                 ax.axhline(settings.before_after.threshold * full, ls=":", color="C3", lw=0.8)
-            title = {"task": "task (fine-tuned)", "mlm": "MLM (pre-trained)", "embedding": "embedding (pre-trained)",
-                     "lm": "next-token LM (pre-trained)"}
+            title = {"task": "task (fine-tuned)", pre: f"{w.title} (pre-trained)", "embedding": "embedding (pre-trained)"}
             ax.set_title(f"{t}: {title[objective]}", fontsize=9)
             ax.set_xlabel("fraction of heads removed", fontsize=8)
             ax.set_ylabel(d["metric"].iloc[0] if len(d) else "", fontsize=8)
     axes[0, 0].legend(fontsize=6)
     figs[f"{art}prunability"] = (fig, "Metric vs fraction of heads removed (gates, no retraining): heads removed by "
-                                      "MLM importance, by the task's own importance, or at random; lines = means, "
+                                      f"{w.label} importance, by the task's own importance, or at random; lines = means, "
                                       "bands = min-max over seeds and random draws; dotted = 90% of the full model."
                                  + (" With the embedding objective: heads removed by its importance too, and a row "
                                     "for the pre-trained encoder's similarity structure (Spearman of its pairwise "
@@ -187,9 +191,9 @@ def figures(tables: dict, settings: TransferSettings, p: dict, art: str) -> dict
             ax.set_title(t, fontsize=9)
             ax.set_xlabel("fraction of heads removed", fontsize=8)
         axes[0].legend(fontsize=6)
-        figs[f"{art}before-after"] = (fig, "Downstream score when heads are removed before fine-tuning (by MLM "
+        figs[f"{art}before-after"] = (fig, f"Downstream score when heads are removed before fine-tuning (by {w.label} "
                                            "importance of the pre-trained model, then fine-tuned) vs after "
-                                           "(fine-tuned model pruned by task or MLM importance, not retrained).")
+                                           f"(fine-tuned model pruned by task or {w.label} importance, not retrained).")
         fig, ax = new_figure(size=(5.0, 3.4))
         for k, t in enumerate(ids):
             d = ad[ad["task"] == t].sort_values("mlm_loss_increase")
@@ -202,10 +206,10 @@ def figures(tables: dict, settings: TransferSettings, p: dict, art: str) -> dict
             if len(b) and b["mlm_loss_increase"].notna().all():
                 ax.axvline(float(b["mlm_loss_increase"].iloc[0]), color=f"C{k}", ls="--", lw=0.8)
         ax.axhline(settings.before_after.threshold, color="C3", ls=":", lw=0.8)
-        ax.set_xlabel("MLM loss increase of the pruned pre-trained model (nats)", fontsize=8)
+        ax.set_xlabel(f"{w.label} loss increase of the pruned pre-trained model (nats)", fontsize=8)
         ax.set_ylabel("fine-tuned score / full fine-tuned score", fontsize=8)
         ax.legend(fontsize=7)
         figs[f"{art}acceptable-deduction"] = (fig, "Downstream score after fine-tuning a pruned pre-trained model "
-                                                   "against the MLM loss the pruning cost (labels: fraction removed); "
+                                                   f"against the {w.label} loss the pruning cost (labels: fraction removed); "
                                                    "dashed: the acceptable deduction of each task.")
     return figs

@@ -2,6 +2,8 @@
 
 [`transfer_summary`][headcount.experiments.studies.transfer.summary.transfer_summary] and [`transfer_sections`][headcount.experiments.studies.transfer.report.transfer_sections] work under a job-name prefix, so another
 study (the demo) can include a transfer part; [`report`][headcount.experiments.studies.transfer.report.report] is the study type's ``report_fn``.
+Every label names the objective in MLM's role as [`objective_words`][headcount.experiments.studies.transfer.tables.objective_words] does (a decoder's
+next-token LM with ``objectives: [lm]``); table and figure names stay.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from headcount.experiments.studies.transfer.summary import (
     transfer_caveats,
     transfer_summary,
 )
-from headcount.experiments.studies.transfer.tables import artifact, transfer_tables
+from headcount.experiments.studies.transfer.tables import artifact, objective_words, transfer_tables
 
 
 def main_coherence(tables: dict, settings: TransferSettings) -> pd.DataFrame:
@@ -36,14 +38,15 @@ def main_coherence(tables: dict, settings: TransferSettings) -> pd.DataFrame:
     coh = coh[coh["view"] == "application"]
     summ = tables["coherence_summary"]
     summ = summ[summ["view"] == "application"]
+    w = objective_words(settings)
     stats = [("spearman", "Spearman"), ("kendall", "Kendall"),
              *[(f"jaccard@{f:g}", f"top-{f:.0%} Jaccard (chance {f / (2 - f):.2f})") for f in settings.stats.fractions],
              ("layer_mass_l1", "layer-mass L1"), ("spearman@layer-norm", "Spearman, layer-normalised")]
     rows = []
-    for comparison, label in COMPARISONS.items():
+    for comparison in COMPARISONS:
         d = coh[coh["comparison"] == comparison]
         for (task, task_b), g in d.groupby(["task", "task_b"], dropna=False, sort=False):
-            row = {"comparison": label,
+            row = {"comparison": w.comparison(comparison),
                    "task": task if pd.isna(task_b) or task_b == task else f"{task} / {task_b}",
                    "pairs": int(g["pair"].nunique())}
             same = summ[(summ["comparison"] == comparison) & (summ["task"] == task)
@@ -70,11 +73,12 @@ def main_pruning(tables: dict, settings: TransferSettings) -> pd.DataFrame:
     each order without retraining, and the acceptable deduction."""
     ft, pr, ad = tables["finetune"], tables["prunability"], tables["acceptable_deduction_summary"]
     pct = f"{settings.before_after.threshold:.0%}"
+    w = objective_words(settings)
     rows = []
     for t, g in ft.groupby("task", sort=False):
         row = {"task": t, "metric": g["metric"].iloc[0], "seeds": len(g),
                "fine-tuned": cell(**_over_seeds(g["fine_tuned"])),
-               "head only (frozen encoder)": cell(**_over_seeds(g["head_only"]))}
+               f"head only (frozen {w.encoder})": cell(**_over_seeds(g["head_only"]))}
         for col in [c for c in ft.columns if c.startswith("fine_tuned_")]:  # extra dev sets: MNLI-mm
             row[f"fine-tuned ({col[len('fine_tuned_'):]})"] = cell(**_over_seeds(g[col])) if g[col].notna().any() else ""
         d = pr[(pr["task"] == t) & (pr["objective"] == "task") & (pr["view"] == "application")] if len(pr) else pr
@@ -84,7 +88,7 @@ def main_pruning(tables: dict, settings: TransferSettings) -> pd.DataFrame:
             raw = x["removable_fraction_raw"].iloc[0] if len(x) and "removable_fraction_raw" in x else None
             if _finite(raw) and raw != x["removable_fraction"].iloc[0]:  # a level passes after a lower one failed
                 txt += f" (raw curve {float(raw):.0%})"
-            row[f"removable at {pct}, by {order}"] = txt
+            row[f"removable at {pct}, by {w.by(order)}"] = txt
         a = ad[ad["task"] == t] if len(ad) else ad
         level = a["level"].iloc[0] if len(a) else None
         row["acceptable deduction: heads removed"] = (f"{float(level):.0%}" if _finite(level) else
@@ -93,7 +97,7 @@ def main_pruning(tables: dict, settings: TransferSettings) -> pd.DataFrame:
         if _finite(raw) and raw != level:  # acceptable again above a level that was not
             row["acceptable deduction: heads removed"] += f" (raw curve {float(raw):.0%})"
         loss = a["mlm_loss_increase"].iloc[0] if len(a) else None
-        row["acceptable deduction: MLM loss +"] = cell(loss)
+        row[f"acceptable deduction: {w.label} loss +"] = cell(loss)
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -115,8 +119,9 @@ def main_before_after(tables: dict) -> pd.DataFrame:
 
 def main_section(tables: dict, settings: TransferSettings, art: str = "") -> Section:
     """The first section: the paper's questions answered with this run's numbers."""
+    w = objective_words(settings)
     ts = [ReportTable(f"{art}main_coherence", main_coherence(tables, settings),
-                      caption="Do MLM and task importance agree? Application view (depth x head); mean ± std over "
+                      caption=f"Do {w.label} and task importance agree? Application view (depth x head); mean ± std over "
                               "fine-tuning seeds, [hierarchical bootstrap over seeds and examples, t interval; "
                               "grids of the same examples resampled as pairs by example id]; (n=k of m): only k of "
                               "m seeds gave a number (see the runs that produced NaN). Layer-normalised: each "
@@ -128,7 +133,7 @@ def main_section(tables: dict, settings: TransferSettings, art: str = "") -> Sec
                               "removable (gates, no retraining) such that at it and every lower level the mean score "
                               "stays at the threshold share of the full model's (raw curve: the largest passing "
                               "level, when a level passes after a lower one failed); the acceptable deduction (prune "
-                              "by MLM importance, then fine-tune; the same contiguous rule).")]
+                              f"by {w.label} importance, then fine-tune; the same contiguous rule).")]
     nan = nan_table(tables)
     if not nan.empty:
         ts.append(ReportTable(f"{art}nan_runs", nan,
@@ -137,9 +142,9 @@ def main_section(tables: dict, settings: TransferSettings, art: str = "") -> Sec
     ba = main_before_after(tables)
     if not ba.empty:
         ts.append(ReportTable(f"{art}main_before_after", ba,
-                              caption="Pruning before fine-tuning (by MLM importance of the pre-trained model, or at "
-                                      "random) vs after (the fine-tuned model by task or MLM importance, not "
-                                      "retrained): downstream score, mean ± std over seeds."))
+                              caption=f"Pruning before fine-tuning (by {w.label} importance of the pre-trained model, "
+                                      f"or at random) vs after (the fine-tuned model by task or {w.label} importance, "
+                                      "not retrained): downstream score, mean ± std over seeds."))
     return Section("Main results",
                    "The questions of Chiang & Chen (2021), answered with this run's numbers. The paper has no "
                    "public code and headcount records no published values to set beside these; the figures and "
@@ -154,8 +159,8 @@ def transfer_glance(tables: dict, settings: TransferSettings) -> list[dict]:
     """The glance rows of a transfer part, per task: the fine-tuned score, Spearman of MLM vs task
     importance and of task importance before vs after fine-tuning (mean over seeds [interval]),
     the share of heads removable by task / MLM / random order, the acceptable deduction. MLM-side
-    rows carry ``†``. The paper column is blank: Chiang & Chen (2021) publish no numbers that
-    headcount records.
+    rows carry ``†`` (a decoder's LM side none, and says LM). The paper column is blank: Chiang &
+    Chen (2021) publish no numbers that headcount records.
 
     >>> transfer_glance(transfer_tables(store, config), config)[0]["quantity"]   # doctest: +SKIP
     'fine-tuned accuracy'
@@ -164,10 +169,12 @@ def transfer_glance(tables: dict, settings: TransferSettings) -> list[dict]:
     pr = main_pruning(tables, settings) if not tables["finetune"].empty else pd.DataFrame()
     summ = tables["coherence_summary"]
     pct = f"{settings.before_after.threshold:.0%}"
+    w = objective_words(settings)
+    mark = MARK if w.caveat else ""
     for _, r in pr.iterrows():
         t = r["task"]
         rows.append({"quantity": f"fine-tuned {r['metric']}", "task": t, "this run": r["fine-tuned"]})
-        for comparison, what in (("mlm-vs-task", f"Spearman, MLM{MARK} vs task importance"),
+        for comparison, what in (("mlm-vs-task", f"Spearman, {w.label}{mark} vs task importance"),
                                  ("task-before-vs-after", "Spearman, task importance: pre-trained vs fine-tuned")):
             d = stat_rows(summ, comparison, "spearman") if not summ.empty else summ
             d = d[d["task"] == t] if len(d) else d
@@ -175,12 +182,12 @@ def transfer_glance(tables: dict, settings: TransferSettings) -> list[dict]:
                 x = d.iloc[0]
                 rows.append({"quantity": what, "task": t,
                              "this run": cell(x.get("estimate"), low=x.get("low"), high=x.get("high"))})
-        shares = [r.get(f"removable at {pct}, by {o}", "") for o in ("task", "mlm", "random")]
+        shares = [r.get(f"removable at {pct}, by {w.by(o)}", "") for o in ("task", "mlm", "random")]
         if any(shares):
-            rows.append({"quantity": f"heads removable at >= {pct}, by task / MLM{MARK} / random",
+            rows.append({"quantity": f"heads removable at >= {pct}, by task / {w.label}{mark} / random",
                          "task": t, "this run": " / ".join(x or "?" for x in shares)})
         if r.get("acceptable deduction: heads removed"):
-            rows.append({"quantity": f"acceptable deduction{MARK} (heads pruned, then fine-tuned)", "task": t,
+            rows.append({"quantity": f"acceptable deduction{mark} (heads pruned, then fine-tuned)", "task": t,
                          "this run": r["acceptable deduction: heads removed"]})
     return [{**row, "paper": ""} for row in rows]
 
@@ -264,19 +271,19 @@ def transfer_sections(store, settings: TransferSettings, prefix: str = "", table
     def T(name, caption="", **kw):  # a raw table: folded below the figures
         return ReportTable(f"{art}{name}", tables[name], caption=caption or name, collapsed=True, **kw)
 
+    w = objective_words(settings)
     coh_cols = ["comparison", "view", "task", "task_b", "statistic", "grids", "estimate", "estimate_min",
                 "estimate_max", "low", "high", "ci", "p_value_max", "p_value_global_max", "chance", "n", "n_finite"]
     sections = [
         main_section(tables, settings, art),
-        Section("Importance of heads: MLM and tasks",
-                "Gate-gradient importance (Michel et al.) on the same training examples: masked LM on the "
-                "pre-trained model, the task on the pre-trained encoder with a fitted head, and the task on the "
+        Section(f"Importance of heads: {w.label} and tasks",
+                f"Gate-gradient importance (Michel et al.) on the same training examples: {w.name} on the "
+                f"pre-trained model, the task on the pre-trained {w.encoder} with a fitted head, and the task on the "
                 "fine-tuned model. All scores are in head_scores.csv.",
                 figures=F("heatmaps", "scatter", "shared-heads"),
-                tables=[T("finetune", "Fine-tuned and head-only (frozen encoder) validation scores."),
-                        T("mlm", "The masked-LM head (from the checkpoint, or fitted on the frozen encoder: its "
-                                 "held-out loss/accuracy) and the pre-trained model's MLM loss/accuracy on each "
-                                 "task's validation texts.")]),
+                tables=[T("finetune", f"Fine-tuned and head-only (frozen {w.encoder}) validation scores."),
+                        T("mlm", f"{w.head} and the pre-trained model's {w.label} loss/accuracy on each task's "
+                                 "validation texts.")]),
         Section("Coherence",
                 "Spearman and Kendall rank correlation, Jaccard overlap of the top 10/25/50% heads, and the L1 "
                 "distance of per-layer importance shares, on the raw grids and (statistics ending @layer-norm, "
@@ -286,7 +293,7 @@ def transfer_sections(store, settings: TransferSettings, prefix: str = "", table
                 "within their layer by default, p_value_global over all heads); here the mean over seeds "
                 "(estimate_min/max: range over seeds; low/high: the interval over seeds named in ci, by default the t "
                 "interval over the seed estimates with the noise of the examples every seed shares added once "
-                "(stats.seed_interval), approximate where the pairs share a grid: the MLM grid of every seed, "
+                f"(stats.seed_interval), approximate where the pairs share a grid: the {w.label} grid of every seed, "
                 "seed-vs-seed pairs; p_value_max, p_value_global_max: the largest over seeds; n_finite of n: "
                 "seeds with a number; chance: the expected value for unrelated scores).",
                 figures=F("correlation-matrix", "layer-mass"),
@@ -297,7 +304,7 @@ def transfer_sections(store, settings: TransferSettings, prefix: str = "", table
                         T("head_scores", "Every head score.", max_rows=12)]),
         Section("Prunability",
                 "Heads removed in order of importance (computed once; per-layer L2 normalised) and applied as "
-                "gates to the fine-tuned model (task metric) or the pre-trained model (MLM accuracy), without "
+                f"gates to the fine-tuned model (task metric) or the pre-trained model ({w.label} accuracy), without "
                 "retraining. removable_fraction: the largest level such that at it and every lower level the "
                 "mean score stays at or above the threshold share of the full model's (removable_fraction_raw: "
                 "the largest passing level, ignoring failures below it).",
@@ -308,9 +315,9 @@ def transfer_sections(store, settings: TransferSettings, prefix: str = "", table
     if not tables["before_after"].empty:
         sections.append(Section(
             "Pruning before vs after fine-tuning",
-            "Pruned before: the pre-trained model without its least MLM-important heads, fine-tuned with the "
+            f"Pruned before: the pre-trained model without its least {w.label}-important heads, fine-tuned with the "
             "full model's settings. Pruned after: the fine-tuned model with its least important heads (by task "
-            "or by MLM importance) gated off, not retrained.",
+            f"or by {w.label} importance) gated off, not retrained.",
             figures=F("before-after"),
             tables=[T("before_after", "Scores before vs after, per level."),
                     T("before_after_seeds", "Per seed: the pruned-then-fine-tuned model beside the same seed's "
@@ -318,7 +325,7 @@ def transfer_sections(store, settings: TransferSettings, prefix: str = "", table
                                             "where pruning first scores higher).")]))
         sections.append(Section(
             "Acceptable deduction",
-            "For each task, the largest masked-LM loss increase of the pruned pre-trained model at which the "
+            f"For each task, the largest {w.loss} increase of the pruned pre-trained model at which the "
             "fine-tuned pruned model keeps the threshold share of the full fine-tuned score, over the levels up "
             "to the largest one such that it and every lower level are acceptable (level_raw: ignoring failures "
             "below).",

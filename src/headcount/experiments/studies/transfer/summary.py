@@ -7,6 +7,10 @@ cannot tell the estimate from the chance level; comparisons that rest on a fitte
 head carry its mark, ``†`` ([`MARK`][headcount.experiments.studies.transfer.summary.MARK]), and [`transfer_caveats`][headcount.experiments.studies.transfer.summary.transfer_caveats] says once what it stands for
 ([`mlm_caveat`][headcount.experiments.studies.transfer.summary.mlm_caveat]: the report's box of caveats). Also the cell formats the summary and the report's tables share
 ([`cell`][headcount.experiments.studies.transfer.summary.cell]: ``mean ± std [low, high]``, ``(n=k of m)`` when seeds gave no number).
+
+A decoder's run (``objectives: [lm]``) is written in its own words
+([`objective_words`][headcount.experiments.studies.transfer.tables.objective_words]: next-token LM, not MLM), without the mark: its LM head is the
+checkpoint's own, pre-trained with it, so there is no head to caveat.
 """
 
 from __future__ import annotations
@@ -18,18 +22,25 @@ from headcount.analysis.helpers import LEVEL
 from headcount.analysis.paired import at_chance, paired_sign_flip_test, seed_interval
 from headcount.experiments.report.format import finite, seed_cell
 from headcount.experiments.studies.transfer.config import TransferSettings
-from headcount.experiments.studies.transfer.tables import fmt, prunability_table, stat_rows
+from headcount.experiments.studies.transfer.tables import (
+    ObjectiveWords,
+    fmt,
+    objective_words,
+    prunability_table,
+    stat_rows,
+)
 
 #: Significance level of the summary's verdicts.
 ALPHA = 0.05
 
-#: The comparisons the summary states: (comparison, label, whether it rests on the MLM head).
+#: The comparisons the summary states: (comparison, label, whether it rests on the MLM head). A label's
+#: ``{label}`` and ``{encoder}`` are filled from [`objective_words`][headcount.experiments.studies.transfer.tables.objective_words] (``MLM``/``LM``, ``encoder``/``model``).
 SUMMARY_COMPARISONS: tuple[tuple[str, str, bool], ...] = (
-    ("mlm-vs-task", "MLM vs task (fine-tuned)", True),
-    ("mlm-vs-task-before", "MLM vs task (frozen encoder)", True),
+    ("mlm-vs-task", "{label} vs task (fine-tuned)", True),
+    ("mlm-vs-task-before", "{label} vs task (frozen {encoder})", True),
     ("embedding-vs-task", "Embedding (SimCSE) vs task (fine-tuned)", False),
-    ("embedding-vs-task-before", "Embedding (SimCSE) vs task (frozen encoder)", False),
-    ("mlm-vs-embedding", "MLM vs embedding (pre-trained)", True),
+    ("embedding-vs-task-before", "Embedding (SimCSE) vs task (frozen {encoder})", False),
+    ("mlm-vs-embedding", "{label} vs embedding (pre-trained)", True),
     ("task-before-vs-after", "Task importance before vs after fine-tuning", False),
     ("task-vs-task", "Task vs task", False),
     ("seed-vs-seed", "Seed vs seed (same task)", False),
@@ -54,10 +65,15 @@ def _marked(caveat: str, inside: str = "") -> str:
 def transfer_caveats(tables: dict) -> list[str]:
     """What the ``†`` of the summary stands for, once: the MLM head the MLM side rests on
     ([`mlm_caveat`][headcount.experiments.studies.transfer.summary.mlm_caveat]), and for a fitted head that it is not evidence about masked-LM pre-training.
+    None for a decoder's LM (``tables["objective"]`` ``lm``): its head is its own.
 
     >>> transfer_caveats({"mlm": pd.DataFrame({"corpus": ["a"], "head": ["fitted"], "head_heldout_accuracy": [0.09]})})[0][-76:]
     'importance for that head, not evidence about masked-LM pre-training as such.'
+    >>> transfer_caveats({"mlm": pd.DataFrame({"corpus": ["a"], "head": ["checkpoint"]}), "objective": "lm"})
+    []
     """
+    if not objective_words(tables).caveat:
+        return []
     caveat = mlm_caveat(tables)
     m = tables.get("mlm")
     fitted = m is not None and not m.empty and "head" in m and (m["head"] == "fitted").any()
@@ -69,9 +85,14 @@ def mlm_caveat(tables: dict) -> str:
     its accuracy (the fitted head's held-out masked-token accuracy, from the MLM scoring jobs'
     ``mlm_head``), from ``tables["mlm"]``.
 
+    ``""`` where the objective needs no caveat (a decoder's own LM head,
+    [`ObjectiveWords.caveat`][headcount.experiments.studies.transfer.tables.ObjectiveWords.caveat]).
+
     >>> mlm_caveat({"mlm": pd.DataFrame({"corpus": ["amazon"], "head": ["fitted"], "head_heldout_accuracy": [0.093]})})
     '† MLM head fitted on the frozen encoder, held-out masked-token accuracy 0.09 (amazon): MLM importance is importance for that head'
     """
+    if not objective_words(tables).caveat:
+        return ""
     m = tables.get("mlm")
     if m is None or m.empty or "head" not in m:
         return "† which MLM head was used is not in this run's tables"
@@ -176,17 +197,19 @@ def coherence_sentence(tables: dict, comparison: str, label: str, settings: Tran
     return text
 
 
-def _mlm_accuracy(r) -> str:
-    """An MLM accuracy with its binomial (Wilson) 95% interval over the masked tokens, when counted."""
+def _mlm_accuracy(r, words: ObjectiveWords | None = None) -> str:
+    """An MLM (or LM: ``words``) accuracy with its binomial (Wilson) 95% interval over the masked
+    (predicted) tokens, when counted."""
+    tokens = (words or objective_words("mlm")).tokens
     acc, n = r.get("validation_accuracy"), r.get("validation_masked_tokens")
     if not _finite(acc):
         return "n/a"
     if not _finite(n) or int(n) < 1:
-        return f"{fmt(acc)} (no interval: masked tokens not counted)"
+        return f"{fmt(acc)} (no interval: {tokens} not counted)"
     from scipy.stats import binomtest
 
     ci = binomtest(round(float(acc) * int(n)), int(n)).proportion_ci(method="wilson")
-    return f"{fmt(acc)} [{ci.low:.2f}, {ci.high:.2f}] (Wilson interval over {int(n):,} masked tokens, approximate: tokens of one text are not independent)"
+    return f"{fmt(acc)} [{ci.low:.2f}, {ci.high:.2f}] (Wilson interval over {int(n):,} {tokens}, approximate: tokens of one text are not independent)"
 
 
 def _per_seed_removable(tables: dict, task, threshold: float) -> dict[str, list[float]]:
@@ -209,23 +232,25 @@ def prunability_sentence(tables: dict, settings: TransferSettings, caveat: str =
     if pr.empty:
         return ""
     threshold = settings.before_after.threshold
+    w = objective_words(settings)
     d = pr[(pr["objective"] == "task") & (pr["view"] == "application")]
     orders = ("task", "mlm", "embedding", "random")
     parts = []
     for t, g in d.groupby("task", sort=False):
-        txt = f"{t}: " + ", ".join(f"{o} {_share(g[g['order'] == o]['removable_fraction'].iloc[0])}"
+        txt = f"{t}: " + ", ".join(f"{w.by(o)} {_share(g[g['order'] == o]['removable_fraction'].iloc[0])}"
                                    for o in orders if (g["order"] == o).any())
         seeds = _per_seed_removable(tables, t, threshold)
         spread = []
         for o in orders:
             iv = seed_interval(seeds.get(o, []))
             if iv["n"] > 1:
-                spread.append(f"{o} {iv['mean']:.0%} ± {iv['std']:.0%} (n={iv['n']})")
+                spread.append(f"{w.by(o)} {iv['mean']:.0%} ± {iv['std']:.0%} (n={iv['n']})")
         if spread:
             txt += " (each seed's curve, mean ± std: " + ", ".join(spread) + ")"
         parts.append(txt)
     return (f"Heads removable with >= {threshold:.0%} of the fine-tuned score (no retraining), by order"
-            + (" (the mlm order†)" if caveat == MARK else _marked(caveat, "the mlm order: ")) + ": " + "; ".join(parts) + ".")
+            + (f" (the {w.by('mlm')} order{MARK})" if caveat == MARK else _marked(caveat, f"the {w.by('mlm')} order: "))
+            + ": " + "; ".join(parts) + ".")
 
 
 def deduction_sentence(tables: dict, settings: TransferSettings, caveat: str = "") -> str:
@@ -235,6 +260,7 @@ def deduction_sentence(tables: dict, settings: TransferSettings, caveat: str = "
     if ad.empty:
         return ""
     threshold = settings.before_after.threshold
+    w = objective_words(settings)
     ba = tables.get("before_after")
     parts = []
     for _, r in ad.iterrows():
@@ -244,9 +270,9 @@ def deduction_sentence(tables: dict, settings: TransferSettings, caveat: str = "
         if r["level"] is None or pd_isna(r["level"]):
             parts.append(f"{r['task']}: none")
             continue
-        txt = f"{r['task']}: {r['level']:.0%} of heads, MLM loss +{r['mlm_loss_increase']:.2f}"
+        txt = f"{r['task']}: {r['level']:.0%} of heads, {w.label} loss +{r['mlm_loss_increase']:.2f}"
         if ba is not None and not ba.empty and {"task", "level", "setting", "score"} <= set(ba):
-            x = ba[(ba["task"] == r["task"]) & (ba["setting"] == "prune (mlm) then fine-tune")
+            x = ba[(ba["task"] == r["task"]) & (ba["setting"] == w.setting("before", "mlm"))
                    & np.isclose(ba["level"].astype(float), float(r["level"]))]
             if len(x):
                 x = x.iloc[0]
@@ -257,7 +283,7 @@ def deduction_sentence(tables: dict, settings: TransferSettings, caveat: str = "
                         + (f", against {threshold:g} x full = {threshold * float(full):.2f}" if _finite(full) else "")
                         + ")")
         parts.append(txt)
-    return (f"Acceptable deduction{MARK if caveat == MARK else ''} (prune by MLM, then fine-tune, >= {threshold:.0%}"
+    return (f"Acceptable deduction{MARK if caveat == MARK else ''} (prune by {w.label}, then fine-tune, >= {threshold:.0%}"
             + (f"; {caveat}" if caveat and caveat != MARK else "") + "): " + "; ".join(parts) + ".")
 
 
@@ -276,6 +302,7 @@ def before_after_sentence(tables: dict, caveat: str = "") -> str:
     d = tables.get("before_after_seeds")
     if d is None or d.empty:
         return ""
+    w = objective_words(tables)
     parts, floors = [], []
     for t, g in d.groupby("task", sort=False):
         levels = []
@@ -294,7 +321,7 @@ def before_after_sentence(tables: dict, caveat: str = "") -> str:
     if floors and all(f > ALPHA for f in floors):
         n = int(d.groupby(["task", "level"]).size().max())
         tail = f"; not testable at this n (with {n} seeds the smallest two-sided sign-flip p is {floor:.2g})"
-    return ("Pruning before fine-tuning vs removing the same MLM-ranked heads after it (no retraining)"
+    return (f"Pruning before fine-tuning vs removing the same {w.label}-ranked heads after it (no retraining)"
             + _marked(caveat) + ", seed by seed: " + "; ".join(parts) + tail + ".")
 
 
@@ -302,20 +329,23 @@ def transfer_summary(tables: dict, settings: TransferSettings, prefix: str = "")
     """The headline numbers as text (for the report's summary): every estimate with its interval
     (or mean ± std over seeds, n), ``interval contains chance`` wherever an interval contains the chance level,
     ``not significant`` wherever a p-value is >= 0.05, and ``†`` on every sentence that rests on
-    the MLM head (what it stands for: [`transfer_caveats`][headcount.experiments.studies.transfer.summary.transfer_caveats], said once in the report's box).
+    the MLM head (what it stands for: [`transfer_caveats`][headcount.experiments.studies.transfer.summary.transfer_caveats], said once in the report's box). A
+    decoder's run (``objectives: [lm]``) names its next-token LM and carries no ``†``.
 
     >>> transfer_summary(transfer_tables(store, config), config)    # doctest: +SKIP
     'Masked LM of the pre-trained model†: ...'
     """
-    caveat = MARK
+    w = objective_words(settings)
+    caveat = MARK if w.caveat else ""
     parts = []
     m = tables.get("mlm")
     if m is not None and not m.empty:
-        parts.append(f"Masked LM of the pre-trained model{MARK}: " + "; ".join(
-            f"{r['corpus']}: accuracy {_mlm_accuracy(r)}, loss {fmt(r.get('validation_loss'))}"
+        parts.append(f"{w.name[0].upper()}{w.name[1:]} of the pre-trained model{caveat}: " + "; ".join(
+            f"{r['corpus']}: accuracy {_mlm_accuracy(r, w)}, loss {fmt(r.get('validation_loss'))}"
             + ("" if r.get("head") == "fitted" else " (its own head)")
             for _, r in m.iterrows()) + ".")
     for comparison, label, mlm_side in SUMMARY_COMPARISONS:
+        label = label.format(label=w.label, encoder=w.encoder)
         txt = coherence_sentence(tables, comparison, label, settings, caveat if mlm_side else "")
         if txt:
             parts.append(txt)

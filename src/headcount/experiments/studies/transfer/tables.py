@@ -2,11 +2,18 @@
 
 [`transfer_tables`][headcount.experiments.studies.transfer.tables.transfer_tables] reads every finished job of a transfer part through [`plan.Names`][headcount.experiments.studies.transfer.plan.Names];
 the figures ([`figures`][headcount.experiments.studies.transfer.figures]) and the report ([`report`][headcount.experiments.studies.transfer.report]) are drawn from its output only.
+
+[`objective_words`][headcount.experiments.studies.transfer.tables.objective_words] names the objective in MLM's role for every text the figures, the
+summary and the report write: masked LM for an encoder, a decoder's next-token LM for ``objectives: [lm]``.
+Only labels follow it: the plan's keys (job names, comparisons, score kinds, orders, raw columns such as
+``mlm_loss_increase``) keep their ``mlm`` names, so that results keep their identities.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -16,7 +23,107 @@ from headcount.analysis.removal import acceptable_deduction
 from headcount.analysis.summaries import largest_contiguous_passing
 from headcount.experiments.studies.extra_eval import extra_splits
 from headcount.experiments.studies.transfer.config import TransferSettings
-from headcount.experiments.studies.transfer.plan import Names, plan_of
+from headcount.experiments.studies.transfer.plan import COMPARISONS, Names, plan_of
+
+
+@dataclass(frozen=True)
+class ObjectiveWords:
+    """How the report names the pre-training objective in MLM's role
+    ([`TransferSettings.pretrain`][headcount.experiments.studies.transfer.config.TransferSettings.pretrain]).
+
+    Attributes:
+        label: its short name in prose, titles and headers: ``MLM``, ``LM``.
+        title: its name in a figure's title: ``MLM``, ``next-token LM``.
+        name: the objective in words: ``masked LM``, ``next-token LM``.
+        loss: its loss in words: ``masked-LM loss``, ``next-token LM loss``.
+        tokens: the tokens its accuracy counts: ``masked tokens``, ``predicted tokens``.
+        order: its head order in row labels and legends (``by mlm``, ``prune (mlm) then
+            fine-tune``): ``mlm``, ``lm``.
+        encoder: what the backbone is called: ``encoder``, ``model``.
+        head: where its output head comes from (the ``mlm`` table's caption): fitted or the
+            checkpoint's for MLM, the decoder's own for LM.
+        caveat: whether its numbers rest on a head the reader must be told about (``†``): an
+            encoder's MLM head, fitted on the frozen encoder or the checkpoint's; a decoder's own
+            LM head, pre-trained with it, needs none.
+    """
+
+    label: str
+    title: str
+    name: str
+    loss: str
+    tokens: str
+    order: str
+    encoder: str
+    head: str
+    caveat: bool
+
+    def kind(self, kind: str) -> str:
+        """A score kind of ``head_scores`` (a key) as a label: ``mlm-...`` named by the objective.
+
+        >>> OBJECTIVE_WORDS["lm"].kind("mlm-pre-trained"), OBJECTIVE_WORDS["lm"].kind("task-fine-tuned")
+        ('lm-pre-trained', 'task-fine-tuned')
+        """
+        return f"{self.order}{kind[3:]}" if kind.startswith("mlm-") else kind
+
+    def by(self, order: str) -> str:
+        """A head order (a key: ``task``, ``mlm``, ``embedding``, ``random``) as a label."""
+        return self.order if order == "mlm" else order
+
+    def setting(self, when: str, order: str) -> str:
+        """A row label of the ``before_after`` table: ``prune (<order>) then fine-tune`` (``when``
+        ``before``) or ``fine-tune then prune (<order>)`` (``after``), the order as [`by`][headcount.experiments.studies.transfer.tables.ObjectiveWords.by] names it.
+
+        >>> OBJECTIVE_WORDS["mlm"].setting("before", "mlm"), OBJECTIVE_WORDS["lm"].setting("after", "mlm")
+        ('prune (mlm) then fine-tune', 'fine-tune then prune (lm)')
+        """
+        return f"prune ({self.by(order)}) then fine-tune" if when == "before" else f"fine-tune then prune ({self.by(order)})"
+
+    def comparison(self, comparison: str) -> str:
+        """A comparison's label ([`COMPARISONS`][headcount.experiments.studies.transfer.plan.COMPARISONS], written for an encoder's MLM) in these words.
+
+        The plan's labels are the one place that is rewritten rather than written per objective:
+        they belong to the plan, whose keys stay.
+
+        >>> OBJECTIVE_WORDS["lm"].comparison("mlm-before-vs-after")
+        'LM: pre-trained vs fine-tuned model'
+        """
+        text = COMPARISONS.get(comparison, comparison)
+        if self.order == "mlm":
+            return text
+        return text.replace("MLM", self.label).replace("encoder", self.encoder)
+
+
+#: The words of each objective in MLM's role (``mlm``, ``lm``), for [`objective_words`][headcount.experiments.studies.transfer.tables.objective_words].
+OBJECTIVE_WORDS: dict[str, ObjectiveWords] = {
+    "mlm": ObjectiveWords(label="MLM", title="MLM", name="masked LM", loss="masked-LM loss", tokens="masked tokens",
+                          order="mlm", encoder="encoder",
+                          head="The masked-LM head (from the checkpoint, or fitted on the frozen encoder: its "
+                               "held-out loss/accuracy)", caveat=True),
+    "lm": ObjectiveWords(label="LM", title="next-token LM", name="next-token LM", loss="next-token LM loss",
+                         tokens="predicted tokens", order="lm", encoder="model",
+                         head="The next-token LM head (the decoder's own, pre-trained with it: none is fitted)",
+                         caveat=False),
+}
+
+
+def objective_words(of: TransferSettings | Mapping | str) -> ObjectiveWords:
+    """The words for the objective in MLM's role: the one helper every label of the report uses.
+
+    Args:
+        of: a part's settings (their [`pretrain`][headcount.experiments.studies.transfer.config.TransferSettings.pretrain]), its
+            [`transfer_tables`][headcount.experiments.studies.transfer.tables.transfer_tables] (which record it under ``objective``; tables
+            without it are an encoder's), or the objective itself (``mlm``, ``lm``).
+
+    >>> objective_words("lm").label, objective_words({}).label
+    ('LM', 'MLM')
+    """
+    if isinstance(of, str):
+        name = of
+    elif isinstance(of, Mapping):
+        name = of.get("objective") or "mlm"
+    else:
+        name = of.pretrain
+    return OBJECTIVE_WORDS[name]
 
 
 def artifact(prefix: str) -> str:
@@ -32,7 +139,8 @@ def transfer_tables(store, settings: TransferSettings, prefix: str = "") -> dict
     ``curves``, ``prunability``, ``before_after``, ``before_after_seeds`` (per seed: the pruned-
     then-fine-tuned score beside the same seed's fine-tuned model gated at the same level),
     ``acceptable_deduction``, ``acceptable_deduction_summary`` (the last four empty when
-    ``before_after`` is off).
+    ``before_after`` is off), and ``objective``: the objective in MLM's role (``mlm``, ``lm``: what
+    [`objective_words`][headcount.experiments.studies.transfer.tables.objective_words] names; the ``before_after`` rows' ``setting`` labels follow it).
     A task with extra dev sets (MNLI mismatched, label ``mm``) adds ``fine_tuned_<label>`` to
     ``finetune`` (the fine-tuned models on that split) and ``before_after`` rows
     ``prune (<order>) then fine-tune (<label>)`` (the pruned-then-fine-tuned models on it);
@@ -40,7 +148,7 @@ def transfer_tables(store, settings: TransferSettings, prefix: str = "") -> dict
 
     >>> tables = transfer_tables(RunStore("runs/transfer-offline"), config)   # doctest: +SKIP
     """
-    n, p = Names(prefix), plan_of(settings)
+    n, p, words = Names(prefix), plan_of(settings), objective_words(settings)
     coh = store.result(n.coherence())
     coherence_df = pd.DataFrame(coh.result["rows"])
     for col in ("p_value_global", "grids", "pairing"):  # results saved before these columns
@@ -118,7 +226,7 @@ def transfer_tables(store, settings: TransferSettings, prefix: str = "") -> dict
                             for seed in p["ba_seeds"]]
                     ok = [v for v in vals if v is not None and math.isfinite(v)]  # a NaN run is counted, not averaged
                     pruned_first[order] = float(np.mean(ok)) if ok else float("nan")
-                    ba_rows.append({"task": t, "level": level, "setting": f"prune ({order}) then fine-tune",
+                    ba_rows.append({"task": t, "level": level, "setting": words.setting("before", order),
                                     "score": pruned_first[order], "score_min": float(np.min(ok)) if ok else float("nan"),
                                     "score_max": float(np.max(ok)) if ok else float("nan"), "full": full,
                                     "score_std": _std(ok), "n": len(ok), "n_total": len(vals)})
@@ -126,7 +234,8 @@ def transfer_tables(store, settings: TransferSettings, prefix: str = "") -> dict
                         vals = [extra_score(n.pruned_finetune(t, seed, order, level), label) for seed in p["ba_seeds"]]
                         ok = [v for v in vals if math.isfinite(v)]
                         full_x = ftd[(ftd["task"] == t) & ftd["seed"].isin(p["ba_seeds"])][f"fine_tuned_{label}"]
-                        ba_rows.append({"task": t, "level": level, "setting": f"prune ({order}) then fine-tune ({label})",
+                        ba_rows.append({"task": t, "level": level,
+                                        "setting": f"{words.setting('before', order)} ({label})",
                                         "score": float(np.mean(ok)) if ok else float("nan"),
                                         "score_min": float(np.min(ok)) if ok else float("nan"),
                                         "score_max": float(np.max(ok)) if ok else float("nan"),
@@ -142,7 +251,7 @@ def transfer_tables(store, settings: TransferSettings, prefix: str = "") -> dict
                                             for o, v in after.items()}})
                 for order in ("task", "mlm"):
                     v = task_c[(task_c["order"] == order) & np.isclose(task_c["fraction"], level)]["score"]
-                    ba_rows.append({"task": t, "level": level, "setting": f"fine-tune then prune ({order})",
+                    ba_rows.append({"task": t, "level": level, "setting": words.setting("after", order),
                                     "score": float(v.mean()), "score_min": float(v.min()), "score_max": float(v.max()),
                                     "full": float(task_c[task_c["fraction"] == 0]["score"].mean()),
                                     "score_std": _std(v.dropna()), "n": int(v.count()), "n_total": len(v)})
@@ -162,7 +271,8 @@ def transfer_tables(store, settings: TransferSettings, prefix: str = "") -> dict
             "head_scores": pd.DataFrame(scores), "finetune": pd.DataFrame(ft_rows), "curves": curves,
             "prunability": prunability, "before_after": pd.DataFrame(ba_rows),
             "before_after_seeds": pd.DataFrame(ba_seed_rows),
-            "acceptable_deduction": pd.DataFrame(ad_rows), "acceptable_deduction_summary": pd.DataFrame(ad_summary)}
+            "acceptable_deduction": pd.DataFrame(ad_rows), "acceptable_deduction_summary": pd.DataFrame(ad_summary),
+            "objective": settings.pretrain}
 
 
 def _number(x) -> float:
