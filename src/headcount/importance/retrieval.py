@@ -11,8 +11,8 @@ At every step, for every layer and query head, take the position of the last que
 attention weight (over every key, as ``topk(1)``); if it lies in the needle span (the answer's
 tokens in the prompt) and the token just generated equals the prompt's token there, add
 ``1 / (span length)`` to that head. Decoding stops after a token holding a line break (the
-reference's ``<0x0A>``) or an end-of-sequence token (the reference decodes on after one; it never
-came up in its prompts). An example counts only if the retrieval succeeded: the ROUGE-1 recall of
+reference's ``<0x0A>``) or an end-of-sequence token (the reference decodes on after one, up to its
+50). An example counts only if the retrieval succeeded: the ROUGE-1 recall of
 the decoded answer against the needle's answer exceeds 0.5 (``success: rouge1``, the reference's
 ``score > 50``; ``exact``: the answer appears verbatim). A head's score is the mean of its
 per-example sums over the counted examples. Generation is the model's ordinary forward with
