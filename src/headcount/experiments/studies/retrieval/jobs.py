@@ -1,0 +1,461 @@
+"""The retrieval study's job functions (orchestration only: the maths is in
+[`headcount.importance.retrieval`][headcount.importance.retrieval] (the scorers),
+[`headcount.analysis.retrieval`][headcount.analysis.retrieval] (the interval),
+[`headcount.analysis.ablation`][headcount.analysis.ablation] (the causal test),
+[`headcount.importance.budgets`][headcount.importance.budgets] and [`headcount.core.kvcache`][headcount.core.kvcache]
+(budgets and the cache that applies them) and [`headcount.analysis.correlation`][headcount.analysis.correlation] /
+[`headcount.analysis.agreement`][headcount.analysis.agreement] (stability)).
+
+Each has the runner's signature ``(params, inputs, workdir, progress) -> dict``, validates its
+params into a ``*Params`` model of [`config`][headcount.experiments.studies.retrieval.config] and is
+deterministic given them. Files each writes:
+
+- ``score_job``: ``scores.json`` (``heads [L, H]``; retrieval: ``interval`` and
+  ``retrieval.share_above_threshold``; long-range: ``kv_groups [L, n_kv]``), retrieval also
+  ``per_example.safetensors`` (``heads [n_examples, L, H]``, each example's copies; 0 for the
+  examples that do not count);
+- ``pool_job``: ``scores.json`` of every example of one scorer at once (``kv_groups`` too);
+- ``stability_job``: ``stability.csv`` (one row per pair of head sets);
+- ``ablation_job``: ``ablation.json`` ([`AblationResult`][headcount.analysis.ablation.AblationResult]);
+- ``budget_job``: ``budget.json`` ([`KVBudget`][headcount.core.kvbudget.KVBudget]);
+- ``curve_job``: ``curve.json`` (measured KV bytes, needle answers, LM losses).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from itertools import combinations
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import save_file
+
+from headcount.analysis.agreement import expected_jaccard
+from headcount.analysis.correlation import jaccard, spearman, top_k_mask
+from headcount.analysis.retrieval import with_retrieval_interval
+from headcount.core.kvbudget import KVBudget
+from headcount.data.tasks.niah import exact_match, niah_batches, niah_task, stop_ids
+from headcount.experiments.studies.jobs import load_per_example
+from headcount.experiments.studies.lottery.config import job_params
+from headcount.experiments.studies.retrieval.config import (
+    AblationParams,
+    BudgetParams,
+    CurveParams,
+    NiahParams,
+    PoolParams,
+    ScoreParams,
+    StabilityParams,
+)
+from headcount.importance.budgets import (
+    KVBudgetSettings,
+    budget_from_scores,
+    kv_head_scores,
+    random_budget,
+    uniform_budget,
+)
+from headcount.importance.pipeline import load_for
+from headcount.importance.retrieval import kv_reduce_scores, mean_over_counted
+from headcount.importance.scores import Scores
+from headcount.importance.scoring import score
+from headcount.runtime.atomic import atomic_path, atomic_write_json, atomic_write_text
+from headcount.runtime.device import resolve_runtime
+from headcount.runtime.errors import HeadcountError
+
+
+# --------------------------------------------------------------------------- helpers
+def niah_of(p: NiahParams):
+    """The generated task of a job's ``niah`` params (named by its template: the seed is in the job's name)."""
+    return niah_task(f"niah-{p.template}", p.spec())
+
+
+def _model(spec: str, task, rt):
+    """The decoder with its language-model head on the job's device, in eval mode, and its tokenizer."""
+    model, tokenizer, _ = load_for(spec, task, "lm", device=rt)
+    model.eval()
+    return model, tokenizer
+
+
+def shape_of(model) -> dict:
+    """``n_layers``, ``n_heads``, ``n_kv_heads``, ``head_dim`` of a decoder (what budgets are made for)."""
+    from headcount.core.gates import layout
+
+    g = layout(model)
+    return {"n_layers": int(g.n_layers), "n_heads": int(g.n_heads), "n_kv_heads": int(g.n_kv_heads),
+            "head_dim": int(g.head_dim)}
+
+
+def _counter(progress, total: int, what: str):
+    """A ``progress(i)`` callback of an inner loop that reports ``done + i`` of ``total`` (call ``.next(n)`` between passes)."""
+    state = {"base": 0}
+
+    def call(i):
+        progress(state["base"] + i, total, what)
+
+    def advance(n):
+        state["base"] += n
+
+    call.next = advance  # type: ignore[attr-defined]
+    return call
+
+
+def kv_grid(scores: dict) -> list[list[float]]:
+    """A scores file's per-KV-head grid: its ``kv_groups`` (long-range's own), else the max over
+    each group's query heads (the budgets' rule, [`kv_head_scores`][headcount.importance.budgets.kv_head_scores])."""
+    if scores.get("kv_groups") is not None:
+        return [[math.nan if v is None else float(v) for v in row] for row in scores["kv_groups"]]
+    heads = [[math.nan if v is None else float(v) for v in row] for row in scores["heads"]]
+    return kv_head_scores(heads, int(scores["layout"]["n_kv_heads"]))
+
+
+def _grid(values) -> np.ndarray:
+    return np.asarray([[np.nan if v is None else v for v in row] for row in values], dtype=np.float64)
+
+
+# --------------------------------------------------------------------------- scores
+def score_job(params, inputs, workdir: Path, progress) -> dict:
+    """One scorer (``retrieval`` or ``long-range``) on the examples of one template and haystack seed.
+
+    params: [`ScoreParams`][headcount.experiments.studies.retrieval.config.ScoreParams]. Writes
+    ``scores.json`` (and, for ``retrieval``, ``per_example.safetensors``); returns the scores'
+    dict with ``layout`` (the model's shape).
+
+    >>> score_job(params, {}, Path("out"), print)["method"]   # doctest: +SKIP
+    'retrieval'
+    """
+    p = job_params(ScoreParams, params)
+    rt = resolve_runtime()  # $HEADCOUNT_DEVICE / $HEADCOUNT_PRECISION (set by the runner), once
+    task = niah_of(p.niah)
+    model, tokenizer = _model(p.model, task, rt)
+    batches = niah_batches(task, tokenizer, split=p.niah.split, batch_size=1)
+    n = sum(len(b.examples) for b in batches)
+    s = score(model, batches, method=p.method, device=rt, options=p.options,
+              progress=lambda i: progress(i, n, f"{p.method}: {p.niah.template}, seed {p.niah.seed}"))
+    shape = shape_of(model)
+    if p.method == "retrieval":
+        if p.n_boot:
+            s = with_retrieval_interval(s, n_boot=p.n_boot, level=p.level, seed=p.niah.seed, threshold=p.threshold)
+        else:  # no resamples: the share without its interval
+            share = float((s.heads[torch.isfinite(s.heads)] > p.threshold).double().mean())
+            s = replace(s, meta={**s.meta, "retrieval": {**s.meta["retrieval"], "share_above_threshold": {
+                "threshold": p.threshold, "estimate": share, "low": math.nan, "high": math.nan}}})
+        with atomic_path(workdir / "per_example.safetensors") as tmp:
+            save_file({"heads": s.per_example.contiguous()}, str(tmp))
+    s = replace(s, meta={**s.meta, "task": task.name, "model": p.model, "template": p.niah.template,
+                         "haystack_seed": p.niah.seed, "split": p.niah.split, "layout": shape})
+    s.save(workdir / "scores.json")
+    return s.to_dict()
+
+
+def pool_job(params, inputs, workdir: Path, progress) -> dict:
+    """Every (template, seed) run of one scorer as one grid: ``retrieval``: the mean of each head's
+    copies over the counted examples of all runs (as if scored at once) with its bootstrap
+    interval over those examples; ``long-range``: the mass over all runs' query positions (each
+    run's mean weighted by its queries), ``kv_groups`` reduced from it as the scorer does.
+
+    params: [`PoolParams`][headcount.experiments.studies.retrieval.config.PoolParams]; inputs: the
+    runs' score jobs. Writes ``scores.json`` (``kv_groups`` for both scorers: retrieval's is the
+    max over each group's query heads, the budgets' rule).
+    """
+    p = job_params(PoolParams, params)
+    runs = [inputs[name] for name in p.runs]
+    docs = [r.load_json("scores.json") for r in runs]
+    shape = docs[0]["layout"]
+    n_kv = shape["n_kv_heads"]
+    if p.method == "retrieval":
+        rows = np.concatenate([load_per_example(r.dir / "per_example.safetensors")[0] for r in runs])  # [n, L, H]
+        records = [e for d in docs for e in d["retrieval"]["examples"]]
+        counted = [bool(e["counted"]) for e in records]
+        per = torch.as_tensor(rows)
+        heads = mean_over_counted(per, counted).float()
+        s = Scores(heads=heads, mlps=torch.full((heads.shape[0],), math.nan), method="retrieval",
+                   n_examples=len(records), n_tokens=sum(int(d["n_tokens"]) for d in docs),
+                   meta={"retrieval": {"success": docs[0]["retrieval"]["success"], "n_counted": int(sum(counted)),
+                                       "needle_accuracy": float(np.mean([bool(e["exact"]) for e in records])),
+                                       "examples": records}},
+                   per_example=per.float())
+        if p.n_boot:
+            s = with_retrieval_interval(s, n_boot=p.n_boot, level=p.level, seed=0, threshold=p.threshold)
+        kv = kv_head_scores(_grid(s.heads.tolist()).tolist(), n_kv)
+        s = replace(s, per_example=None)
+    else:
+        weights = np.asarray([float(d["n_queries"]) for d in docs])
+        grids = np.stack([_grid(d["heads"]) for d in docs])  # [runs, L, H]
+        heads = torch.as_tensor((grids * weights[:, None, None]).sum(0) / weights.sum())
+        kv = kv_reduce_scores(heads, n_kv, docs[0]["kv_reduce"]).tolist()
+        s = Scores(heads=heads.float(), mlps=torch.full((heads.shape[0],), math.nan), method="long-range",
+                   n_examples=sum(int(d["n_examples"]) for d in docs), n_tokens=sum(int(d["n_tokens"]) for d in docs),
+                   meta={k: docs[0][k] for k in ("sink", "window", "kv_reduce")} | {"n_queries": int(weights.sum())})
+    s = replace(s, meta={**s.meta, "kv_groups": kv, "layout": shape, "pooled": list(p.runs), "model": docs[0]["model"],
+                         "task": "niah (pooled over templates and seeds)"})
+    s.save(workdir / "scores.json")
+    out = {"method": p.method, "layout": shape, "n_runs": len(runs), "n_examples": s.n_examples}
+    if p.method == "retrieval":
+        out["share_above_threshold"] = s.meta["retrieval"].get("share_above_threshold")
+        out["needle_accuracy"] = s.meta["retrieval"]["needle_accuracy"]
+        out["n_counted"] = s.meta["retrieval"]["n_counted"]
+    return out
+
+
+# --------------------------------------------------------------------------- stability
+def head_set(grid: np.ndarray, fraction: float) -> np.ndarray:
+    """The top ``fraction`` of a grid's units ([`top_k_mask`][headcount.analysis.correlation.top_k_mask])
+    among those that score above 0: a retrieval grid is mostly 0, and the heads a tie at 0 would
+    add (the first ones by position) are the same in every grid, which would pass for agreement.
+
+    >>> head_set(np.array([[0.3, 0.0], [0.0, 0.0]]), 0.5).astype(int).tolist()
+    [[1, 0], [0, 0]]
+    """
+    return top_k_mask(grid, fraction) & (np.nan_to_num(grid, nan=0.0) > 0)
+
+
+def tied(grid: np.ndarray, chosen: np.ndarray) -> int:
+    """How many members of a set were chosen among equal scores at its cut (the set's lowest score
+    equals the highest score left out): a tie is broken by position, the same in every grid, so
+    agreement on those members says nothing.
+
+    >>> tied(np.array([0.5, 0.0, 0.0, 0.0]), np.array([True, True, False, False]))
+    1
+    """
+    g = np.nan_to_num(np.asarray(grid, dtype=np.float64), nan=-np.inf)
+    chosen = np.asarray(chosen, dtype=bool)
+    if not chosen.any() or chosen.all():
+        return 0
+    cut = g[~chosen].max()
+    return int((chosen & (g == cut)).sum())
+
+
+def agreement_row(a: np.ndarray, b: np.ndarray, set_a: np.ndarray, set_b: np.ndarray) -> dict:
+    """Top-k Jaccard of two head sets, its chance level (two random sets of their sizes among the
+    units both grids score, [`expected_jaccard`][headcount.analysis.agreement.expected_jaccard]), the Spearman of the grids, and
+    the members chosen among ties ([`tied`][headcount.experiments.studies.retrieval.jobs.tied])."""
+    n = int((np.isfinite(a) & np.isfinite(b)).sum())
+    ka, kb = int(set_a.sum()), int(set_b.sum())
+    return {"n": n, "k_a": ka, "k_b": kb, "jaccard": jaccard(set_a, set_b),
+            "chance": expected_jaccard(ka, kb, n) if ka <= n and kb <= n else math.nan, "spearman": spearman(a, b),
+            "tied": tied(a, set_a) + tied(b, set_b)}
+
+
+def stability_job(params, inputs, workdir: Path, progress) -> dict:
+    """The agreement of every head set the study writes across haystack seeds (same template and
+    scorer), prompt templates (same seed and scorer) and scorers (same run): the top fractions of
+    query heads and of KV heads by each scorer ([`head_set`][headcount.experiments.studies.retrieval.jobs.head_set]), and the full KV heads of
+    the budget each run's ranking gives at every memory target.
+
+    params: [`StabilityParams`][headcount.experiments.studies.retrieval.config.StabilityParams];
+    inputs: every score job, named as in ``runs``. Writes ``stability.csv``; returns ``rows``.
+    """
+    import pandas as pd
+
+    p = job_params(StabilityParams, params)
+    docs = {alias: inputs[alias].load_json("scores.json") for alias in p.runs}
+    shape = next(iter(docs.values()))["layout"]
+    grids: dict[tuple, dict[str, np.ndarray]] = {}  # (method, template, seed) -> unit -> grid
+    for alias, m in p.runs.items():
+        d = docs[alias]
+        grids[m["method"], m["template"], int(m["seed"])] = {"query heads": _grid(d["heads"]),
+                                                              "KV heads": np.asarray(kv_grid(d), dtype=np.float64)}
+    budget_sets: dict[tuple, np.ndarray] = {}  # (method, template, seed, memory) -> full [L, n_kv]
+    for key, g in grids.items():
+        for memory in p.memory:
+            s = KVBudgetSettings(memory=memory, context=p.context, sink=p.sink, window=p.window, dtype=p.dtype)
+            b = budget_from_scores(g["KV heads"].tolist(), shape["n_heads"], shape["head_dim"], s)
+            budget_sets[(*key, memory)] = np.asarray(b.full, dtype=bool)
+
+    def sets(method, template, seed):
+        g = grids[method, template, seed]
+        for unit in ("query heads", "KV heads"):
+            for f in p.fractions:
+                yield f"top {f:.0%} {unit}", unit, f, None, g[unit], head_set(g[unit], f)
+        for memory in p.memory:
+            yield (f"full KV heads, memory {memory:g}", "KV heads", None, memory, g["KV heads"],
+                   budget_sets[method, template, seed, memory])
+
+    templates = list(dict.fromkeys(k[1] for k in grids))
+    seeds = list(dict.fromkeys(k[2] for k in grids))
+    methods = list(dict.fromkeys(k[0] for k in grids))
+    pairs = []  # (comparison, scorer label, run a, run b)
+    for method in methods:
+        for t in templates:
+            pairs += [("seeds", method, (method, t, s1), (method, t, s2)) for s1, s2 in combinations(seeds, 2)]
+        for s in seeds:
+            pairs += [("templates", method, (method, t1, s), (method, t2, s)) for t1, t2 in combinations(templates, 2)]
+    if len(methods) == 2:
+        for t in templates:
+            for s in seeds:
+                pairs.append(("scorers", f"{methods[0]} vs {methods[1]}", (methods[0], t, s), (methods[1], t, s)))
+    rows = []
+    for comparison, scorer, a, b in pairs:
+        for (name, unit, f, memory, ga, sa), (_, _, _, _, gb, sb) in zip(sets(*a), sets(*b)):
+            rows.append({"head_set": name, "unit": unit, "fraction": f, "memory": memory, "comparison": comparison,
+                         "scorer": scorer, "template_a": a[1], "seed_a": a[2], "template_b": b[1], "seed_b": b[2],
+                         **agreement_row(ga, gb, sa, sb)})
+    atomic_write_text(workdir / "stability.csv", pd.DataFrame(rows).to_csv(index=False))
+    return {"rows": rows, "ranking": p.ranking}
+
+
+# --------------------------------------------------------------------------- ablation
+def ablation_job(params, inputs, workdir: Path, progress) -> dict:
+    """The causal test of one ranking on the held-out haystacks: the top ``fraction`` of query heads
+    (``unit: heads``, the pooled retrieval score) or of KV heads (``kv-groups``, the budgets'
+    ranking) gated off vs ``draws`` random sets of as many ([`ablation_test`][headcount.analysis.ablation.ablation_test]).
+
+    params: [`AblationParams`][headcount.experiments.studies.retrieval.config.AblationParams];
+    input ``scores``: the pooled scores of the ranking. Writes ``ablation.json``.
+    """
+    from headcount.analysis.ablation import ablation_test
+
+    p = job_params(AblationParams, params)
+    rt = resolve_runtime()
+    doc = inputs["scores"].load_json("scores.json")
+    grid = _grid(doc["heads"]) if p.unit == "heads" else np.asarray(kv_grid(doc), dtype=np.float64)
+    task = niah_of(p.niah)
+    model, tokenizer = _model(p.model, task, rt)
+    batches = niah_batches(task, tokenizer, split=p.niah.split, batch_size=1)
+    n = sum(len(b.examples) for b in batches)
+    count = _counter(progress, n * (2 + p.draws), f"ablation ({p.unit})")
+
+    def step(i):
+        count(i)
+        if i == n:
+            count.next(n)
+
+    r = ablation_test(model, batches, torch.as_tensor(grid), fraction=p.fraction, draws=p.draws, seed=p.seed,
+                      unit=p.unit, max_new_tokens=p.max_new_tokens, rt=rt, progress=step)
+    out = {**r.to_dict(), "ranking": p.ranking, "n_positive": int((np.nan_to_num(grid) > 0).sum()),
+           "length": p.niah.lengths[0], "template": p.niah.template, "haystack_seed": p.niah.seed, **rt.meta()}
+    atomic_write_json(workdir / "ablation.json", out)
+    return out
+
+
+# --------------------------------------------------------------------------- budgets and the curve
+def budget_job(params, inputs, workdir: Path, progress) -> dict:
+    """One budget of the curve: ``full`` (every KV head keeps the full cache), ``scores`` (the KV
+    heads the upstream pooled scores rank highest keep it, as many as the target allows),
+    ``uniform`` (every KV head streams, the widest window the target allows: StreamingLLM) or
+    ``random`` (as many full KV heads as ``scores``, drawn with ``seed``).
+
+    params: [`BudgetParams`][headcount.experiments.studies.retrieval.config.BudgetParams]; input
+    ``scores`` (kind ``scores``) or ``shape`` (any pooled scores: the model's shape). Writes
+    ``budget.json``.
+    """
+    p = job_params(BudgetParams, params)
+    doc = inputs["scores" if p.kind == "scores" else "shape"].load_json("scores.json")
+    shape = doc["layout"]
+    L, H, K, D = shape["n_layers"], shape["n_heads"], shape["n_kv_heads"], shape["head_dim"]
+    made = {"model": doc.get("model"), "study": "retrieval"}
+    if p.kind == "full":
+        s = KVBudgetSettings(memory=1.0, context=p.context, sink=p.sink, window=p.window, dtype=p.dtype)
+        b = KVBudget.full_cache(L, H, K, D)
+        full = b.full_bytes(p.context, element_size=s.element_size)
+        b = KVBudget(b.sink, b.window, H, D, {"made_from": {**made, "mode": "full", "context": p.context, "memory": 1.0},
+                                              "n_full": L * K, "n_streaming": 0,
+                                              "bytes": {"context": p.context, "batch": 1, "dtype": p.dtype,
+                                                        "full_cache": full, "budget": full, "ratio": 1.0}})
+    else:
+        s = KVBudgetSettings(memory=p.memory, context=p.context, sink=p.sink, window=p.window, dtype=p.dtype)
+        if p.kind == "scores":
+            b = budget_from_scores(kv_grid(doc), H, D, s, {**made, "ranking": p.ranking, "pooling": "kv_groups"})
+        elif p.kind == "uniform":
+            b = uniform_budget(L, H, K, D, s, meta=made)
+        else:
+            b = random_budget(L, H, K, D, s, seed=int(p.seed), meta=made)
+    b.save(workdir / "budget.json")
+    return {"kind": p.kind, "memory": p.memory, "seed": p.seed, "n_full": b.n_full, "n_kv": L * K,
+            "sink": sorted({x for row in b.sink for x in row if x is not None}),
+            "window": sorted({x for row in b.window for x in row if x is not None}),
+            "bytes": b.meta["bytes"], "full": [[int(x) for x in row] for row in b.full]}
+
+
+def lm_chunks(task, tokenizer, split: str, n: int, length: int, seed: int) -> list[list[int]]:
+    """``n`` texts of exactly ``length`` tokens of ordinary text: the task's haystack texts of ``split``
+    in a seeded order (repeated when they run out), joined by spaces, tokenized once, cut."""
+    texts = [" ".join(str(t).split()) for t in task.source.haystack(split)]
+    texts = [t for t in texts if t]
+    if not texts:
+        raise HeadcountError(f"the haystack of {task.name} has no {split} text for the LM loss")
+    order = np.random.default_rng([seed, 7]).permutation(len(texts))
+    need, chosen, words, k = n * length, [], 0, 0
+    while True:
+        while words < need:
+            chosen.append(texts[order[k % len(order)]])
+            words += len(chosen[-1].split())
+            k += 1
+        ids = tokenizer(" ".join(chosen), add_special_tokens=False, verbose=False)["input_ids"]
+        if len(ids) >= need:
+            return [list(ids[i * length:(i + 1) * length]) for i in range(n)]
+        need += n * length  # fewer tokens than words (never expected): take more texts
+
+
+def curve_job(params, inputs, workdir: Path, progress) -> dict:
+    """One budget (upstream ``budget``) applied with [`apply_kv_budget`][headcount.core.kvcache.apply_kv_budget]:
+
+    - the KV cache's measured bytes (``cache.nbytes()``) after a prefill of exactly the context
+      length (the first LM text), beside what the budget predicts;
+    - needle accuracy on the held-out haystacks at the context length: greedy ``generate`` with a
+      fresh budget cache per prompt, the answer cut at the first line break (or end of sequence),
+      success when the needle's answer appears verbatim;
+    - the LM loss (mean next-token cross-entropy) on ``lm_texts`` ordinary texts of the context
+      length, the budget's attention applied in the forward pass (a fresh cache per text).
+
+    params: [`CurveParams`][headcount.experiments.studies.retrieval.config.CurveParams]. Writes ``curve.json``.
+    """
+    from headcount.core.kvcache import apply_kv_budget
+
+    p = job_params(CurveParams, params)
+    rt = resolve_runtime()
+    budget = KVBudget.load(inputs["budget"].path("budget.json"))
+    task = niah_of(p.niah)
+    model, tokenizer = _model(p.model, task, rt)
+    budget.check_model(model)
+    context = int(budget.meta["bytes"]["context"])
+    examples = task.examples(p.niah.split, tokenizer)
+    chunks = lm_chunks(task, tokenizer, p.lm_split, p.lm_texts, context, p.lm_seed)
+    limit = getattr(tokenizer, "model_max_length", None)
+    longest = max(len(e.input_ids) for e in examples) + p.max_new_tokens
+    if isinstance(limit, int) and limit < 10**8 and max(longest, context) > limit:
+        raise HeadcountError(f"the budget curve needs {max(longest, context)} positions, the model has {limit}: "
+                             "lower budgets.context")
+    stops = stop_ids(tokenizer)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    total = len(examples) + len(chunks)
+    done, answers = 0, []
+    with torch.no_grad():
+        for ex in examples:
+            ids = torch.as_tensor([ex.input_ids], dtype=torch.long, device=rt.device)
+            with apply_kv_budget(model, budget) as cache, rt.autocast():
+                out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), cache=cache,
+                                     max_new_tokens=p.max_new_tokens, do_sample=False, num_beams=1,
+                                     eos_token_id=sorted(stops), pad_token_id=pad)
+            new = out[0, ids.shape[1]:].tolist()
+            cut = next((i + 1 for i, t in enumerate(new) if t in stops), len(new))  # stop after a line break
+            response = tokenizer.decode(new[:cut], skip_special_tokens=True).strip()
+            answers.append({"answer": ex.answer, "response": response[:200], "exact": exact_match(ex.answers, response),
+                            "tokens": len(ex.input_ids), "depth": ex.depth})
+            done += 1
+            progress(done, total, f"needles: {sum(a['exact'] for a in answers)} of {done}")
+        losses, measured, element = [], None, None
+        for chunk in chunks:
+            ids = torch.as_tensor([chunk], dtype=torch.long, device=rt.device)
+            with apply_kv_budget(model, budget) as cache, rt.autocast():
+                out = model(input_ids=ids, labels=ids, cache=cache, use_cache=True)
+                if measured is None:  # the cache after a prefill of exactly the context length
+                    measured = cache.nbytes()
+                    element = next(t.element_size() for layer in cache.layers for part in layer.parts
+                                   for t in part.tensors())
+            losses.append(float(out.loss))
+            del out
+            done += 1
+            progress(done, total, f"LM loss {np.mean(losses):.3f}")
+    predicted = budget.kv_bytes(context, element_size=element)
+    full = budget.full_bytes(context, element_size=element)
+    made = budget.meta.get("made_from", {})
+    result = {"kind": made.get("mode"), "memory": made.get("memory"), "context": context, "n_full": budget.n_full,
+              "n_kv": budget.n_layers * budget.n_kv_heads, "kv_bytes": measured, "kv_bytes_predicted": predicted,
+              "full_cache_bytes": full, "kv_ratio": measured / full, "element_size": element,
+              "needle_accuracy": float(np.mean([a["exact"] for a in answers])), "n_needles": len(answers),
+              "successes": [int(a["exact"]) for a in answers], "answers": answers,
+              "lm_loss": float(np.mean(losses)), "lm_losses": losses, "lm_tokens": context, **rt.meta()}
+    atomic_write_json(workdir / "curve.json", result)
+    return result
