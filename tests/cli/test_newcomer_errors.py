@@ -130,8 +130,10 @@ def test_explore_text_alone_shows_the_attention_on_the_texts(w, tmp_path, capsys
                                 "--out", out)
     assert code == 0, err
     assert "attention of clf on 2 of your texts" in stdout
-    page = page_data(out.read_text())
+    html = out.read_text()
+    page = page_data(html)
     assert page["title"].endswith("on your texts") and page["source"]["task"] is None
+    assert "on your texts (no task)" in html and "None" not in html.split("<script")[0]
     assert [q["name"] for q in page["quantities"]] == ["attention entropy (nats, mean over queries and examples)"]
     tok, model = load_tokenizer(w["clf"]), load_model(w["clf"]).eval()
     att = page["attention"]

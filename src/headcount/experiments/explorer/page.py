@@ -72,7 +72,8 @@ def render(page: dict, identity: str | None = None) -> str:
     if src.get("kind") == "run":
         subtitle = f"Run directory {src.get('run')} ({src.get('study')} study)"
     else:
-        subtitle = f"Model {src.get('model')} on task {src.get('task')}"
+        task = src.get("task")
+        subtitle = f"Model {src.get('model')} on " + (f"task {task}" if task else "your texts (no task)")
     subtitle += f"; {page['layers']} layers x {page['heads']} heads, {len(page['quantities'])} quantities."
     notes = "".join(f"<li>{html.escape(n)}</li>" for n in page.get("notes", []))
     body = BODY.format(title=html.escape(page["title"]), subtitle=html.escape(subtitle),
