@@ -10,6 +10,8 @@ scoring gates) are applied as usual.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 from torch import nn
 
@@ -47,24 +49,54 @@ def attention_maps(model: nn.Module, *, device=None, precision=None, **batch) ->
     """
     from headcount.runtime.device import autocast, place, resolve_precision, to_device
 
-    h = hooks(model)
-    n_apps = len(h.blocks)
+    n_apps = len(hooks(model).blocks)
     home = next((v.device for v in batch.values() if torch.is_tensor(v)), None)  # where the maps go back
     dev = place(model, device)
     prec = resolve_precision(precision, dev)
     batch = to_device(batch, dev)
     maps: list[torch.Tensor | None] = [None] * n_apps
+    headless: set[int] = set()  # applications whose layer has no head left (no probabilities)
+
+    def tap(app, weights):
+        if weights is None:
+            headless.add(app)
+        else:
+            maps[app] = weights  # [batch, kept_heads, seq_q, seq_k]
+
+    with attention_taps(model, tap), autocast(dev, prec):
+        model(**batch, output_attentions=True)
+    for app in headless:
+        ids = next(v for k, v in batch.items() if k in ("input_ids", "inputs_embeds"))
+        maps[app] = torch.zeros(ids.shape[0], 0, ids.shape[1], ids.shape[1], device=dev)
+    missing = [i for i, m in enumerate(maps) if m is None]
+    if missing:
+        raise HeadcountError(f"no attention probabilities were recorded for layers {missing}")
+    if prec == "bf16":
+        maps = [m.float() for m in maps]  # type: ignore[union-attr]
+    if home is not None and home != dev:
+        maps = [m.to(home) for m in maps]  # type: ignore[union-attr]
+    return maps  # type: ignore[return-value]
+
+
+@contextmanager
+def attention_taps(model: nn.Module, tap):
+    """Eager attention inside the block, and ``tap(application, weights)`` with each attention
+    module's probabilities ``[batch, kept_heads, q, k]`` as it runs (None where a layer has no head
+    left); the implementation the model had is restored afterwards. Nothing is retained: a caller
+    that needs only a part of each map (the retrieval score: the last query's argmax) keeps only that.
+
+    >>> with attention_taps(model, lambda app, w: print(app, w.shape)):   # doctest: +SKIP
+    ...     model(**batch)
+    0 torch.Size([8, 12, 128, 128])
+    """
+    h = hooks(model)
 
     def capture(module, args, kwargs, output):
         app = h.current
         weights = output[1] if isinstance(output, tuple) and len(output) > 1 else None
-        if weights is None:
-            if kept_heads(h.blocks[app].out_projection, h.n_heads):
-                raise HeadcountError(f"the attention module of layer {app} returned no attention probabilities")
-            hidden = args[0] if args else kwargs["hidden_states"]  # [batch, seq, hidden]
-            batch_size, seq = hidden.shape[:2]
-            weights = hidden.new_zeros(batch_size, 0, seq, seq)
-        maps[app] = weights  # [batch, kept_heads, seq_q, seq_k]
+        if weights is None and kept_heads(h.blocks[app].out_projection, h.n_heads):
+            raise HeadcountError(f"the attention module of layer {app} returned no attention probabilities")
+        tap(app, weights)
 
     handles, seen = [], set()
     for block in h.blocks:
@@ -76,18 +108,9 @@ def attention_maps(model: nn.Module, *, device=None, precision=None, **batch) ->
     try:
         if switched:
             model.set_attn_implementation(EAGER)
-        with autocast(dev, prec):
-            model(**batch, output_attentions=True)
+        yield
     finally:
         for handle in handles:
             handle.remove()
         if switched:
             model.set_attn_implementation(previous)
-    missing = [i for i, m in enumerate(maps) if m is None]
-    if missing:
-        raise HeadcountError(f"no attention probabilities were recorded for layers {missing}")
-    if prec == "bf16":
-        maps = [m.float() for m in maps]  # type: ignore[union-attr]
-    if home is not None and home != dev:
-        maps = [m.to(home) for m in maps]  # type: ignore[union-attr]
-    return maps  # type: ignore[return-value]

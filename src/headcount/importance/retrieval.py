@@ -30,13 +30,13 @@ serve its neediest query head; ``kv_reduce: mean``: their mean), written as ``kv
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 
 import numpy as np
 import torch
 from torch import nn
 
 from headcount.core.arch import get_adapter
+from headcount.core.attention import attention_taps
 from headcount.core.gates import hooks, kept_heads, layout
 from headcount.data.tasks.niah import exact_match, rouge1_recall
 from headcount.importance.scorers import ScoreContext, Scorer
@@ -54,41 +54,6 @@ ROUGE_SUCCESS = 0.5
 SINK, WINDOW = 4, 64
 SINK_RANGE, WINDOW_RANGE = Bound(0, 10**7, integer=True), Bound(1, 10**7, integer=True)
 KV_REDUCE = ("max", "mean")
-
-EAGER = "eager"
-
-
-@contextmanager
-def attention_taps(model: nn.Module, tap):
-    """Eager attention inside the block, and ``tap(application, weights)`` with each attention
-    module's probabilities ``[batch, kept_heads, q, k]`` as it runs (None where a layer has no head
-    left); the implementation the model had is restored afterwards. Nothing is retained."""
-    h = hooks(model)
-
-    def capture(module, args, kwargs, output):
-        app = h.current
-        weights = output[1] if isinstance(output, tuple) and len(output) > 1 else None
-        if weights is None and kept_heads(h.blocks[app].out_projection, h.n_heads):
-            raise HeadcountError(f"the attention module of layer {app} returned no attention probabilities")
-        tap(app, weights)
-
-    handles, seen = [], set()
-    for block in h.blocks:
-        if id(block.attention) not in seen:
-            seen.add(id(block.attention))
-            handles.append(block.attention.register_forward_hook(capture, with_kwargs=True))
-    previous = getattr(model.config, "_attn_implementation", None)
-    switched = previous not in (None, EAGER)
-    try:
-        if switched:
-            model.set_attn_implementation(EAGER)
-        yield
-    finally:
-        for handle in handles:
-            handle.remove()
-        if switched:
-            model.set_attn_implementation(previous)
-
 
 def _decoder_grid(model: nn.Module, method: str):
     grid = layout(model)
