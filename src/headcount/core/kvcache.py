@@ -8,8 +8,8 @@ under ``config._attn_implementation`` in ``AttentionInterface``. [`KVBudgetCache
 update returns a [`BudgetedKV`][headcount.core.kvcache.BudgetedKV] (the layer's parts: full heads with every token,
 streaming heads with their kept tokens and those tokens' positions) instead of two tensors, and
 [`kv_budget_attention`][headcount.core.kvcache.kv_budget_attention], registered as ``"headcount_kv_budget"`` (with sdpa's
-mask function in ``AttentionMaskInterface``), runs each part with torch's
-``scaled_dot_product_attention``:
+mask function in ``AttentionMaskInterface``), runs each part (torch's
+``scaled_dot_product_attention`` for several query tokens, two matmuls for one):
 
 - a full KV head's query heads attend causally to every token (the model's own attention);
 - a streaming KV head's query heads attend to key position ``k`` from query position ``p`` when
@@ -287,15 +287,22 @@ def _streaming_mask(part: PartKV, start: int, q_len: int, mask: torch.Tensor | N
 
 
 def _attend(query, keys, values, mask, causal: bool, group: int, dropout: float, scaling) -> torch.Tensor:
-    """sdpa of ``query [b, n*group, q, d]`` on ``keys``/``values [b, n, k, d]``: one query token is
-    packed onto its KV head (``[b, n, group, d]``, transformers' ``pack_gqa``); longer queries use
-    ``enable_gqa``. Returns ``[b, n*group, q, d_v]``."""
-    b, n_q, q_len, _ = query.shape
-    if group > 1 and q_len == 1:
-        packed = query.reshape(b, n_q // group, group, query.shape[-1])
-        mask = None if mask is None else mask.reshape(mask.shape[0], 1, 1, mask.shape[-1])
-        out = F.scaled_dot_product_attention(packed, keys, values, attn_mask=mask, dropout_p=dropout, scale=scaling)
-        return out.reshape(b, n_q, 1, values.shape[-1])
+    """Attention of ``query [b, n*group, q, d]`` on ``keys``/``values [b, n, k, d]``, K/V never
+    repeated. One query token (decoding): the group's query heads are packed onto their KV head
+    (``[b, n, group, d]``, as transformers' ``pack_gqa``) and attend by two matmuls and a float32
+    softmax: torch's CPU sdpa kernel pays milliseconds of threading overhead on the short key
+    ranges of streaming heads (measured: 24 us to 80 ms per call under load, the matmuls 50 us).
+    Longer queries: sdpa with ``enable_gqa``. Returns ``[b, n*group, q, d_v]``."""
+    b, n_q, q_len, d = query.shape
+    if q_len == 1:
+        packed = query.reshape(b, n_q // group, group, d)  # [b, n, group, d]
+        scores = torch.matmul(packed, keys.transpose(-1, -2)) * (d ** -0.5 if scaling is None else scaling)
+        if mask is not None:  # [b or 1, 1, 1, k]
+            scores = (scores.masked_fill(~mask, torch.finfo(scores.dtype).min) if mask.dtype == torch.bool
+                      else scores + mask)
+        weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+        weights = F.dropout(weights, p=dropout, training=dropout > 0)
+        return torch.matmul(weights, values).reshape(b, n_q, 1, values.shape[-1])  # [b, n, group, d_v] -> heads
     return F.scaled_dot_product_attention(query, keys, values, attn_mask=mask, dropout_p=dropout, scale=scaling,
                                           is_causal=causal, enable_gqa=group > 1)
 
@@ -343,8 +350,9 @@ def kv_budget_attention(module, query: torch.Tensor, key, value, attention_mask:
         if part.positions is None:  # full heads: the model's own mask; None = plain causal (or one query)
             o = _attend(q, part.keys, part.values, attention_mask, attention_mask is None and q_len > 1, group, p,
                         scaling)
-        else:
-            mask = _streaming_mask(part, key.start, q_len, attention_mask)
+        else:  # one query without padding sees every slot a streaming part kept: no mask to build
+            mask = None if q_len == 1 and attention_mask is None else _streaming_mask(part, key.start, q_len,
+                                                                                     attention_mask)
             o = _attend(q, part.keys, part.values, mask, False, group, p, scaling)
         if part.every_head:
             out = o
