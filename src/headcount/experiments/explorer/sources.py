@@ -41,7 +41,8 @@ def _read_json(path: Path, what: str):
 
 #: Importance methods in words (others: ``<method> importance``).
 METHODS = {"gradient": "gradient importance", "gradient-token": "gradient importance",
-           "magnitude": "weight-magnitude importance"}
+           "magnitude": "weight-magnitude importance", "retrieval": "retrieval score",
+           "long-range": "long-range attention mass"}
 
 #: Objectives in words.
 OBJECTIVES = {"mlm": "MLM", "task": "task", "embedding": "embedding"}
@@ -157,7 +158,32 @@ def _pattern_quantities(page: dict, name: str, patterns: dict, label=None) -> No
         add_quantity(page, label("cnn", arr.shape[0]), counts.argmax(0), kind="pattern", categories=cats, key=name)
 
 
-_FILES = ("scores.json", "mask.json", "patterns.json")
+_FILES = ("scores.json", "mask.json", "patterns.json", "budget.json")
+
+
+def _budget_quantity(page: dict, r) -> bool:
+    """A job's ``budget.json`` (a KV budget, ``headcount.core.kvbudget``) as a ``pattern`` quantity:
+    each query head shows its KV head's budget (``full cache`` or ``sink S + window W``). False,
+    and nothing added, for a budget that treats every KV head alike (the full cache, a uniform
+    window) or that does not fit the page's grid."""
+    from headcount.runtime.jsonfile import read_json
+
+    b = read_json(r.dir / "budget.json", "budget")
+    sinks, windows = b.get("sink") or [], b.get("window") or []
+    cells = [[("full cache" if s is None else f"sink {s} + window {w}") for s, w in zip(rs, rw)]
+             for rs, rw in zip(sinks, windows)]
+    n_kv = len(cells[0]) if cells else 0
+    if len(cells) != page["layers"] or not n_kv or page["heads"] % n_kv or len({c for row in cells for c in row}) < 2:
+        return False
+    cats = ["full cache"] + sorted({c for row in cells for c in row} - {"full cache"})
+    group = page["heads"] // n_kv
+    grid = [[cats.index(row[h // group]) for h in range(page["heads"])] for row in cells]
+    made = b.get("made_from") or {}
+    mode, memory = made.get("mode"), made.get("memory")
+    name = (f"KV budget: full cache or streaming ({mode}" + (f", memory {memory:g}" if isinstance(memory, (int, float))
+                                                              else "") + f", {b.get('n_full', '?')} full KV heads)")
+    add_quantity(page, name, grid, kind="pattern", categories=cats, key=r.name)
+    return True
 
 
 def _results(store) -> list:
@@ -216,6 +242,7 @@ def from_run(run, *, examples: int = DEFAULT_EXAMPLES, job: str | None = None, d
     families: dict[str, dict[float, dict]] = {}
     labels: dict[str, str] = {}  # family -> its name on the page
     left_out = 0
+    alike = 0  # KV budgets that treat every KV head alike (the full cache, a uniform window)
     steps_unknown = False  # a pruned mask (it has a trace) written before masks recorded removed_at_step
     for r in results:
         if (r.dir / "scores.json").is_file():
@@ -240,6 +267,8 @@ def from_run(run, *, examples: int = DEFAULT_EXAMPLES, job: str | None = None, d
                               key=r.name)
                 elif (r.dir / "trace.csv").is_file():
                     steps_unknown = True
+        if (r.dir / "budget.json").is_file() and not _budget_quantity(page, r):
+            alike += 1
         if (r.dir / "patterns.json").is_file():
             _pattern_quantities(page, r.name, _read_json(r.dir / "patterns.json", "patterns"),
                                 lambda what, n=None, r=r: describe(what, r.name, r.kind, {**r.params, "examples": n},
@@ -249,6 +278,9 @@ def from_run(run, *, examples: int = DEFAULT_EXAMPLES, job: str | None = None, d
     add_seed_summaries(page)
     if left_out:
         page["notes"].append(f"{left_out} masks drawn as random or bad controls are left out.")
+    if alike:
+        page["notes"].append(f"{alike} KV budgets that give every KV head the same cache (the full cache, a uniform "
+                             "window) are left out.")
     if steps_unknown:
         page["notes"].append("Some pruned masks were written by an earlier headcount: they record their final heads, "
                              "not the pruning step that removed each head.")
