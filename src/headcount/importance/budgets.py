@@ -214,9 +214,11 @@ def budget_from_scores(kv_scores: list[list[float]], n_heads: int, head_dim: int
         settings: the memory target and the streaming heads' sizes.
         meta: what the scores came from (written into the budget).
 
-    >>> b = budget_from_scores([[0.1, 0.7], [0.9, 0.2]], 4, 16, KVBudgetSettings(memory=0.6, context=100, sink=4, window=16))
-    >>> b.full, b.meta["bytes"]["ratio"]
-    ([[False, True], [True, False]], 0.6)
+    Examples:
+        >>> s = KVBudgetSettings(memory=0.6, context=100, sink=4, window=16)
+        >>> b = budget_from_scores([[0.1, 0.7], [0.9, 0.2]], 4, 16, s)
+        >>> b.full, b.meta["bytes"]["ratio"]
+        ([[False, True], [True, False]], 0.6)
     """
     n_layers, n_kv = len(kv_scores), len(kv_scores[0])
     k = n_full_allowed(n_layers, n_heads, n_kv, head_dim, settings)
