@@ -252,8 +252,9 @@ def test_a_budget_file_applies_and_what_does_not_fit_is_refused(tmp_path):
     for other in (KVBudget.full_cache(n_layers + 1, n_heads, n_kv, head_dim),
                   KVBudget.full_cache(n_layers, n_heads, n_kv * 2, head_dim),
                   KVBudget.full_cache(n_layers, n_heads, n_kv, head_dim * 2)):
-        with pytest.raises(HeadcountError, match="the budget is for"):
+        with pytest.raises(HeadcountError, match="the budget is for") as e:
             apply_kv_budget(model, other)
+        assert "\n" not in str(e.value)  # the command line's one `error:` line
     encoder = tiny_model("bert")
     with pytest.raises(HeadcountError, match="encoder"):
         apply_kv_budget(encoder, budget)
@@ -262,8 +263,12 @@ def test_a_budget_file_applies_and_what_does_not_fit_is_refused(tmp_path):
                      ({**doc, "sink": [[None, None]] * n_layers}, "full 1|whole number"),
                      ({**doc, "n_heads": 3}, "multiple")):
         (tmp_path / "bad.json").write_text(json.dumps(bad))
-        with pytest.raises(HeadcountError, match=why):
+        with pytest.raises(HeadcountError, match=why) as e:
             apply_kv_budget(model, tmp_path / "bad.json")
+        assert str(e.value).startswith(str(tmp_path / "bad.json")) and "\n" not in str(e.value)
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(HeadcountError, match="not JSON"):
+        apply_kv_budget(model, tmp_path / "bad.json")
 
 
 #: decoders whose attention the budget cannot express (refused at the first forward), and why
