@@ -140,15 +140,27 @@ def _top(grid, fraction):
     return (out & (np.nan_to_num(flat) > 0)).reshape(grid.shape)
 
 
-def _full(kv, memory, context, sink, window):
-    """The budget's full KV heads: the highest scores, as many as the memory arithmetic allows."""
+def _order(kv, ties=None):
+    """Units from the first to the last: higher score first, then higher ``ties``, then position."""
+    flat = np.nan_to_num(kv.ravel(), nan=-np.inf)
+    t = np.zeros(flat.size) if ties is None else np.nan_to_num(ties.ravel(), nan=-np.inf)
+    return sorted(range(flat.size), key=lambda i: (-flat[i], -t[i], i))
+
+
+def _ranks(kv, ties=None):
+    """That order as a grid: n for the first unit, 1 for the last."""
+    out = np.empty(kv.size)
+    out[_order(kv, ties)] = np.arange(kv.size, 0, -1)
+    return out.reshape(kv.shape)
+
+
+def _full(kv, memory, context, sink, window, ties=None):
+    """The budget's full KV heads: the first in that order, as many as the memory arithmetic allows."""
     n = kv.size
     stream = min(context, sink + window)
     k = max(0, min(n, math.floor((memory * n * context - n * stream) / (context - stream) + 1e-9)))
-    flat = np.nan_to_num(kv.ravel(), nan=-np.inf)
-    order = sorted(range(n), key=lambda i: (-flat[i], i))[:k]
     out = np.zeros(n, dtype=bool)
-    out[order] = True
+    out[_order(kv, ties)[:k]] = True
     return out.reshape(kv.shape)
 
 
@@ -177,8 +189,10 @@ def test_every_stability_row_is_recomputed_from_the_runs_grids(run):
         else:
             a, b = (r["scorer"], r["template_a"], r["seed_a"]), (r["scorer"], r["template_b"], r["seed_b"])
         ga, gb = grids[a][r["unit"]], grids[b][r["unit"]]
-        if r["head_set"].startswith("full KV heads"):
-            sa, sb = (_full(g, 0.5, 96, 4, 16) for g in (ga, gb))
+        if r["head_set"].startswith("full KV heads"):  # a retrieval ranking's ties: the same run's long-range mass
+            ties = [grids["long-range", run[1], run[2]]["KV heads"] if run[0] == "retrieval" else None for run in (a, b)]
+            sa, sb = (_full(g, 0.5, 96, 4, 16, t) for g, t in zip((ga, gb), ties))
+            ga, gb = (_ranks(g, t) if t is not None else g for g, t in zip((ga, gb), ties))
         else:
             sa, sb = _top(ga, 0.25), _top(gb, 0.25)
         union = (sa | sb).sum()
@@ -197,9 +211,11 @@ def test_the_budgets_follow_the_pooled_ranking_and_the_memory_arithmetic(run):
     from headcount.core.kvbudget import KVBudget
 
     store, _ = run
-    kv = _grid(_job(store, "pooled/long-range").load_json("scores.json")["kv_groups"])
-    scores = KVBudget.load(_job(store, "budget/0.5/scores").path("budget.json"))
-    assert np.array_equal(np.asarray(scores.full), _full(kv, 0.5, 96, 4, 16))
+    long_range = _grid(_job(store, "pooled/long-range").load_json("scores.json")["kv_groups"])
+    retrieval = _grid(_job(store, "pooled/retrieval").load_json("scores.json")["kv_groups"])
+    scores = KVBudget.load(_job(store, "budget/0.5/scores").path("budget.json"))  # ranking: retrieval, ties long-range
+    assert np.array_equal(np.asarray(scores.full), _full(retrieval, 0.5, 96, 4, 16, ties=long_range))
+    assert scores.meta["made_from"]["ranked_scores"] == retrieval.tolist()
     rand = KVBudget.load(_job(store, "budget/0.5/random0").path("budget.json"))
     assert rand.n_full == scores.n_full == 2  # floor((0.5 * 6 * 96 - 6 * 20) / (96 - 20))
     uniform = KVBudget.load(_job(store, "budget/0.5/uniform").path("budget.json"))
@@ -246,6 +262,14 @@ def test_the_ablation_gates_the_top_quarter_against_random_draws(run):
     pooled = _grid(_job(store, "pooled/retrieval").load_json("scores.json")["heads"])
     assert ab.loc["heads", "k"] == 3 and ab.loc["kv-groups", "k"] == 2  # round(0.25 x 12), round(0.25 x 6)
     assert heads["n_positive"] == int((pooled > 0).sum())
+    # the top units: by the pooled retrieval score, its ties broken by the pooled long-range mass
+    lr = _job(store, "pooled/long-range").load_json("scores.json")
+    ret_kv = _grid(_job(store, "pooled/retrieval").load_json("scores.json")["kv_groups"])
+    for unit, primary, ties, width in (("heads", pooled, _grid(lr["heads"]), H),
+                                       ("kv-groups", ret_kv, _grid(lr["kv_groups"]), K)):
+        top = _job(store, f"ablation/{unit}").load_json("ablation.json")["top"]
+        want = _order(primary, ties)[:int(ab.loc[unit, "k"])]
+        assert sorted(top) == sorted([i // width, i % width] for i in want), unit
     assert len(heads["per_example"]["random"]) == 2 and len(heads["per_example"]["top"]) == 3
     for unit in ("heads", "kv-groups"):
         d = _job(store, f"ablation/{unit}").load_json("ablation.json")

@@ -29,7 +29,8 @@ where headcount differs):
 - **Pooled rankings**: retrieval: the mean of each head's copies over the counted examples of every
   run (Wu et al. average over all their needles); long-range: the mass over every run's queries.
   They rank query heads for the head ablation and KV heads for the budgets
-  (``budgets.ranking``: long-range by default, or retrieval's max over each group).
+  (``budgets.ranking``: by default retrieval's max over each group, its ties, mostly at 0,
+  broken by the long-range mass; or the long-range mass alone).
 - **Head sets** are the top fraction of units among those scoring above 0 (ties at 0 are not a
   set); the chance level of a Jaccard is that of two random sets of the same sizes.
 - **Held-out haystacks**: another seed (``held_out.seed``, none of ``seeds``) on another split of

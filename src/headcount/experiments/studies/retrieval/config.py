@@ -200,8 +200,8 @@ class AblationSettings(ConfigSection):
 
     Attributes:
         enabled: run it.
-        units: ``heads`` (query heads by the pooled retrieval score) and/or ``kv-groups`` (KV
-            heads by the budgets' ranking).
+        units: ``heads`` (query heads by the pooled retrieval score, ties broken by the pooled
+            long-range mass) and/or ``kv-groups`` (KV heads by the budgets' ranking).
         fraction: the share of units gated off (the paper's top 5%).
         draws: random sets of as many units.
         seed: the draws' seed.
@@ -236,9 +236,9 @@ class BudgetSettings(ConfigSection):
             defaults, DuoAttention's 64 + 256); the uniform baseline keeps ``sink`` and the widest
             window the target allows.
         ranking: the scores the budgets (and the KV-group ablation) rank KV heads by:
-            ``long-range`` (default: the pooled attention mass outside the sink + window, its
-            ``kv_groups``) or ``retrieval`` (the pooled retrieval score, the max over each group's
-            query heads).
+            ``retrieval`` (default: the pooled retrieval score, the max over each group's query
+            heads, ties, mostly at 0, broken by the pooled long-range mass) or ``long-range`` (the
+            pooled attention mass outside the scorer's sink + window, its ``kv_groups``).
         kinds: which budgets: ``scores``, ``uniform`` (StreamingLLM), ``random`` (as many full KV
             heads as ``scores``, chosen at random).
         random_draws: random budgets per target.
@@ -255,7 +255,7 @@ class BudgetSettings(ConfigSection):
     context: int = Field(_BUDGET["context"], **CONTEXT.limits())
     sink: int = Field(_BUDGET["sink"], **TOKENS.limits())
     window: int = Field(_BUDGET["window"], **TOKENS.limits())
-    ranking: Literal["long-range", "retrieval"] = "long-range"
+    ranking: Literal["retrieval", "long-range"] = "retrieval"
     kinds: tuple[Literal["scores", "uniform", "random"], ...] = BUDGET_KINDS
     random_draws: int = Field(1, ge=1, le=DRAWS.high)
     dtype: str = _BUDGET["dtype"]

@@ -113,6 +113,40 @@ def _grid(values) -> np.ndarray:
     return np.asarray([[np.nan if v is None else v for v in row] for row in values], dtype=np.float64)
 
 
+def lexicographic(primary: np.ndarray, ties: np.ndarray | None) -> np.ndarray:
+    """A grid whose order is ``primary``'s (higher first), its ties broken by ``ties`` (higher
+    first), then by position: each unit's rank from the last (n for the first, 1 for the last),
+    NaN where ``primary`` is NaN (never chosen). ``ties`` None: ``primary`` as it is.
+
+    A retrieval grid is mostly 0: the top units of a budget or an ablation beyond its retrieval
+    heads are then the ones that read farthest back, not the first ones by position.
+
+    >>> lexicographic(np.array([[0.5, 0.0, 0.0]]), np.array([[0.1, 0.2, 0.9]])).tolist()
+    [[3.0, 1.0, 2.0]]
+    """
+    if ties is None:
+        return primary
+    p = np.nan_to_num(primary.ravel(), nan=-np.inf)
+    t = np.nan_to_num(ties.ravel(), nan=-np.inf)
+    order = np.lexsort((np.arange(p.size), -t, -p))  # the last key sorts first
+    ranks = np.empty(p.size)
+    ranks[order] = np.arange(p.size, 0, -1)
+    return np.where(np.isnan(primary), np.nan, ranks.reshape(primary.shape))
+
+
+def ranking_grid(inputs, unit: str) -> tuple[np.ndarray, np.ndarray]:
+    """``(grid to rank by, primary scores)`` of a job's ``scores`` input (per query head for
+    ``unit`` heads, per KV head for kv-groups), ties broken by its ``ties`` input when there is one."""
+    doc = inputs["scores"].load_json("scores.json")
+    ties = inputs["ties"].load_json("scores.json") if "ties" in inputs else None
+
+    def of(d):
+        return _grid(d["heads"]) if unit == "heads" else np.asarray(kv_grid(d), dtype=np.float64)
+
+    primary = of(doc)
+    return lexicographic(primary, None if ties is None else of(ties)), primary
+
+
 # --------------------------------------------------------------------------- scores
 def score_job(params, inputs, workdir: Path, progress) -> dict:
     """One scorer (``retrieval`` or ``long-range``) on the examples of one template and haystack seed.
@@ -241,7 +275,9 @@ def stability_job(params, inputs, workdir: Path, progress) -> dict:
     """The agreement of every head set the study writes across haystack seeds (same template and
     scorer), prompt templates (same seed and scorer) and scorers (same run): the top fractions of
     query heads and of KV heads by each scorer ([`head_set`][headcount.experiments.studies.retrieval.jobs.head_set]), and the full KV heads of
-    the budget each run's ranking gives at every memory target.
+    the budget each run's ranking gives at every memory target (a retrieval ranking's ties broken
+    by the same run's long-range mass, as the study's budgets; the grid of the Spearman and the
+    ties is that order).
 
     params: [`StabilityParams`][headcount.experiments.studies.retrieval.config.StabilityParams];
     inputs: every score job, named as in ``runs``. Writes ``stability.csv``; returns ``rows``.
@@ -258,9 +294,12 @@ def stability_job(params, inputs, workdir: Path, progress) -> dict:
                                                               "KV heads": np.asarray(kv_grid(d), dtype=np.float64)}
     budget_sets: dict[tuple, np.ndarray] = {}  # (method, template, seed, memory) -> full [L, n_kv]
     for key, g in grids.items():
+        # as the study's budgets: a retrieval ranking's ties broken by the same run's long-range mass
+        ties = grids.get(("long-range", *key[1:])) if key[0] == "retrieval" else None
+        g["budget"] = lexicographic(g["KV heads"], None if ties is None else ties["KV heads"])
         for memory in p.memory:
             s = KVBudgetSettings(memory=memory, context=p.context, sink=p.sink, window=p.window, dtype=p.dtype)
-            b = budget_from_scores(g["KV heads"].tolist(), shape["n_heads"], shape["head_dim"], s)
+            b = budget_from_scores(g["budget"].tolist(), shape["n_heads"], shape["head_dim"], s)
             budget_sets[(*key, memory)] = np.asarray(b.full, dtype=bool)
 
     def sets(method, template, seed):
@@ -269,7 +308,7 @@ def stability_job(params, inputs, workdir: Path, progress) -> dict:
             for f in p.fractions:
                 yield f"top {f:.0%} {unit}", unit, f, None, g[unit], head_set(g[unit], f)
         for memory in p.memory:
-            yield (f"full KV heads, memory {memory:g}", "KV heads", None, memory, g["KV heads"],
+            yield (f"full KV heads, memory {memory:g}", "KV heads", None, memory, g["budget"],
                    budget_sets[method, template, seed, memory])
 
     templates = list(dict.fromkeys(k[1] for k in grids))
@@ -302,14 +341,14 @@ def ablation_job(params, inputs, workdir: Path, progress) -> dict:
     ranking) gated off vs ``draws`` random sets of as many ([`ablation_test`][headcount.analysis.ablation.ablation_test]).
 
     params: [`AblationParams`][headcount.experiments.studies.retrieval.config.AblationParams];
-    input ``scores``: the pooled scores of the ranking. Writes ``ablation.json``.
+    inputs ``scores``: the pooled scores of the ranking, ``ties`` (retrieval): the pooled long-range
+    mass that breaks its ties ([`lexicographic`][headcount.experiments.studies.retrieval.jobs.lexicographic]). Writes ``ablation.json``.
     """
     from headcount.analysis.ablation import ablation_test
 
     p = job_params(AblationParams, params)
     rt = resolve_runtime()
-    doc = inputs["scores"].load_json("scores.json")
-    grid = _grid(doc["heads"]) if p.unit == "heads" else np.asarray(kv_grid(doc), dtype=np.float64)
+    grid, primary = ranking_grid(inputs, p.unit)
     task = niah_of(p.niah)
     model, tokenizer = _model(p.model, task, rt)
     batches = niah_batches(task, tokenizer, split=p.niah.split, batch_size=1)
@@ -323,7 +362,8 @@ def ablation_job(params, inputs, workdir: Path, progress) -> dict:
 
     r = ablation_test(model, batches, torch.as_tensor(grid), fraction=p.fraction, draws=p.draws, seed=p.seed,
                       unit=p.unit, max_new_tokens=p.max_new_tokens, rt=rt, progress=step)
-    out = {**r.to_dict(), "ranking": p.ranking, "n_positive": int((np.nan_to_num(grid) > 0).sum()),
+    out = {**r.to_dict(), "ranking": p.ranking, "n_positive": int((np.nan_to_num(primary) > 0).sum()),
+           "ties": "long-range" if "ties" in inputs else None,
            "length": p.niah.lengths[0], "template": p.niah.template, "haystack_seed": p.niah.seed, **rt.meta()}
     atomic_write_json(workdir / "ablation.json", out)
     return out
@@ -332,12 +372,14 @@ def ablation_job(params, inputs, workdir: Path, progress) -> dict:
 # --------------------------------------------------------------------------- budgets and the curve
 def budget_job(params, inputs, workdir: Path, progress) -> dict:
     """One budget of the curve: ``full`` (every KV head keeps the full cache), ``scores`` (the KV
-    heads the upstream pooled scores rank highest keep it, as many as the target allows),
+    heads the upstream pooled scores rank highest keep it, as many as the target allows; the
+    ``ties`` input breaks their ties, [`lexicographic`][headcount.experiments.studies.retrieval.jobs.lexicographic]: ``made_from.kv_scores``
+    are then ranks, ``ranked_scores`` the scores),
     ``uniform`` (every KV head streams, the widest window the target allows: StreamingLLM) or
     ``random`` (as many full KV heads as ``scores``, drawn with ``seed``).
 
-    params: [`BudgetParams`][headcount.experiments.studies.retrieval.config.BudgetParams]; input
-    ``scores`` (kind ``scores``) or ``shape`` (any pooled scores: the model's shape). Writes
+    params: [`BudgetParams`][headcount.experiments.studies.retrieval.config.BudgetParams]; inputs
+    ``scores`` and ``ties`` (kind ``scores``) or ``shape`` (any pooled scores: the model's shape). Writes
     ``budget.json``.
     """
     p = job_params(BudgetParams, params)
@@ -356,7 +398,10 @@ def budget_job(params, inputs, workdir: Path, progress) -> dict:
     else:
         s = KVBudgetSettings(memory=p.memory, context=p.context, sink=p.sink, window=p.window, dtype=p.dtype)
         if p.kind == "scores":
-            b = budget_from_scores(kv_grid(doc), H, D, s, {**made, "ranking": p.ranking, "pooling": "kv_groups"})
+            grid, primary = ranking_grid(inputs, "kv-groups")
+            ties = "long-range" if "ties" in inputs else None
+            b = budget_from_scores(grid.tolist(), H, D, s, {**made, "ranking": p.ranking, "ties": ties,
+                                                            "ranked_scores": primary.tolist()})
         elif p.kind == "uniform":
             b = uniform_budget(L, H, K, D, s, meta=made)
         else:

@@ -89,6 +89,12 @@ def budgets_of(settings: RetrievalSettings) -> list[tuple[float | None, str, int
     return out
 
 
+def _ranked(pooled: dict[str, Job], ranking: str) -> dict[str, Job]:
+    """The inputs of a ranking: its pooled scores, and for ``retrieval`` the pooled long-range
+    mass that breaks its ties."""
+    return {"scores": pooled[ranking], **({"ties": pooled["long-range"]} if ranking == "retrieval" else {})}
+
+
 def retrieval_jobs(settings: RetrievalSettings, prefix: str = "") -> list[Job]:
     """The jobs of a retrieval part (see the module docstring), named under ``prefix``.
 
@@ -145,7 +151,7 @@ def retrieval_jobs(settings: RetrievalSettings, prefix: str = "") -> list[Job]:
                             {"model": s.model, "unit": unit, "ranking": ranking, "niah": held_out(s.ablation_length),
                              "fraction": a.fraction, "draws": a.draws, "seed": a.seed,
                              "max_new_tokens": a.max_new_tokens},
-                            deps={"scores": pooled[ranking]}, uses_model=True))
+                            deps=_ranked(pooled, ranking), uses_model=True))
     if b.enabled:
         curve = {"model": s.model, "niah": held_out(b.context), "max_new_tokens": b.max_new_tokens,
                  "lm_texts": b.lm_texts, "lm_split": b.lm_split, "lm_seed": h.seed}
@@ -153,7 +159,7 @@ def retrieval_jobs(settings: RetrievalSettings, prefix: str = "") -> list[Job]:
             params = {"kind": kind, "memory": memory, "context": b.context, "sink": b.sink, "window": b.window,
                       "dtype": b.dtype, "ranking": b.ranking if kind == "scores" else None,
                       "seed": draw if kind == "random" else None}
-            deps = {"scores": pooled[b.ranking]} if kind == "scores" else {"shape": pooled["long-range"]}
+            deps = _ranked(pooled, b.ranking) if kind == "scores" else {"shape": pooled["long-range"]}
             budget = Job(n.budget(memory, kind, draw), "retrieval.budget", f"{JOBS}:budget_job", params, deps=deps)
             jobs += [budget, Job(n.curve(memory, kind, draw), "retrieval.curve", f"{JOBS}:curve_job", curve,
                                  deps={"budget": budget}, uses_model=True)]

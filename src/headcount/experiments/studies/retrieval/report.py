@@ -76,8 +76,9 @@ def retrieval_sections(store, settings: RetrievalSettings, prefix: str = "") -> 
             "KV budgets",
             f"Each KV head keeps the full cache or a sink of {b.sink} and a window of {b.window} tokens (GQA: a "
             f"budget per KV head, its query heads following it). Budgets from the scores keep "
-            f"the full cache for the KV heads the pooled {b.ranking} scores rank highest, as many as the memory "
-            "target allows; the uniform baseline streams every KV head with the widest window the target allows "
+            f"the full cache for the KV heads the pooled {b.ranking} scores rank highest"
+            f"{' (the max over each group; ties, mostly at 0, broken by the pooled long-range mass)' if b.ranking == 'retrieval' else ''}"
+            ", as many as the memory target allows; the uniform baseline streams every KV head with the widest window the target allows "
             "(StreamingLLM); the random baseline keeps as many full KV heads as the scores' budget, drawn at random. "
             f"KV memory is measured (cache.nbytes()) after a prefill of {b.context:,} tokens, as a share of the "
             f"full cache's measured bytes. Needle accuracy: {h.examples} held-out {s.niah.needle} prompts of "
@@ -133,8 +134,8 @@ def retrieval_sections(store, settings: RetrievalSettings, prefix: str = "") -> 
             f"top {a.fraction:.0%} of query heads by the pooled retrieval score gated off (heads) or of KV heads by "
             f"the pooled {b.ranking} score (kv-groups: every query head of the group), and with {a.draws} random "
             "sets of as many units gated off. p: one-sided paired sign-flip test over examples of (mean random "
-            "success - top success); n_positive: units scoring above 0 (with fewer than k, the top set is "
-            "completed by position).",
+            "success - top success); n_positive: units with a retrieval score above 0 (with fewer than k, the top "
+            "set is completed by the pooled long-range mass).",
             figures={f"{tag}ablation": ablation_figure(ab)},
             tables=[ReportTable(f"{tag}ablation", ab, "Top-k vs random units gated off, per unit.")]))
     return sections
