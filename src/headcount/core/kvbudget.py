@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -87,8 +88,8 @@ class KVBudget:
     0.34
     """
 
-    sink: tuple[tuple[int | None, ...], ...]
-    window: tuple[tuple[int | None, ...], ...]
+    sink: Sequence[Sequence[int | None]]
+    window: Sequence[Sequence[int | None]]
     n_heads: int
     head_dim: int
     meta: dict = field(default_factory=dict, compare=False)
@@ -155,7 +156,7 @@ class KVBudget:
     def slots(self, tokens: int) -> list[list[int]]:
         """``[n_layers][n_kv_heads]``: the tokens each KV head's cache holds after ``tokens``
         tokens: all of them (full), or ``min(tokens, sink + window)`` (streaming)."""
-        return [[tokens if s is None else min(tokens, s + w) for s, w in zip(rs, rw)]
+        return [[tokens if s is None else min(tokens, s + (w or 0)) for s, w in zip(rs, rw)]
                 for rs, rw in zip(self.sink, self.window)]
 
     def kv_bytes(self, tokens: int, *, batch: int = 1, element_size: int = 4) -> int:

@@ -114,10 +114,10 @@ class _Part:
     def kept_positions(self, seen: int, device) -> torch.Tensor:
         """``[slots]``: the slots a streaming part holds after ``seen`` tokens (sinks, then the
         last ``window``)."""
-        if seen <= self.sink + self.window:
+        sink, window = self.sink or 0, self.window or 0
+        if seen <= sink + window:
             return torch.arange(seen, device=device)
-        return torch.cat([torch.arange(self.sink, device=device),
-                          torch.arange(seen - self.window, seen, device=device)])
+        return torch.cat([torch.arange(sink, device=device), torch.arange(seen - window, seen, device=device)])
 
     def tensors(self) -> list[torch.Tensor]:
         return [t for t in (self.keys, self.values) if t is not None]
@@ -163,7 +163,7 @@ class KVBudgetLayer(CacheLayerMixin):
         for part in self.parts:
             k = key_states if part.every_head else key_states.index_select(1, part.kv_index)
             v = value_states if part.every_head else value_states.index_select(1, part.kv_index)
-            if part.keys is not None:
+            if part.keys is not None and part.values is not None:
                 k, v = torch.cat([part.keys, k], dim=-2), torch.cat([part.values, v], dim=-2)
             if part.full:
                 part.keys, part.values = k, v
@@ -173,10 +173,10 @@ class KVBudgetLayer(CacheLayerMixin):
             positions = torch.cat([part.kept_positions(start, k.device),
                                    torch.arange(start, self.seen, device=k.device)])
             views.append(PartKV(part.kv_heads, part.q_index, k, v, positions, part.sink, part.window, part.every_head))
-            n = k.shape[-2]
-            if n > part.sink + part.window:  # keep the sinks and the last `window` tokens
-                part.keys = torch.cat([k[:, :, :part.sink], k[:, :, n - part.window:]], dim=-2)
-                part.values = torch.cat([v[:, :, :part.sink], v[:, :, n - part.window:]], dim=-2)
+            n, sink, window = k.shape[-2], part.sink or 0, part.window or 0
+            if n > sink + window:  # keep the sinks and the last `window` tokens
+                part.keys = torch.cat([k[:, :, :sink], k[:, :, n - window:]], dim=-2)
+                part.values = torch.cat([v[:, :, :sink], v[:, :, n - window:]], dim=-2)
             else:
                 part.keys, part.values = k, v
         kv = BudgetedKV(views, start, self.seen, self.layer, self.group)
@@ -254,7 +254,7 @@ class KVBudgetCache(Cache):
 
     def nbytes(self) -> int:
         """Bytes of every K/V tensor the cache holds now (what [`KVBudget.kv_bytes`][headcount.core.kvbudget.KVBudget.kv_bytes] predicts)."""
-        return sum(layer.nbytes() for layer in self.layers)
+        return sum(layer.nbytes() for layer in self.layers if isinstance(layer, KVBudgetLayer))
 
     def __enter__(self) -> "KVBudgetCache":
         return self
@@ -274,13 +274,14 @@ def _streaming_mask(part: PartKV, start: int, q_len: int, mask: torch.Tensor | N
     """``[1 or batch, 1, q_len, seq_k]`` bool: the Lambda mask of a streaming part (sinks, the
     ``window`` slots before each query and the query itself), and the model's mask (padding) at
     the part's key slots."""
-    k = part.positions[None, :]  # [1, seq_k]
+    positions = part.positions if part.positions is not None else torch.arange(part.keys.shape[-2])
+    k = positions[None, :]  # [1, seq_k]
     p = torch.arange(start, start + q_len, device=k.device)[:, None]  # [q_len, 1]
-    keep = (k <= p) & ((k < part.sink) | (k >= p - part.window))  # [q_len, seq_k]
+    keep = (k <= p) & ((k < (part.sink or 0)) | (k >= p - (part.window or 0)))  # [q_len, seq_k]
     keep = keep[None, None]
     if mask is None:
         return keep
-    cols = mask.index_select(-1, part.positions)  # [batch, 1, q_len, seq_k]
+    cols = mask.index_select(-1, positions)  # [batch, 1, q_len, seq_k]
     if cols.dtype == torch.bool:
         return cols & keep
     return cols.masked_fill(~keep, torch.finfo(cols.dtype).min)  # an additive float mask
@@ -344,7 +345,7 @@ def kv_budget_attention(module, query: torch.Tensor, key, value, attention_mask:
         raise HeadcountError(f"the attention mask covers {attention_mask.shape[-1]} positions, the KV-budget cache "
                              f"{key.length}: pass the 2-D attention mask of every token so far")
     p = dropout if module.training else 0.0
-    out = None
+    out = query.new_empty(0)  # the whole output when one part covers the layer, else filled part by part
     for part in key.parts:
         q = query if part.every_head else query.index_select(1, part.q_index)
         if part.positions is None:  # full heads: the model's own mask; None = plain causal (or one query)
@@ -357,7 +358,7 @@ def kv_budget_attention(module, query: torch.Tensor, key, value, attention_mask:
         if part.every_head:
             out = o
         else:
-            if out is None:
+            if out.numel() == 0:
                 out = query.new_empty(b, n_q, q_len, part.values.shape[-1])
             out.index_copy_(1, part.q_index, o)
     return out.transpose(1, 2).contiguous(), None

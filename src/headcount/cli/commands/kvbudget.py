@@ -103,7 +103,7 @@ def kv_budget(
     settings = KVBudgetSettings(memory=memory, context=context, sink=sink,
                               window=KVBudgetSettings().window if window is None else window, dtype=dtype)
     n_layers, n_heads, n_kv, head_dim = _model_shape(spec)
-    made_from = {"model": spec}
+    made_from: dict[str, object] = {"model": spec}
     if mode == "scores":
         kv_scores, doc, pooling = read_scores(scores, n_layers, n_heads, n_kv)
         made_from.update({"scores": str(scores), "method": doc.get("method"), "objective": doc.get("objective"),
