@@ -53,10 +53,11 @@ def curve_figure(curve: pd.DataFrame, points: float = 0.05):
     return fig
 
 
-def _heatmap(ax, fig, grid, title, vmax=None):
+def _heatmap(ax, fig, grid, title, xlabel="query head", vmax=None):
     im = ax.imshow(grid, aspect="auto", cmap="viridis", vmin=0, vmax=vmax)
     ax.set_title(title, fontsize=9)
-    ax.set_xlabel("head")
+    ax.set_xticks(range(grid.shape[1]))
+    ax.set_xlabel(xlabel)
     ax.set_ylabel("layer")
     fig.colorbar(im, ax=ax, shrink=0.8)
 
@@ -74,7 +75,7 @@ def scores_figure(pooled: dict, threshold: float = 0.1):
     axes = np.atleast_1d(axes)
     for ax, (method, key, title) in zip(axes, panels):
         grid = np.asarray([[np.nan if v is None else v for v in row] for row in pooled[method][key]], dtype=float)
-        _heatmap(ax, fig, grid, title)
+        _heatmap(ax, fig, grid, title, "KV head" if key == "kv_groups" else "query head")
         if method == "retrieval":
             for layer, head in zip(*np.nonzero(np.nan_to_num(grid) > threshold)):
                 ax.text(head, layer, "*", ha="center", va="center", color="w", fontsize=8)

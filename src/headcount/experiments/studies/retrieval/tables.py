@@ -230,7 +230,8 @@ def targets(store, settings: RetrievalSettings, prefix: str = "") -> pd.DataFram
         text = (f"{_pct(share.get('estimate'))}{iv} of {heads} heads" if _finite(share.get("estimate"))
                 else "n/a: no example counts (no retrieval succeeded)")
         rows.append({"target": f"share of query heads with retrieval score > {share.get('threshold', 0.1):g} "
-                               f"(pooled over {pool['n_examples']} examples, {settings.scoring.level:.0%} bootstrap "
+                               f"(pooled over {pool['n_examples']} example{'' if pool['n_examples'] == 1 else 's'}, "
+                               f"{settings.scoring.level:.0%} bootstrap "
                                "interval over them)",
                      "this run": text, "reference": PAPER_SHARE})
     summ = stability_summary(stability_table(store, prefix))
