@@ -41,7 +41,8 @@ Composable: [`retrieval_jobs`][headcount.experiments.studies.retrieval.plan.retr
 
 The package: [`config`][headcount.experiments.studies.retrieval.config] (settings and job parameters),
 [`plan`][headcount.experiments.studies.retrieval.plan] (settings -> jobs),
-[`jobs`][headcount.experiments.studies.retrieval.jobs] (the job functions),
+[`jobs`][headcount.experiments.studies.retrieval.jobs] (the job functions; the stability job in
+[`stability`][headcount.experiments.studies.retrieval.stability]),
 [`tables`][headcount.experiments.studies.retrieval.tables], [`figures`][headcount.experiments.studies.retrieval.figures],
 [`report`][headcount.experiments.studies.retrieval.report].
 """

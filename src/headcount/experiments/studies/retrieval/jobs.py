@@ -15,7 +15,7 @@ deterministic given them. Files each writes:
   ``per_example.safetensors`` (``heads [n_examples, L, H]``, each example's copies; 0 for the
   examples that do not count);
 - ``pool_job``: ``scores.json`` of every example of one scorer at once (``kv_groups`` too);
-- ``stability_job``: ``stability.csv`` (one row per pair of head sets);
+- ``stability_job`` ([`stability`][headcount.experiments.studies.retrieval.stability]): ``stability.csv`` (one row per pair of head sets);
 - ``ablation_job``: ``ablation.json`` ([`AblationResult`][headcount.analysis.ablation.AblationResult]);
 - ``budget_job``: ``budget.json`` ([`KVBudget`][headcount.core.kvbudget.KVBudget]);
 - ``curve_job``: ``curve.json`` (measured KV bytes, needle answers, LM losses).
@@ -25,15 +25,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from itertools import combinations
 from pathlib import Path
 
 import numpy as np
 import torch
 from safetensors.torch import save_file
 
-from headcount.analysis.agreement import expected_jaccard
-from headcount.analysis.correlation import jaccard, spearman, top_k_mask
 from headcount.analysis.retrieval import with_retrieval_interval
 from headcount.core.kvbudget import KVBudget
 from headcount.data.tasks.niah import exact_match, niah_batches, niah_task, stop_ids
@@ -46,7 +43,6 @@ from headcount.experiments.studies.retrieval.config import (
     NiahParams,
     PoolParams,
     ScoreParams,
-    StabilityParams,
 )
 from headcount.importance.budgets import (
     KVBudgetSettings,
@@ -59,7 +55,7 @@ from headcount.importance.pipeline import load_for
 from headcount.importance.retrieval import kv_reduce_scores, mean_over_counted
 from headcount.importance.scores import Scores
 from headcount.importance.scoring import score
-from headcount.runtime.atomic import atomic_path, atomic_write_json, atomic_write_text
+from headcount.runtime.atomic import atomic_path, atomic_write_json
 from headcount.runtime.device import resolve_runtime
 from headcount.runtime.errors import HeadcountError
 
@@ -109,7 +105,8 @@ def kv_grid(scores: dict) -> list[list[float]]:
     return kv_head_scores(heads, int(scores["layout"]["n_kv_heads"]))
 
 
-def _grid(values) -> np.ndarray:
+def grid_of(values) -> np.ndarray:
+    """A JSON grid (``null`` for NaN) as a float64 array."""
     return np.asarray([[np.nan if v is None else v for v in row] for row in values], dtype=np.float64)
 
 
@@ -141,7 +138,7 @@ def ranking_grid(inputs, unit: str) -> tuple[np.ndarray, np.ndarray]:
     ties = inputs["ties"].load_json("scores.json") if "ties" in inputs else None
 
     def of(d):
-        return _grid(d["heads"]) if unit == "heads" else np.asarray(kv_grid(d), dtype=np.float64)
+        return grid_of(d["heads"]) if unit == "heads" else np.asarray(kv_grid(d), dtype=np.float64)
 
     primary = of(doc)
     return lexicographic(primary, None if ties is None else of(ties)), primary
@@ -211,11 +208,11 @@ def pool_job(params, inputs, workdir: Path, progress) -> dict:
                    per_example=per.float())
         if p.n_boot:
             s = with_retrieval_interval(s, n_boot=p.n_boot, level=p.level, seed=0, threshold=p.threshold)
-        kv = kv_head_scores(_grid(s.heads.tolist()).tolist(), n_kv)
+        kv = kv_head_scores(grid_of(s.heads.tolist()).tolist(), n_kv)
         s = replace(s, per_example=None)
     else:
         weights = np.asarray([float(d["n_queries"]) for d in docs])
-        grids = np.stack([_grid(d["heads"]) for d in docs])  # [runs, L, H]
+        grids = np.stack([grid_of(d["heads"]) for d in docs])  # [runs, L, H]
         heads = torch.as_tensor((grids * weights[:, None, None]).sum(0) / weights.sum())
         kv = kv_reduce_scores(heads, n_kv, docs[0]["kv_reduce"]).tolist()
         s = Scores(heads=heads.float(), mlps=torch.full((heads.shape[0],), math.nan), method="long-range",
@@ -230,108 +227,6 @@ def pool_job(params, inputs, workdir: Path, progress) -> dict:
         out["needle_accuracy"] = s.meta["retrieval"]["needle_accuracy"]
         out["n_counted"] = s.meta["retrieval"]["n_counted"]
     return out
-
-
-# --------------------------------------------------------------------------- stability
-def head_set(grid: np.ndarray, fraction: float) -> np.ndarray:
-    """The top ``fraction`` of a grid's units ([`top_k_mask`][headcount.analysis.correlation.top_k_mask])
-    among those that score above 0: a retrieval grid is mostly 0, and the heads a tie at 0 would
-    add (the first ones by position) are the same in every grid, which would pass for agreement.
-
-    >>> head_set(np.array([[0.3, 0.0], [0.0, 0.0]]), 0.5).astype(int).tolist()
-    [[1, 0], [0, 0]]
-    """
-    return top_k_mask(grid, fraction) & (np.nan_to_num(grid, nan=0.0) > 0)
-
-
-def tied(grid: np.ndarray, chosen: np.ndarray) -> int:
-    """How many members of a set were chosen among equal scores at its cut (the set's lowest score
-    equals the highest score left out): a tie is broken by position, the same in every grid, so
-    agreement on those members says nothing.
-
-    >>> tied(np.array([0.5, 0.0, 0.0, 0.0]), np.array([True, True, False, False]))
-    1
-    """
-    g = np.nan_to_num(np.asarray(grid, dtype=np.float64), nan=-np.inf)
-    chosen = np.asarray(chosen, dtype=bool)
-    if not chosen.any() or chosen.all():
-        return 0
-    cut = g[~chosen].max()
-    return int((chosen & (g == cut)).sum())
-
-
-def agreement_row(a: np.ndarray, b: np.ndarray, set_a: np.ndarray, set_b: np.ndarray) -> dict:
-    """Top-k Jaccard of two head sets, its chance level (two random sets of their sizes among the
-    units both grids score, [`expected_jaccard`][headcount.analysis.agreement.expected_jaccard]), the Spearman of the grids, and
-    the members chosen among ties ([`tied`][headcount.experiments.studies.retrieval.jobs.tied])."""
-    n = int((np.isfinite(a) & np.isfinite(b)).sum())
-    ka, kb = int(set_a.sum()), int(set_b.sum())
-    return {"n": n, "k_a": ka, "k_b": kb, "jaccard": jaccard(set_a, set_b),
-            "chance": expected_jaccard(ka, kb, n) if ka <= n and kb <= n else math.nan, "spearman": spearman(a, b),
-            "tied": tied(a, set_a) + tied(b, set_b)}
-
-
-def stability_job(params, inputs, workdir: Path, progress) -> dict:
-    """The agreement of every head set the study writes across haystack seeds (same template and
-    scorer), prompt templates (same seed and scorer) and scorers (same run): the top fractions of
-    query heads and of KV heads by each scorer ([`head_set`][headcount.experiments.studies.retrieval.jobs.head_set]), and the full KV heads of
-    the budget each run's ranking gives at every memory target (a retrieval ranking's ties broken
-    by the same run's long-range mass, as the study's budgets; the grid of the Spearman and the
-    ties is that order).
-
-    params: [`StabilityParams`][headcount.experiments.studies.retrieval.config.StabilityParams];
-    inputs: every score job, named as in ``runs``. Writes ``stability.csv``; returns ``rows``.
-    """
-    import pandas as pd
-
-    p = job_params(StabilityParams, params)
-    docs = {alias: inputs[alias].load_json("scores.json") for alias in p.runs}
-    shape = next(iter(docs.values()))["layout"]
-    grids: dict[tuple, dict[str, np.ndarray]] = {}  # (method, template, seed) -> unit -> grid
-    for alias, m in p.runs.items():
-        d = docs[alias]
-        grids[m["method"], m["template"], int(m["seed"])] = {"query heads": _grid(d["heads"]),
-                                                              "KV heads": np.asarray(kv_grid(d), dtype=np.float64)}
-    budget_sets: dict[tuple, np.ndarray] = {}  # (method, template, seed, memory) -> full [L, n_kv]
-    for key, g in grids.items():
-        # as the study's budgets: a retrieval ranking's ties broken by the same run's long-range mass
-        ties = grids.get(("long-range", *key[1:])) if key[0] == "retrieval" else None
-        g["budget"] = lexicographic(g["KV heads"], None if ties is None else ties["KV heads"])
-        for memory in p.memory:
-            s = KVBudgetSettings(memory=memory, context=p.context, sink=p.sink, window=p.window, dtype=p.dtype)
-            b = budget_from_scores(g["budget"].tolist(), shape["n_heads"], shape["head_dim"], s)
-            budget_sets[(*key, memory)] = np.asarray(b.full, dtype=bool)
-
-    def sets(method, template, seed):
-        g = grids[method, template, seed]
-        for unit in ("query heads", "KV heads"):
-            for f in p.fractions:
-                yield f"top {f:.0%} {unit}", unit, f, None, g[unit], head_set(g[unit], f)
-        for memory in p.memory:
-            yield (f"full KV heads, memory {memory:g}", "KV heads", None, memory, g["budget"],
-                   budget_sets[method, template, seed, memory])
-
-    templates = list(dict.fromkeys(k[1] for k in grids))
-    seeds = list(dict.fromkeys(k[2] for k in grids))
-    methods = list(dict.fromkeys(k[0] for k in grids))
-    pairs = []  # (comparison, scorer label, run a, run b)
-    for method in methods:
-        for t in templates:
-            pairs += [("seeds", method, (method, t, s1), (method, t, s2)) for s1, s2 in combinations(seeds, 2)]
-        for s in seeds:
-            pairs += [("templates", method, (method, t1, s), (method, t2, s)) for t1, t2 in combinations(templates, 2)]
-    if len(methods) == 2:
-        for t in templates:
-            for s in seeds:
-                pairs.append(("scorers", f"{methods[0]} vs {methods[1]}", (methods[0], t, s), (methods[1], t, s)))
-    rows = []
-    for comparison, scorer, a, b in pairs:
-        for (name, unit, f, memory, ga, sa), (_, _, _, _, gb, sb) in zip(sets(*a), sets(*b)):
-            rows.append({"head_set": name, "unit": unit, "fraction": f, "memory": memory, "comparison": comparison,
-                         "scorer": scorer, "template_a": a[1], "seed_a": a[2], "template_b": b[1], "seed_b": b[2],
-                         **agreement_row(ga, gb, sa, sb)})
-    atomic_write_text(workdir / "stability.csv", pd.DataFrame(rows).to_csv(index=False))
-    return {"rows": rows, "ranking": p.ranking}
 
 
 # --------------------------------------------------------------------------- ablation

@@ -27,6 +27,7 @@ from headcount.experiments.studies.retrieval.config import (
 )
 
 JOBS = "headcount.experiments.studies.retrieval.jobs"
+STABILITY = "headcount.experiments.studies.retrieval.stability"
 
 
 def _memory(m: float) -> str:
@@ -133,7 +134,7 @@ def retrieval_jobs(settings: RetrievalSettings, prefix: str = "") -> list[Job]:
                           {"method": method, "runs": list(deps), **stats}, deps=dict(deps))
               for method, deps in runs.items()}
     jobs += pooled.values()
-    jobs.append(Job(n.stability(), "retrieval.stability", f"{JOBS}:stability_job",
+    jobs.append(Job(n.stability(), "retrieval.stability", f"{STABILITY}:stability_job",
                     {"runs": meta, "fractions": list(s.stability.fractions), "memory": list(b.memory),
                      "context": b.context, "sink": b.sink, "window": b.window, "dtype": b.dtype, "ranking": b.ranking},
                     deps={alias: job for deps in runs.values() for alias, job in deps.items()}))
