@@ -6,7 +6,6 @@ a task with optional score and mask files ([`from_model`][headcount.experiments.
 from __future__ import annotations
 
 import functools
-import json
 from pathlib import Path
 
 import numpy as np
@@ -25,18 +24,10 @@ from headcount.experiments.explorer.data import (
     seed_group,
 )
 from headcount.runtime.errors import HeadcountError
+from headcount.runtime.jsonfile import read_json
 
 #: parameters that mark a mask as a drawn control (random or bad), not a result to explore
 _CONTROLS = {"kind": ("random", "bad"), "order": ("random",)}
-
-
-def _read_json(path: Path, what: str):
-    try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise HeadcountError(f"{what} {path} does not exist") from None
-    except (OSError, ValueError, UnicodeDecodeError) as e:
-        raise HeadcountError(f"{what} {path} is unreadable ({type(e).__name__})") from None
 
 
 #: Importance methods in words (others: ``<method> importance``).
@@ -201,7 +192,7 @@ def _layout_of(results) -> tuple[int, int] | None:
     for r in results:
         for file, key in (("scores.json", "heads"), ("mask.json", "heads"), ("patterns.json", "labels")):
             if (r.dir / file).is_file():
-                grid = np.asarray(_read_json(r.dir / file, "result file").get(key) or [], dtype=object)
+                grid = np.asarray(read_json(r.dir / file, "result file").get(key) or [], dtype=object)
                 if grid.ndim == 2 and grid.size:
                     return grid.shape
     return None
@@ -246,11 +237,11 @@ def from_run(run, *, examples: int = DEFAULT_EXAMPLES, job: str | None = None, d
     steps_unknown = False  # a pruned mask (it has a trace) written before masks recorded removed_at_step
     for r in results:
         if (r.dir / "scores.json").is_file():
-            s = _read_json(r.dir / "scores.json", "scores")
+            s = read_json(r.dir / "scores.json", "scores")
             add_quantity(page, describe("score", r.name, r.kind, r.params, s, study), s.get("heads"), s.get("mlps"),
                          kind="score", key=r.name)
         if (r.dir / "mask.json").is_file():
-            m = _read_json(r.dir / "mask.json", "mask")
+            m = read_json(r.dir / "mask.json", "mask")
             if _is_control(r.params):
                 left_out += 1
             elif isinstance(r.params.get("level"), (int, float)):
@@ -270,7 +261,7 @@ def from_run(run, *, examples: int = DEFAULT_EXAMPLES, job: str | None = None, d
         if (r.dir / "budget.json").is_file() and not _budget_quantity(page, r):
             alike += 1
         if (r.dir / "patterns.json").is_file():
-            _pattern_quantities(page, r.name, _read_json(r.dir / "patterns.json", "patterns"),
+            _pattern_quantities(page, r.name, read_json(r.dir / "patterns.json", "patterns"),
                                 lambda what, n=None, r=r: describe(what, r.name, r.kind, {**r.params, "examples": n},
                                                                    None, study))
     for family, masks in families.items():
@@ -337,7 +328,7 @@ def from_model(model: str, task: str | None, *, scores=(), masks=(), texts=None,
     """
     EXAMPLES_SHOWN.check(examples, "--examples")
     files = [(Path(p), "score") for p in scores] + [(Path(p), "mask") for p in masks]
-    loaded = [(p, kind, _read_json(p, "scores file" if kind == "score" else "mask file")) for p, kind in files]
+    loaded = [(p, kind, read_json(p, "scores file" if kind == "score" else "mask file")) for p, kind in files]
     for p, kind, d in loaded:
         if not isinstance(d, dict) or not isinstance(d.get("heads"), list):
             raise HeadcountError(f"{p} is not a {'scores' if kind == 'score' else 'mask'} file (no 'heads' grid)")
