@@ -29,13 +29,14 @@ def retrieval_interval(scores, *, n_boot: int = N_BOOT, level: float = LEVEL, se
     ``per_example`` rows and ``meta["retrieval"]["examples"]``' ``counted``).
 
     Returns:
-        ``{"interval": {"low": [L][H], "high": [L][H], "level", "n_boot", "seed", "over"},
-        "share_above_threshold": {"threshold", "estimate", "low", "high"}}`` (NaN for heads that
-        are gone, and where no example counts).
+        A dict: ``interval`` holds ``low`` and ``high`` (each an ``L x H`` grid), ``level``,
+        ``n_boot``, ``seed`` and ``over``; ``share_above_threshold`` holds ``threshold``,
+        ``estimate``, ``low`` and ``high`` (NaN for heads that are gone, and where no example counts).
 
-    >>> out = retrieval_interval(retrieval_scores)          # doctest: +SKIP
-    >>> out["share_above_threshold"]["estimate"]            # doctest: +SKIP
-    0.037
+    Examples:
+        >>> out = retrieval_interval(retrieval_scores)          # doctest: +SKIP
+        >>> out["share_above_threshold"]["estimate"]            # doctest: +SKIP
+        0.037
     """
     rows = scores.per_example.double().numpy()  # [n, L, H]
     counted = np.asarray([e["counted"] for e in scores.meta["retrieval"]["examples"]], dtype=np.float64)[:, None]

@@ -18,7 +18,7 @@ the decoded answer against the needle's answer exceeds 0.5 (``success: rouge1``,
 per-example sums over the counted examples. Generation is the model's ordinary forward with
 transformers' cache, one example at a time (the reference's batch of one); no modelling code is
 patched: the probabilities are read from each attention module's output, as
-[`attention_maps`][headcount.core.attention.attention_maps] does.
+``headcount.core.attention.attention_maps`` does.
 
 ``long-range``: one ordinary forward pass per batch (eager attention); for every real query
 position that has keys outside the first ``sink`` real tokens and its last ``window`` real keys
