@@ -194,7 +194,7 @@ def test_a_target_below_the_sinks_is_refused(capsys, model_dir, tmp_path):
 
 
 @pytest.mark.parametrize("content, why", [
-    ("{not json", "not JSON"), ("\x00\xff", "not JSON"), ("[1, 2]", "not a scores file"),
+    ("{not json", "corrupt (JSONDecodeError)"), ("\x00\xff", "corrupt (UnicodeDecodeError)"), ("[1, 2]", "not a scores file"),
     ('{"heads": [[1, 2, 3, 4]]}', "3 rows"), ('{"heads": [[1, 2], [1, 2], [1, 2]]}', "must list 4 heads"),
     ('{"heads": [[1, 2, 3, "x"], [1, 2, 3, 4], [1, 2, 3, 4]]}', "must be a number"),
     ('{"heads": [[1, 2, 3, 4], [1, 2, 3, 4], [1, 2, 3, 4]], "kv_groups": [[1, 2, 3]]}', "kv_groups"),
@@ -212,7 +212,7 @@ def test_options_that_do_not_go_together_are_refused(capsys, model_dir, tmp_path
     assert "--scores" in _bad(capsys, tmp_path, "--model", model_dir)
     assert "give one" in _bad(capsys, tmp_path, "--model", model_dir, "--uniform", "--random", 1)
     assert "leave --scores out" in _bad(capsys, tmp_path, "--scores", scores, "--model", model_dir, "--uniform")
-    assert "not found" in _bad(capsys, tmp_path, "--scores", tmp_path / "none.json", "--model", model_dir)
+    assert "is missing" in _bad(capsys, tmp_path, "--scores", tmp_path / "none.json", "--model", model_dir)
     assert "dtype" in _bad(capsys, tmp_path, "--model", model_dir, "--uniform", "--dtype", "int8")
     assert "encoder" in _bad(capsys, tmp_path, "--model", save_tiny(tiny_model("bert"), tmp_path / "bert"), "--uniform")
     assert "checkpoint directory not found" in _bad(capsys, tmp_path, "--model", tmp_path / "nothing", "--uniform")

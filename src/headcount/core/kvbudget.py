@@ -30,6 +30,7 @@ from pathlib import Path
 
 from headcount.runtime.atomic import atomic_write_json
 from headcount.runtime.errors import HeadcountError
+from headcount.runtime.jsonfile import read_json
 
 FORMAT = "headcount.kv-budget"
 VERSION = 1
@@ -242,14 +243,7 @@ class KVBudget:
     def load(cls, path) -> "KVBudget":
         """Read and check ``budget.json`` (a missing, unreadable or malformed file: one error line)."""
         path = Path(path)
-        if not path.is_file():
-            raise HeadcountError(f"budget file not found: {path}")
-        try:
-            d = json.loads(path.read_bytes().decode("utf-8"))
-        except (UnicodeDecodeError, ValueError) as e:
-            raise HeadcountError(f"budget file {path} is not JSON: {str(e).splitlines()[0]}") from None
-        except OSError as e:
-            raise HeadcountError(f"cannot read budget file {path}: {e.strerror or e}") from None
+        d = read_json(path, "budget file")
         try:
             return cls.from_dict(d)
         except HeadcountError as e:

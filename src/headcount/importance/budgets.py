@@ -34,6 +34,7 @@ from pathlib import Path
 from headcount.core.kvbudget import ELEMENT_SIZES, KVBudget
 from headcount.runtime.bounds import Bound, check_bounds
 from headcount.runtime.errors import HeadcountError
+from headcount.runtime.jsonfile import read_json
 
 #: tokens: a sink, a window, a context length
 TOKENS = Bound(0, 10**7, integer=True)
@@ -109,14 +110,7 @@ def read_scores(path, n_layers: int, n_heads: int, n_kv: int) -> tuple[list[list
         HeadcountError: a missing or malformed file, or one whose grid does not fit the model.
     """
     path = Path(path)
-    if not path.is_file():
-        raise HeadcountError(f"scores file not found: {path}")
-    try:
-        d = json.loads(path.read_bytes().decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as e:
-        raise HeadcountError(f"scores file {path} is not JSON: {str(e).splitlines()[0]}") from None
-    except OSError as e:
-        raise HeadcountError(f"cannot read scores file {path}: {e.strerror or e}") from None
+    d = read_json(path, "scores file")
     if not isinstance(d, dict) or "heads" not in d:
         raise HeadcountError(f"{path} is not a scores file: it needs a 'heads' [n_layers][n_heads] grid")
     try:
