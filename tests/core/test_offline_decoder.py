@@ -40,6 +40,31 @@ def loaded():
     return model, tokenizer
 
 
+def test_the_weights_are_the_gguf_files_own_tensors(loaded):
+    """Loaded from the file or from its conversion (``headcount data fetch`` makes one): the
+    tensors transformers does not reorder equal the gguf package's own dequantisation of the file."""
+    import gguf
+
+    from headcount.core.gguf import find_converted
+    from headcount.core.models import offline_decoder_file
+
+    model, _ = loaded
+    path = offline_decoder_file()
+    print("loaded from", find_converted(path) or path)
+    tensors = {t.name: t for t in gguf.GGUFReader(str(path)).tensors}
+    names = {"token_embd.weight": "model.embed_tokens.weight"}
+    for layer in (0, 29):
+        names |= {f"blk.{layer}.attn_v.weight": f"model.layers.{layer}.self_attn.v_proj.weight",
+                  f"blk.{layer}.attn_output.weight": f"model.layers.{layer}.self_attn.o_proj.weight",
+                  f"blk.{layer}.ffn_down.weight": f"model.layers.{layer}.mlp.down_proj.weight",
+                  f"blk.{layer}.attn_norm.weight": f"model.layers.{layer}.input_layernorm.weight"}
+    weights = model.state_dict()
+    for name, hf in names.items():
+        t = tensors[name]
+        want = torch.from_numpy(gguf.quants.dequantize(t.data, t.tensor_type).copy())
+        assert torch.equal(weights[hf], want), name
+
+
 def greedy(model, tokenizer, text: str, n: int) -> str:
     ids = tokenizer(text, return_tensors="pt")
     with torch.no_grad():

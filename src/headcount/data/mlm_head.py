@@ -35,7 +35,7 @@ from headcount.data.heads import _trainable, replaying_encoder
 from headcount.data.tasks.base import subset_indices
 from headcount.data.tasks.batching import tokenizer_fingerprint
 from headcount.data.tasks.mlm import IGNORE, MASK_PROBABILITY, mlm_batches, mlm_texts
-from headcount.data.tasks.paths import cache_root, sha256_text
+from headcount.runtime.paths import cache_root, sha256_text
 from headcount.runtime.atomic import atomic_path, atomic_write_json
 from headcount.runtime.device import resolve_device
 from headcount.runtime.errors import HeadcountError

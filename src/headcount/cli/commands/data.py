@@ -60,7 +60,7 @@ def fetch_command(
     typer.echo(f"offline data ready in {result['root']} ({len(result['files'])} files, checksums verified)")
     from headcount.core.models import offline_decoder_status  # transformers: loaded when the command runs
 
-    typer.echo(offline_decoder_status())
+    typer.echo(offline_decoder_status(convert=True))
 
 
 @data_app.command("show")

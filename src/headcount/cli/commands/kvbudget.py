@@ -32,12 +32,10 @@ def _model_shape(spec: str) -> tuple[int, int, int, int]:
     import transformers
 
     from headcount.core.arch import get_adapter
-    from headcount.core.models import is_gguf, resolve
+    from headcount.core.gguf import gguf_source
+    from headcount.core.models import resolve
 
-    path = resolve(spec)
-    kwargs = {}
-    if is_gguf(path) and Path(path).is_file():
-        path, kwargs = str(Path(path).parent), {"gguf_file": Path(path).name}
+    path, kwargs = gguf_source(resolve(spec))
     try:
         config = transformers.AutoConfig.from_pretrained(path, **kwargs)
     except Exception as e:  # an unreadable config, an unknown hub id, no network: the input

@@ -21,7 +21,7 @@ from headcount.data.tasks.local import load_task_yaml
 from headcount.data.tasks.metrics import compute_metrics
 from headcount.data.tasks.mlm import lm_batches, mask_tokens, mlm_batches, mlm_texts
 from headcount.data.tasks.offline import OFFLINE_TASKS, fetch, is_fetched, offline_corpus, offline_task
-from headcount.data.tasks.paths import cache_root, data_root
+from headcount.runtime.paths import cache_root, data_root
 from headcount.data.tasks.registry import get_task, list_tasks, register_task, resolve_task_ref
 
 __all__ = [

@@ -17,7 +17,7 @@ from typing import Sequence
 import numpy as np
 
 from headcount.data.tasks.base import IGNORE, TaskData
-from headcount.data.tasks.paths import cache_root
+from headcount.runtime.paths import cache_root
 from headcount.runtime.atomic import atomic_write_bytes
 from headcount.runtime.errors import HeadcountError
 

@@ -48,7 +48,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from headcount.data.tasks.base import Source, Task
-from headcount.data.tasks.paths import data_root, sha256_file
+from headcount.runtime.paths import data_root, sha256_file
 from headcount.data.tasks.tables import Table
 from headcount.runtime.atomic import atomic_write_bytes, atomic_write_json
 from headcount.runtime.errors import HeadcountError
@@ -100,7 +100,7 @@ def expected_files(root: Path | None = None) -> dict[Path, str]:
 
 
 def is_fetched(root: Path | None = None) -> bool:
-    """Whether ``headcount data fetch`` has run for ``root`` (default [`data_root`][headcount.data.tasks.paths.data_root]).
+    """Whether ``headcount data fetch`` has run for ``root`` (default [`data_root`][headcount.runtime.paths.data_root]).
 
     >>> isinstance(is_fetched(), bool)
     True

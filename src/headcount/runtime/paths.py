@@ -2,7 +2,8 @@
 
 - ``HEADCOUNT_DATA``: fetched offline data (default ``~/.cache/headcount/data``).
 - ``HEADCOUNT_CACHE``: caches that can always be rebuilt: tokenized splits, fitted masked-LM
-  heads (default ``~/.cache/headcount``; tokens under ``tokens/``, heads under ``mlm-heads/``).
+  heads, GGUF files converted to checkpoints (default ``~/.cache/headcount``; tokens under ``tokens/``,
+  heads under ``mlm-heads/``, conversions under ``gguf/``).
 """
 
 from __future__ import annotations

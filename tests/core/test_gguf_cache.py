@@ -1,0 +1,99 @@
+"""GGUF conversions (``headcount.core.gguf``): read once into ``$HEADCOUNT_CACHE/gguf/``, then
+loaded from there; keyed by the file's contents. transformers' GGUF reader is replaced by a tiny
+decoder here (the real file's conversion is checked against its own tensors in
+tests/core/test_offline_decoder.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+from conftest import tiny_model
+
+from headcount.core import gguf
+from headcount.core.models import load_model
+from headcount.runtime.errors import HeadcountError
+
+
+class _Tokenizer:
+    """What convert_gguf asks of a tokenizer: save_pretrained."""
+
+    def save_pretrained(self, folder):
+        (folder / "tokenizer.json").write_text("{}")
+
+
+@pytest.fixture
+def fake(tmp_path, monkeypatch):
+    """A file that passes check_gguf, and a GGUF reader that returns a tiny Llama for it (counting reads)."""
+    monkeypatch.setenv("HEADCOUNT_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / "models" / "tiny.gguf"
+    path.parent.mkdir()
+    path.write_bytes(b"GGUF" + b"\x00" * 64)
+    model = tiny_model("llama", head="lm")
+    reads = []
+
+    def read_model(folder, gguf_file=None, **kw):
+        if gguf_file is None:  # a plain folder: the real loader
+            return original(folder, **kw)
+        reads.append(gguf_file)
+        return model
+
+    original = transformers.AutoModelForCausalLM.from_pretrained
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", read_model)
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda folder, gguf_file=None, **kw: _Tokenizer())
+    return path, model, reads
+
+
+def test_a_conversion_is_made_once_and_then_loaded_from(fake):
+    path, model, reads = fake
+    assert gguf.find_converted(path) is None
+    assert gguf.gguf_source(str(path)) == (str(path.parent), {"gguf_file": "tiny.gguf"})
+    folder, now = gguf.convert_gguf(path)
+    assert now and reads == ["tiny.gguf"]
+    assert {"config.json", "model.safetensors", "tokenizer.json", gguf.SOURCE} <= {p.name for p in folder.iterdir()}
+    assert gguf.gguf_source(str(path)) == (str(folder), {})
+    assert gguf.convert_gguf(path) == (folder, False) and reads == ["tiny.gguf"]  # not read again
+    # nothing but the finished folder is left in the cache
+    assert [p.name for p in folder.parent.iterdir()] == [folder.name]
+    loaded = load_model(str(path), head="lm")
+    assert reads == ["tiny.gguf"]  # loaded from the conversion
+    want = model.state_dict()
+    got = loaded.state_dict()
+    assert set(got) == set(want) and all(torch.equal(got[k], want[k]) for k in want)
+
+
+def test_an_edited_file_is_not_read_from_its_old_conversion(fake):
+    path, _, _ = fake
+    folder, _ = gguf.convert_gguf(path)
+    path.write_bytes(b"GGUF" + b"\x01" * 64)
+    assert gguf.find_converted(path) is None and gguf.converted_dir(path) != folder
+    assert gguf.gguf_source(str(path))[1] == {"gguf_file": "tiny.gguf"}
+
+
+def test_another_transformers_reads_the_file_again(fake, monkeypatch):
+    path, _, _ = fake
+    gguf.convert_gguf(path)
+    monkeypatch.setattr(transformers, "__version__", "0.0.0-other")
+    assert gguf.find_converted(path) is None
+
+
+def test_a_file_that_does_not_parse_is_one_line_and_leaves_nothing(fake, monkeypatch):
+    path, _, _ = fake
+
+    def broken(folder, gguf_file=None, **kw):
+        raise ValueError("unknown tensor type 99\nmore")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", broken)
+    with pytest.raises(HeadcountError, match=r"cannot read GGUF file .*ValueError: unknown tensor type 99$"):
+        gguf.convert_gguf(path)
+    assert list(gguf.converted_dir(path).parent.iterdir()) == []
+
+
+def test_an_unwritable_cache_is_one_line(fake, tmp_path, monkeypatch):
+    path, _, _ = fake
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("a file where the cache folder would be")
+    monkeypatch.setenv("HEADCOUNT_CACHE", str(blocker))
+    with pytest.raises(HeadcountError, match="cannot write the GGUF conversion"):
+        gguf.convert_gguf(path)
+    assert blocker.read_text().startswith("a file")
