@@ -27,8 +27,11 @@ data: env
 demo: env data
 	$(HC) demo --out runs/demo
 
+# the suite on one process per core (at most 4; TEST_WORKERS=0: one process): the tests run torch
+# on one thread each, and a test file's tests share a worker (their module fixtures are built once)
+TEST_WORKERS ?= $(shell $(PYTHON) -c "import os; print(min(4, len(os.sched_getaffinity(0))))")
 test: env data
-	$(PY) -m pytest -x tests
+	$(PY) -m pytest -x -n $(TEST_WORKERS) --dist loadfile tests
 
 # the documentation site into site/ (strict: a broken link or reference is an error)
 docs: env

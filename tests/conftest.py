@@ -24,6 +24,7 @@ the logits visibly (the default 0.02 makes heads nearly irrelevant in a random m
 from __future__ import annotations
 
 import copy
+import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -45,6 +46,12 @@ INIT = 0.3
 # Tiny models gain nothing from intra-op threads, and on a shared, busy machine the thread pool's
 # spin-waits make each tiny op ~100x slower. Tests that need threads can set them themselves.
 torch.set_num_threads(1)
+
+# pytest-xdist's workers (``make test`` runs the suite on one per core) ignore SIGINT, and a child
+# process inherits an ignored signal: the Ctrl-C tests' commands would never see theirs. The
+# default handler is reset at exec, so children start with Python's own KeyboardInterrupt.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 _COMMON = dict(
     vocab_size=VOCAB,
