@@ -65,9 +65,14 @@ def _digest(path: Path) -> str:
     return _DIGESTS[key]
 
 
+def reader_version() -> str:
+    """The version of what reads GGUF files (transformers): part of a conversion's key."""
+    return transformers.__version__
+
+
 def converted_dir(path: str | os.PathLike) -> Path:
     """Where the conversion of GGUF file ``path`` is (or would be) kept."""
-    return cache_root() / "gguf" / f"{_digest(Path(path))[:24]}-transformers-{transformers.__version__}"
+    return cache_root() / "gguf" / f"{_digest(Path(path))[:24]}-transformers-{reader_version()}"
 
 
 def find_converted(path: str | os.PathLike) -> Path | None:
@@ -126,7 +131,7 @@ def convert_gguf(path: str | os.PathLike) -> tuple[Path, bool]:
         dequantised(model).save_pretrained(tmp)
         transformers.AutoTokenizer.from_pretrained(path.parent, **kwargs).save_pretrained(tmp)
         (tmp / SOURCE).write_text(json.dumps({"gguf": str(path), "sha256": _digest(path),
-                                              "transformers": transformers.__version__}, indent=1) + "\n")
+                                              "transformers": reader_version()}, indent=1) + "\n")
         os.replace(tmp, folder)
     except OSError as e:
         if find_converted(path) is not None:  # another process finished the same conversion first
