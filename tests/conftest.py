@@ -24,6 +24,7 @@ the logits visibly (the default 0.02 makes heads nearly irrelevant in a random m
 from __future__ import annotations
 
 import copy
+import os
 import signal
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,6 +47,12 @@ INIT = 0.3
 # Tiny models gain nothing from intra-op threads, and on a shared, busy machine the thread pool's
 # spin-waits make each tiny op ~100x slower. Tests that need threads can set them themselves.
 torch.set_num_threads(1)
+
+# The commands the tests start (subprocesses, Ray workers) inherit one intra-op thread too: with
+# one test process per core (``make test``), two such commands on two threads each would
+# oversubscribe the cores, where OpenMP's spin-waits cost several-fold.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 # pytest-xdist's workers (``make test`` runs the suite on one per core) ignore SIGINT, and a child
 # process inherits an ignored signal: the Ctrl-C tests' commands would never see theirs. The
