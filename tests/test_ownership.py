@@ -573,6 +573,17 @@ def _archive() -> Path:
     return archive
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _decoder_not_read():
+    """``data fetch`` also reads the offline decoder into the cache once (~40 s into the tests'
+    fresh cache): not what these tests are about (tests/core/test_gguf_cache.py tests it)."""
+    from headcount.core import models
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(models, "offline_decoder_status", lambda convert=False: "offline decoder: not read in this test")
+        yield
+
+
 @pytest.fixture(scope="module")
 def fetched(tmp_path_factory):
     """A data folder fetched by this headcount (from the local archive: no network)."""

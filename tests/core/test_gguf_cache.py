@@ -97,3 +97,15 @@ def test_an_unwritable_cache_is_one_line(fake, tmp_path, monkeypatch):
     with pytest.raises(HeadcountError, match="cannot write the GGUF conversion"):
         gguf.convert_gguf(path)
     assert blocker.read_text().startswith("a file")
+
+
+def test_data_fetch_reads_the_offline_decoder_once(fake, monkeypatch):
+    """``headcount data fetch``'s decoder line: read into the cache the first time, found after."""
+    from headcount.core import models
+
+    path, _, reads = fake
+    monkeypatch.setattr(models, "offline_decoder_file", lambda: path)
+    first = models.offline_decoder_status(convert=True)
+    assert "read once into" in first and str(gguf.converted_dir(path)) in first and reads == ["tiny.gguf"]
+    assert "converted: " in models.offline_decoder_status(convert=True) and reads == ["tiny.gguf"]
+    assert "\n" not in models.offline_decoder_status()  # without convert: the one line it always was

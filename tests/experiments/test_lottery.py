@@ -219,7 +219,7 @@ model: pre
 tasks: [task/task.yaml, task2/task.yaml]
 seeds: [1, 2]
 random: uniform       # exact sizes, checked below (the default, bernoulli, matches only on average)
-train: {lr: 0.01, batch_size: 16, epochs: 3, max_length: 32, save_steps: 1000}
+train: {lr: 0.01, batch_size: 16, epochs: 2, max_length: 32, save_steps: 1000}
 pruning: {step: 0.25}
 magnitude: {rounds: 2, rate: 0.3, threshold: 0.5}
 patterns: {max_examples: 16, size: 16, cnn: {maps: labelled/maps.safetensors, labels: labelled/labels.csv, epochs: 2}}
@@ -270,7 +270,7 @@ def test_study_runs_to_a_report_with_the_main_table(run):
         row = main[(main["task"] == task) & (main["experiment"] == "random retrained")]
         cell = paper.loc[paper["task"] == task, "random"].item()
         assert cell == f"{row['mean'].item():.2f} ± {row['std'].item():.2f}"
-    # the full row is the mean of the fine-tuning jobs' own scores (whether the tiny task is learnt in 3
+    # the full row is the mean of the fine-tuning jobs' own scores (whether the tiny task is learnt in 2
     # epochs rests on a trajectory that other CPU kernels change; tests/train/test_training.py checks learning)
     for task in tasks:
         own = [store.result(f"finetune/{task}/seed{s}").result["final"]["score"] for s in (1, 2)]
