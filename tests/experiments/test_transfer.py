@@ -356,7 +356,7 @@ name: tiny transfer
 model: {model}
 tasks: [{{id: good, task: good/task.yaml}}, not/has-not.yaml]
 seeds: [1, 2]
-train: {{lr: 0.005, batch_size: 16, epochs: 6, max_length: 32, eval_batch_size: 64, save_steps: 1000}}
+train: {{lr: 0.005, batch_size: 16, epochs: 3, max_length: 32, eval_batch_size: 64, save_steps: 1000}}
 head_fit: {{lr: 0.01, epochs: 2}}
 mlm: {{head_steps: 40, head_max_texts: 200, eval: {{max_examples: 64, batch_size: 32, max_length: 32}}}}
 scoring: {{data: {{max_examples: 60, batch_size: 16, max_length: 32}}}}
@@ -435,7 +435,7 @@ def test_the_study_runs_end_to_end_with_every_table_and_figure(run):
     assert sorted(ad["task"].unique()) == ["good", "has-not"] and ad["relative_score"].notna().all()
     ft = pd.read_csv(out / "results" / "finetune.csv")
     store = RunStore(out)
-    # each row holds its fine-tuning job's own final score (whether the tiny model learns a cue in 6
+    # each row holds its fine-tuning job's own final score (whether the tiny model learns a cue in 3
     # epochs rests on a trajectory that other CPU kernels change; tests/train/test_training.py checks learning)
     own = [store.result(T.Names().finetune(t, s)).result["final"]["score"] for t, s in zip(ft["task"], ft["seed"])]
     assert len(ft) == 4 and ft["fine_tuned"].tolist() == pytest.approx(own) and ft["fine_tuned"].between(0, 1).all()
