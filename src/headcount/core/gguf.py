@@ -127,19 +127,25 @@ def convert_gguf(path: str | os.PathLike) -> tuple[Path, bool]:
     except OSError as e:
         raise HeadcountError(f"cannot write the GGUF conversion under {folder.parent}: {e.strerror or e}") from None
     try:
-        model = transformers.AutoModelForCausalLM.from_pretrained(path.parent, **kwargs)
-        dequantised(model).save_pretrained(tmp)
-        transformers.AutoTokenizer.from_pretrained(path.parent, **kwargs).save_pretrained(tmp)
-        (tmp / SOURCE).write_text(json.dumps({"gguf": str(path), "sha256": _digest(path),
-                                              "transformers": reader_version()}, indent=1) + "\n")
-        os.replace(tmp, folder)
-    except OSError as e:
-        if find_converted(path) is not None:  # another process finished the same conversion first
-            return folder, False
-        raise HeadcountError(f"cannot write the GGUF conversion {folder}: {e.strerror or e}") from None
-    except Exception as e:  # a file that starts like GGUF but does not parse
-        raise HeadcountError(f"cannot read GGUF file {str(path)!r}: {type(e).__name__}: "
-                             f"{str(e).splitlines()[0] if str(e) else ''}") from None
+        try:  # reading: a file that starts like GGUF but does not parse (or cannot be read)
+            model = transformers.AutoModelForCausalLM.from_pretrained(path.parent, **kwargs)
+            tokenizer = transformers.AutoTokenizer.from_pretrained(path.parent, **kwargs)
+        except Exception as e:
+            raise HeadcountError(f"cannot read GGUF file {str(path)!r}: {type(e).__name__}: "
+                                 f"{str(e).splitlines()[0] if str(e) else ''}") from None
+        try:  # writing: the folder appears whole by one rename, or not at all
+            dequantised(model).save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+            (tmp / SOURCE).write_text(json.dumps({"gguf": str(path), "sha256": _digest(path),
+                                                  "transformers": reader_version()}, indent=1) + "\n")
+            os.replace(tmp, folder)
+        except OSError as e:
+            if find_converted(path) is not None:  # another process finished the same conversion first
+                return folder, False
+            raise HeadcountError(f"cannot write the GGUF conversion {folder}: {e.strerror or e}") from None
+        except Exception as e:  # a model transformers cannot save: the conversion, not a traceback
+            raise HeadcountError(f"cannot write the GGUF conversion {folder}: {type(e).__name__}: "
+                                 f"{str(e).splitlines()[0] if str(e) else ''}") from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return folder, True
