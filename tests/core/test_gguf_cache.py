@@ -53,8 +53,8 @@ def test_a_conversion_is_made_once_and_then_loaded_from(fake):
     assert {"config.json", "model.safetensors", "tokenizer.json", gguf.SOURCE} <= {p.name for p in folder.iterdir()}
     assert gguf.gguf_source(str(path)) == (str(folder), {})
     assert gguf.convert_gguf(path) == (folder, False) and reads == ["tiny.gguf"]  # not read again
-    # nothing but the finished folder is left in the cache
-    assert [p.name for p in folder.parent.iterdir()] == [folder.name]
+    # nothing but the finished folder (and the conversion's lock file) is left in the cache
+    assert sorted(p.name for p in folder.parent.iterdir()) == sorted([folder.name, f".{folder.name}.lock"])
     loaded = load_model(str(path), head="lm")
     assert reads == ["tiny.gguf"]  # loaded from the conversion
     want = model.state_dict()
@@ -86,7 +86,8 @@ def test_a_file_that_does_not_parse_is_one_line_and_leaves_nothing(fake, monkeyp
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", broken)
     with pytest.raises(HeadcountError, match=r"cannot read GGUF file .*ValueError: unknown tensor type 99$"):
         gguf.convert_gguf(path)
-    assert list(gguf.converted_dir(path).parent.iterdir()) == []
+    folder = gguf.converted_dir(path)
+    assert [p.name for p in folder.parent.iterdir()] == [f".{folder.name}.lock"]
 
 
 def test_an_unwritable_cache_is_one_line(fake, tmp_path, monkeypatch):
@@ -109,3 +110,46 @@ def test_data_fetch_reads_the_offline_decoder_once(fake, monkeypatch):
     assert "read once into" in first and str(gguf.converted_dir(path)) in first and reads == ["tiny.gguf"]
     assert "converted: " in models.offline_decoder_status(convert=True) and reads == ["tiny.gguf"]
     assert "\n" not in models.offline_decoder_status()  # without convert: the one line it always was
+
+
+def test_a_killed_conversions_leftovers_are_removed_and_nothing_else(fake):
+    """A conversion killed midway leaves its marked temporary folder: the next conversion (which
+    holds the lock, so no live conversion owns it) removes it, and the empty one a kill right after
+    ``mkdtemp`` leaves; a folder of the same pattern without the mark is somebody's: kept whole."""
+    path, _, _ = fake
+    folder = gguf.converted_dir(path)
+    folder.parent.mkdir(parents=True)
+    dead = folder.parent / f".{folder.name}.dead1234"
+    dead.mkdir()
+    (dead / gguf.PARTIAL).write_text("killed\n")
+    (dead / "model.safetensors").write_bytes(b"\x00" * 1024)
+    empty = folder.parent / f".{folder.name}.empty123"
+    empty.mkdir()
+    users = folder.parent / f".{folder.name}.mine"
+    users.mkdir()
+    (users / "notes.txt").write_text("mine")
+    assert gguf.convert_gguf(path) == (folder, True)
+    assert not dead.exists() and not empty.exists()
+    assert (users / "notes.txt").read_text() == "mine"
+    assert not (folder / gguf.PARTIAL).exists()
+
+
+def test_a_second_conversion_waits_for_the_first_and_reuses_it(fake):
+    """While one conversion holds the lock another waits, then finds the folder done (not read twice)."""
+    import threading
+
+    from headcount.runtime.lock import lock_file, unlock_file
+
+    path, _, reads = fake
+    folder = gguf.converted_dir(path)
+    folder.parent.mkdir(parents=True)
+    fd = lock_file(folder.parent, "a test holding it", name=f".{folder.name}.lock")
+    result = []
+    waiter = threading.Thread(target=lambda: result.append(gguf.convert_gguf(path)))
+    waiter.start()
+    waiter.join(0.5)
+    assert waiter.is_alive() and reads == []  # blocked on the lock
+    gguf._convert(path, folder)  # what the holder does
+    unlock_file(fd)
+    waiter.join(10)
+    assert result == [(folder, False)] and reads == ["tiny.gguf"]

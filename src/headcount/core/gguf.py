@@ -25,11 +25,15 @@ from pathlib import Path
 import transformers
 
 from headcount.runtime.errors import HeadcountError
+from headcount.runtime.lock import lock_file, unlock_file
 from headcount.runtime.paths import cache_root, sha256_file
 
 INSTALL_GGUF = "pip install gguf accelerate"
 #: the file a finished conversion holds last (the folder appears by one rename: it is whole or absent)
 SOURCE = "gguf-source.json"
+#: the file a conversion writes first into its temporary folder: what marks a folder left by a
+#: killed conversion as headcount's to remove (a folder without it is never emptied)
+PARTIAL = ".headcount-partial"
 
 #: ``(real path, size, mtime_ns, inode, ctime_ns) -> sha256``: a file is hashed once a process
 _DIGESTS: dict[tuple, str] = {}
@@ -120,10 +124,44 @@ def convert_gguf(path: str | os.PathLike) -> tuple[Path, bool]:
     if done is not None:
         return done, False
     folder = converted_dir(path)
-    kwargs = {"gguf_file": path.name}
     try:
         folder.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise HeadcountError(f"cannot write the GGUF conversion under {folder.parent}: {e.strerror or e}") from None
+    # one conversion of a file at a time (a second process waits, then finds it done); holding the
+    # lock also means no other process is writing a temporary folder of this key: any left is dead
+    fd = lock_file(folder.parent, f"converting {path.name}", name=f".{folder.name}.lock", wait=True)
+    try:
+        done = find_converted(path)
+        if done is not None:
+            return done, False
+        _remove_partials(folder)
+        return _convert(path, folder), True
+    finally:
+        unlock_file(fd)
+
+
+def _remove_partials(folder: Path) -> None:
+    """Remove the temporary folders that killed conversions of ``folder`` left (``.<name>.*`` holding
+    :data:`PARTIAL`; an empty one, killed before it wrote that, is removed by ``rmdir``)."""
+    for d in folder.parent.glob(f".{folder.name}.*"):
+        if d.is_symlink() or not d.is_dir():
+            continue
+        if (d / PARTIAL).is_file():
+            shutil.rmtree(d, ignore_errors=True)
+        else:
+            try:
+                d.rmdir()
+            except OSError:
+                pass  # not empty and not marked: not headcount's
+
+
+def _convert(path: Path, folder: Path) -> Path:
+    """Read ``path`` and write its conversion to ``folder`` (under the conversion lock)."""
+    kwargs = {"gguf_file": path.name}
+    try:
         tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+        (tmp / PARTIAL).write_text(f"a GGUF conversion in progress (pid {os.getpid()}); removed when it ends\n")
     except OSError as e:
         raise HeadcountError(f"cannot write the GGUF conversion under {folder.parent}: {e.strerror or e}") from None
     try:
@@ -139,13 +177,12 @@ def convert_gguf(path: str | os.PathLike) -> tuple[Path, bool]:
             (tmp / SOURCE).write_text(json.dumps({"gguf": str(path), "sha256": _digest(path),
                                                   "transformers": reader_version()}, indent=1) + "\n")
             os.replace(tmp, folder)
+            (folder / PARTIAL).unlink()  # (a kill before this leaves the mark in a finished folder: harmless)
         except OSError as e:
-            if find_converted(path) is not None:  # another process finished the same conversion first
-                return folder, False
             raise HeadcountError(f"cannot write the GGUF conversion {folder}: {e.strerror or e}") from None
         except Exception as e:  # a model transformers cannot save: the conversion, not a traceback
             raise HeadcountError(f"cannot write the GGUF conversion {folder}: {type(e).__name__}: "
                                  f"{str(e).splitlines()[0] if str(e) else ''}") from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return folder, True
+    return folder

@@ -17,8 +17,9 @@ from headcount.runtime.record import LOCK_NAME
 _LOCK_TEXT = "headcount lock: "
 
 
-def lock_file(directory: Path, what: str = "", name: str = LOCK_NAME) -> int:
+def lock_file(directory: Path, what: str = "", name: str = LOCK_NAME, wait: bool = False) -> int:
     """Open ``directory/.headcount.lock`` without following links and take an exclusive flock; returns the fd.
+    ``wait``: block until the holder lets go, instead of refusing.
 
     A lock file that is a symbolic link, a directory, a file with other hard links, or a file that
     holds something other than headcount's lock text is refused (writing through it, or truncating
@@ -57,7 +58,7 @@ def lock_file(directory: Path, what: str = "", name: str = LOCK_NAME) -> int:
     except ImportError:  # pragma: no cover - not POSIX: no lock
         return fd
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         try:
             holder = os.pread(fd, 200, 0).decode(errors="replace").strip().removeprefix(_LOCK_TEXT.strip())
