@@ -509,10 +509,11 @@ def test_ctrl_c_in_a_study_exits_130_and_the_same_command_resumes(capsys, tmp_pa
 
 def test_a_file_rewritten_in_place_with_its_mtime_restored_is_hashed_again(tmp_path, monkeypatch):
     import headcount.data.fingerprint as F
+    import headcount.runtime.digests as D
 
     monkeypatch.setenv("HEADCOUNT_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(F, "_MEMORY", {})
-    monkeypatch.setattr(F, "_DISK", None)
+    monkeypatch.setattr(D, "_MEMORY", {})
+    monkeypatch.setattr(D, "_DISK", None)
     f = tmp_path / "model.safetensors"
     f.write_bytes(b"a" * (2 << 20))  # > 1 MiB: remembered on disk too
     st = os.stat(f)
@@ -529,6 +530,6 @@ def test_a_file_rewritten_in_place_with_its_mtime_restored_is_hashed_again(tmp_p
     assert (now.st_size, now.st_ino, now.st_mtime_ns) == (st.st_size, st.st_ino, st.st_mtime_ns)
     expected = hashlib.sha256(f.read_bytes()).hexdigest()[:16]
     assert first != expected and F.file_digest(f) == expected  # this process's cache
-    monkeypatch.setattr(F, "_MEMORY", {})
-    monkeypatch.setattr(F, "_DISK", None)
+    monkeypatch.setattr(D, "_MEMORY", {})
+    monkeypatch.setattr(D, "_DISK", None)
     assert F.file_digest(f) == expected  # a later process, through fingerprints.json

@@ -26,7 +26,8 @@ import transformers
 
 from headcount.runtime.errors import HeadcountError
 from headcount.runtime.lock import lock_file, unlock_file
-from headcount.runtime.paths import cache_root, sha256_file
+from headcount.runtime.digests import file_sha256
+from headcount.runtime.paths import cache_root
 
 INSTALL_GGUF = "pip install gguf accelerate"
 #: the file a finished conversion holds last (the folder appears by one rename: it is whole or absent)
@@ -35,8 +36,6 @@ SOURCE = "gguf-source.json"
 #: killed conversion as headcount's to remove (a folder without it is never emptied)
 PARTIAL = ".headcount-partial"
 
-#: ``(real path, size, mtime_ns, inode, ctime_ns) -> sha256``: a file is hashed once a process
-_DIGESTS: dict[tuple, str] = {}
 
 
 def is_gguf(path) -> bool:
@@ -61,14 +60,6 @@ def check_gguf(path: Path) -> Path:
     return path
 
 
-def _digest(path: Path) -> str:
-    st = path.stat()
-    key = (str(path.resolve()), st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)
-    if key not in _DIGESTS:
-        _DIGESTS[key] = sha256_file(path)
-    return _DIGESTS[key]
-
-
 def reader_version() -> str:
     """The version of what reads GGUF files (transformers): part of a conversion's key."""
     return transformers.__version__
@@ -76,7 +67,7 @@ def reader_version() -> str:
 
 def converted_dir(path: str | os.PathLike) -> Path:
     """Where the conversion of GGUF file ``path`` is (or would be) kept."""
-    return cache_root() / "gguf" / f"{_digest(Path(path))[:24]}-transformers-{reader_version()}"
+    return cache_root() / "gguf" / f"{file_sha256(Path(path))[:24]}-transformers-{reader_version()}"
 
 
 def find_converted(path: str | os.PathLike) -> Path | None:
@@ -174,7 +165,7 @@ def _convert(path: Path, folder: Path) -> Path:
         try:  # writing: the folder appears whole by one rename, or not at all
             dequantised(model).save_pretrained(tmp)
             tokenizer.save_pretrained(tmp)
-            (tmp / SOURCE).write_text(json.dumps({"gguf": str(path), "sha256": _digest(path),
+            (tmp / SOURCE).write_text(json.dumps({"gguf": str(path), "sha256": file_sha256(path),
                                                   "transformers": reader_version()}, indent=1) + "\n")
             os.replace(tmp, folder)
             (folder / PARTIAL).unlink()  # (a kill before this leaves the mark in a finished folder: harmless)

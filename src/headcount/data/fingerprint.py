@@ -5,11 +5,10 @@ flipped in a CSV, a checkpoint rewritten in place). Run identities (``finetune``
 ``magnitude``'s, the ``--out`` marker of ``score``/``prune``/``shrink``) and study job keys
 therefore include [`model_fingerprint`][headcount.data.fingerprint.model_fingerprint] and [`task_fingerprint`][headcount.data.fingerprint.task_fingerprint].
 
-Hashes are SHA-256 of the file contents, cached by ``(real path, size, mtime_ns, inode,
-ctime_ns)`` in memory and in ``<cache>/fingerprints.json`` (the headcount cache,
-``$HEADCOUNT_CACHE``), so a large file is read once, not at every run. The inode change time is
-in the key because nobody can set it back: a file rewritten in place with its size, inode and
-mtime restored (``os.utime``) is hashed again. Hub ids are identified by name only (their files
+Hashes are SHA-256 of the file contents, read once per content ([`headcount.runtime.digests`][headcount.runtime.digests]:
+cached by ``(real path, size, mtime_ns, inode, ctime_ns)`` in memory and in
+``<cache>/fingerprints.json``), so a large file is read once, not at every run; a file rewritten
+in place with its size, inode and mtime restored (``os.utime``) is hashed again. Hub ids are identified by name only (their files
 live in the Hugging Face cache, keyed by revision).
 """
 
@@ -21,66 +20,18 @@ import os
 from pathlib import Path
 
 from headcount.data.tasks import get_task
-from headcount.runtime.paths import cache_root, sha256_file
-from headcount.runtime.atomic import atomic_write_json
-
-_MEMORY: dict[str, str] = {}
-_DISK: dict[str, str] | None = None
-_CACHE_FILE = "fingerprints.json"
-
-
-def _cache_path() -> Path | None:
-    try:
-        return cache_root() / _CACHE_FILE
-    except Exception:  # pragma: no cover - no cache directory: memory only
-        return None
-
-
-def _disk() -> dict[str, str]:
-    global _DISK
-    if _DISK is None:
-        path = _cache_path()
-        try:
-            data = json.loads(path.read_text(encoding="utf-8")) if path is not None and path.is_file() else {}
-        except (OSError, ValueError):
-            data = {}
-        _DISK = data if isinstance(data, dict) else {}
-    return _DISK
-
-
-def _save_disk() -> None:
-    path = _cache_path()
-    if path is None:
-        return
-    try:
-        data = dict(list(_disk().items())[-5000:])  # bounded
-        atomic_write_json(path, data)
-    except OSError:  # a read-only cache only costs time
-        pass
-
+from headcount.runtime.digests import file_sha256
 
 def file_digest(path: str | os.PathLike) -> str:
-    """SHA-256 (hex, 16 characters) of a file's content, cached by path, size, mtime, inode and
-    ctime (the inode change time, which ``os.utime`` cannot set back: any rewrite rehashes).
+    """SHA-256 (hex, 16 characters) of a file's content, hashed once per content
+    ([`file_sha256`][headcount.runtime.digests.file_sha256]: cached by path, size, mtime, inode and
+    ctime, the inode change time, which ``os.utime`` cannot set back: any rewrite rehashes).
 
     >>> import tempfile; f = tempfile.NamedTemporaryFile(delete=False); _ = f.write(b"x"); f.close()
     >>> file_digest(f.name)
     '2d711642b726b044'
     """
-    p = Path(path).resolve()
-    st = p.stat()
-    key = f"{p}|{st.st_size}|{st.st_mtime_ns}|{st.st_ino}|{st.st_ctime_ns}"
-    if key in _MEMORY:
-        return _MEMORY[key]
-    disk = _disk()
-    if key in disk:
-        _MEMORY[key] = disk[key]
-        return disk[key]
-    digest = sha256_file(p)[:16]
-    _MEMORY[key] = disk[key] = digest
-    if st.st_size > (1 << 20):  # worth remembering across processes
-        _save_disk()
-    return digest
+    return file_sha256(path)[:16]
 
 
 def dir_digest(path: str | os.PathLike) -> str:
