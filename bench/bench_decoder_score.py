@@ -18,6 +18,13 @@ resident memory (``ru_maxrss``) is its own; the parent prints the ratios of time
 and checks the scores agree. headcount runs twice: with its default token budget (batches merged)
 and with the batches as given (``tokens_per_batch=0``, the baseline's batch). Target: time >= 2x.
 
+The FLOP bound beside it: both sides run the forward pass and the backward pass's input
+gradients (every layer's, down to the first layer's ``o_proj``); only the baseline also computes
+every weight's gradient, about as many FLOPs as the forward pass again (a linear layer's weight
+gradient is one more matmul of its size; the attention scores ``QK^T`` and ``PV`` have none). So
+skipping the weight gradients saves at most ``(F + dX + dW) / (F + dX)``, about 1.5x: the issue's
+2x is above what doing fewer FLOPs can give, and the rest must come from memory traffic.
+
     python bench/bench_decoder_score.py                      # 64 x 512 (long on 2 CPU cores)
     python bench/bench_decoder_score.py --sequences 8        # 8 x 512
     python bench/bench_decoder_score.py --quick              # 8 layers, 8 x 128
@@ -39,9 +46,22 @@ import torch
 import transformers
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_decoder import smollm2_config  # noqa: E402
+from bench_decoder import layer_dims, smollm2_config  # noqa: E402
 
 TARGET = 2.0
+
+
+def scoring_flops(cfg, sequences: int, tokens: int, weight_grads: bool) -> int:
+    """Matmul FLOPs (2 per multiply-add) of scoring ``sequences`` x ``tokens`` with the LM loss:
+    forward, the backward's input gradients (attention backward: 4 matmuls to the forward's 2),
+    and with ``weight_grads`` every linear layer's (and the tied LM head's) weight gradient."""
+    n = sequences * tokens
+    pairs = sequences * tokens * (tokens + 1) // 2
+    linear = 2 * n * (cfg.num_hidden_layers * sum(layer_dims(cfg, cfg.num_attention_heads, cfg.num_key_value_heads,
+                                                              cfg.intermediate_size).values())
+                      + cfg.hidden_size * cfg.vocab_size)
+    attention = cfg.num_hidden_layers * 2 * 2 * cfg.num_attention_heads * cfg.head_dim * pairs
+    return (linear + attention) + (linear + 2 * attention) + (linear if weight_grads else 0)
 
 
 def make_batches(cfg, sequences: int, tokens: int, batch: int, seed: int = 1) -> list[dict]:
@@ -151,6 +171,9 @@ def main(argv=None) -> dict:
     r = float(torch.corrcoef(torch.stack([ref, ours]))[0, 1])
     rel = float(((ref - ours).abs().max() / ref.abs().max()))
     speed = b["seconds"] / h["seconds"]
+    cfg = smollm2_config(args.layers)
+    bound = (scoring_flops(cfg, args.sequences, args.tokens, True)
+             / scoring_flops(cfg, args.sequences, args.tokens, False))
     mem = {k: v["rss_peak_kb"] / 1024 for k, v in res.items()}
     grow = {k: (v["rss_peak_kb"] - v["rss_before_kb"]) / 1024 for k, v in res.items()}
     print(f"bench_decoder_score: SmolLM2-135M shape ({args.layers} layers), random weights, fp32, "
@@ -164,13 +187,14 @@ def main(argv=None) -> dict:
     print(f"  headcount, --tokens-per-batch 0 (as given)      {u['seconds']:8.1f} s, peak RSS "
           f"{mem['headcount-unmerged']:7.0f} MB (+{grow['headcount-unmerged']:.0f} MB while scoring)")
     print(f"  scores agree: r = {r:.5f}, max relative difference {rel:.1e}")
-    print(f"  speed-up {speed:.2f}x  (target >= {TARGET}x: {'met' if speed >= TARGET else 'NOT met'})")
+    print(f"  speed-up {speed:.2f}x  (target >= {TARGET}x: {'met' if speed >= TARGET else 'NOT met'}); "
+          f"FLOP bound of skipping the weight gradients {bound:.2f}x: {speed / bound:.2f} of it")
     print(f"  peak memory ratio {mem['baseline'] / mem['headcount']:.2f} (growth while scoring: "
           f"{grow['baseline'] / max(grow['headcount'], 1):.2f})")
     print(f"  unmerged: speed-up {b['seconds'] / u['seconds']:.2f}x, peak memory ratio "
           f"{mem['baseline'] / mem['headcount-unmerged']:.2f} (growth while scoring: "
           f"{grow['baseline'] / max(grow['headcount-unmerged'], 1):.2f})")
-    return {"speedup": speed, "memory": mem, "r": r}
+    return {"speedup": speed, "flop_bound": bound, "memory": mem, "r": r}
 
 
 if __name__ == "__main__":
