@@ -415,12 +415,15 @@ PROBE = """<script>window.addEventListener("load", function () {
 
 
 def _defaults(page) -> tuple[int, int]:
-    """The quantities the page shows first (explorer.js ``defaults``): MLM vs task importance when it has both."""
+    """The quantities the page shows first (explorer.js ``defaults``): MLM vs task importance when it
+    has both, else survival across seeds vs attention entropy, else the first two numeric ones."""
     qs = page["quantities"]
     numeric = [i for i, q in enumerate(qs) if q["kind"] in ("score", "mean", "survival", "level", "step")]
-    a = next((i for i in numeric if "mlm" in qs[i]["name"].lower()), numeric[0] if numeric else 0)
+    a = next((i for i in numeric if "mlm" in qs[i]["name"].lower()),
+             next((i for i, q in enumerate(qs) if q["kind"] == "survival"), numeric[0] if numeric else 0))
     b = next((i for i in numeric if i != a and "task" in qs[i]["name"].lower()),
-             next((i for i in numeric if i != a), (a + 1) % len(qs) if len(qs) > 1 else a))
+             next((i for i in numeric if i != a and "entropy" in qs[i]["name"].lower()),
+                  next((i for i in numeric if i != a), (a + 1) % len(qs) if len(qs) > 1 else a)))
     return a, b
 
 
@@ -490,3 +493,18 @@ def test_a_decoder_page_groups_query_heads_by_kv_group_in_a_browser(world, tmp_p
     assert r["errors"] == [] and "exception" not in r and r["ready"] == "1", r
     assert r["title"] == "Layer 1, query head 2 (KV group 1)" and r["label"].startswith("layer 1, query head 2 (KV group 1): ")
     assert out.read_text(encoding="utf-8").count('"kv_heads":2') == 1
+
+
+@pytest.mark.skipif(chromium() is None, reason="no Chromium installed (apt-get install chromium)")
+def test_a_lottery_page_opens_on_survival_against_entropy(lottery, tmp_path):
+    """Without an MLM/task pair, the page first shows survival across seeds (x) against attention
+    entropy (y): the lottery study's question, not two seeds' pruning steps side by side."""
+    out = hc.explore(lottery, examples=2).save(tmp_path / "lottery.html")
+    page = page_data(out.read_text(encoding="utf-8"))
+    a, b = _defaults(page)
+    qs = page["quantities"]
+    assert qs[a]["kind"] == "survival" and "entropy" in qs[b]["name"]
+    r = _probe(out, {"l": 0, "h": 1, "q": a})
+    assert r["errors"] == [] and "exception" not in r, r
+    short = [n[:41] + "\u2026" if len(n) > 42 else n for n in (qs[a]["name"], qs[b]["name"])]
+    assert r["axes"] == short

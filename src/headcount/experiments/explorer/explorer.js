@@ -26,10 +26,19 @@ function pick(re, not) {
   for (var i = 0; i < Q.length; i++) if (numeric(i) && i !== not && re.test(Q[i].name)) return i;
   return -1;
 }
+function pickKind(kind, not) {
+  for (var i = 0; i < Q.length; i++) if (i !== not && Q[i].kind === kind) return i;
+  return -1;
+}
 (function defaults() {
-  var a = pick(/mlm/i, -1), b;  // MLM vs task importance when the page has both; else two numeric ones
+  // MLM vs task importance when the page has both (the transfer study's question); else survival
+  // across seeds vs attention entropy (the lottery study's: are the heads every seed keeps the
+  // focused ones?); else the first two numeric ones
+  var a = pick(/mlm/i, -1), b;
+  if (a < 0) a = pickKind("survival", -1);
   if (a < 0) a = Math.max(0, pick(/./, -1));
   b = pick(/task/i, a);
+  if (b < 0) b = pick(/entropy/i, a);
   if (b < 0) b = pick(/./, a);
   if (b < 0) b = Q.length > 1 ? (a + 1) % Q.length : a;
   state.a = a; state.b = b;
