@@ -518,7 +518,7 @@ def test_a_file_rewritten_in_place_with_its_mtime_restored_is_hashed_again(tmp_p
     f.write_bytes(b"a" * (2 << 20))  # > 1 MiB: remembered on disk too
     st = os.stat(f)
     first = F.file_digest(f)
-    assert (tmp_path / "cache" / "fingerprints.json").is_file()
+    assert (tmp_path / "cache" / "digests.json").is_file()
     # the same size, inode and mtime, other content: only the inode change time tells
     with open(f, "r+b") as fh:
         fh.write(b"b" * 10)
@@ -532,4 +532,4 @@ def test_a_file_rewritten_in_place_with_its_mtime_restored_is_hashed_again(tmp_p
     assert first != expected and F.file_digest(f) == expected  # this process's cache
     monkeypatch.setattr(D, "_MEMORY", {})
     monkeypatch.setattr(D, "_DISK", None)
-    assert F.file_digest(f) == expected  # a later process, through fingerprints.json
+    assert F.file_digest(f) == expected  # a later process, through digests.json

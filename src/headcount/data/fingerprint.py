@@ -7,7 +7,7 @@ therefore include [`model_fingerprint`][headcount.data.fingerprint.model_fingerp
 
 Hashes are SHA-256 of the file contents, read once per content ([`headcount.runtime.digests`][headcount.runtime.digests]:
 cached by ``(real path, size, mtime_ns, inode, ctime_ns)`` in memory and in
-``<cache>/fingerprints.json``), so a large file is read once, not at every run; a file rewritten
+``<cache>/digests.json``), so a large file is read once, not at every run; a file rewritten
 in place with its size, inode and mtime restored (``os.utime``) is hashed again. Hub ids are identified by name only (their files
 live in the Hugging Face cache, keyed by revision).
 """

@@ -1,5 +1,7 @@
 """SHA-256 of files, each read once: cached by ``(real path, size, mtime_ns, inode, ctime_ns)`` in
-memory and in ``<cache>/fingerprints.json`` (the headcount cache, ``$HEADCOUNT_CACHE``).
+memory and in ``<cache>/digests.json`` (the headcount cache, ``$HEADCOUNT_CACHE``; headcount
+before 2026-12-02 kept 16-character digests in ``fingerprints.json``: another file, so that two
+versions sharing a cache never read each other's entries).
 
 Two places hash files this way: run identities and job keys
 ([`file_digest`][headcount.data.fingerprint.file_digest], 16 characters) and the key of a GGUF file's
@@ -20,8 +22,8 @@ from headcount.runtime.paths import cache_root, sha256_file
 
 _MEMORY: dict[str, str] = {}
 _DISK: dict[str, str] | None = None
-_CACHE_FILE = "fingerprints.json"
-_HEX = 64  # a full sha256; entries of other lengths (an older cache format) are ignored
+_CACHE_FILE = "digests.json"
+_HEX = 64  # a full sha256; an entry of another length is not one of ours (ignored)
 _REMEMBER = 1 << 20  # bytes: larger files are remembered on disk
 _BOUND = 5000  # entries kept on disk
 
