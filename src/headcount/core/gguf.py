@@ -24,9 +24,9 @@ from pathlib import Path
 
 import transformers
 
+from headcount.runtime.digests import file_sha256
 from headcount.runtime.errors import HeadcountError
 from headcount.runtime.lock import lock_file, unlock_file
-from headcount.runtime.digests import file_sha256
 from headcount.runtime.paths import cache_root
 
 INSTALL_GGUF = "pip install gguf accelerate"
