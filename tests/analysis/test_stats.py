@@ -11,6 +11,7 @@ import pytest
 import scipy.stats as sps
 
 import headcount.analysis as analysis_pkg
+from headcount.analysis.coherence import seed_mean_ci
 from headcount.analysis import (
     bad_control,
     bootstrap_ci,
@@ -482,8 +483,11 @@ def test_hierarchical_bootstrap_one_seed_is_the_example_bootstrap():
     rng = np.random.default_rng(0)
     x = rng.normal(2.0, 1.0, size=400)
     r = hierarchical_bootstrap_ci(None, [x], n_boot=2000, seed=1)
-    assert r.interval == "percentile" and r.n_seeds == 1  # no seed variance can be estimated
+    assert r.interval == "normal" and r.n_seeds == 1  # no seed variance can be estimated
     assert r.high - r.low == pytest.approx(2 * 1.96 * x.std(ddof=1) / math.sqrt(400), rel=0.15)
+    assert (r.low + r.high) / 2 == pytest.approx(r.estimate)  # centred on the estimate
+    p = hierarchical_bootstrap_ci(None, [x], n_boot=2000, seed=1, interval="percentile")
+    assert p.interval == "percentile" and p.high - p.low == pytest.approx(r.high - r.low, rel=0.15)
     assert r.estimate == pytest.approx(x.mean())
     s = hierarchical_bootstrap_ci(None, [x.reshape(100, 4), x.reshape(100, 4)[::-1]], reduce="sum", n_boot=20)
     assert s.samples.shape == (20, 4) and np.allclose(s.estimate, x.reshape(100, 4).sum(0))
@@ -493,6 +497,38 @@ def test_hierarchical_bootstrap_one_seed_is_the_example_bootstrap():
         hierarchical_bootstrap_ci(lambda p, q: p - q, [x, x], [x])  # seed counts differ
     with pytest.raises(HeadcountError):
         hierarchical_bootstrap_ci(lambda p, q: p - q, [x], [x[:10]], paired=True)
+
+
+def test_one_pair_interval_contains_its_estimate_where_the_paired_bootstrap_is_biased():
+    """Two grids scored on the same examples agree more on a bootstrap resample than on the data.
+
+    Two fine-tuning seeds differ by a fixed amount per head (``offset``) while each example moves
+    both models' gradients alike (``shared``, per example and head): a resample repeats examples,
+    which adds example noise common to both grids, so the resample's Spearman lies above the full
+    data's. The percentile interval of the replicates then leaves out the estimate (what the
+    offline decoder's seed-vs-seed row showed); the one-seed interval is centred on it.
+    """
+    rng = np.random.default_rng(3)
+    n, shape = 64, (30, 9)                                    # SmolLM2's 270 query heads
+    mean = rng.normal(size=shape)                             # [layers, heads]: what both models share
+    shared = 8.0 * rng.normal(size=(n, *shape))               # [examples, layers, heads], common to both
+    a = mean + rng.normal(size=shape) + shared                # + each model's own per-head offset
+    b = mean + rng.normal(size=shape) + shared
+
+    def spearman(x, y):  # of the summed grids, the coherence statistic
+        return float(sps.spearmanr(np.abs(x).ravel(), np.abs(y).ravel())[0])
+
+    est = spearman(a.sum(0), b.sum(0))
+    idx = rng.integers(0, n, size=(400, n))
+    reps = np.array([spearman(a[i].sum(0), b[i].sum(0)) for i in idx])   # the paired example bootstrap
+    lo, hi = np.quantile(reps, [0.025, 0.975])
+    assert reps.mean() > est                                  # the resample agrees more ...
+    assert not lo <= est <= hi                                # ... enough to leave the estimate out
+    one = seed_mean_ci([est], [reps], "spearman", n_boot=1000)
+    assert one["low"] < est < one["high"] and one["interval"] == "normal"
+    assert one["high"] - one["low"] == pytest.approx(2 * sps.norm.ppf(0.975) * reps.std(ddof=1), rel=1e-9)
+    two = seed_mean_ci([est, est + 0.02], [reps, reps + 0.02], "spearman", n_boot=1000)
+    assert two["interval"] == "t, shared examples"           # several seeds: unchanged
 
 
 # --------------------------------------------------------------------------- curves, chance, Cochran

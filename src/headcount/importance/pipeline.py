@@ -83,7 +83,7 @@ def task_head(model_spec: str, task) -> dict:
         HeadcountError: a fine-tuned head with another number of outputs (or kind) than the task.
     """
     if not has_task_head(model_spec):
-        return {"head": "new", "head_note": f"new {task.num_labels}-output {task.kind} head on the pre-trained encoder"}
+        return {"head": "new", "head_note": f"new {task.num_labels}-output {task.kind} head on the pre-trained model"}
     cfg = saved_config(model_spec)
     n = int(cfg.num_labels)
     regression = getattr(cfg, "problem_type", None) == "regression"
@@ -91,7 +91,7 @@ def task_head(model_spec: str, task) -> dict:
         raise HeadcountError(
             f"{model_spec} is a fine-tuned {'regression model' if n == 1 else f'classifier with {n} labels'}; "
             f"task {task.name} needs {task.num_labels} "
-            f"{'output' if task.kind == 'regression' else 'labels'} (start from a pre-trained encoder instead)"
+            f"{'output' if task.kind == 'regression' else 'labels'} (start from the pre-trained model instead)"
         )
     return {"head": "checkpoint", "head_note": f"the checkpoint's {n}-output head is fine-tuned further"}
 

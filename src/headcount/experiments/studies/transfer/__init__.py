@@ -73,7 +73,8 @@ Design choices (the paper leaves them open):
   resampled as pairs matched by example id; others independently (``pairing`` column). A mean
   over seeds gets a hierarchical bootstrap interval (seeds resampled, then examples within each;
   t interval; ``coherence_seeds.csv``); approximate where the pairs share a grid (the MLM grid of
-  every seed, seed-vs-seed pairs). Coherence is also computed on layer-normalised grids (each
+  every seed, seed-vs-seed pairs); with one seed (or pair) the estimate +- z x its example
+  bootstrap's standard deviation (``normal``: example noise only, centred on the estimate). Coherence is also computed on layer-normalised grids (each
   layer z-scored; statistics ``...@layer-norm``). Permutation p-values: ``p_value`` within layers
   by default (``stats.permutation``; layer effects shared by both grids do not count),
   ``p_value_global`` over all heads; two-sided. Seeded from ``stats.seed`` and the pair's name.

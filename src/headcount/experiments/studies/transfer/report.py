@@ -294,7 +294,8 @@ def transfer_sections(store, settings: TransferSettings, prefix: str = "", table
                 "(estimate_min/max: range over seeds; low/high: the interval over seeds named in ci, by default the t "
                 "interval over the seed estimates with the noise of the examples every seed shares added once "
                 f"(stats.seed_interval), approximate where the pairs share a grid: the {w.label} grid of every seed, "
-                "seed-vs-seed pairs; p_value_max, p_value_global_max: the largest over seeds; n_finite of n: "
+                "seed-vs-seed pairs; with one seed (or one seed pair) no seed variance can be estimated and ci says "
+                "normal: the estimate +- 1.96 x the standard deviation of its example bootstrap; p_value_max, p_value_global_max: the largest over seeds; n_finite of n: "
                 "seeds with a number; chance: the expected value for unrelated scores).",
                 figures=F("correlation-matrix", "layer-mass"),
                 tables=[ReportTable(f"{art}coherence_summary", tables["coherence_summary"][coh_cols],
