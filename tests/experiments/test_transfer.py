@@ -75,8 +75,27 @@ def test_bootstrap_and_permutation_are_seeded_and_reproducible():
     assert one == two
     assert one != other
     s = one["spearman"]
-    assert s["low"] <= s["boot_estimate"] <= s["high"] and s["low"] > 0
+    # centred on the estimate (the top clipped at 1, the largest Spearman)
+    assert 0 < s["low"] < s["estimate"] <= s["high"] and s["high"] - s["estimate"] <= s["estimate"] - s["low"] + 1e-12
     assert 0 < s["p_value"] <= 1
+
+
+def test_a_pairs_interval_is_centred_on_its_estimate_when_the_bootstrap_is_of_a_proxy():
+    """The ``gradient`` scorer's per-example rows are absolute values: they sum to more than the
+    grid (a batch's absolute sum), so the replicates centre on the proxy's value, ``boot_estimate``."""
+    rng = np.random.default_rng(1)
+    signed_a = rng.normal(0.2, 1.0, size=(64, 6, 9))        # [examples, layers, heads] signed gradients
+    signed_b = signed_a + 0.5 * rng.normal(size=(64, 6, 9))
+    ga, gb = np.abs(signed_a.sum(0)), np.abs(signed_b.sum(0))  # the grids: |sum|
+    ids = [f"t/dev/{i}" for i in range(64)]
+    c = coherence(ga, gb, (np.abs(signed_a), np.abs(signed_b)), paired=True, ids=(ids, ids), n_boot=300,
+                  n_permutations=0, keep_samples=True)
+    s = c["spearman"]
+    assert s["boot_estimate"] < s["estimate"] - 0.1          # the proxy agrees less ...
+    assert s["low"] < s["estimate"] <= s["high"]              # ... and the interval is still about the estimate
+    half = 1.959963984540054 * np.std(s["samples"], ddof=1)
+    assert (s["low"], s["high"]) == pytest.approx((max(-1, s["estimate"] - half), min(1, s["estimate"] + half)))
+    assert all(0.0 <= c[k]["low"] <= c[k]["high"] <= 1.0 for k in c if k.startswith("jaccard@"))  # clipped
 
 
 def test_views_and_removal_masks():

@@ -16,6 +16,7 @@ import zlib
 from collections.abc import Sequence
 
 import numpy as np
+import scipy.stats as _sps
 
 from headcount.analysis.correlation import compare_scores, normalize_layers
 from headcount.analysis.helpers import DEFAULT_FRACTIONS, LEVEL, N_BOOT, N_PERMUTATIONS
@@ -115,7 +116,12 @@ def coherence(a, b, contributions: tuple | None = None, *, paired: bool = False,
         a: ``[n_layers, n_heads]`` importance (``scores.json`` ``heads``).
         b: the same shape.
         contributions: optional ``(per_example_a, per_example_b)``, each ``[n_examples, n_layers,
-            n_heads]``: bootstrap over examples (the grids are re-aggregated as sums).
+            n_heads]``: bootstrap over examples (the grids are re-aggregated as sums). The interval
+            is the estimate +- z x the replicates' standard deviation, clipped to the statistic's
+            range ([`statistic_range`][headcount.analysis.coherence.statistic_range]): centred on
+            the estimate, because the replicates' centre (``boot_estimate``) is not it where the
+            contributions are a proxy (the ``gradient`` scorer's per-example absolute values sum to
+            more than a batch's absolute sum) or where repeated examples make two grids agree more.
         paired: the two grids come from the same examples: resample them together, matched by
             ``ids`` ([`paired_bootstrap_ci`][headcount.analysis.resampling.paired_bootstrap_ci]; id sets that differ are an
             error). Without ids on both sides the bootstrap is unpaired (``pairing`` says so).
@@ -195,10 +201,16 @@ def coherence(a, b, contributions: tuple | None = None, *, paired: bool = False,
         else:  # without ids, rows in the same position need not be the same example (batches group by length)
             r = bootstrap_ci(stat, ca, cb, n_boot=n_boot, level=level, seed=rng, reduce="sum")
             pairing = "unpaired (no example ids)" if paired else "unpaired"
+        z = float(_sps.norm.ppf(1 - (1 - level) / 2))
         for i, n in enumerate(names):
-            lo, hi = float(r.low[i]), float(r.high[i])
-            out[n]["low"] = None if math.isnan(lo) else lo
-            out[n]["high"] = None if math.isnan(hi) else hi
+            # centred on the estimate: the replicates give the example noise's spread, not the location
+            # (a per-example proxy's, with the ``gradient`` scorer; repeated examples shared by both grids)
+            rep = r.samples[:, i]
+            rep = rep[np.isfinite(rep)]
+            if rep.size >= 2 and math.isfinite(est[i]):
+                half = z * float(np.std(rep, ddof=1))
+                lo_b, hi_b = statistic_range(n)
+                out[n]["low"], out[n]["high"] = max(lo_b, est[i] - half), min(hi_b, est[i] + half)
             out[n]["boot_estimate"] = float(r.estimate[i])
             out[n]["pairing"] = pairing
             if keep_samples:

@@ -64,11 +64,12 @@ Design choices (the paper leaves them open):
   at least ``before_after.threshold`` (0.9) x the full fine-tuned model's score, both means over
   seeds); ``level_raw`` ignores failures below (the raw curve). ``removable_fraction`` of the
   prunability curves follows the same rule (``removable_fraction_raw`` beside it).
-- **Uncertainty**: percentile bootstrap over scoring examples (per-example contributions of
+- **Uncertainty**: bootstrap over scoring examples (per-example contributions of
   ``per_example.safetensors``: each row is an example's share of its batch's score, with the
-  example's id (task, split, index); with ``gradient-token`` they sum exactly to the score grid,
-  so the interval is about the reported estimate; with ``gradient`` they sum to a
-  per-example-absolute proxy, whose full-data value is the ``boot_estimate`` column). Grids of
+  example's id (task, split, index); with ``gradient-token`` they sum exactly to the score grid;
+  with ``gradient`` they sum to a per-example-absolute proxy, whose full-data value is the
+  ``boot_estimate`` column). A pair's interval is its estimate +- z x the replicates' standard
+  deviation (centred on the estimate: the replicates centre on ``boot_estimate``). Grids of
   the same examples (MLM vs task on the task's own texts, before vs after, seed vs seed) are
   resampled as pairs matched by example id; others independently (``pairing`` column). A mean
   over seeds gets a hierarchical bootstrap interval (seeds resampled, then examples within each;
