@@ -12,7 +12,7 @@ import transformers
 from conftest import tiny_batch, tiny_model
 
 from headcount.data.evaluation import MLM_METRIC, evaluate_batches, masked_positions_only
-from headcount.data.tasks.batching import pack_batches
+from headcount.data.tasks.batching import pack_batches, padding_id
 from headcount.experiments.runner.local import DevicePool, LocalExecutor
 from headcount.importance.scoring import score
 from headcount.runtime.device import (
@@ -199,6 +199,28 @@ def test_merged_evaluation_equals_evaluation_as_given():
     assert a["score"] == m["score"] and a["n_examples"] == m["n_examples"] == 15
     assert m["loss"] == pytest.approx(a["loss"], rel=1e-5)
     assert m["device"] == "cpu" and m["precision"] == "fp32"
+
+
+def test_a_decoder_classifier_scores_and_evaluates_the_same_on_widened_batches():
+    """A decoder's sequence classifier reads each row's last token that is not ``pad_token_id``:
+    positions that packing adds (rounding to 8, merging) must hold that id, not 0."""
+    model = tiny_model("llama", pad_token_id=3)
+    g = torch.Generator().manual_seed(0)
+    batches = []
+    for seq in (11, 10, 9):  # none a multiple of 8: every batch is widened
+        ids = torch.randint(5, 99, (3, seq), generator=g)
+        am = torch.ones_like(ids)
+        am[0, seq - 3:] = 0
+        ids[0, seq - 3:] = 3  # the batch's own padding holds the id, as make_batches pads
+        batches.append({"input_ids": ids, "attention_mask": am, "labels": torch.randint(0, 3, (3,), generator=g)})
+    a = evaluate_batches(model, batches, "accuracy", device="cpu", tokens_per_batch=0)
+    m = evaluate_batches(model, batches, "accuracy", device="cpu", tokens_per_batch=10_000)
+    assert m["loss"] == pytest.approx(a["loss"], rel=1e-5) and a["score"] == m["score"]
+    alone = score(model, batches, device="cpu", tokens_per_batch=0)
+    merged = score(model, batches, device="cpu", tokens_per_batch=10_000)
+    torch.testing.assert_close(merged.heads, alone.heads, rtol=1e-4, atol=1e-6)
+    widened = next(b for b, _ in pack_batches(batches, 10_000, 8, padding_id(model)))
+    assert widened["input_ids"].shape[1] == 16 and (widened["input_ids"][:, 11:] == 3).all()
 
 
 # --- bf16: rank-equivalent scores ---------------------------------------------------------------

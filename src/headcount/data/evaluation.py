@@ -11,7 +11,7 @@ from headcount.core.gates import clear_gates, set_gates
 from headcount.data.tasks.base import (
     IGNORE,  # the label of positions a loss ignores (declared there, once)
 )
-from headcount.data.tasks.batching import pack_batches
+from headcount.data.tasks.batching import pack_batches, padding_id
 from headcount.data.tasks.metrics import compute_metrics
 from headcount.runtime.device import runtime, to_device
 from headcount.runtime.errors import HeadcountError
@@ -98,7 +98,7 @@ def evaluate_batches(model, batches, metric: str, mask=None, *, device=None, pre
         loss_sum = torch.zeros((), dtype=torch.float64, device=rt.device)
         correct = torch.zeros((), dtype=torch.long, device=rt.device)
         weight, total, logits, labels = 0, 0, [], []
-        for batch, _ in pack_batches(batches, rt.tokens_per_batch, rt.pad_multiple):
+        for batch, _ in pack_batches(batches, rt.tokens_per_batch, rt.pad_multiple, padding_id(model)):
             y = batch["labels"]
             # on the CPU batch; lm: lm_batches ignore the first position, so this counts the predictions
             n = int((y != IGNORE).sum()) if metric in (MLM_METRIC, LM_METRIC) else int(y.shape[0])

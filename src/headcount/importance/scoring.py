@@ -134,7 +134,7 @@ def gradient_scores(model: nn.Module, batches, *, per_token: bool = False, keep_
     >>> s.heads.shape
     torch.Size([6, 12])
     """
-    from headcount.data.tasks.batching import batch_groups, pack_batches
+    from headcount.data.tasks.batching import batch_groups, pack_batches, padding_id
     from headcount.runtime.device import to_device
 
     check_accumulate(accumulate, "gradient-token" if per_token else "gradient")
@@ -149,7 +149,7 @@ def gradient_scores(model: nn.Module, batches, *, per_token: bool = False, keep_
     run_m = torch.zeros(n_layers, dtype=torch.float64, device=device)
     per_example, n_examples, n_tokens, done = [], 0, 0, 0
     with _scoring_mode(model):
-        for batch, sizes in pack_batches(batches, rt.tokens_per_batch, rt.pad_multiple):
+        for batch, sizes in pack_batches(batches, rt.tokens_per_batch, rt.pad_multiple, padding_id(model)):
             # per original batch: N_merged / N_b turns the merged mean loss's gradient into its own
             counts = torch.tensor([0] + sizes).cumsum(0)
             labels = [_label_count({"labels": batch["labels"][a:b]}) if "labels" in batch else 0
@@ -258,7 +258,7 @@ def entropy_scores(model: nn.Module, batches, progress=None, rt=None) -> Scores:
     Batches are merged up to the token budget (entropy is a per-token sum: merging changes nothing).
     """
     from headcount.core.attention import attention_maps
-    from headcount.data.tasks.batching import pack_batches
+    from headcount.data.tasks.batching import pack_batches, padding_id
     from headcount.runtime.device import to_device
 
     rt = _runtime(model, rt)
@@ -269,7 +269,7 @@ def entropy_scores(model: nn.Module, batches, progress=None, rt=None) -> Scores:
     n_examples = n_tokens = done = 0
     kept_of = [kept_heads(hooks(model).blocks[layer].out_projection, n_heads) for layer in range(n_layers)]
     with _scoring_mode(model):
-        for batch, sizes in pack_batches(batches, rt.tokens_per_batch, rt.pad_multiple):
+        for batch, sizes in pack_batches(batches, rt.tokens_per_batch, rt.pad_multiple, padding_id(model)):
             n_examples += int(batch["input_ids"].shape[0])
             n_tokens += _tokens(batch)
             batch = to_device(batch, device)
