@@ -224,10 +224,8 @@ class HierarchicalBootstrapResult(BootstrapResult):
     Attributes (beyond [`BootstrapResult`][headcount.analysis.resampling.BootstrapResult]'s; ``estimate`` is the mean over seeds of each
     seed's statistic, ``samples`` ``[n_boot, ...]`` the mean over a resample of seeds):
         n_seeds: number of seeds.
-        interval: how ``low``/``high`` were read: ``"t"``, ``"t-resampled"`` or ``"percentile"``;
-            with one seed ``"normal"`` (example noise only, no seed variance: see
-            [`hierarchical_ci_from_replicates`][headcount.analysis.resampling.hierarchical_ci_from_replicates])
-            unless ``"percentile"`` was asked for.
+        interval: how ``low``/``high`` were read: ``"t"``, ``"t-resampled"``, ``"percentile"`` or,
+            with one seed, ``"normal"`` (example noise only).
     """
 
     n_seeds: int = 1
@@ -387,15 +385,11 @@ def hierarchical_ci_from_replicates(
       as wide as the t interval over the seed means).
     - ``"percentile"``: the samples' quantiles (with few seeds, below nominal).
 
-    With one seed no seed variance can be estimated: the bounds are example noise only, the normal
-    interval estimate +- z x the replicates' standard deviation (``interval="normal"``; the
-    ``"percentile"`` interval when asked for by name). It is centred on the estimate because the
-    replicates' *location* can be off where their spread is not: a statistic comparing two grids
-    scored on the same examples agrees more on a resample (repeated examples add noise common to
-    both grids), and replicates of a per-example proxy (the ``gradient`` scorer's) centre on the
-    proxy's full-data value, not the estimate. The offline decoder's seed-vs-seed Spearman of
-    0.89 had replicates in [0.91, 0.94], a percentile interval that left out its estimate
-    (docs/transfer.md). With several seeds the interval is centred on the seed estimates already.
+    With one seed (no seed variance to estimate): estimate +- z x the replicates' standard deviation,
+    example noise only (``"normal"``; ``"percentile"`` when asked by name). Centred on the estimate:
+    the replicates' centre can be off (a per-example proxy's, the ``gradient`` scorer's; repeated
+    examples shared by two grids), which left a percentile interval without its estimate
+    (docs/statistics.md, "One seed").
 
     Args:
         estimates: ``[n_seeds, ...]`` each seed's statistic on its full data.
@@ -416,8 +410,8 @@ def hierarchical_ci_from_replicates(
     >>> r = hierarchical_ci_from_replicates(est, reps, n_boot=400, interval="percentile")
     >>> r.estimate, float(r.low), float(r.high)
     (0.6, 0.5, 0.7)
-    >>> one = hierarchical_ci_from_replicates([0.89], [np.linspace(0.91, 0.94, 50)], n_boot=400)
-    >>> one.interval, bool(one.low < 0.89 < one.high)          # the replicates lie above the estimate
+    >>> one = hierarchical_ci_from_replicates([0.89], [np.linspace(0.91, 0.94, 50)], n_boot=400)  # replicates above
+    >>> one.interval, bool(one.low < 0.89 < one.high)
     ('normal', True)
     """
     _check_resampling(level, n_boot)
@@ -450,8 +444,7 @@ def hierarchical_ci_from_replicates(
         low = np.full(shape, math.nan)
         high = low.copy()
     elif use == "normal":  # one seed: the replicates' spread around the estimate, not their location
-        pool = np.where(np.isfinite(pools[0]), pools[0], np.nan)  # [n_boot_0, ...]
-        half = _sps.norm.ppf(1 - alpha) * np.nanstd(pool, axis=0, ddof=1)
+        half = _sps.norm.ppf(1 - alpha) * np.nanstd(np.where(np.isfinite(pools[0]), pools[0], np.nan), axis=0, ddof=1)
         low, high = estimate - half, estimate + half
     elif use == "percentile":
         low = np.nanquantile(masked, alpha, axis=0)
