@@ -13,6 +13,8 @@ from training_helpers import make_task, make_tokenizer, one_thread
 from headcount.core.masks import Mask
 from headcount.experiments import run_study
 from headcount.experiments.runner import RunStore
+from headcount.experiments.runner.config import load_study_config
+from headcount.experiments.studies.lottery.report import lottery_glance
 
 _one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
 
@@ -57,6 +59,11 @@ def test_lottery_on_a_decoder_prunes_query_heads_or_kv_groups(world, unit):
         for m in (good, *controls):
             groups = m.heads.view(LAYERS, 2, HEADS // 2).sum(-1).numpy()
             assert np.isin(groups, (0, HEADS // 2)).all()  # whole KV groups only
+    kept = next(r for r in lottery_glance(store, load_study_config(world / f"lottery-{unit}.yaml").config)
+                if r["quantity"] == "heads the good subnetwork keeps")["this run"]
+    assert kept.startswith(f"{good.n_heads_kept:.1f} of {LAYERS * HEADS}")
+    if unit == "kv-groups":  # the glance names both units: query heads and the whole groups they make
+        assert kept.endswith(f"query heads ({good.n_heads_kept / (HEADS // 2):.1f} of {LAYERS * 2} KV groups)")
 
 
 TRANSFER = """study: transfer

@@ -392,10 +392,20 @@ def lottery_glance(store, settings: LotterySettings, prefix: str = "") -> list[d
         if math.isfinite(kept):
             _, col = nearest_published("full", task)
             paper = f"{PAPER_HEADS_KEPT[col]} of 144 ({col})" if col in PAPER_HEADS_KEPT else ""
-            total = _heads_total(scores, task)
-            rows.append({"quantity": "heads the good subnetwork keeps", "task": task,
-                         "this run": f"{kept:.1f}" + (f" of {total}" if total else ""), "paper": paper})
+            masks = _good_masks(store, settings, prefix, task)
+            total = _heads_total(scores, task) or (sum(len(r) for r in masks[0]["heads"]) if masks else None)
+            cell = f"{kept:.1f}" + (f" of {total}" if total else "")
+            if masks and all(m.get("n_kv_groups_kept") is not None for m in masks):  # a GQA decoder: whole groups too
+                groups = sum(m["n_kv_groups_kept"] for m in masks) / len(masks)
+                cell += f" query heads ({groups:.1f} of {sum(len(r) for r in masks[0]['kv_groups'])} KV groups)"
+            rows.append({"quantity": "heads the good subnetwork keeps", "task": task, "this run": cell, "paper": paper})
     return rows
+
+
+def _good_masks(store, settings: LotterySettings, prefix: str, task: str) -> list[dict]:
+    """The good masks (``mask`` of each seed's finished ``prune`` job) of ``task``."""
+    jobs = [finished(store, job_name(prefix, "prune", task, f"seed{seed}")) for seed in settings.seeds]
+    return [j.result["mask"] for j in jobs if j is not None and j.result.get("mask")]
 
 
 def _heads_total(scores, task) -> int | None:
