@@ -16,10 +16,9 @@ import zlib
 from collections.abc import Sequence
 
 import numpy as np
-import scipy.stats as _sps
 
 from headcount.analysis.correlation import compare_scores, normalize_layers
-from headcount.analysis.helpers import DEFAULT_FRACTIONS, LEVEL, N_BOOT, N_PERMUTATIONS
+from headcount.analysis.helpers import DEFAULT_FRACTIONS, LEVEL, N_BOOT, N_PERMUTATIONS, normal_interval
 from headcount.analysis.permutation import permutation_test
 from headcount.analysis.resampling import (
     bootstrap_ci,
@@ -201,16 +200,13 @@ def coherence(a, b, contributions: tuple | None = None, *, paired: bool = False,
         else:  # without ids, rows in the same position need not be the same example (batches group by length)
             r = bootstrap_ci(stat, ca, cb, n_boot=n_boot, level=level, seed=rng, reduce="sum")
             pairing = "unpaired (no example ids)" if paired else "unpaired"
-        z = float(_sps.norm.ppf(1 - (1 - level) / 2))
+        # centred on the estimate: the replicates give the example noise's spread, not the location
+        # (a per-example proxy's, with the ``gradient`` scorer; repeated examples shared by both grids)
+        low, high = normal_interval(est, r.samples, level)  # [n_statistics] each
         for i, n in enumerate(names):
-            # centred on the estimate: the replicates give the example noise's spread, not the location
-            # (a per-example proxy's, with the ``gradient`` scorer; repeated examples shared by both grids)
-            rep = r.samples[:, i]
-            rep = rep[np.isfinite(rep)]
-            if rep.size >= 2 and math.isfinite(est[i]):
-                half = z * float(np.std(rep, ddof=1))
+            if math.isfinite(low[i]) and math.isfinite(high[i]):
                 lo_b, hi_b = statistic_range(n)
-                out[n]["low"], out[n]["high"] = max(lo_b, est[i] - half), min(hi_b, est[i] + half)
+                out[n]["low"], out[n]["high"] = max(lo_b, float(low[i])), min(hi_b, float(high[i]))
             out[n]["boot_estimate"] = float(r.estimate[i])
             out[n]["pairing"] = pairing
             if keep_samples:

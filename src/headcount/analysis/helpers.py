@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
+import scipy.stats as _sps
 
 from headcount.runtime.errors import HeadcountError
 
@@ -27,6 +30,22 @@ def _np(x) -> np.ndarray:
     if hasattr(x, "detach"):  # torch tensor, without importing torch here
         x = x.detach().cpu().numpy()
     return np.asarray(x, dtype=np.float64)
+
+
+def normal_interval(estimate, replicates, level: float) -> tuple[np.ndarray, np.ndarray]:
+    """``estimate`` +- z x the standard deviation of ``replicates`` ``[n, ...]`` (non-finite ones
+    left out; NaN where fewer than 2 are finite): an interval centred on the estimate, for
+    replicates whose spread is right but whose centre is not (a proxy's, a resample's).
+
+    >>> [round(float(v), 3) for v in normal_interval(0.5, [0.6, 0.7, 0.8], 0.95)]
+    [0.304, 0.696]
+    """
+    r = _np(replicates)
+    r = np.where(np.isfinite(r), r, np.nan)
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # fewer than 2 finite: NaN, said above
+        half = float(_sps.norm.ppf(0.5 + level / 2)) * np.nanstd(r, axis=0, ddof=1)
+    return estimate - half, estimate + half
 
 
 def _check_resampling(level: float, n_boot: int) -> None:

@@ -15,7 +15,7 @@ from typing import Literal
 import numpy as np
 from scipy import stats as _sps
 
-from headcount.analysis.helpers import LEVEL, N_BOOT, Seed, _check_resampling, _np, _rng
+from headcount.analysis.helpers import LEVEL, N_BOOT, Seed, _check_resampling, _np, _rng, normal_interval
 from headcount.runtime.errors import HeadcountError
 
 # --------------------------------------------------------------------------- bootstrap
@@ -444,8 +444,7 @@ def hierarchical_ci_from_replicates(
         low = np.full(shape, math.nan)
         high = low.copy()
     elif use == "normal":  # one seed: the replicates' spread around the estimate, not their location
-        half = _sps.norm.ppf(1 - alpha) * np.nanstd(np.where(np.isfinite(pools[0]), pools[0], np.nan), axis=0, ddof=1)
-        low, high = estimate - half, estimate + half
+        low, high = normal_interval(estimate, pools[0], level)
     elif use == "percentile":
         low = np.nanquantile(masked, alpha, axis=0)
         high = np.nanquantile(masked, 1 - alpha, axis=0)

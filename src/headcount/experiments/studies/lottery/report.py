@@ -393,11 +393,10 @@ def lottery_glance(store, settings: LotterySettings, prefix: str = "") -> list[d
             _, col = nearest_published("full", task)
             paper = f"{PAPER_HEADS_KEPT[col]} of 144 ({col})" if col in PAPER_HEADS_KEPT else ""
             masks = _good_masks(store, settings, prefix, task)
-            total = _heads_total(scores, task) or (sum(len(r) for r in masks[0]["heads"]) if masks else None)
-            cell = f"{kept:.1f}" + (f" of {total}" if total else "")
+            cell = f"{kept:.1f}" + (f" of {sum(map(len, masks[0]['heads']))}" if masks else "")  # the model's heads
             if masks and all(m.get("n_kv_groups_kept") is not None for m in masks):  # a GQA decoder: whole groups too
                 groups = sum(m["n_kv_groups_kept"] for m in masks) / len(masks)
-                cell += f" query heads ({groups:.1f} of {sum(len(r) for r in masks[0]['kv_groups'])} KV groups)"
+                cell += f" query heads ({groups:.1f} of {sum(map(len, masks[0]['kv_groups']))} KV groups)"
             rows.append({"quantity": "heads the good subnetwork keeps", "task": task, "this run": cell, "paper": paper})
     return rows
 
@@ -406,13 +405,6 @@ def _good_masks(store, settings: LotterySettings, prefix: str, task: str) -> lis
     """The good masks (``mask`` of each seed's finished ``prune`` job) of ``task``."""
     jobs = [finished(store, job_name(prefix, "prune", task, f"seed{seed}")) for seed in settings.seeds]
     return [j.result["mask"] for j in jobs if j is not None and j.result.get("mask")]
-
-
-def _heads_total(scores, task) -> int | None:
-    """The model's number of heads: the full model's heads_kept (it keeps every head), when recorded."""
-    full = scores[(scores["experiment"] == "full") & (scores["task"] == task)]
-    v = pd.to_numeric(full.get("heads_kept", pd.Series(dtype=float)), errors="coerce").dropna()
-    return int(v.iloc[0]) if len(v) else None
 
 
 def report(store, config: LotteryConfig):

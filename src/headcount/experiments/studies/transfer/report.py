@@ -288,7 +288,7 @@ def transfer_sections(store, settings: TransferSettings, prefix: str = "", table
                 "Spearman and Kendall rank correlation, Jaccard overlap of the top 10/25/50% heads, and the L1 "
                 "distance of per-layer importance shares, on the raw grids and (statistics ending @layer-norm, "
                 "grids: layer-normalised) on grids whose layers are each z-scored. Per seed in coherence.csv "
-                "(bootstrap intervals over scoring examples, the estimate +- 1.96 x the replicates' standard deviation "
+                "(bootstrap intervals over scoring examples, the estimate +- z (1.96 at 95%) x the replicates' standard deviation "
                 "(boot_estimate: their centre, a proxy's with the gradient scorer), paired by example id where both grids "
                 "come from the same examples (pairing); two-sided permutation p-values: p_value heads permuted "
                 "within their layer by default, p_value_global over all heads); here the mean over seeds "
@@ -296,7 +296,7 @@ def transfer_sections(store, settings: TransferSettings, prefix: str = "", table
                 "interval over the seed estimates with the noise of the examples every seed shares added once "
                 f"(stats.seed_interval), approximate where the pairs share a grid: the {w.label} grid of every seed, "
                 "seed-vs-seed pairs; with one seed (or one seed pair) no seed variance can be estimated and ci says "
-                "normal: the estimate +- 1.96 x the standard deviation of its example bootstrap; p_value_max, p_value_global_max: the largest over seeds; n_finite of n: "
+                "normal: the estimate +- z x the standard deviation of its example bootstrap; p_value_max, p_value_global_max: the largest over seeds; n_finite of n: "
                 "seeds with a number; chance: the expected value for unrelated scores).",
                 figures=F("correlation-matrix", "layer-mass"),
                 tables=[ReportTable(f"{art}coherence_summary", tables["coherence_summary"][coh_cols],
