@@ -158,6 +158,42 @@ def test_retrieve_is_the_reference_decode(span):
     assert short == generated[:generated.index(generated[2]) + 1]
 
 
+def reference_decode_once(model, prompt_ids, span, decode_len):
+    """The reference's decode with each needle position counted once per head (``copies: once``): the
+    set of span positions whose token a head's argmax copied, over the span's length."""
+    n_layers, n_heads = model.config.num_hidden_layers, model.config.num_attention_heads
+    past_kv = model(input_ids=prompt_ids[None, :-1], use_cache=True).cache
+    inp, seen = prompt_ids[-1], [[set() for _ in range(n_heads)] for _ in range(n_layers)]
+    for _ in range(decode_len):
+        outputs = model(input_ids=inp.view(1, 1), cache=past_kv, use_cache=True, output_attentions=True)
+        past_kv, inp = outputs.cache, outputs.logits[0, -1].argmax()
+        for layer in range(n_layers):
+            for head in range(n_heads):
+                i = int(outputs.attentions[layer][0][head][-1].argmax())
+                if span[0] <= i < span[1] and inp.item() == prompt_ids[i].item():
+                    seen[layer][head].add(i)
+    return torch.tensor([[len(h) / (span[1] - span[0]) for h in row] for row in seen], dtype=torch.float64)
+
+
+def test_copies_once_counts_each_needle_position_once():
+    """``copy_rule="once"`` against a transcription; the reference's arithmetic exceeds it, and 1,
+    where the model copies a repeated token again (the prompt repeats the tokens it likes)."""
+    model = tiny_model("llama", head="lm", seed=3, max_position_embeddings=256)
+    eager = tiny_model("llama", head="lm", seed=3, max_position_embeddings=256, attn_implementation="eager")
+    prompt = _copying_prompt(model)
+    example = NiahExample("", ("x",), "x", input_ids=tuple(prompt), span=(0, 3))
+    once, generated = retrieve(model, example, frozenset(), 24, copy_rule="once")
+    every, again = retrieve(model, example, frozenset(), 24)
+    assert generated == again
+    with torch.no_grad():
+        expected = reference_decode_once(eager, torch.tensor(prompt), (0, 3), 24)
+    torch.testing.assert_close(once, expected, rtol=0, atol=1e-12)
+    assert once.max() <= 1.0 and once.sum() > 0
+    assert (every >= once).all() and every.max() > 1.0  # a 3-token span copied over 24 steps: the reference's > 1
+    with pytest.raises(HeadcountError, match="copy rule"):
+        retrieval_scores(model, [], copy_rule="twice")
+
+
 def _niah_batches(tmp_path, n: int = 4):
     from niah_helpers import niah_tokenizer, tiny_niah_model
 
@@ -290,6 +326,12 @@ def test_score_retrieval_and_long_range_on_a_tiny_checkpoint(tmp_path, capsys, m
     assert s["method"] == "retrieval" and np.asarray(s["heads"]).shape == (3, 4) and s["n_examples"] == 3
     assert np.asarray(s["interval"]["low"]).shape == (3, 4) and len(s["retrieval"]["examples"]) == 3
     assert s["retrieval"]["max_new_tokens"] == 4 and "examples count" in out
+    assert s["retrieval"]["copies"] == "reference" and "above 1" in s["retrieval"]["copies_note"]
+    code, out, err = run_cli(capsys, "score", "--model", ckpt, "--task", task, "--method", "retrieval", "--copies",
+                             "once", "--max-examples", 3, "--max-new-tokens", 4, "--out", tmp_path / "once")
+    assert code == 0, err
+    once = json.loads((tmp_path / "once" / "scores.json").read_text())
+    assert once["retrieval"]["copies"] == "once" and np.nanmax(once["heads"]) <= 1.0
     code, out, err = run_cli(capsys, "score", "--model", ckpt, "--task", task, "--method", "long-range", "--sink", 2,
                              "--window", 8, "--unit", "kv-groups", "--out", tmp_path / "l")
     assert code == 0, err
@@ -300,6 +342,7 @@ def test_score_retrieval_and_long_range_on_a_tiny_checkpoint(tmp_path, capsys, m
     long_task = write_niah_task(tmp_path / "long", lengths=[600])
     for args, match in ((["--task", long_task, "--method", "retrieval"], "positions"),
                         (["--task", task, "--method", "retrieval", "--success", "vibes"], "--success"),
+                        (["--task", task, "--method", "retrieval", "--copies", "twice"], "--copies"),
                         (["--task", task, "--method", "long-range", "--window", 0], "--window"),
                         (["--task", task, "--objective", "mlm", "--method", "retrieval"], "needle-in-a-haystack")):
         code, _, err = run_cli(capsys, "score", "--model", ckpt, *args, "--out", tmp_path / "bad")

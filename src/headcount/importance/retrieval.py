@@ -15,7 +15,10 @@ reference's ``<0x0A>``) or an end-of-sequence token (the reference decodes on af
 50). An example counts only if the retrieval succeeded: the ROUGE-1 recall of
 the decoded answer against the needle's answer exceeds 0.5 (``success: rouge1``, the reference's
 ``score > 50``; ``exact``: the answer appears verbatim). A head's score is the mean of its
-per-example sums over the counted examples. Generation is the model's ordinary forward with
+per-example sums over the counted examples. That arithmetic can exceed 1: a model that repeats the
+needle (a base model often does) copies each needle token again, and each copy adds ``1 / span``
+again (``copies: reference``, the default). ``copies: once`` counts each needle position at most
+once per head and example, so a head's score is the share of the needle it copied (at most 1). Generation is the model's ordinary forward with
 transformers' cache, one example at a time (the reference's batch of one); no modelling code is
 patched: the probabilities are read from each attention module's output, as
 ``headcount.core.attention.attention_maps`` does.
@@ -49,6 +52,13 @@ MAX_NEW_TOKENS = 50
 MAX_NEW_TOKENS_RANGE = Bound(1, 100_000, integer=True)
 #: ``rouge1``: ROUGE-1 recall of the answer > 0.5 (the reference); ``exact``: the answer verbatim
 SUCCESS_RULES = ("rouge1", "exact")
+#: ``reference``: every copy of a needle token adds ``1 / span`` (scores can exceed 1 when the model
+#: repeats the needle); ``once``: each needle position counts once per head and example (at most 1)
+COPY_RULES = ("reference", "once")
+COPY_NOTES = {"reference": "the reference's arithmetic: every copy of a needle token adds 1/span, so a head "
+                           "that copies a repeated needle again scores above 1",
+              "once": "each needle position counted once per head and example: a head's score is the share "
+                      "of the needle it copied (at most 1)"}
 ROUGE_SUCCESS = 0.5
 #: ``long-range``: the first tokens every query may read (StreamingLLM's attention sinks) and the recent window
 SINK, WINDOW = 4, 64
@@ -80,6 +90,18 @@ def _examples(batches):
     return out
 
 
+def copy_hits(positions: torch.Tensor, token: int, prompt_ids: torch.Tensor, span: tuple[int, int]) -> torch.Tensor:
+    """Whether each head's attention argmax (``positions``, any shape) lies in ``span`` on a prompt
+    token equal to the ``token`` just generated (bool, the shape of ``positions``).
+
+    >>> copy_hits(torch.tensor([1, 2, 7]), 5, torch.tensor([0, 5, 6, 5]), (1, 3)).tolist()
+    [True, False, False]
+    """
+    start, end = span
+    hit = (positions >= start) & (positions < end)
+    return hit & (prompt_ids[positions.clamp(0, prompt_ids.shape[0] - 1)] == token)  # in the span: a prompt position
+
+
 def copies(positions: torch.Tensor, token: int, prompt_ids: torch.Tensor, span: tuple[int, int]) -> torch.Tensor:
     """One decoding step of the reference's ``retrieval_calculate``: ``1 / span length`` for each head
     whose attention argmax (``positions``, any shape) lies in ``span`` on a prompt token equal to
@@ -89,9 +111,7 @@ def copies(positions: torch.Tensor, token: int, prompt_ids: torch.Tensor, span: 
     [0.5, 0.0, 0.0]
     """
     start, end = span
-    hit = (positions >= start) & (positions < end)
-    hit &= prompt_ids[positions.clamp(0, prompt_ids.shape[0] - 1)] == token  # in the span: a prompt position
-    return hit.double() / (end - start)
+    return copy_hits(positions, token, prompt_ids, span).double() / (end - start)
 
 
 def mean_over_counted(per_example: torch.Tensor, counted) -> torch.Tensor:
@@ -108,13 +128,14 @@ def mean_over_counted(per_example: torch.Tensor, counted) -> torch.Tensor:
 
 
 @torch.no_grad()
-def retrieve(model: nn.Module, example, stops, max_new_tokens: int = MAX_NEW_TOKENS, rt=None):
+def retrieve(model: nn.Module, example, stops, max_new_tokens: int = MAX_NEW_TOKENS, rt=None,
+             copy_rule: str = COPY_RULES[0]):
     """One example of the reference's ``decode``: ``(counts [L, H] float64, generated token ids)``.
 
     ``counts[l, h]``: ``1 / span length`` for every step at which head h of application l put its
     largest weight on a needle-span position holding the token just generated (NaN for heads that
-    are gone). Decoding stops after a token of ``stops``, at ``max_new_tokens``, or at the model's
-    last position.
+    are gone); with ``copy_rule="once"``, for every such position, however often it is copied.
+    Decoding stops after a token of ``stops``, at ``max_new_tokens``, or at the model's last position.
     """
     from headcount.runtime.device import runtime
 
@@ -128,6 +149,8 @@ def retrieve(model: nn.Module, example, stops, max_new_tokens: int = MAX_NEW_TOK
         raise HeadcountError(f"a prompt of {ids.shape[1]} tokens leaves no position to generate in "
                              f"(the model has {limit})")
     counts = torch.zeros(n_layers, n_heads, dtype=torch.float64)
+    start, end = example.span
+    seen = torch.zeros(n_layers, n_heads, end - start, dtype=torch.bool)  # copy_rule "once": positions copied
     for layer, heads in enumerate(kept):
         gone = sorted(set(range(n_heads)) - set(heads))
         counts[layer, gone] = float("nan")
@@ -151,17 +174,25 @@ def retrieve(model: nn.Module, example, stops, max_new_tokens: int = MAX_NEW_TOK
             token = out.logits[0, -1].argmax()
             t = int(token)
             for app, pos in argmax.items():
-                counts[app, kept[app]] += copies(pos, t, prompt, example.span).cpu()
+                if copy_rule == "once":
+                    pos = pos.cpu()
+                    hit = copy_hits(pos, t, prompt.cpu(), example.span)  # [kept]
+                    heads = torch.as_tensor(kept[app])[hit]
+                    seen[app, heads, pos[hit] - start] = True
+                else:
+                    counts[app, kept[app]] += copies(pos, t, prompt, example.span).cpu()
             generated.append(t)
             if t in stops:
                 break
             step_in = token.view(1, 1)
+    if copy_rule == "once":
+        counts += seen.sum(-1).double() / (end - start)  # NaN (gone) stays NaN
     return counts, generated
 
 
 @torch.no_grad()
 def retrieval_scores(model: nn.Module, batches, *, max_new_tokens: int = MAX_NEW_TOKENS, success: str = "rouge1",
-                     progress=None, rt=None) -> Scores:
+                     copy_rule: str = COPY_RULES[0], progress=None, rt=None) -> Scores:
     """Wu et al.'s retrieval score of every query head ``[L, H]`` (see the module docstring).
 
     Args:
@@ -169,6 +200,8 @@ def retrieval_scores(model: nn.Module, batches, *, max_new_tokens: int = MAX_NEW
         batches: ``NiahBatch``es ([`niah_batches`][headcount.data.tasks.niah.niah_batches]).
         max_new_tokens: decoding length (the reference's 50).
         success: ``rouge1`` (the reference) or ``exact``: which examples count.
+        copy_rule: ``reference`` (every copy adds ``1 / span``: a head's score can exceed 1 when the
+            model repeats the needle) or ``once`` (each needle position once: at most 1).
 
     Returns:
         [`Scores`][headcount.importance.scores.Scores]: ``heads`` the mean over counted examples (0 when none
@@ -182,6 +215,8 @@ def retrieval_scores(model: nn.Module, batches, *, max_new_tokens: int = MAX_NEW
 
     if success not in SUCCESS_RULES:
         raise HeadcountError(f"unknown success rule {success!r}; choose one of {', '.join(SUCCESS_RULES)}")
+    if copy_rule not in COPY_RULES:
+        raise HeadcountError(f"unknown copy rule {copy_rule!r}; choose one of {', '.join(COPY_RULES)}")
     MAX_NEW_TOKENS_RANGE.check(max_new_tokens, "max_new_tokens")
     rt = rt if rt is not None else runtime(model)
     n_layers = _decoder_grid(model, "retrieval").n_layers
@@ -190,7 +225,7 @@ def retrieval_scores(model: nn.Module, batches, *, max_new_tokens: int = MAX_NEW
     rows, counted, records = [], [], []
     try:
         for done, (ex, decode, stops) in enumerate(_examples(batches), 1):
-            counts, generated = retrieve(model, ex, stops, max_new_tokens, rt)
+            counts, generated = retrieve(model, ex, stops, max_new_tokens, rt, copy_rule)
             response = decode(generated).strip()
             recall = rouge1_recall(" ".join(ex.answers), response)
             exact = exact_match(ex.answers, response)
@@ -206,7 +241,8 @@ def retrieval_scores(model: nn.Module, batches, *, max_new_tokens: int = MAX_NEW
         model.train(was_training)
     per = torch.stack(rows)  # [n_examples, L, H] float64
     n_ok = int(sum(counted))
-    meta = {**rt.meta(), "retrieval": {"success": success, "max_new_tokens": max_new_tokens, "n_counted": n_ok,
+    meta = {**rt.meta(), "retrieval": {"success": success, "copies": copy_rule, "copies_note": COPY_NOTES[copy_rule],
+                                       "max_new_tokens": max_new_tokens, "n_counted": n_ok,
                                        "needle_accuracy": float(np.mean([r["exact"] for r in records])),
                                        "examples": records}}
     return Scores(heads=mean_over_counted(per, counted).float(), mlps=torch.full((n_layers,), float("nan")),
@@ -296,7 +332,8 @@ def kv_reduce_scores(heads: torch.Tensor, n_kv: int, reduce: str = "max") -> tor
 def _retrieval(model, batches, ctx: ScoreContext) -> Scores:
     o = ctx.options
     return retrieval_scores(model, batches, max_new_tokens=o.get("max_new_tokens", MAX_NEW_TOKENS),
-                            success=o.get("success", "rouge1"), progress=ctx.progress, rt=ctx.rt)
+                            success=o.get("success", "rouge1"), copy_rule=o.get("copies", COPY_RULES[0]),
+                            progress=ctx.progress, rt=ctx.rt)
 
 
 def _long_range(model, batches, ctx: ScoreContext) -> Scores:
@@ -308,7 +345,7 @@ def _long_range(model, batches, ctx: ScoreContext) -> Scores:
 SCORERS = (
     Scorer("retrieval", _retrieval, needs_loss=False, can_prune=False, per_example=True, scores_mlps=False,
            description="Wu et al.'s retrieval score: how often a head's attention argmax copies the needle while "
-                       "decoding (needle-in-a-haystack tasks; --max-new-tokens, --success)"),
+                       "decoding (needle-in-a-haystack tasks; --max-new-tokens, --success, --copies)"),
     Scorer("long-range", _long_range, needs_loss=False, can_prune=False, scores_mlps=False,
            description="attention mass outside the first --sink tokens and the last --window keys; per KV head "
                        "the max over its query heads (kv_groups)"),

@@ -17,6 +17,7 @@ from dataclasses import MISSING, dataclass, fields
 from headcount.data.embedding import EMBEDDING_OBJECTIVES
 from headcount.importance.pruning import check_unit
 from headcount.importance.retrieval import (
+    COPY_RULES,
     KV_REDUCE,
     MAX_NEW_TOKENS,
     MAX_NEW_TOKENS_RANGE,
@@ -78,6 +79,8 @@ class ScoreSettings:
         max_new_tokens: ``retrieval``: greedy decoding length (the reference's 50).
         success: ``retrieval``: which examples count: ``rouge1`` (ROUGE-1 recall of the answer
             > 0.5, the reference) or ``exact`` (the answer verbatim).
+        copies: ``retrieval``: ``reference`` (every copy of a needle token adds 1/span: scores can
+            exceed 1 when the model repeats the needle) or ``once`` (each needle position once).
         sink / window: ``long-range``: the first tokens and the last keys a query reads "nearby".
         kv_reduce: ``long-range``: a KV head's score from its query heads' (``max`` or ``mean``).
 
@@ -95,6 +98,7 @@ class ScoreSettings:
     unit: str = "heads"
     max_new_tokens: int = MAX_NEW_TOKENS
     success: str = SUCCESS_RULES[0]
+    copies: str = COPY_RULES[0]
     sink: int = SINK
     window: int = WINDOW
     kv_reduce: str = KV_REDUCE[0]
@@ -110,14 +114,14 @@ class ScoreSettings:
         MAX_NEW_TOKENS_RANGE.check(self.max_new_tokens, "--max-new-tokens")
         SINK_RANGE.check(self.sink, "--sink")
         WINDOW_RANGE.check(self.window, "--window")
-        for name, value, choices in (("--success", self.success, SUCCESS_RULES),
+        for name, value, choices in (("--success", self.success, SUCCESS_RULES), ("--copies", self.copies, COPY_RULES),
                                      ("--kv-reduce", self.kv_reduce, KV_REDUCE)):
             if value not in choices:
                 raise HeadcountError(f"{name} must be one of {', '.join(choices)}, not {value!r}")
 
     def options(self) -> dict:
         """The scorers' own settings ([`ScoreContext`][headcount.importance.scorers.ScoreContext]'s ``options``)."""
-        return {"max_new_tokens": self.max_new_tokens, "success": self.success, "sink": self.sink,
+        return {"max_new_tokens": self.max_new_tokens, "success": self.success, "copies": self.copies, "sink": self.sink,
                 "window": self.window, "kv_reduce": self.kv_reduce}
 
     @property

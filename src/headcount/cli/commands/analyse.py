@@ -125,6 +125,9 @@ def score(
     max_new_tokens: int = setting(ScoreSettings, "max_new_tokens", help="retrieval: greedy decoding length (the reference's)"),
     success: str = setting(ScoreSettings, "success", help="retrieval: which examples count: rouge1 (ROUGE-1 recall of the "
                                                           "answer > 0.5, the reference) | exact (the answer verbatim)"),
+    copies: str = setting(ScoreSettings, "copies", help="retrieval: reference (every copy of a needle token adds 1/span; "
+                                                        "a head that copies a repeated needle scores above 1) | once "
+                                                        "(each needle position once: at most 1)"),
     sink: int = setting(ScoreSettings, "sink", help="long-range: the first tokens every query reads nearby"),
     window: int = setting(ScoreSettings, "window", help="long-range: the last keys every query reads nearby"),
     kv_reduce: str = setting(ScoreSettings, "kv_reduce", help="long-range: a KV head's score from its query heads': max | mean"),
@@ -136,8 +139,8 @@ def score(
     phases = _Phases("start+CLI")
     # the settings are checked before the imports (seconds): a bad value is refused at once
     how = settings_from(ScoreSettings, dict(objective=objective, method=method, normalize=normalize, unit=unit,
-                                            max_new_tokens=max_new_tokens, success=success, sink=sink, window=window,
-                                            kv_reduce=kv_reduce, **scoring))
+                                            max_new_tokens=max_new_tokens, success=success, copies=copies, sink=sink,
+                                            window=window, kv_reduce=kv_reduce, **scoring))
     data = replace(data, split=split)
     score_command = _heavy_imports().score_command
     phases("imports")
