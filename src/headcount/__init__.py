@@ -1,4 +1,4 @@
-"""headcount: which attention heads and MLPs of BERT-family encoders matter.
+"""headcount: which attention heads, KV groups and MLPs of BERT-family encoders and decoder LLMs matter.
 
 The public API, re-exported (loaded lazily so that the command line starts fast)::
 

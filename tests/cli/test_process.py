@@ -234,3 +234,12 @@ def test_environment_errors_wrapped_by_libraries():
     assert "no space left" in _environment_message(RuntimeError(SAFETENSORS_FULL))
     assert _environment_message(RuntimeError("shape mismatch")) is None
     assert _environment_message(OSError(errno.ENOENT, "No such file or directory")) is None
+
+
+def test_top_level_help_names_decoders_too(capsys):
+    """``headcount --help`` says what the tool is for: encoders and decoders alike."""
+    from cli_helpers import run_cli
+
+    code, out, _ = run_cli(capsys, "--help")
+    assert code == 0
+    assert "decoder" in " ".join(out.split()) and "KV" in out

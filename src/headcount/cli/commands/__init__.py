@@ -9,7 +9,7 @@ from headcount.runtime.bounds import Bound
 
 app = typer.Typer(
     name="headcount",
-    help="Which attention heads and MLPs of BERT-family encoders matter: score, prune, retrain, study.",
+    help="Which attention heads, KV groups and MLPs of BERT-family encoders and decoder LLMs matter: score, prune, retrain, study, budget the KV cache.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
