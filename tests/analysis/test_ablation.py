@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from headcount.analysis.ablation import _unit_gates, ablation_test
+from headcount.analysis.ablation import _unit_gates, ablation_test, head_set_p_value
 from headcount.core.gates import gated
 from headcount.data.tasks import get_task
 from headcount.data.tasks.niah import niah_batches
@@ -52,19 +52,30 @@ def test_top_and_random_sets_are_gated_as_a_plain_recomputation_says(setup):
     top = np.zeros((3, 4), dtype=bool)
     top[2, 1:] = True
     assert r.per_example["top"] == _reference_successes(model, batches, top)
-    for d in range(2):  # the random sets: k heads drawn uniformly with the seed [seed, d]
+    outside = np.flatnonzero(~top.ravel())  # the random sets: k heads from outside the top set, seed [seed, d]
+    for d in range(2):
         pick = np.zeros(12, dtype=bool)
-        pick[np.random.default_rng([7, d]).choice(np.arange(12), size=3, replace=False)] = True
+        pick[np.random.default_rng([7, d]).choice(outside, size=3, replace=False)] = True
         assert r.per_example["random"][d] == _reference_successes(model, batches, pick.reshape(3, 4))
+    for i, got in enumerate(r.per_example["theirs"]):  # Wu et al.'s protocol: a set per example, seed [seed, 1, i]
+        pick = np.zeros(12, dtype=bool)
+        pick[np.random.default_rng([7, 1, i]).choice(outside, size=3, replace=False)] = True
+        assert got == _reference_successes(model, batches, pick.reshape(3, 4))[i]
     rand = np.array(r.per_example["random"]).mean(0)
     assert r.difference == pytest.approx(float((rand - np.array(r.per_example["top"])).mean()))
-    assert r.accuracy_top == pytest.approx(np.mean(r.per_example["top"])) and 0 <= r.p_value <= 1
+    assert r.accuracy_top == pytest.approx(np.mean(r.per_example["top"])) and 0 <= r.p_value_prompts <= 1
+    assert (r.p_value, r.n_as_harmful) == head_set_p_value(r.accuracy_top, r.accuracy_random)
+    assert r.mask == "remove" and r.n_sets == 2 and r.p_min == pytest.approx(1 / 3)
 
 
-def test_every_head_gated_is_no_difference(setup):
+def test_half_the_heads_gated_leaves_the_other_half_for_the_random_set(setup):
     model, batches = setup
-    r = ablation_test(model, batches, torch.rand(3, 4), fraction=1.0, draws=1, max_new_tokens=NEW)
-    assert r.k == 12 and r.per_example["top"] == r.per_example["random"][0] and r.difference == 0.0
+    r = ablation_test(model, batches, torch.rand(3, 4), fraction=0.5, draws=1, theirs=False, max_new_tokens=NEW)
+    top = np.zeros(12, dtype=bool)
+    top[[u * 4 + h for u, h in r.top]] = True
+    rest = _reference_successes(model, batches, ~top.reshape(3, 4))  # the one set outside the top 6
+    assert r.k == 6 and r.per_example["random"][0] == rest and "theirs" not in r.per_example
+    assert r.accuracy_random_theirs is None
 
 
 def test_a_kv_group_gates_every_query_head_that_reads_it():
@@ -89,6 +100,8 @@ def test_kv_group_ranking_chooses_whole_groups(setup):
     (torch.zeros(3, 4), {"unit": "kv-groups"}, "ranking of this model is"),
     (torch.zeros(3, 4), {"unit": "layers"}, "unknown unit"),
     (torch.zeros(3, 4), {"draws": 0}, "draws must be"),
+    (torch.zeros(3, 4), {"mask": "query"}, "unknown mask"),
+    (torch.zeros(3, 4), {"fraction": 1.0}, "random sets need 12 heads outside the top 12, and only 0 are"),
 ])
 def test_bad_rankings_are_refused_in_one_line(setup, scores, kwargs, message):
     model, batches = setup

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from headcount.analysis.batched import BatchedRows
 from headcount.analysis.correlation import compare_scores, normalize_layers
 from headcount.analysis.helpers import DEFAULT_FRACTIONS, LEVEL, N_BOOT, N_PERMUTATIONS, normal_interval
 from headcount.analysis.permutation import permutation_test
@@ -27,11 +28,17 @@ from headcount.analysis.resampling import (
 )
 from headcount.runtime.errors import HeadcountError
 
-__all__ = ["LAYER_NORM", "VIEWS", "coherence", "pair_seed", "seed_mean_ci", "shared_view", "statistic_range",
-           "view_of"]
+__all__ = ["LAYER_NORM", "REPLICATES", "UNCALIBRATED", "VIEWS", "coherence", "pair_seed", "seed_mean_ci",
+           "shared_view", "statistic_range", "view_of"]
 
 #: the ways a grid is looked at: per application (depth x head) or per shared head
 VIEWS = ("application", "shared")
+#: what a bootstrap replicate is: the estimator itself on a resample (rows that sum to the grid, or
+#: ``BatchedRows`` rebuilt), or a per-example proxy's sum (the ``gradient`` scorer's ``|u_i| / N_b``
+#: without its signed rows: too narrow, see ``headcount.analysis.batched``)
+REPLICATES = ("estimator", "proxy")
+#: how an interval resting on proxy replicates is labelled
+UNCALIBRATED = "uncalibrated: replicates of a per-example proxy, not of the estimator"
 
 
 def shared_view(grid, groups: Sequence[Sequence[int]]) -> np.ndarray:
@@ -95,7 +102,7 @@ def statistic_range(name: str) -> tuple[float, float]:
 def coherence(a, b, contributions: tuple | None = None, *, paired: bool = False, ids: tuple | None = None,
               fractions: Sequence[float] = DEFAULT_FRACTIONS, n_boot: int = N_BOOT, n_permutations: int = N_PERMUTATIONS,
               level: float = LEVEL, seed: int = 0, view: str = "application", groups=None,
-              permutation: str = "within-layer", keep_samples: bool = False) -> dict:
+              permutation: str = "within-layer", keep_samples: bool = False, replicates: str = "estimator") -> dict:
     """Coherence of two head-importance grids, with bootstrap intervals and permutation p-values.
 
     Statistics (on ``view_of(grid, view, groups)``): ``spearman``, ``kendall`` (tau-b),
@@ -115,12 +122,15 @@ def coherence(a, b, contributions: tuple | None = None, *, paired: bool = False,
         a: ``[n_layers, n_heads]`` importance (``scores.json`` ``heads``).
         b: the same shape.
         contributions: optional ``(per_example_a, per_example_b)``, each ``[n_examples, n_layers,
-            n_heads]``: bootstrap over examples (the grids are re-aggregated as sums). The interval
-            is the estimate +- z x the replicates' standard deviation, clipped to the statistic's
-            range ([`statistic_range`][headcount.analysis.coherence.statistic_range]): centred on
-            the estimate, because the replicates' centre (``boot_estimate``) is not it where the
-            contributions are a proxy (the ``gradient`` scorer's per-example absolute values sum to
-            more than a batch's absolute sum) or where repeated examples make two grids agree more.
+            n_heads]`` rows that sum to the grid (re-aggregated as sums on a resample), or a
+            ``headcount.analysis.batched.BatchedRows`` (the ``gradient`` scorer's signed rows: the
+            estimator ``sum_b |G_b|`` rebuilt on each resample): bootstrap over examples. The
+            interval is the estimate +- z x the replicates' standard deviation, clipped to the
+            statistic's range ([`statistic_range`][headcount.analysis.coherence.statistic_range]):
+            centred on the estimate, because the replicates' centre (``boot_estimate``) is not it
+            (a resample's grids are noisier, and repeated examples make two grids agree more).
+            It covers the statistic's expected value at this number of examples and batch size
+            (~95% in ``tests/analysis/test_interval_coverage.py``), not the noise-free one.
         paired: the two grids come from the same examples: resample them together, matched by
             ``ids`` ([`paired_bootstrap_ci`][headcount.analysis.resampling.paired_bootstrap_ci]; id sets that differ are an
             error). Without ids on both sides the bootstrap is unpaired (``pairing`` says so).
@@ -136,6 +146,9 @@ def coherence(a, b, contributions: tuple | None = None, *, paired: bool = False,
         permutation: the test behind ``p_value``: ``within-layer`` (default) or ``global``.
         keep_samples: add each statistic's bootstrap ``samples`` (``[n_boot]`` array), e.g. for a
             hierarchical interval over seeds ([`seed_mean_ci`][headcount.analysis.coherence.seed_mean_ci]).
+        replicates: ``estimator`` (default) or ``proxy``: the caller's word that the rows are a
+            per-example proxy of a grid they do not sum to (``gradient`` rows saved without their
+            signed parts); the interval is then labelled ``UNCALIBRATED`` (``replicates``).
 
     Returns:
         ``{statistic: {"estimate", "low", "high", "p_value", "p_value_global", "chance", "grids",
@@ -143,7 +156,8 @@ def coherence(a, b, contributions: tuple | None = None, *, paired: bool = False,
         test applies, ``chance`` the expected value for unrelated grids (0 for correlations,
         f/(2-f) for Jaccard), ``grids`` ``raw`` or ``layer-normalised``, ``pairing`` ``ids``,
         ``unpaired``, ``unpaired (no example ids)`` (paired asked for; e.g. scores saved before
-        ids were) or None (no bootstrap).
+        ids were) or None (no bootstrap); with a bootstrap also ``replicates``: ``estimator`` or
+        ``UNCALIBRATED``.
 
     >>> a = np.arange(12.0).reshape(3, 4)                    # 3 layers x 4 heads
     >>> c = coherence(a, a[::-1], n_boot=0, n_permutations=0)  # the layers in reverse order
@@ -175,6 +189,8 @@ def coherence(a, b, contributions: tuple | None = None, *, paired: bool = False,
     def p(r) -> float | None:
         return None if math.isnan(r.pvalue) else float(r.pvalue)
 
+    if replicates not in REPLICATES:
+        raise HeadcountError(f"unknown replicates {replicates!r}; use 'estimator' or 'proxy'")
     if permutation not in ("within-layer", "global"):
         raise HeadcountError(f"unknown permutation test {permutation!r}; use 'within-layer' or 'global'")
     strata = "rows" if permutation == "within-layer" else None
@@ -189,7 +205,7 @@ def coherence(a, b, contributions: tuple | None = None, *, paired: bool = False,
                 out[stat + LAYER_NORM]["p_value"] = p(permutation_test(na, nb, stat, n_permutations=n_permutations,
                                                                        seed=rng, strata=strata))
     if contributions is not None and n_boot > 0 and all(c is not None for c in contributions):
-        ca, cb = (np.asarray(c, dtype=np.float64) for c in contributions)
+        ca, cb = (c if isinstance(c, BatchedRows) else np.asarray(c, dtype=np.float64) for c in contributions)
 
         def stat(x, y):
             return vector(view_of(x, view, groups), view_of(y, view, groups))
@@ -201,7 +217,7 @@ def coherence(a, b, contributions: tuple | None = None, *, paired: bool = False,
             r = bootstrap_ci(stat, ca, cb, n_boot=n_boot, level=level, seed=rng, reduce="sum")
             pairing = "unpaired (no example ids)" if paired else "unpaired"
         # centred on the estimate: the replicates give the example noise's spread, not the location
-        # (a per-example proxy's, with the ``gradient`` scorer; repeated examples shared by both grids)
+        # (a resample's grids are noisier; repeated examples shared by both grids agree more)
         low, high = normal_interval(est, r.samples, level)  # [n_statistics] each
         for i, n in enumerate(names):
             if math.isfinite(low[i]) and math.isfinite(high[i]):
@@ -209,13 +225,15 @@ def coherence(a, b, contributions: tuple | None = None, *, paired: bool = False,
                 out[n]["low"], out[n]["high"] = max(lo_b, float(low[i])), min(hi_b, float(high[i]))
             out[n]["boot_estimate"] = float(r.estimate[i])
             out[n]["pairing"] = pairing
+            out[n]["replicates"] = "estimator" if replicates == "estimator" else UNCALIBRATED
             if keep_samples:
                 out[n]["samples"] = r.samples[:, i]
     return out
 
 
 def seed_mean_ci(estimates: Sequence[float], samples: Sequence, statistic: str, *, level: float = LEVEL,
-                 n_boot: int = 2000, seed: int = 0, examples: str = "shared", interval: str = "t") -> dict:
+                 n_boot: int = 2000, seed: int = 0, examples: str = "shared", interval: str = "t",
+                 replicates: str = "estimator") -> dict:
     """A mean over seeds (pairs) of one statistic, with its interval over seeds and examples.
 
     [`hierarchical_ci_from_replicates`][headcount.analysis.resampling.hierarchical_ci_from_replicates], clipped to
@@ -236,15 +254,20 @@ def seed_mean_ci(estimates: Sequence[float], samples: Sequence, statistic: str, 
         seed: seed of the resampling.
         examples: ``"shared"`` (default) or ``"independent"``: did the seeds score the same examples?
         interval: ``"t"`` (default), ``"t-resampled"`` or ``"percentile"``.
+        replicates: ``estimator`` (default: the samples are the estimator's own replicates) or
+            ``proxy``: every interval that reads the samples (one seed; the shared-noise term of
+            ``t, shared examples``; ``t-resampled``, ``percentile``) says ``UNCALIBRATED``.
 
     Returns:
         ``{"estimate", "low", "high", "n", "n_finite", "interval"}`` (bounds None without samples;
-        ``interval`` e.g. ``t, shared examples``).
+        ``interval`` e.g. ``t, shared examples``, ``normal, uncalibrated: ...``).
 
     >>> r = seed_mean_ci([0.5, 0.7, float("nan")], [np.full(10, 0.5), np.full(10, 0.7), None], "spearman")
     >>> r["estimate"], r["n"], r["n_finite"]
     (0.6, 3, 2)
     """
+    if replicates not in REPLICATES:
+        raise HeadcountError(f"unknown replicates {replicates!r}; use 'estimator' or 'proxy'")
     keep = [i for i, e in enumerate(estimates) if e is not None and math.isfinite(e)]
     out = {"estimate": float(np.mean([estimates[i] for i in keep])) if keep else math.nan,
            "low": None, "high": None, "n": len(estimates), "n_finite": len(keep), "interval": None}
@@ -255,4 +278,7 @@ def seed_mean_ci(estimates: Sequence[float], samples: Sequence, statistic: str, 
         out["low"] = None if math.isnan(r.low) else float(r.low)
         out["high"] = None if math.isnan(r.high) else float(r.high)
         out["interval"] = r.interval + (f", {examples} examples" if r.interval == "t" else "")
+        reads_samples = r.interval != "t" or examples == "shared"  # t over independent seeds reads the estimates only
+        if replicates == "proxy" and reads_samples:
+            out["interval"] += f", {UNCALIBRATED}"
     return out

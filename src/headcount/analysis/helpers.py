@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import warnings
+from typing import Literal
 
 import numpy as np
 import scipy.stats as _sps
@@ -20,6 +21,9 @@ N_PERMUTATIONS = 9999
 LEVEL = 0.95
 
 Seed = int | np.random.Generator | np.random.SeedSequence
+#: how a hierarchical interval is read; whether the seeds scored the same examples (``headcount.analysis.resampling``)
+Interval = Literal["t", "t-resampled", "percentile"]
+Examples = Literal["independent", "shared"]
 
 
 # --------------------------------------------------------------------------- helpers
@@ -81,6 +85,22 @@ def _mask01(masks, name: str = "masks") -> np.ndarray:
     if m.size and not np.all((m == 0) | (m == 1)):
         raise HeadcountError(f"{name} must contain only 0 and 1 (1 = kept)")
     return m.astype(np.int64)
+
+
+def _check_interval(interval: str, examples: str) -> None:
+    if interval not in ("t", "t-resampled", "percentile"):
+        raise HeadcountError(f"unknown interval {interval!r}; use 't', 't-resampled' or 'percentile'")
+    if examples not in ("independent", "shared"):
+        raise HeadcountError(f"unknown examples {examples!r}; use 'independent' or 'shared'")
+
+
+def _id_list(ids, name: str) -> list:
+    out = ids.tolist() if hasattr(ids, "tolist") else list(ids)
+    if len(set(out)) != len(out):
+        seen: set = set()
+        dup = [v for v in out if v in seen or seen.add(v)]
+        raise HeadcountError(f"{name} has repeated example ids, e.g. {dup[:3]}")
+    return out
 
 
 __all__ = ["DEFAULT_FRACTIONS", "LEVEL", "N_BOOT", "N_PERMUTATIONS"]

@@ -15,7 +15,9 @@ from typing import Literal
 import numpy as np
 from scipy import stats as _sps
 
-from headcount.analysis.helpers import LEVEL, N_BOOT, Seed, _check_resampling, _np, _rng, normal_interval
+from headcount.analysis.batched import BatchedRows, batching_rng, rebuilt
+from headcount.analysis.helpers import (LEVEL, N_BOOT, Examples, Interval, Seed, _check_interval, _check_resampling,
+                                       _id_list, _np, _rng, normal_interval)
 from headcount.runtime.errors import HeadcountError
 
 # --------------------------------------------------------------------------- bootstrap
@@ -67,7 +69,10 @@ def bootstrap_ci(
     Each contribution array is ``[n_examples, ...]``: row i is example (or batch) i's
     contribution to a score grid, so the grid is ``contributions.sum(0)`` (``reduce="sum"``, the
     gradient-importance convention) or ``.mean(0)``. A resample draws n_examples rows with
-    replacement, re-aggregates, and recomputes ``statistic(grid_1, grid_2, ...)``.
+    replacement, re-aggregates, and recomputes ``statistic(grid_1, grid_2, ...)``. A
+    ``headcount.analysis.batched.BatchedRows`` is not summed: its estimator (``sum_b |G_b|``) is
+    rebuilt on the resample (random batches of the original sizes; one order for the arrays of a
+    paired draw that were batched alike), so the replicates are the estimator's own.
 
     With ``paired=True`` all arrays share one index draw (they must have the same n_examples:
     use it when both grids were computed on the same examples, e.g. before vs after
@@ -98,34 +103,38 @@ def bootstrap_ci(
     _check_resampling(level, n_boot)
     if reduce not in ("sum", "mean"):
         raise HeadcountError(f"reduce must be 'sum' or 'mean', got {reduce!r}")
-    arrays = [_np(c) for c in contributions]
+    arrays = [_rows(c) for c in contributions]
     for c in arrays:
         if c.ndim < 1 or c.shape[0] < 1:
             raise HeadcountError("each contributions array needs a leading n_examples axis with >= 1 row")
     if paired and len({c.shape[0] for c in arrays}) > 1:
         raise HeadcountError("paired=True needs the same number of examples in every array")
     rng = _rng(seed)
+    order_rng = batching_rng(rng, arrays)  # None without batched rows: the draws are what they were
     ns = [c.shape[0] for c in arrays]
-    flat = [np.nan_to_num(c.reshape(c.shape[0], -1), nan=0.0) for c in arrays]
+    flat = [None if isinstance(c, BatchedRows) else np.nan_to_num(c.reshape(c.shape[0], -1), nan=0.0) for c in arrays]
 
-    def agg(weights: np.ndarray, i: int) -> np.ndarray:  # weights [n_examples] resample counts
+    def agg(weights: np.ndarray, i: int, orders: dict | None = None) -> np.ndarray:  # weights [n] resample counts
+        c = arrays[i]
+        if isinstance(c, BatchedRows):  # the estimator rebuilt; paired: one order per way of batching
+            return c.estimate() if orders is None else rebuilt(c, weights, orders, c.partition() if paired else i,
+                                                               order_rng)
         g = weights @ flat[i]
-        if reduce == "mean":
-            g = g / ns[i]
-        return g.reshape(arrays[i].shape[1:])
+        return (g / ns[i] if reduce == "mean" else g).reshape(c.shape[1:])
 
     full = [agg(np.ones(n), i) for i, n in enumerate(ns)]
     estimate = np.asarray(statistic(*full), dtype=np.float64)
     samples = np.empty((n_boot, *estimate.shape))
     for k in range(n_boot):
+        orders: dict = {}
         if paired:
             w = np.bincount(rng.integers(0, ns[0], ns[0]), minlength=ns[0]).astype(np.float64)
-            grids = [agg(w, i) for i in range(len(arrays))]
+            grids = [agg(w, i, orders) for i in range(len(arrays))]
         else:
             grids = []
             for i, n in enumerate(ns):
                 w = np.bincount(rng.integers(0, n, n), minlength=n).astype(np.float64)
-                grids.append(agg(w, i))
+                grids.append(agg(w, i, orders))
         samples[k] = statistic(*grids)
     alpha = (1 - level) / 2
     finite = np.isfinite(samples)
@@ -190,7 +199,7 @@ def paired_bootstrap_ci(
     >>> (r.estimate, float(r.low), float(r.high))    # b is a + 1 once paired by id: no spread
     (-1.0, -1.0, -1.0)
     """
-    xa, xb = _np(a), _np(b)
+    xa, xb = _rows(a), _rows(b)
     la, lb = _id_list(ids_a, "ids_a"), _id_list(ids_b, "ids_b")
     for name, x, ids in (("a", xa, la), ("b", xb, lb)):
         if x.ndim < 1 or x.shape[0] != len(ids):
@@ -204,17 +213,14 @@ def paired_bootstrap_ci(
             raise HeadcountError(
                 "cannot pair the examples: the id sets differ "
                 f"({len(only_a)} only in a, e.g. {only_a[:3]}; {len(only_b)} only in b, e.g. {only_b[:3]})")
-        xb = xb[[pos_b[v] for v in la]]
+        order = [pos_b[v] for v in la]
+        xb = xb.take(order) if isinstance(xb, BatchedRows) else xb[order]
     return bootstrap_ci(statistic, xa, xb, n_boot=n_boot, level=level, seed=seed, reduce=reduce, paired=True)
 
 
-def _id_list(ids, name: str) -> list:
-    out = ids.tolist() if hasattr(ids, "tolist") else list(ids)
-    if len(set(out)) != len(out):
-        seen: set = set()
-        dup = [v for v in out if v in seen or seen.add(v)]
-        raise HeadcountError(f"{name} has repeated example ids, e.g. {dup[:3]}")
-    return out
+def _rows(x):
+    """Contributions as resampled: ``BatchedRows`` as they are, anything else as float64."""
+    return x if isinstance(x, BatchedRows) else _np(x)
 
 
 @dataclass(frozen=True)
@@ -305,6 +311,9 @@ def hierarchical_bootstrap_ci(
     _check_resampling(level, n_boot)
     _check_interval(interval, examples)
     groups = [list(g) for g in per_seed]
+    if any(isinstance(x, BatchedRows) for g in groups for x in g):
+        raise HeadcountError("hierarchical_bootstrap_ci sums rows; for batched rows bootstrap each seed "
+                             "(bootstrap_ci) and combine with hierarchical_ci_from_replicates")
     n_seeds = len(groups[0])
     if n_seeds < 1 or any(len(g) != n_seeds for g in groups):
         raise HeadcountError(f"every argument needs the same number (>= 1) of seeds, got {[len(g) for g in groups]}")
@@ -465,17 +474,6 @@ def hierarchical_ci_from_replicates(
                                        n_seeds=n_seeds, interval=use)
 
 
-Interval = Literal["t", "t-resampled", "percentile"]
-Examples = Literal["independent", "shared"]
-
-
-def _check_interval(interval: str, examples: str) -> None:
-    if interval not in ("t", "t-resampled", "percentile"):
-        raise HeadcountError(f"unknown interval {interval!r}; use 't', 't-resampled' or 'percentile'")
-    if examples not in ("independent", "shared"):
-        raise HeadcountError(f"unknown examples {examples!r}; use 'independent' or 'shared'")
-
-
 def _t_bounds(est: np.ndarray, pools: list[np.ndarray], alpha: float, shared: bool, aligned: bool):
     """The ``"t"`` bounds of [`hierarchical_ci_from_replicates`][headcount.analysis.resampling.hierarchical_ci_from_replicates] (elementwise for vector statistics)."""
     n = est.shape[0]
@@ -496,4 +494,4 @@ def _t_bounds(est: np.ndarray, pools: list[np.ndarray], alpha: float, shared: bo
     return mean - half, mean + half
 
 
-__all__ = ["BootstrapResult", "HierarchicalBootstrapResult", "bootstrap_ci", "hierarchical_bootstrap_ci", "hierarchical_ci_from_replicates", "paired_bootstrap_ci"]
+__all__ = ["BatchedRows", "BootstrapResult", "HierarchicalBootstrapResult", "bootstrap_ci", "hierarchical_bootstrap_ci", "hierarchical_ci_from_replicates", "paired_bootstrap_ci"]

@@ -70,6 +70,13 @@ class Scores:
             absolute value of a batch sum) to an upper bound; for ``cumulative`` they are still
             each example's share of its own batch's gradient (a running sum has no per-example
             decomposition). Used for bootstrap statistics.
+        per_example_signed: ``gradient`` only (with ``per_example``): ``[n_examples, n_layers,
+            n_heads]`` each example's *signed* part of its batch's gradient (a batch's rows sum to
+            its gradient), with ``example_batches`` ``[n_examples]`` (the batch of each row, as
+            given, in order) and ``example_labels`` ``[n_examples]`` (each example's label entries:
+            its batch's mean loss divides by their sum). What rebuilding the estimator on a
+            resample takes (``headcount.analysis.batched.BatchedRows``): a bootstrap of the
+            absolute rows is one of a proxy, far narrower than the estimator's own spread.
     """
 
     heads: torch.Tensor
@@ -80,6 +87,9 @@ class Scores:
     n_tokens: int = 0
     meta: dict = field(default_factory=dict)
     per_example: torch.Tensor | None = None
+    per_example_signed: torch.Tensor | None = None
+    example_batches: torch.Tensor | None = None
+    example_labels: torch.Tensor | None = None
 
     def normalized(self, mode: str) -> "Scores":
         heads, mlps = normalize_scores(self.heads, self.mlps, mode)

@@ -87,6 +87,13 @@ def _tokens(batch: dict) -> int:
     return int(am.sum()) if am is not None else int(batch["input_ids"].numel())
 
 
+def _row_label_counts(labels: torch.Tensor) -> torch.Tensor:
+    """``[b]`` label entries of each row, as ``_label_count`` counts them (their sum is its count)."""
+    if labels.is_floating_point():
+        return torch.full((labels.shape[0],), labels[0].numel() if labels.shape[0] else 0, dtype=torch.float64)
+    return (labels != IGNORE).reshape(labels.shape[0], -1).sum(-1).double()
+
+
 def _label_count(batch: dict) -> int:
     """The denominator of the model's mean loss: labels that count (class ids other than -100;
     every entry of float labels). Computed on the CPU batch: no device sync."""
@@ -111,7 +118,9 @@ def gradient_scores(model: nn.Module, batches, *, per_token: bool = False, keep_
         batches: iterable of dicts of tensors with ``labels`` (the model returns the loss).
         per_token: Michel et al.'s per-token absolute value instead of the batch gradient's.
         keep_per_example: also return per-example contributions ``[n_examples, L, H]`` (each
-            example's absolute share of its own batch's gradient, whatever ``accumulate``).
+            example's absolute share of its own batch's gradient, whatever ``accumulate``) and,
+            for ``gradient``, the signed shares with each row's batch and label entries
+            (``Scores.per_example_signed``: what the estimator's own bootstrap rebuilds it from).
         accumulate: ``per-batch`` or ``cumulative`` (see the module docstring); ``gradient``
             only. Defined over the batches as given, so merging (below) changes neither.
         at: optional [`Mask`][headcount.core.masks.Mask]: the gate values at which the gradient is
@@ -148,6 +157,7 @@ def gradient_scores(model: nn.Module, batches, *, per_token: bool = False, keep_
     run_h = torch.zeros(n_layers, n_heads, dtype=torch.float64, device=device)
     run_m = torch.zeros(n_layers, dtype=torch.float64, device=device)
     per_example, n_examples, n_tokens, done = [], 0, 0, 0
+    signed, batch_of, labels_of = [], [], []  # gradient: [b, L, H] signed shares, [b] batch ids, [b] label entries
     with _scoring_mode(model):
         for batch, sizes in pack_batches(batches, rt.tokens_per_batch, rt.pad_multiple, padding_id(model)):
             # per original batch: N_merged / N_b turns the merged mean loss's gradient into its own
@@ -194,6 +204,11 @@ def gradient_scores(model: nn.Module, batches, *, per_token: bool = False, keep_
                 example = eg.abs()
             if keep_per_example:
                 per_example.append(example.float())  # each example's share of its batch's score
+                if not per_token:  # the estimator sum_b |G_b| is rebuilt from these on a resample
+                    signed.append(eg.float().cpu())
+                    batch_of.append(torch.repeat_interleave(torch.arange(done, done + len(sizes)), torch.tensor(sizes)))
+                    labels_of.append(_row_label_counts(batch["labels"].cpu()) if "labels" in batch
+                                     else torch.zeros(b, dtype=torch.float64))
             n_examples += b
             done += len(sizes)
             if progress:
@@ -203,6 +218,9 @@ def gradient_scores(model: nn.Module, batches, *, per_token: bool = False, keep_
         method="gradient-token" if per_token else "gradient",
         n_examples=n_examples, n_tokens=n_tokens,
         per_example=torch.cat(per_example).cpu() if per_example else None,
+        per_example_signed=torch.cat(signed) if signed else None,
+        example_batches=torch.cat(batch_of) if batch_of else None,
+        example_labels=torch.cat(labels_of) if labels_of else None,
         meta={**rt.meta(), "accumulate": "per-token" if per_token else accumulate},
     )
 

@@ -136,10 +136,15 @@ def save_per_example(workdir: Path, s, task, tokenizer, objective: str, data, gr
     """Write ``per_example.safetensors`` (when ``s`` kept per-example contributions): ``heads``
     ``[n_examples, n_layers, n_heads]`` and ``example_ids`` ``[n_examples]`` (each row's position in
     its split; the metadata ``example_source`` names the task and split), so that two score jobs
-    of the same examples can be paired by id ([`load_per_example`][headcount.experiments.studies.jobs.load_per_example])."""
+    of the same examples can be paired by id ([`load_per_example`][headcount.experiments.studies.jobs.load_per_example]);
+    for ``gradient``, also ``signed``, ``batch`` and ``labels``: what its estimator is rebuilt from
+    ([`load_batched_rows`][headcount.experiments.studies.jobs.load_batched_rows])."""
     if s.per_example is None:
         return
     tensors = {"heads": s.per_example.contiguous()}
+    if s.per_example_signed is not None:
+        tensors.update(signed=s.per_example_signed.contiguous(), batch=s.example_batches.contiguous(),
+                       labels=s.example_labels.contiguous())
     source, index = example_order(task, tokenizer, objective, data, group_by_length=group_by_length)
     meta = None
     if len(index) == s.per_example.shape[0]:  # else (never expected): rows without ids, unpaired later
@@ -163,6 +168,23 @@ def load_per_example(path) -> tuple:
         if "example_ids" in f.keys() and "example_source" in meta:
             ids = [f"{meta['example_source']}/{int(i)}" for i in f.get_tensor("example_ids").tolist()]
     return rows, ids
+
+
+def load_batched_rows(path, accumulate: str = "per-batch"):
+    """The ``gradient`` estimator's rows of a ``per_example.safetensors``
+    (``headcount.analysis.batched.BatchedRows``, rows in the file's order, like
+    [`load_per_example`][headcount.experiments.studies.jobs.load_per_example]'s), or None where
+    the file has no signed rows (another scorer, or saved before they were)."""
+    from headcount.analysis.batched import BatchedRows
+
+    path = Path(path)
+    if not path.is_file():
+        return None
+    with safe_open(str(path), framework="pt") as f:
+        if "signed" not in f.keys():
+            return None
+        return BatchedRows(f.get_tensor("signed").double().numpy(), f.get_tensor("batch").numpy(),
+                           f.get_tensor("labels").double().numpy(), accumulate)
 
 
 def prune_job(params, inputs, workdir: Path, progress) -> dict:

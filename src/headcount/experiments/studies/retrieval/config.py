@@ -202,18 +202,25 @@ class AblationSettings(ConfigSection):
         enabled: run it.
         units: ``heads`` (query heads by the pooled retrieval score, ties broken by the pooled
             long-range mass) and/or ``kv-groups`` (KV heads by the budgets' ranking).
-        fraction: the share of units gated off (the paper's top 5%).
-        draws: random sets of as many units.
+        fraction: the share of units gated off (the paper's top 5%; at most half: the random sets
+            are drawn from the units outside the top set).
+        draws: K random sets of as many units; the test ranks the top set among them, p =
+            (1 + #{random sets at least as harmful}) / (1 + K), so p >= 1 / (1 + K): 19 reaches 0.05.
         seed: the draws' seed.
+        mask: ``remove`` (the heads' outputs zeroed in prefill and decoding: removing them) or
+            ``reference`` (Wu et al.'s: their queries zeroed while decoding only).
+        theirs: also report Wu et al.'s protocol (a fresh random set per example), labelled theirs.
         length: the held-out prompts' length (None: the first of ``niah.lengths``).
         max_new_tokens: greedy decoding length (the answer and a little more).
     """
 
     enabled: bool = True
     units: tuple[Literal["heads", "kv-groups"], ...] = UNITS
-    fraction: float = Field(0.05, gt=FRACTION.low, le=FRACTION.high)
-    draws: int = Field(5, ge=1, le=DRAWS.high)
+    fraction: float = Field(0.05, gt=FRACTION.low, le=0.5)
+    draws: int = Field(19, ge=1, le=DRAWS.high)
     seed: int = Field(0, **SEED.limits())
+    mask: Literal["remove", "reference"] = "remove"
+    theirs: bool = True
     length: int | None = None
     max_new_tokens: int = Field(16, ge=1, le=10_000)
 
@@ -427,6 +434,8 @@ class AblationParams(ConfigSection):
     fraction: float
     draws: int
     seed: int
+    mask: Literal["remove", "reference"]
+    theirs: bool
     max_new_tokens: int
 
 

@@ -122,19 +122,24 @@ def stability_figure(summary: pd.DataFrame):
 
 
 def ablation_figure(ab: pd.DataFrame):
-    """Needle accuracy on the held-out haystacks: the full model, the top-k units gated off and
-    each random draw of as many (dots, their mean a bar), per unit."""
+    """Needle accuracy on the held-out haystacks: the full model, the top-k units masked, each
+    random set of as many (dots, their mean a bar) and Wu et al.'s protocol (theirs), per unit."""
     fig, axes = new_figure(1, max(1, len(ab)), size=(3.6 * max(1, len(ab)), 3.4))
     axes = np.atleast_1d(axes)
     for ax, (_, r) in zip(axes, ab.iterrows()):
         draws = [float(x) for x in str(r["accuracy_random"]).split()] if isinstance(r["accuracy_random"], str) else []
-        ax.bar([0, 1, 2], [r["accuracy_full"], r["accuracy_top"], r["accuracy_random_mean"]],
-               color=["#555555", "#c44e52", "#8c8c8c"])
+        bars = [r["accuracy_full"], r["accuracy_top"], r["accuracy_random_mean"]]
+        names = ["full", f"top {r['fraction']:.0%}", "random sets"]
+        if pd.notna(r.get("accuracy_random_theirs")):  # Wu et al.'s protocol: a random set per example
+            bars, names = bars + [r["accuracy_random_theirs"]], names + ["theirs"]
+        ax.bar(range(len(bars)), bars, color=["#555555", "#c44e52", "#8c8c8c", "#b0b0b0"][:len(bars)])
         ax.scatter([2] * len(draws), draws, color="k", s=10, zorder=3)
-        ax.set_xticks([0, 1, 2])
-        ax.set_xticklabels(["full", f"top {r['fraction']:.0%}", "random"], fontsize=8)
+        ax.set_xticks(range(len(bars)))
+        ax.set_xticklabels(names, fontsize=8)
         unit = "query heads" if r["unit"] == "heads" else "KV heads"
-        ax.set_title(f"{unit} (k = {int(r['k'])}), p = {r['p_value']:.3g}", fontsize=9)
+        test = (f"head-set p = {r['p_value']:.3g} ({int(r['n_sets'])} sets)" if pd.notna(r.get("n_sets"))
+                else "no head-set test")
+        ax.set_title(f"{unit} (k = {int(r['k'])}), {test}", fontsize=9)
         ax.set_ylim(0, 1.05)
         ax.set_ylabel("needle accuracy")
     return fig

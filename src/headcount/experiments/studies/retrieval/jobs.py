@@ -233,7 +233,9 @@ def pool_job(params, inputs, workdir: Path, progress) -> dict:
 def ablation_job(params, inputs, workdir: Path, progress) -> dict:
     """The causal test of one ranking on the held-out haystacks: the top ``fraction`` of query heads
     (``unit: heads``, the pooled retrieval score) or of KV heads (``kv-groups``, the budgets'
-    ranking) gated off vs ``draws`` random sets of as many ([`ablation_test`][headcount.analysis.ablation.ablation_test]).
+    ranking) masked (``mask``) vs ``draws`` random sets of as many from the other units, the top
+    set ranked among them, and Wu et al.'s protocol beside it (``theirs``:
+    [`ablation_test`][headcount.analysis.ablation.ablation_test]).
 
     params: [`AblationParams`][headcount.experiments.studies.retrieval.config.AblationParams];
     inputs ``scores``: the pooled scores of the ranking, ``ties`` (retrieval): the pooled long-range
@@ -248,7 +250,7 @@ def ablation_job(params, inputs, workdir: Path, progress) -> dict:
     model, tokenizer = _model(p.model, task, rt)
     batches = niah_batches(task, tokenizer, split=p.niah.split, batch_size=1)
     n = sum(len(b.examples) for b in batches)
-    count = _counter(progress, n * (2 + p.draws), f"ablation ({p.unit})")
+    count = _counter(progress, n * (2 + p.draws + int(p.theirs)), f"ablation ({p.unit})")
 
     def step(i):
         count(i)
@@ -256,7 +258,8 @@ def ablation_job(params, inputs, workdir: Path, progress) -> dict:
             count.next(n)
 
     r = ablation_test(model, batches, torch.as_tensor(grid), fraction=p.fraction, draws=p.draws, seed=p.seed,
-                      unit=p.unit, max_new_tokens=p.max_new_tokens, rt=rt, progress=step)
+                      unit=p.unit, mask=p.mask, theirs=p.theirs, max_new_tokens=p.max_new_tokens, rt=rt,
+                      progress=step)
     out = {**r.to_dict(), "ranking": p.ranking, "n_positive": int((np.nan_to_num(primary) > 0).sum()),
            "ties": "long-range" if "ties" in inputs else None,
            "length": p.niah.lengths[0], "template": p.niah.template, "haystack_seed": p.niah.seed, **rt.meta()}

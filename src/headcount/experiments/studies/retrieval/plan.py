@@ -150,8 +150,8 @@ def retrieval_jobs(settings: RetrievalSettings, prefix: str = "") -> list[Job]:
             ranking = "retrieval" if unit == "heads" else b.ranking
             jobs.append(Job(n.ablation(unit), "retrieval.ablation", f"{JOBS}:ablation_job",
                             {"model": s.model, "unit": unit, "ranking": ranking, "niah": held_out(s.ablation_length),
-                             "fraction": a.fraction, "draws": a.draws, "seed": a.seed,
-                             "max_new_tokens": a.max_new_tokens},
+                             "fraction": a.fraction, "draws": a.draws, "seed": a.seed, "mask": a.mask,
+                             "theirs": a.theirs, "max_new_tokens": a.max_new_tokens},
                             deps=_ranked(pooled, ranking), uses_model=True))
     if b.enabled:
         curve = {"model": s.model, "niah": held_out(b.context), "max_new_tokens": b.max_new_tokens,

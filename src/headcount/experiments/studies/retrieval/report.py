@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 
+from headcount.analysis.ablation import MASK_WORDS
 from headcount.experiments.report import ReportContent, ReportTable, Section
 from headcount.experiments.studies.retrieval.config import (
     RetrievalConfig,
@@ -131,11 +132,16 @@ def retrieval_sections(store, settings: RetrievalSettings, prefix: str = "") -> 
             "Ablation: are the top heads needed?",
             f"On {h.examples} held-out prompts of {s.ablation_length} tokens (haystack seed {h.seed}, {h.split} "
             f"texts): needle accuracy (answer exact, {a.max_new_tokens} greedy tokens) of the full model, with the "
-            f"top {a.fraction:.0%} of query heads by the pooled retrieval score gated off (heads) or of KV heads by "
-            f"the pooled {b.ranking} score (kv-groups: every query head of the group), and with {a.draws} random "
-            "sets of as many units gated off. p: one-sided paired sign-flip test over examples of (mean random "
-            "success - top success); n_positive: units with a retrieval score above 0 (with fewer than k, the top "
-            "set is completed by the pooled long-range mass).",
+            f"top {a.fraction:.0%} of query heads by the pooled retrieval score masked (heads) or of KV heads by "
+            f"the pooled {b.ranking} score (kv-groups: every query head of the group), and with each of {a.draws} "
+            "random sets of as many units, drawn from the units outside the top set, masked (mask "
+            f"{a.mask}: {MASK_WORDS[a.mask]}). p_value: the head-set test, the top set ranked among the random "
+            "sets, p = (1 + n_as_harmful) / (1 + n_sets), n_as_harmful the random sets with an accuracy at most "
+            "the top set's (p_min = 1 / (1 + n_sets) is the smallest p possible); difference and "
+            "p_value_prompts (a one-sided sign-flip test over examples of mean random - top success) describe "
+            "the examples, not the head sets. accuracy_random_theirs: Wu et al.'s protocol, theirs: a fresh random "
+            "set for every example. n_positive: units with a retrieval score above 0 (with fewer than k, the "
+            "top set is completed by the pooled long-range mass).",
             figures={f"{tag}ablation": ablation_figure(ab)},
             tables=[ReportTable(f"{tag}ablation", ab, "Top-k vs random units gated off, per unit.")]))
     return sections

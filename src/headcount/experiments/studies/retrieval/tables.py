@@ -25,8 +25,9 @@ from headcount.runtime.errors import HeadcountError
 
 RUN_COLUMNS = ["method", "template", "seed", "n_examples", "n_counted", "needle_accuracy", "share_above",
                "share_low", "share_high", "threshold", "n_queries", "seconds"]
-ABLATION_COLUMNS = ["unit", "ranking", "k", "n_units", "n_positive", "fraction", "accuracy_full", "accuracy_top",
-                    "accuracy_random_mean", "accuracy_random", "difference", "p_value", "n_examples", "length"]
+ABLATION_COLUMNS = ["unit", "ranking", "mask", "k", "n_units", "n_positive", "fraction", "accuracy_full", "accuracy_top",
+                    "accuracy_random_mean", "accuracy_random", "n_sets", "n_as_harmful", "p_value", "p_min",
+                    "difference", "p_value_prompts", "accuracy_random_theirs", "n_examples", "length"]
 CURVE_COLUMNS = ["budget", "kind", "memory", "draw", "context", "n_full", "n_kv", "kv_bytes", "kv_bytes_predicted",
                  "full_cache_bytes", "kv_ratio", "needle_accuracy", "n_needles", "lm_loss", "seconds"]
 #: the targets of issue 33 and the reference numbers beside them
@@ -144,13 +145,19 @@ def stability_summary(rows: pd.DataFrame) -> pd.DataFrame:
 
 
 def ablation_table(store, settings: RetrievalSettings, prefix: str = "") -> pd.DataFrame:
-    """One row per ablation unit: the top-k and random accuracies, the difference and its p."""
+    """One row per ablation unit: the full model's, the top set's and each random set's accuracy;
+    ``p_value`` the head-set test (the top set's rank among the ``n_sets`` random sets: ``n_as_harmful``
+    at least as harmful; ``p_min`` the smallest p they allow); ``difference`` and ``p_value_prompts``
+    describe the examples (mean random - top success, sign-flip over examples), not a test of the
+    sets; ``accuracy_random_theirs``: Wu et al.'s protocol (a random set per example), theirs."""
     rows = []
     for unit in settings.ablation.units if settings.ablation.enabled else ():
         r = finished(store, Names(prefix).ablation(unit))
         if r is None:
             continue
         d = r.result
+        if "n_sets" not in d:  # saved before the head-set test: its p_value was the one over prompts
+            d = {**d, "p_value": None, "p_value_prompts": d.get("p_value"), "mask": "remove"}
         rows.append({**{k: d.get(k) for k in ABLATION_COLUMNS},
                      "accuracy_random": " ".join(f"{x:.2f}" for x in d.get("accuracy_random", []))})
     return pd.DataFrame(rows, columns=ABLATION_COLUMNS)
@@ -209,6 +216,21 @@ def budget_verdict(store, settings: RetrievalSettings, prefix: str = "") -> dict
     return out
 
 
+def ablation_text(r) -> str:
+    """One ablation row in words: the accuracies, the head-set test with its n, and theirs."""
+    text = f"{r['accuracy_top']:.2f} vs {r['accuracy_random_mean']:.2f} (full {r['accuracy_full']:.2f}"
+    if pd.notna(r.get("n_sets")):
+        sets = [float(x) for x in str(r["accuracy_random"]).split()]
+        text += (f"; {int(r['n_sets'])} random sets {min(sets):.2f}-{max(sets):.2f}); head-set p = {r['p_value']:.3g} "
+                 f"({int(r['n_as_harmful'])} of {int(r['n_sets'])} random sets as harmful; the smallest p "
+                 f"{int(r['n_sets'])} sets allow: {r['p_min']:.3g}), {int(r['n_examples'])} examples, mask {r['mask']}")
+    else:  # saved before the head-set test
+        text += f"); no head-set test (saved before it): prompt sign-flip p = {_num(r['p_value_prompts'], 3)}"
+    if pd.notna(r.get("accuracy_random_theirs")):
+        text += f"; Wu et al.'s protocol (theirs, a random set per example): {r['accuracy_random_theirs']:.2f}"
+    return text
+
+
 def _pct(x) -> str:
     return f"{100 * x:.1f}%" if _finite(x) else ""
 
@@ -248,10 +270,9 @@ def targets(store, settings: RetrievalSettings, prefix: str = "") -> pd.DataFram
     ab = ablation_table(store, settings, prefix)
     for _, r in ab.iterrows():
         unit = "query heads" if r["unit"] == "heads" else "KV heads (whole groups)"
-        rows.append({"target": f"needle accuracy, top {r['fraction']:.0%} {unit} gated vs as many random",
-                     "this run": f"{r['accuracy_top']:.2f} vs {r['accuracy_random_mean']:.2f} (full {r['accuracy_full']:.2f}); "
-                                 f"p = {r['p_value']:.3g} (one-sided, {int(r['n_examples'])} examples)",
-                     "reference": "Wu et al.: masking retrieval heads breaks retrieval, random heads do not"})
+        rows.append({"target": f"needle accuracy, top {r['fraction']:.0%} {unit} masked vs as many random",
+                     "this run": ablation_text(r), "reference": "Wu et al.: masking retrieval heads breaks retrieval, "
+                                                                "random heads do not"})
     v = budget_verdict(store, settings, prefix)
     if v is not None:
         what = f"smallest budget with a >= {SMALLER:g}x smaller KV cache within {POINTS * 100:g} points of full-cache accuracy"

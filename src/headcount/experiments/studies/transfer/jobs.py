@@ -26,7 +26,13 @@ from headcount.data.evaluation import LM_METRIC, evaluate_batches, masked_positi
 from headcount.data.heads import fit_task_head
 from headcount.data.mlm_head import evaluate_mlm, mlm_model
 from headcount.data.tasks import encode, get_task, make_batches
-from headcount.experiments.studies.jobs import load_per_example, model_spec, save_per_example, step_messages
+from headcount.experiments.studies.jobs import (
+    load_batched_rows,
+    load_per_example,
+    model_spec,
+    save_per_example,
+    step_messages,
+)
 from headcount.experiments.studies.transfer.params import (
     CoherenceParams,
     CurveParams,
@@ -73,6 +79,19 @@ def per_example_of(result):
     and their example ids (None for results saved without ids); ``(None, None)`` without the file."""
     # each row is one example's share of its batch's score: for gradient-token they sum to the grid
     return load_per_example(result.dir / "per_example.safetensors")
+
+
+def bootstrap_rows(result):
+    """``(contributions, ids, replicates)`` of a score job for the coherence bootstrap: the
+    ``gradient`` estimator's signed rows (rebuilt on each resample) where they were saved, else the
+    per-example rows; ``replicates`` ``proxy`` where those rows do not sum to the grid (``gradient``
+    saved without signed rows: its intervals are labelled uncalibrated), else ``estimator``."""
+    rows, ids = per_example_of(result)
+    d = result.load_json("scores.json")
+    batched = load_batched_rows(result.dir / "per_example.safetensors", d.get("accumulate") or "per-batch")
+    if batched is not None:
+        return batched, ids, "estimator"
+    return rows, ids, "proxy" if d.get("method") == "gradient" else "estimator"
 
 
 def _views(requested, lay: dict) -> list[str]:
@@ -287,16 +306,18 @@ def coherence_job(params, inputs, workdir: Path, progress) -> dict:
     views = _views(p.views, lay)
     st = p.stats
     grids = {alias: _grid(inputs[alias]) for alias in p.grids}
-    per_example = {alias: per_example_of(inputs[alias]) for alias in p.grids}  # (rows, ids)
+    per_example = {alias: bootstrap_rows(inputs[alias]) for alias in p.grids}  # (rows, ids, replicates)
     rows = []
     samples: dict[tuple, list] = {}  # (comparison, view, task, task_b, statistic) -> [(estimate, samples)]
+    proxy: set[tuple] = set()  # the keys of samples some of which are a proxy's replicates
     for i, pair in enumerate(p.pairs):
-        (ca, ia), (cb, ib) = per_example[pair.a], per_example[pair.b]
+        (ca, ia, ra), (cb, ib, rb) = per_example[pair.a], per_example[pair.b]
+        reps = "proxy" if "proxy" in (ra, rb) else "estimator"
         for view in views:
             c = coherence(grids[pair.a], grids[pair.b], (ca, cb), paired=pair.paired, ids=(ia, ib),
                           fractions=st.fractions, n_boot=st.n_boot, n_permutations=st.n_permutations, level=st.level,
                           seed=pair_seed(st.seed, f"{pair.name}/{view}"), view=view, groups=lay["groups"],
-                          permutation=st.permutation, keep_samples=True)
+                          permutation=st.permutation, keep_samples=True, replicates=reps)
             for stat, v in c.items():
                 rows.append({"pair": pair.name, "comparison": pair.comparison, "view": view,
                              "task": pair.task, "task_b": pair.task_b, "seed": pair.seed,
@@ -304,17 +325,21 @@ def coherence_job(params, inputs, workdir: Path, progress) -> dict:
                              "estimate": v["estimate"], "low": v["low"], "high": v["high"],
                              "boot_estimate": v.get("boot_estimate"), "p_value": v["p_value"],
                              "chance": v["chance"], "paired": pair.paired, "p_value_global": v["p_value_global"],
-                             "grids": v["grids"], "pairing": v["pairing"]})
+                             "grids": v["grids"], "pairing": v["pairing"], "replicates": v.get("replicates")})
                 key = (pair.comparison, view, pair.task, pair.task_b, stat)
                 samples.setdefault(key, []).append((v["estimate"], v.get("samples")))
+                if reps == "proxy":
+                    proxy.add(key)
         progress(i + 1, len(p.pairs), pair.name)
     # the mean over seeds (pairs) of each comparison: seeds resampled, then examples within each.
     # Approximate where the pairs share a grid (the MLM grid of every seed, seed-vs-seed pairs).
     seed_means = []
-    for (comparison, view, task, task_b, stat), got in samples.items():
+    for key, got in samples.items():
+        comparison, view, task, task_b, stat = key
         m = seed_mean_ci([e for e, _ in got], [x for _, x in got], stat, level=st.level,
                          seed=pair_seed(st.seed, f"{comparison}/{view}/{task}/{task_b}/{stat}"),
-                         interval=st.seed_interval, examples="shared")
+                         interval=st.seed_interval, examples="shared",
+                         replicates="proxy" if key in proxy else "estimator")
         seed_means.append({"comparison": comparison, "view": view, "task": task, "task_b": task_b, "statistic": stat,
                            **m})
     mass = []
