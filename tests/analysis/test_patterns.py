@@ -6,7 +6,6 @@ import doctest
 import importlib
 import inspect
 import json
-import time
 
 import numpy as np
 import pytest
@@ -299,13 +298,12 @@ def test_shares_over_examples_x_heads_equal_a_hand_count():
 
 
 def test_prasanna_cnn_learns_the_five_synthetic_classes_quickly_and_deterministically():
+    """Quickly: in 20 epochs of 80 maps (the work, asserted here; bench/bench_timing_targets.py times it)."""
     s = synthetic_attention_maps(n_per_class=20, size=32, seed=0)
-    t0 = time.perf_counter()
     # 20 epochs: every seed 0-11 reaches >= 0.95 held out (>= 0.88 on fresh maps) by then; at 10 some
     # seeds were still at 0.81 on fresh maps, too close to a threshold that other CPU kernels could cross
     model, metrics = train_pattern_cnn(s.maps, s.labels, seed=0, epochs=20, batch_size=16)
-    elapsed = time.perf_counter() - t0
-    assert elapsed < 20
+    assert len(metrics["heldout_history"]) == 20  # 20 epochs ran, no more
     assert metrics["architecture"] == "prasanna" and metrics["size"] == 32 and metrics["lr"] == 1e-3
     assert metrics["n_heldout"] == 20 and metrics["n_train"] == 80 and 1 <= metrics["best_epoch"] <= 20
     hist = metrics["heldout_history"]  # the kept epoch is the latest best one, whatever the trajectory

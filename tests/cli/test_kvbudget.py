@@ -216,3 +216,18 @@ def test_options_that_do_not_go_together_are_refused(capsys, model_dir, tmp_path
     assert "dtype" in _bad(capsys, tmp_path, "--model", model_dir, "--uniform", "--dtype", "int8")
     assert "encoder" in _bad(capsys, tmp_path, "--model", save_tiny(tiny_model("bert"), tmp_path / "bert"), "--uniform")
     assert "checkpoint directory not found" in _bad(capsys, tmp_path, "--model", tmp_path / "nothing", "--uniform")
+
+
+@pytest.mark.parametrize("arch, overrides", [("mistral", {}), ("gemma2", {}), ("gemma3", {}),
+                                             ("qwen2", dict(use_sliding_window=True, sliding_window=4,
+                                                            max_window_layers=1))])
+def test_a_model_with_sliding_window_layers_is_refused_up_front(capsys, tmp_path, arch, overrides):
+    """Its own cache is already bounded in the windowed layers, and the budget attention does not
+    run them (yet): one line from kv-budget itself, not a budget file that fails at the first forward."""
+    saved = save_tiny(tiny_model(arch, head="lm", attn_implementation="eager", **overrides), tmp_path / arch)
+    for mode in (["--uniform"], ["--random", 1]):
+        err = _bad(capsys, tmp_path, "--model", saved, *mode, "--context", 64)
+        assert "sliding window" in err and "layers" in err
+    scores = write_scores(tmp_path / "s.json", HEAD_SCORES, saved)
+    err = _bad(capsys, tmp_path, "--scores", scores)
+    assert "sliding window" in err

@@ -8,8 +8,8 @@
   (4 query heads on 2 KV heads) and on GPT-2 (no GQA);
 - the cache holds exactly the bytes the budget predicts, K/V stored once per KV head;
 - every head streaming with sink + window >= the length is the full model;
-- what it cannot do is refused in one line (a budget that does not fit, sliding-window or
-  soft-capped attention, cropping, a model that was not switched).
+- what it cannot do is refused in one line (a budget that does not fit, sliding-window layers
+  at apply, soft-capped attention at the first forward, cropping, a model that was not switched).
 """
 
 from __future__ import annotations
@@ -271,8 +271,11 @@ def test_a_budget_file_applies_and_what_does_not_fit_is_refused(tmp_path):
         apply_kv_budget(model, tmp_path / "bad.json")
 
 
-#: decoders whose attention the budget cannot express (refused at the first forward), and why
-REFUSED = {"mistral": "sliding_window", "gemma2": "softcap", "gemma3": "sliding_window"}
+#: decoders whose layers the model itself bounds by a sliding window: refused at apply_kv_budget
+#: (tests/core/test_kvbudget_windows.py); Gemma2 soft-caps its attention logits too
+REFUSED = {"mistral": "sliding window", "gemma2": "sliding window", "gemma3": "sliding window"}
+#: Gemma2 with every layer global: what is left to refuse is its soft-capping, at the first forward
+SOFTCAP = dict(layer_types=["full_attention"] * 3)
 
 
 @pytest.mark.parametrize("arch", [a for a in DECODER_IDS if a not in REFUSED])
@@ -292,9 +295,13 @@ def test_every_other_decoder_runs_a_budget(arch):
 @pytest.mark.parametrize("arch, what", sorted(REFUSED.items()))
 def test_attention_the_budget_cannot_express_is_refused(arch, what):
     model = tiny_model(arch, head="lm", attn_implementation="eager")
+    with pytest.raises(HeadcountError, match=what):  # up front, not at the first forward
+        apply_kv_budget(model, KVBudget.full_cache(*shape(model)))
+    assert model.config._attn_implementation == "eager"
+    model = tiny_model("gemma2", head="lm", attn_implementation="eager", **SOFTCAP)
     ids, _ = ids_and_mask(model)
     with apply_kv_budget(model, KVBudget.full_cache(*shape(model))) as cache, torch.no_grad():
-        with pytest.raises(HeadcountError, match=what):
+        with pytest.raises(HeadcountError, match="softcap"):
             model(input_ids=ids, cache=cache, use_cache=True)
 
 

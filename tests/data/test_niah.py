@@ -261,3 +261,99 @@ def test_offline_niah_haystacks_come_from_each_split():
     assert all(990 <= len(p[0].split()) <= 1000 for p in val.texts)  # no tokenizer: words
     assert val.texts[0] != test.texts[0] and all(re.fullmatch(r"\d{5}", a) for a in val.labels)
 
+
+
+# --------------------------------------------------------------------------- a chat template that fails
+#: templates that hit the sandbox, raise (raise_exception, a TypeError, a range the sandbox caps) or do not parse
+BAD_CHAT_TEMPLATES = {
+    "sandbox": "{{ ''.__class__.__mro__ }}", "immutable": "{{ messages.append(1) }}",
+    "raises": "{{ raise_exception('no chat for you') }}", "type-error": "{{ 1 + 'a' }}",
+    "range": "{{ range(10**9) | list }}", "syntax": "{% for m in messages %}{{ m['content'] }}",
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_CHAT_TEMPLATES))
+def test_a_failing_chat_template_is_one_line_naming_it(name):
+    tok = niah_tokenizer()
+    tok.chat_template = BAD_CHAT_TEMPLATES[name]
+    with pytest.raises(HeadcountError) as e:
+        generate(SENTENCES, tok, spec=spec(template="book-chat"))
+    message = str(e.value)
+    assert "the chat template of the model's tokenizer" in message and "\n" not in message, message
+    assert "template passkey or book" in message
+
+
+@pytest.mark.parametrize("name", ["sandbox", "raises", "syntax"])
+def test_score_with_a_failing_chat_template_is_one_line_naming_its_file(tmp_path, capsys, monkeypatch, name):
+    from cli_helpers import assert_one_error_line, run_cli
+    from niah_helpers import save_niah_checkpoint
+
+    monkeypatch.setenv("HEADCOUNT_CACHE", str(tmp_path / "cache"))
+    ckpt = save_niah_checkpoint(tmp_path / "ckpt")
+    tok = niah_tokenizer()
+    tok.chat_template = BAD_CHAT_TEMPLATES[name]
+    tok.save_pretrained(ckpt)
+    saved = [p for p in ckpt.iterdir() if p.name in ("chat_template.jinja", "tokenizer_config.json")
+             and BAD_CHAT_TEMPLATES[name][:8] in p.read_text()]
+    assert saved, "the template was saved with the tokenizer"
+    task = write_niah_task(tmp_path / "task", template="book-chat")
+    code, _, err = run_cli(capsys, "score", "--model", ckpt, "--task", task, "--method", "retrieval",
+                           "--max-examples", 2, "--max-new-tokens", 2, "--out", tmp_path / "r")
+    assert_one_error_line(code, err)
+    assert "chat template" in err and str(saved[0]) in err, err
+
+
+# --------------------------------------------------------------------------- lengths checked before any example
+def test_lengths_past_the_models_positions_are_refused_before_any_example_is_built(tmp_path, monkeypatch):
+    from headcount.data.tasks import niah_examples
+
+    def no_example(*a, **k):
+        raise AssertionError("an example was built before the lengths were checked")
+
+    monkeypatch.setattr(niah_examples, "_example", no_example)
+    short = niah_tokenizer()  # model_max_length 512: the tiny Llama's positions
+    with pytest.raises(HeadcountError, match="10000000 tokens .* 512 positions"):
+        generate(SENTENCES, short, spec=spec(lengths=(100, 10_000_000)))
+    task = get_task(str(write_niah_task(tmp_path, lengths=[10_000_000])))
+    for call in (lambda: task.examples("validation", short), lambda: niah_batches(task, short, split="validation"),
+                 lambda: batches_for(task, short, "lm", DataConfig(split="validation"))):
+        with pytest.raises(HeadcountError, match="512 positions"):
+            call()
+    assert len(generate(SENTENCES, None, spec=spec(lengths=(600,)), indices=[])) == 0  # no tokenizer: words, no limit
+
+
+def test_score_refuses_lengths_past_the_models_positions_before_any_example(tmp_path, capsys, monkeypatch):
+    from cli_helpers import assert_one_error_line, run_cli
+    from niah_helpers import save_niah_checkpoint
+
+    from headcount.data.tasks import niah_examples
+
+    monkeypatch.setenv("HEADCOUNT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(niah_examples, "_example", lambda *a, **k: pytest.fail("an example was built"))
+    ckpt = save_niah_checkpoint(tmp_path / "ckpt")  # 512 positions
+    task = write_niah_task(tmp_path / "task", lengths=[10_000_000])
+    code, _, err = run_cli(capsys, "score", "--model", ckpt, "--task", task, "--method", "retrieval",
+                           "--out", tmp_path / "r")
+    assert_one_error_line(code, err)
+    assert "10000000" in err and "512 positions" in err, err
+
+
+def test_a_retrieval_study_job_refuses_lengths_past_the_models_positions_before_any_example(tmp_path, monkeypatch):
+    """The study's score job (``scores/retrieval/<t>/seed<s>``) goes through the same check."""
+    from niah_helpers import save_niah_checkpoint
+
+    from headcount.data.tasks import niah_examples
+    from headcount.experiments.runner import load_study_config
+    from headcount.experiments.runner.execution import call_job
+    from headcount.experiments.studies.retrieval import expand
+
+    monkeypatch.setenv("HEADCOUNT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("HEADCOUNT_DEVICE", "cpu")
+    monkeypatch.setattr(niah_examples, "_example", lambda *a, **k: pytest.fail("an example was built"))
+    save_niah_checkpoint(tmp_path / "ckpt")  # 512 positions
+    (tmp_path / "haystack.txt").write_text("\n".join(SENTENCES) + "\n")
+    (tmp_path / "study.yaml").write_text("study: retrieval\nmodel: ckpt\ntemplates: [passkey]\nseeds: [1]\n"
+                                         "niah: {lengths: [10000000], examples: 2, haystack: haystack.txt}\n")
+    job = next(j for j in expand(load_study_config(tmp_path / "study.yaml").config) if j.name.startswith("scores/retrieval"))
+    with pytest.raises(HeadcountError, match="10000000 tokens .* 512 positions"):
+        call_job(job.fn, job.params, {}, tmp_path / "work", lambda *a: None)

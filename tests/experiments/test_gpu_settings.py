@@ -202,7 +202,7 @@ def test_demo_takes_device_and_both_commands_print_the_total_time(tmp_path, monk
     assert re.search(r"jobs: 2 \(2 ran, 0 reused\) in \d+\.\d s", out), out
     assert RunStore(tmp_path / "run").result("probe-1").result["HEADCOUNT_DEVICE"] == "cpu"
     summary = run_study(tmp_path / "a.yaml", tmp_path / "run", quiet=True)  # resumed: nothing ran
-    assert summary.ran == [] and summary.reused == 2 and 0 <= summary.seconds < 60
+    assert summary.ran == [] and summary.reused == 2 and isinstance(summary.seconds, float) and summary.seconds >= 0
 
 
 def test_demo_refuses_a_device_that_is_not_there(tmp_path, monkeypatch, capsys):

@@ -113,6 +113,53 @@ def test_impossible_requests_are_refused_with_the_nodes():
         RayExecutor(placement_timeout=0)
 
 
+class _FakeRay:
+    """The ray module as the driver's session meets it: two alive nodes, nothing started."""
+
+    def __init__(self):
+        self.nodes = _Fake([Node("a" * 56, "10.0.0.1", cpus=2), Node("b" * 56, "10.0.0.2", cpus=2)]).nodes
+
+    def is_initialized(self):
+        return False
+
+    def cluster_resources(self):
+        return {"CPU": 4.0}
+
+    def shutdown(self):
+        pass
+
+
+@pytest.mark.parametrize("quiet", [False, True])
+def test_the_driver_says_it_connects_and_checks_the_nodes_before_it_waits(quiet, tmp_path, monkeypatch, capsys):
+    """Issue 43: the driver printed nothing for 71 s while it connected and checked the nodes. Each
+    wait is announced first: what stderr held when the connection and the node check began."""
+    import headcount.experiments.runner.ray_executor as rx
+
+    monkeypatch.setitem(sys.modules, "ray", _FakeRay())
+    monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
+    seen = []
+    monkeypatch.setattr(rx, "check_reachable", lambda address: None)
+    monkeypatch.setattr(rx, "connect", lambda ray, address, *a: seen.append(("connect", capsys.readouterr().err)))
+
+    def check_nodes(ray, nodes, *args):
+        seen.append((f"check {len(nodes)}", capsys.readouterr().err))
+        raise HeadcountError(f"node {nodes[1].label} does not see the study's input x (missing or unreadable there)")
+
+    monkeypatch.setattr(rx, "check_nodes", check_nodes)
+    config = tmp_path / "toy.yaml"
+    config.write_text(TOY)
+    code, _, err = run_cli(capsys, "study", config, "--out", tmp_path / "run", "--executor", "ray",
+                           "--address", "10.0.0.9:6379", *(["-q"] if quiet else []))
+    assert code == 2 and err.strip() == "error: node 10.0.0.2 (bbbbbbbb) does not see the study's input x (missing or " \
+        "unreadable there)", err
+    if quiet:
+        assert seen == [("connect", ""), ("check 2", "")]
+    else:
+        assert seen == [("connect", "connecting to Ray at 10.0.0.9:6379...\n"),
+                        ("check 2", "checking 2 nodes (headcount, Python, the job functions, the study's inputs)...\n")]
+    assert not (tmp_path / "run").exists()
+
+
 def noisy(params, inputs, workdir, progress) -> dict:
     print("Some weights of the model were not initialized")
     os.write(2, b"100%|##########| 3/3\r\n")
@@ -137,6 +184,51 @@ def test_a_job_keeps_its_output_and_names_an_input_its_node_does_not_see(tmp_pat
     res = _ray_job("test_ray_cluster:read_data", "k", {"data": str(data), "i": 0}, {}, sys_path, None,
                    expected=expected)
     assert "missing or unreadable here" in res["message"]
+
+
+def reads_its_input(params, inputs, workdir, progress) -> dict:
+    """A job whose input job wrote no files (its result only), as the transfer study's masks are."""
+    up = inputs["up"]
+    return {"n": up.result["n"] + 1, "saved": json.loads((up.dir / "result.json").read_text())["n"],
+            "files": sorted(p.name for p in up.dir.iterdir())}
+
+
+def _finished_without_files(run: Path) -> tuple[Path, dict]:
+    """A finished job's folder with its result and nothing else, and its input spec as the driver ships it."""
+    from headcount.experiments.runner.store import DONE, RESULT
+
+    up = run / "jobs" / "up-1"
+    up.mkdir(parents=True)
+    (up / RESULT).write_text('{"n": 1}\n')
+    (up / DONE).write_text("up-1\n")
+    return up, {"key": "up-1", "kind": "toy", "name": "up", "params": {"n": 1}, "result": {"n": 1}, "meta": {},
+                "dir": str(up), "files": ["its files"]}
+
+
+def test_an_input_that_left_only_its_result_reaches_a_node_without_the_run_directory(tmp_path, monkeypatch):
+    """Issue 43: a job whose input job left only result.json failed with FileNotFoundError on a node
+    that cannot see the run directory (4 of 37 transfer jobs on a 3-node cluster): the shipped
+    files were {} and the inputs folder was made only for a file. Here the driver packs the input,
+    the run directory is then gone (the node does not have it), and the task body runs in another
+    scratch root with the shipped bytes from a stand-in for Ray's object store."""
+    import shutil
+    import tempfile
+    import types
+
+    from headcount.experiments.runner.store import pack_dir
+
+    up, spec = _finished_without_files(tmp_path / "driver" / "run")
+    shipped = {"its files": pack_dir(up)}
+    assert shipped["its files"] == {}  # nothing but the result: nothing to ship
+    shutil.rmtree(tmp_path / "driver")
+    node = tmp_path / "node-scratch"
+    node.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(node))
+    monkeypatch.setitem(sys.modules, "ray", types.SimpleNamespace(get=shipped.__getitem__, is_initialized=lambda: False))
+    res = _ray_job("test_ray_cluster:reads_its_input", "down-1", {}, {"up": spec}, [str(Path(__file__).parent)], None)
+    assert res["ok"], res.get("message")
+    assert res["result"] == {"n": 2, "saved": 1, "files": ["result.json"]}
+    assert list(node.iterdir()) == []  # the task's scratch folder (under the node's root) is gone
 
 
 class _Fake:
@@ -235,6 +327,31 @@ def test_a_node_that_cannot_see_an_input_is_named_before_anything_is_written(clu
 
 
 @pytest.mark.slow
+def test_the_worker_node_gets_an_input_that_left_no_files_through_the_object_store(cluster, tmp_path):
+    """The same on a real Ray node that cannot see the run directory (``hidden/``): the input's
+    (empty) files come from the object store, its result from the spec."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from headcount.experiments.runner.store import pack_dir
+
+    c, hidden, worker = cluster
+    up, spec = _finished_without_files(hidden / tmp_path.name / "run")
+    ray.init(address=c.address, logging_level="ERROR")
+    try:
+        spec["files"] = [ray.put(pack_dir(up))]  # nested, as the executor ships it: fetched on the node
+        task = ray.remote(_ray_job).options(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(
+            worker.node_id, soft=False))
+        res = ray.get(task.remote("test_ray_cluster:reads_its_input", "down-1", {}, {"up": spec},
+                                  RayExecutor._sys_path(), None))  # the driver's sys.path, as the executor sends it
+    finally:
+        ray.shutdown()
+    assert res["where"]["node_id"] == worker.node_id
+    assert res["ok"], res.get("message")
+    assert res["result"] == {"n": 2, "saved": 1, "files": ["result.json"]}
+
+
+@pytest.mark.slow
 def test_a_study_runs_on_the_cluster_of_ray_address_and_records_the_nodes(cluster, tmp_path, monkeypatch, capsys):
     c, hidden, worker = cluster
     monkeypatch.setenv("RAY_ADDRESS", c.address)
@@ -271,6 +388,9 @@ def test_a_study_runs_on_the_cluster_of_ray_address_and_records_the_nodes(cluste
     assert exe.collector_node == exe.driver_node and exe.driver_node in alive  # progress stays on the driver's node
     text = buf.getvalue()
     assert f"jobs per node: {worker.node_ip_address} (" in text and ": drawing" in text
+    # said before each wait: joining the cluster, then checking its two nodes, then the jobs
+    assert text.index(f"connecting to Ray at {c.address}...") < text.index("checking 2 nodes (") \
+        < text.index("jobs per node")
     assert f" on {worker.node_ip_address} (" in text
     jobs = pd.read_csv(tmp_path / "run" / "results" / "jobs.csv")
     assert set(jobs["node_id"]) <= alive

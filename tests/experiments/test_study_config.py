@@ -167,13 +167,50 @@ BOMB = "lol0: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + "".join(
     f"lol{i}: &{c} [{', '.join(['*' + p] * 9)}]\n" for i, p, c in zip(range(1, 9), "abcdefgh", "bcdefghi"))
 
 
-def test_an_alias_bomb_is_refused_at_once():
-    import time
+def distinct_nodes(text: str) -> int:
+    """The nodes of a YAML document as composed (an anchor and its aliases: one node)."""
+    import yaml
 
-    start = time.perf_counter()
-    msg = error_of(GOOD + BOMB)
-    assert time.perf_counter() - start < 0.5
+    from headcount.runtime.yamlfile import _children
+
+    seen, stack = set(), [yaml.compose(text)]
+    while stack:
+        node = stack.pop()
+        if id(node) not in seen:
+            seen.add(id(node))
+            stack.extend(_children(node))
+    return len(seen)
+
+
+def count_expanded(monkeypatch) -> list:
+    """The nodes the loader expands (lists the children of) from now on, and whether it builds values."""
+    import yaml
+
+    from headcount.runtime import yamlfile
+
+    expanded, children, construct = [], yamlfile._children, yaml.SafeLoader.construct_document
+
+    def counting(node):
+        expanded.append(node)
+        return children(node)
+
+    def building(self, node):
+        expanded.append("constructed")
+        return construct(self, node)
+
+    monkeypatch.setattr(yamlfile, "_children", counting)
+    monkeypatch.setattr(yaml.SafeLoader, "construct_document", building)
+    return expanded
+
+
+def test_an_alias_bomb_is_refused_at_once(monkeypatch):
+    """Refused after work that grows with the file (44 nodes here), not with what it expands to (9**9):
+    each node is expanded at most twice (entered, left), and no value is built."""
+    text = GOOD + BOMB
+    expanded = count_expanded(monkeypatch)
+    msg = error_of(text)
     assert "expands to more than 100,000 values" in msg and msg.startswith("cfg.yaml, line ")
+    assert "constructed" not in expanded and 0 < len(expanded) <= 2 * distinct_nodes(text) < 100
 
 
 def test_an_alias_inside_itself_is_refused():
@@ -187,9 +224,7 @@ def test_aliases_that_stay_small_are_read():
     assert lines[("c",)] == 3
 
 
-def test_a_task_yaml_uses_the_same_loader(tmp_path):
-    import time
-
+def test_a_task_yaml_uses_the_same_loader(tmp_path, monkeypatch):
     from training_helpers import make_task
 
     from headcount.data.tasks import load_task_yaml
@@ -200,10 +235,10 @@ def test_a_task_yaml_uses_the_same_loader(tmp_path):
     with pytest.raises(HeadcountError, match=r"task\.yaml, line \d+: key 'name' appears twice \(first on line 1\)"):
         load_task_yaml(path)
     path.write_text(text + BOMB)
-    start = time.perf_counter()
+    expanded = count_expanded(monkeypatch)
     with pytest.raises(HeadcountError, match="expands to more than"):
         load_task_yaml(path)
-    assert time.perf_counter() - start < 0.5
+    assert "constructed" not in expanded and 0 < len(expanded) <= 2 * distinct_nodes(text + BOMB)
     path.write_text(text + "description: [1\n")
     with pytest.raises(HeadcountError, match="not valid YAML"):
         load_task_yaml(path)
@@ -265,3 +300,59 @@ def test_study_values_are_bounded(study, old, new, needle):
     with pytest.raises(HeadcountError) as e:
         parse_study_config(text.replace(old, new), "demo.yaml", base_dir=CONFIGS)
     assert needle in str(e.value) and f"'{study}." in str(e.value)
+
+
+# --- round 4: a study module beside its config ------------------------------------------------------------
+STUDY_MODULE = '''
+from headcount.experiments.runner import Job, StudyConfig, register_study
+
+
+class BesideConfig(StudyConfig):
+    n: int = 2
+
+
+def make(params, inputs, workdir, progress):
+    (workdir / "made.txt").write_text(str(params["i"]))
+    return {"i": params["i"]}
+
+
+register_study("beside", BesideConfig,
+               lambda c: [Job(f"make-{i}", "beside", __name__ + ":make", {"i": i}) for i in range(c.n)])
+'''
+
+
+def test_a_study_module_beside_its_config_is_found_without_pythonpath(tmp_path, monkeypatch, capsys):
+    """Issue 43: ``study: mystudy:name`` with mystudy.py beside the config needed PYTHONPATH. The
+    config's folder goes on the import path (last: it never shadows an installed package), and so
+    into the sys.path the Ray executor sends its nodes."""
+    import importlib.util
+    import sys
+
+    from cli_helpers import run_cli
+
+    from headcount.experiments.runner import RayExecutor, RunStore, registry
+
+    module = "hc_study_beside_its_config"
+    folder = tmp_path / "my study"
+    folder.mkdir()
+    (folder / f"{module}.py").write_text(STUDY_MODULE)
+    config = folder / "study.yaml"
+    config.write_text(f"study: {module}:beside\n")
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    try:
+        assert importlib.util.find_spec(module) is None  # not importable as things are
+        loaded = load_study_config(config)
+        assert loaded.study_type.name == "beside" and loaded.config.n == 2
+        assert sys.path[-1] == str(folder.resolve()) and sys.path.count(sys.path[-1]) == 1
+        assert str(folder.resolve()) in RayExecutor._sys_path()  # what the nodes receive
+        code, out, err = run_cli(capsys, "study", config, "--out", tmp_path / "run", "--no-report", "-q")
+        assert code == 0, err
+        assert RunStore(tmp_path / "run").result("make-1").result == {"i": 1}
+        assert sys.path.count(str(folder.resolve())) == 1  # loaded twice, added once
+        # a module that is not beside the config is still refused with one line
+        (tmp_path / "other.yaml").write_text("study: hc_study_nowhere:nowhere\n")
+        with pytest.raises(HeadcountError, match=r"other.yaml, line 1: cannot import study module 'hc_study_nowhere'"):
+            load_study_config(tmp_path / "other.yaml")
+    finally:
+        sys.modules.pop(module, None)

@@ -31,15 +31,23 @@ short row's first slots (its sinks) are padding, which the padding mask hides.
 
 Outside a budget cache (no cache, a ``DynamicCache``) the switched model runs transformers' sdpa
 attention; ``with hc.apply_kv_budget(...) as cache:`` switches it back on exit.
+
+**One budget at a time.** The switch is the model's (its configs' attention implementation);
+the cache that made it owns it and records what every config ran before. A second
+``apply_kv_budget`` while that cache lives unrestored is refused in one line (a silent second
+switch would record the budget attention as "before", and its ``restore()`` would leave the model
+on it); a cache gone without restoring (garbage-collected) hands its record to the next apply.
 """
 
 from __future__ import annotations
 
+import os
+import weakref
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from transformers import AttentionInterface
+from transformers import AttentionInterface, PretrainedConfig
 from transformers.cache_utils import Cache, CacheLayerMixin
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
@@ -243,8 +251,7 @@ class KVBudgetCache(Cache):
         super().__init__(layers=[KVBudgetLayer(budget, layer) for layer in range(budget.n_layers)])
         self.budget = budget
         self._config = config
-        self._model_ref = None  # the model apply_kv_budget switched, and what it ran before
-        self._previous: str | None = None
+        self._model_ref = None  # the model apply_kv_budget switched (its record: _SWITCHED)
 
     def update(self, key_states, value_states, layer_idx: int, *args, **kwargs):
         if self._config is not None and self._config._attn_implementation != ATTENTION:
@@ -263,10 +270,61 @@ class KVBudgetCache(Cache):
         self.restore()
 
     def restore(self) -> None:
-        """Switch the model back to the attention it ran before [`apply_kv_budget`][headcount.core.kvcache.apply_kv_budget]."""
-        if self._previous is not None and self._model_ref is not None:
-            self._model_ref.set_attn_implementation(self._previous)
-            self._previous = None
+        """Switch the model back to the attention it ran before [`apply_kv_budget`][headcount.core.kvcache.apply_kv_budget]
+        (every config as it was). Once: a second call, or a call after a later apply took the
+        model over, does nothing."""
+        model = self._model_ref
+        switch = _SWITCHED.get(model) if model is not None else None
+        if switch is not None and switch.owner() is self:
+            for config, implementation in switch.before:
+                config._attn_implementation_internal = implementation
+            del _SWITCHED[model]
+        self._model_ref = None
+
+
+# --- who switched a model ----------------------------------------------------------------------
+@dataclass
+class _Switch:
+    """A model switched to the budget attention: what each of its configs ran before (``(config,
+    _attn_implementation_internal)``) and the cache that owns the switch (a weak reference)."""
+
+    before: list[tuple[object, object]]
+    owner: weakref.ref
+
+
+#: model -> its switch (weak keys: a model that is gone takes its record with it)
+_SWITCHED: "weakref.WeakKeyDictionary[torch.nn.Module, _Switch]" = weakref.WeakKeyDictionary()
+
+
+def _attention_state(model) -> list[tuple[object, object]]:
+    """``(config, its _attn_implementation_internal)`` of every config ``set_attn_implementation``
+    may change: the model's, its sub-models', and their sub-configs at any depth."""
+    todo = [model.config] + [getattr(m, "config", None) for m in model.modules() if m is not model]
+    configs: list = []
+    while todo:
+        config = todo.pop()
+        if not isinstance(config, PretrainedConfig) or any(config is c for c in configs):
+            continue
+        configs.append(config)
+        todo += [getattr(config, key, None) for key in (getattr(config, "sub_configs", None) or {})]
+    return [(c, getattr(c, "_attn_implementation_internal", None)) for c in configs]
+
+
+def _take_switch(model) -> list[tuple[object, object]]:
+    """What the model ran before its switch: recorded now, or handed over by a cache that is gone
+    without restoring. Refuses a model a live cache holds, or one switched by other means."""
+    switch = _SWITCHED.get(model)
+    owner = switch.owner() if switch is not None else None
+    if owner is not None:
+        raise HeadcountError("a KV budget is already applied to this model (an apply_kv_budget whose cache was not "
+                             "restored): call restore() on that cache, or leave its with block, first; one budget at "
+                             "a time")
+    if switch is not None and model.config._attn_implementation == ATTENTION:
+        return switch.before
+    if model.config._attn_implementation == ATTENTION:
+        raise HeadcountError(f"the model already runs {ATTENTION!r} attention, and no KV-budget cache switched it (a "
+                             "copy of a switched model?): model.set_attn_implementation('sdpa') (or its own) first")
+    return _attention_state(model)
 
 
 # --- the attention function --------------------------------------------------------------------
@@ -371,7 +429,7 @@ AttentionMaskInterface.register(ATTENTION, sdpa_mask)
 
 
 # --- the user's entry point --------------------------------------------------------------------
-def apply_kv_budget(model, budget: KVBudget | str) -> KVBudgetCache:
+def apply_kv_budget(model, budget: KVBudget | str | os.PathLike) -> KVBudgetCache:
     """Switch ``model`` to the KV-budget attention and return an empty cache for ``budget``.
 
     Args:
@@ -387,24 +445,33 @@ def apply_kv_budget(model, budget: KVBudget | str) -> KVBudgetCache:
         ``with`` block.
 
     Raises:
-        HeadcountError: the budget does not fit the model (layers, query or KV heads, head size),
-            or the file is missing or malformed.
+        HeadcountError: the budget does not fit the model (layers, query or KV heads, head size,
+            the layers' own sliding windows), the model has sliding-window layers (not run yet),
+            a budget is already applied to it (restore that cache first: one at a time), an
+            argument is not a model or a budget, or the file is missing or malformed.
 
     >>> with hc.apply_kv_budget(model, "budget.json") as cache:          # doctest: +SKIP
     ...     out = model.generate(**inputs, cache=cache, max_new_tokens=32, do_sample=False)
     """
+    if not isinstance(model, torch.nn.Module) or getattr(model, "config", None) is None:
+        raise HeadcountError(f"apply_kv_budget's 'model' must be a transformers decoder (a torch module with a "
+                             f".config), got {type(model).__name__}")
+    if not isinstance(budget, (KVBudget, str, os.PathLike)):
+        raise HeadcountError(f"apply_kv_budget's 'budget' must be a KVBudget or the path of a budget.json, got "
+                             f"{type(budget).__name__}" + (" (KVBudget.from_dict reads one)" if isinstance(budget, dict)
+                                                           else ""))
     if not isinstance(budget, KVBudget):
         budget = KVBudget.load(budget)
     budget.check_model(model)
-    cache = KVBudgetCache(budget, model.config)
-    previous = model.config._attn_implementation
-    cache._model_ref = model
-    if previous != ATTENTION:
+    before = _take_switch(model)
+    if model.config._attn_implementation != ATTENTION:
         model.set_attn_implementation(ATTENTION)
         if model.config._attn_implementation != ATTENTION:
             raise HeadcountError(f"{type(model).__name__} cannot switch its attention implementation (its attention "
                                  "does not use transformers' AttentionInterface): no KV budget for it")
-        cache._previous = previous
+    cache = KVBudgetCache(budget, model.config)
+    cache._model_ref = model
+    _SWITCHED[model] = _Switch(before, weakref.ref(cache))
     return cache
 
 

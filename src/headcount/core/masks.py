@@ -24,6 +24,7 @@ import torch
 from headcount.core.gates import layout
 from headcount.runtime.atomic import atomic_write_json
 from headcount.runtime.errors import HeadcountError
+from headcount.runtime.jsonfile import parse_json
 
 
 #: the most layers (and heads per layer) a mask file may give: no encoder has more, and a
@@ -264,7 +265,7 @@ class Mask:
         if not path.is_file():
             raise HeadcountError(f"mask file not found: {path}")
         try:
-            d = json.loads(path.read_text(encoding="utf-8"))
+            d = parse_json(path.read_text(encoding="utf-8"), f"mask file {path}")  # huge integers, deep nesting: one line
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise HeadcountError(f"mask file {path} is not JSON: {e}") from None
         return cls.from_dict(d)

@@ -21,6 +21,12 @@ rank last.
 The memory arithmetic: a full KV head holds ``context`` tokens, a streaming one
 ``min(context, sink + window)``; each token costs ``2 x head_dim x`` bytes per element (K and V)
 in every KV head, so the fraction of the full cache is the fraction of token slots.
+
+Layers with a sliding window of their own (``model_window``, from
+[`model_windows`][headcount.core.kvbudget.model_windows]) keep ``min(context, W - 1)`` tokens in
+the model's cache: the target is a fraction of that real cache, their KV heads keep the model's
+own window (a fixed cost) and only the layers that cache every token are budgeted; a model whose
+every layer is windowed has nothing to budget (refused).
 """
 
 from __future__ import annotations
@@ -141,35 +147,72 @@ def kv_head_scores(heads: list[list[float]], n_kv: int) -> list[list[float]]:
 
 
 # --- choosing the full heads -------------------------------------------------------------------
+def _open_layers(n_layers: int, model_window) -> tuple[tuple[int | None, ...], list[int]]:
+    """``(model_window per layer, the layers that cache every token)``: the only ones a budget streams."""
+    windows = KVBudget.full_cache(n_layers, 1, 1, 1, model_window=model_window).model_window
+    open_layers = [layer for layer, w in enumerate(windows) if w is None]
+    if not open_layers:
+        raise HeadcountError(f"every layer of the model attends within a sliding window ({max(windows)} tokens: its "
+                             "own cache is bounded already): a KV budget has no layer to stream")
+    return windows, open_layers
+
+
+def _windowed_share(windows: tuple[int | None, ...], context: int) -> str:
+    """``" with the windowed layers' own windows (...)"``, or ``""`` for a model without them: what
+    a refusal adds when the windowed layers' fixed cost is part of the arithmetic."""
+    own = KVBudget.full_cache(len(windows), 1, 1, 1, model_window=windows)
+    if all(w is None for w in windows):
+        return ""
+    share = 1 - sum(own.cached(context)[layer] for layer, w in enumerate(windows) if w is None) / sum(own.cached(context))
+    n = sum(w is not None for w in windows)
+    return (f" with the windowed layers' own windows ({n} of {len(windows)} layers: {share:.3f} of the model's own "
+            "cache by themselves)")
+
+
+def _streaming(n_layers: int, n_heads: int, n_kv: int, head_dim: int, sink: int, window: int,
+               windows: tuple[int | None, ...]) -> KVBudget:
+    """Every KV head of the layers that cache every token streams; the windowed layers' keep the model's window."""
+    rows = [((None, None) if w is not None else (sink, window)) for w in windows]
+    return KVBudget([(s,) * n_kv for s, _ in rows], [(w,) * n_kv for _, w in rows], n_heads, head_dim,
+                    model_window=windows)
+
+
 def _fits(budget: KVBudget, s: KVBudgetSettings) -> bool:
     full = budget.full_bytes(s.context, element_size=s.element_size)
     return budget.kv_bytes(s.context, element_size=s.element_size) <= s.memory * full * (1 + 1e-12)
 
 
-def n_full_allowed(n_layers: int, n_heads: int, n_kv: int, head_dim: int, s: KVBudgetSettings) -> int:
-    """How many KV heads may keep the full cache, the others streaming with ``s.sink`` and
-    ``s.window``, with the cache at ``s.context`` tokens within ``s.memory`` of the full one.
+def n_full_allowed(n_layers: int, n_heads: int, n_kv: int, head_dim: int, s: KVBudgetSettings, *,
+                   model_window=None) -> int:
+    """How many KV heads (of the layers that cache every token) may keep the full cache, the
+    others streaming with ``s.sink`` and ``s.window``, with the cache at ``s.context`` tokens
+    within ``s.memory`` of the model's own (``model_window``: its layers' sliding windows).
 
     Raises:
-        HeadcountError: the target is below what every head's sink + window takes.
+        HeadcountError: the target is below what every head's sink + window takes, or every
+            layer is windowed (nothing to budget).
 
     >>> n_full_allowed(30, 9, 3, 64, KVBudgetSettings(memory=0.5, context=2048, sink=4, window=256))
     38
     """
-    stream = KVBudget.uniform(n_layers, n_heads, n_kv, head_dim, sink=s.sink, window=s.window)
-    total = n_layers * n_kv
+    windows, open_layers = _open_layers(n_layers, model_window)
+    stream = _streaming(n_layers, n_heads, n_kv, head_dim, s.sink, s.window, windows)
+    total = len(open_layers) * n_kv  # the KV heads a budget may stream
     if not _fits(stream, s):
         low = stream.kv_bytes(s.context, element_size=s.element_size)
         full = stream.full_bytes(s.context, element_size=s.element_size)
+        local = _windowed_share(windows, s.context)
         raise HeadcountError(
             f"--memory {s.memory:g} is below the smallest cache these settings allow: every KV head's sink + window "
-            f"({s.sink} + {s.window} tokens) takes {low:,} of the full {full:,} bytes at {s.context} tokens "
+            f"({s.sink} + {s.window} tokens){local} takes {low:,} of the full {full:,} bytes at {s.context} tokens "
             f"({low / full:.4f}); lower --sink / --window or raise --memory")
     per_stream = min(s.context, s.sink + s.window)
     if per_stream >= s.context:  # a window that covers the context costs (and does) what the full cache does
         return total
-    # total slots: k x context + (total - k) x per_stream <= memory x total x context
-    k = math.floor((s.memory * total * s.context - total * per_stream) / (s.context - per_stream) + 1e-9)
+    fixed = n_kv * sum(stream.cached(s.context)[layer] for layer, w in enumerate(windows) if w is not None)
+    # slots: k x context + (total - k) x per_stream + fixed <= memory x (total x context + fixed)
+    k = math.floor((s.memory * (total * s.context + fixed) - fixed - total * per_stream) / (s.context - per_stream)
+                   + 1e-9)
     return max(0, min(total, k))
 
 
@@ -193,13 +236,14 @@ def _made(budget: KVBudget, s: KVBudgetSettings, made_from: dict) -> KVBudget:
             "n_full": budget.n_full, "n_streaming": budget.n_layers * budget.n_kv_heads - budget.n_full,
             "bytes": {"context": s.context, "batch": 1, "dtype": s.dtype, "full_cache": full, "budget": used,
                       "ratio": used / full}}
-    return KVBudget(budget.sink, budget.window, budget.n_heads, budget.head_dim, meta)
+    return KVBudget(budget.sink, budget.window, budget.n_heads, budget.head_dim, meta, budget.model_window)
 
 
 def budget_from_scores(kv_scores: list[list[float]], n_heads: int, head_dim: int, settings: KVBudgetSettings,
-                       meta: dict | None = None) -> KVBudget:
+                       meta: dict | None = None, *, model_window=None) -> KVBudget:
     """The KV heads with the highest scores keep the full cache, as many as ``settings.memory``
-    allows; the others stream with ``settings.sink`` and ``settings.window``.
+    allows; the others stream with ``settings.sink`` and ``settings.window`` (of the layers that
+    cache every token: a windowed layer's heads keep the model's own window, whatever their score).
 
     Args:
         kv_scores: ``[n_layers][n_kv_heads]`` (higher = needs the long context more).
@@ -207,6 +251,7 @@ def budget_from_scores(kv_scores: list[list[float]], n_heads: int, head_dim: int
         head_dim: size of one head.
         settings: the memory target and the streaming heads' sizes.
         meta: what the scores came from (written into the budget).
+        model_window: the model's sliding window per layer (None: every layer caches every token).
 
     Examples:
         >>> s = KVBudgetSettings(memory=0.6, context=100, sink=4, window=16)
@@ -215,30 +260,35 @@ def budget_from_scores(kv_scores: list[list[float]], n_heads: int, head_dim: int
         ([[False, True], [True, False]], 0.6)
     """
     n_layers, n_kv = len(kv_scores), len(kv_scores[0])
-    k = n_full_allowed(n_layers, n_heads, n_kv, head_dim, settings)
-    stream = KVBudget.uniform(n_layers, n_heads, n_kv, head_dim, sink=settings.sink, window=settings.window)
-    chosen = rank_kv_heads(kv_scores)[:k]
+    k = n_full_allowed(n_layers, n_heads, n_kv, head_dim, settings, model_window=model_window)
+    windows, _ = _open_layers(n_layers, model_window)
+    stream = _streaming(n_layers, n_heads, n_kv, head_dim, settings.sink, settings.window, windows)
+    chosen = [head for head in rank_kv_heads(kv_scores) if windows[head[0]] is None][:k]
     return _made(stream.with_full(chosen), settings,
                  {"mode": "scores", **(meta or {}), "sink": settings.sink, "window": settings.window,
                   "kv_scores": kv_scores})
 
 
 def random_budget(n_layers: int, n_heads: int, n_kv: int, head_dim: int, settings: KVBudgetSettings, seed: int,
-                  meta: dict | None = None) -> KVBudget:
+                  meta: dict | None = None, *, model_window=None) -> KVBudget:
     """As many full KV heads as [`budget_from_scores`][headcount.importance.budgets.budget_from_scores] would keep, chosen uniformly at
-    random (``seed``: Python's ``random.Random``, the same choice on every machine)."""
-    k = n_full_allowed(n_layers, n_heads, n_kv, head_dim, settings)
-    heads = [(layer, head) for layer in range(n_layers) for head in range(n_kv)]
+    random (``seed``: Python's ``random.Random``, the same choice on every machine) among the
+    layers that cache every token."""
+    k = n_full_allowed(n_layers, n_heads, n_kv, head_dim, settings, model_window=model_window)
+    windows, open_layers = _open_layers(n_layers, model_window)
+    heads = [(layer, head) for layer in open_layers for head in range(n_kv)]
     chosen = sorted(random.Random(seed).sample(heads, k))
-    stream = KVBudget.uniform(n_layers, n_heads, n_kv, head_dim, sink=settings.sink, window=settings.window)
+    stream = _streaming(n_layers, n_heads, n_kv, head_dim, settings.sink, settings.window, windows)
     return _made(stream.with_full(chosen), settings,
                  {"mode": "random", **(meta or {}), "seed": seed, "sink": settings.sink, "window": settings.window})
 
 
 def uniform_budget(n_layers: int, n_heads: int, n_kv: int, head_dim: int, settings: KVBudgetSettings,
-                   window: int | None = None, meta: dict | None = None) -> KVBudget:
+                   window: int | None = None, meta: dict | None = None, *, model_window=None) -> KVBudget:
     """Every KV head streams with ``settings.sink`` and a window of ``window`` tokens, or (None)
-    the widest window the memory target allows: ``floor(memory x context) - sink`` tokens.
+    the widest window the memory target allows: ``floor(memory x context) - sink`` tokens
+    (with windowed layers, whose heads keep the model's own window: what the target leaves them,
+    shared by the KV heads of the layers that cache every token).
 
     Raises:
         HeadcountError: the target leaves fewer tokens than the sink, or the window given
@@ -248,13 +298,18 @@ def uniform_budget(n_layers: int, n_heads: int, n_kv: int, head_dim: int, settin
     (46, 46)
     """
     s = settings
+    windows, open_layers = _open_layers(n_layers, model_window)
     if window is None:
-        slots = math.floor(s.memory * s.context + 1e-9)
+        own = KVBudget.full_cache(n_layers, n_heads, n_kv, head_dim, model_window=windows).cached(s.context)
+        fixed = sum(own[layer] for layer, w in enumerate(windows) if w is not None) / len(open_layers)
+        # per open KV head: memory x (context + fixed) - fixed = memory x context - (1 - memory) x fixed
+        slots = math.floor(s.memory * s.context - (1 - s.memory) * fixed + 1e-9)
         if slots < s.sink:
-            raise HeadcountError(f"--memory {s.memory:g} gives each KV head {slots} of {s.context} tokens, fewer "
-                                 f"than its --sink {s.sink}: lower --sink or raise --memory")
+            raise HeadcountError(f"--memory {s.memory:g} gives each KV head {max(slots, 0)} of {s.context} tokens"
+                                 f"{_windowed_share(windows, s.context)}, fewer than its --sink {s.sink}: lower --sink "
+                                 "or raise --memory")
         window = slots - s.sink
-    budget = KVBudget.uniform(n_layers, n_heads, n_kv, head_dim, sink=s.sink, window=window)
+    budget = _streaming(n_layers, n_heads, n_kv, head_dim, s.sink, window, windows)
     if not _fits(budget, s):
         raise HeadcountError(f"--sink {s.sink} + --window {window} tokens per KV head exceed --memory {s.memory:g} "
                              f"of the full cache at {s.context} tokens; leave --window out to fit it")

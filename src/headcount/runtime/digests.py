@@ -13,11 +13,12 @@ smaller ones cost less to hash than to look up.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 from headcount.runtime.atomic import atomic_write_json
+from headcount.runtime.errors import HeadcountError
+from headcount.runtime.jsonfile import parse_json
 from headcount.runtime.paths import cache_root, sha256_file
 
 _MEMORY: dict[str, str] = {}
@@ -40,8 +41,8 @@ def _disk() -> dict[str, str]:
     if _DISK is None:
         path = _cache_path()
         try:
-            data = json.loads(path.read_text(encoding="utf-8")) if path is not None and path.is_file() else {}
-        except (OSError, ValueError):
+            data = parse_json(path.read_text(encoding="utf-8")) if path is not None and path.is_file() else {}
+        except (OSError, ValueError, HeadcountError):  # a corrupt cache is rebuilt
             data = {}
         _DISK = ({k: v for k, v in data.items() if isinstance(v, str) and len(v) == _HEX}
                  if isinstance(data, dict) else {})

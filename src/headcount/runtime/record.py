@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
-import json
 import os
 import posixpath
 import re
@@ -44,6 +43,7 @@ from headcount.runtime.atomic import (
     tmp_session,
 )
 from headcount.runtime.errors import HeadcountError
+from headcount.runtime.jsonfile import parse_json
 
 RECORD = ".headcount-out.json"
 LOCK_NAME = ".headcount.lock"
@@ -169,8 +169,8 @@ class Record:
         if not path.is_file() or path.is_symlink():
             return None
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+            data = parse_json(path.read_text(encoding="utf-8"), str(path))
+        except (OSError, ValueError, HeadcountError):  # HeadcountError: huge integers, deep nesting
             return None
         if (not isinstance(data, dict) or data.get("headcount_record") != FORMAT
                 or not isinstance(data.get("command"), str) or not isinstance(data.get("files"), dict)

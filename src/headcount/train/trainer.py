@@ -13,6 +13,8 @@ import numpy as np
 import torch
 
 from headcount.runtime.atomic import SESSION, TMP_PREFIX
+from headcount.runtime.errors import HeadcountError
+from headcount.runtime.jsonfile import parse_json
 from headcount.runtime.written import claim_under, move_listed, remove_written, write_listed_json
 from headcount.train.config import TrainConfig, _use_cpu, use_bf16
 from headcount.train.data import EncodedDataset, LengthGroupedEpochSampler, _FixedOrder, _tasks
@@ -280,14 +282,15 @@ def last_complete_checkpoint(ckpt_dir: Path, discard: bool = True) -> str | None
 
 def remove_checkpoint(path: Path) -> None:
     """Remove a checkpoint folder: inside a command's ``--out``, only the files its record lists
-    ([`headcount.runtime.written.remove_written`][headcount.runtime.written.remove_written]; a user's file stays, with its folders); a
-    library caller's own folder (a study job's private one) goes whole."""
+    ([`headcount.runtime.written.remove_written`][headcount.runtime.written.remove_written]; a user's file stays, with its folders), and so in a
+    study job's folder, which the local executor opens as such a guard
+    ([`headcount.experiments.runner.jobfiles.job_guard`][headcount.experiments.runner.jobfiles.job_guard]); a library caller's own folder goes whole."""
     if not remove_written(path):
         shutil.rmtree(path, ignore_errors=True)
 
 
 def _read_json(path: Path):
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+        return parse_json(path.read_text(encoding="utf-8"), str(path))
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError, HeadcountError):  # HeadcountError: huge or deep
         return None

@@ -18,6 +18,7 @@ from headcount.analysis.patterns.features import CLASSES, _to_numpy
 from headcount.analysis.patterns.layout import center_pad
 from headcount.runtime.atomic import atomic_path, atomic_write_json, atomic_write_text
 from headcount.runtime.errors import HeadcountError
+from headcount.runtime.jsonfile import parse_json
 
 #: Label spellings read as ``vertical`` (Kovaleva et al.'s three vertical classes).
 _VERTICAL_VARIANTS: tuple[str, ...] = tuple(f"{n}{sep}vertical" for n in ("single", "double", "multiple")
@@ -62,7 +63,7 @@ def _read_labels(path: Path) -> list:
         raise HeadcountError(f"labels file {path} is not UTF-8 text") from None
     if suffix == ".json":
         try:
-            data = json.loads(text)
+            data = parse_json(text, f"labels file {path}")
         except json.JSONDecodeError as e:
             raise HeadcountError(f"{path} is not valid JSON: {e.msg} (line {e.lineno})") from None
         if isinstance(data, dict):

@@ -20,6 +20,7 @@ from headcount.importance.budgets import KVBudgetSettings
 from headcount.runtime.bounds import SEED
 from headcount.runtime.errors import HeadcountError
 from headcount.runtime.io import prepare_out
+from headcount.runtime.jsonfile import read_json
 
 BUDGET_FILES = ("budget.json",)
 #: the window of the streaming heads when --window is left out (--uniform: sized to --memory)
@@ -27,12 +28,14 @@ WINDOW_HELP = (f"tokens a streaming KV head keeps before the current one (defaul
                "DuoAttention's; --uniform: the widest window --memory allows)")
 
 
-def _model_shape(spec: str) -> tuple[int, int, int, int]:
-    """``(n_layers, n_heads, n_kv_heads, head_dim)`` of a decoder, from its config alone."""
+def _model_shape(spec: str) -> tuple[int, int, int, int, tuple[int | None, ...]]:
+    """``(n_layers, n_heads, n_kv_heads, head_dim, model_window)`` of a decoder, from its config
+    alone (``model_window``: each layer's own sliding window, None where it caches every token)."""
     import transformers
 
     from headcount.core.arch import get_adapter
     from headcount.core.gguf import gguf_source
+    from headcount.core.kvbudget import model_windows
     from headcount.core.models import resolve
 
     path, kwargs = gguf_source(resolve(spec))
@@ -45,17 +48,15 @@ def _model_shape(spec: str) -> tuple[int, int, int, int]:
     n_kv = adapter.num_kv_heads(config)
     if n_kv is None:
         raise HeadcountError(f"{spec} is an encoder: a KV budget needs a decoder (a model with a key/value cache)")
-    return int(config.num_hidden_layers), adapter.num_heads(config), n_kv, adapter.head_dim(config)
+    return (int(config.num_hidden_layers), adapter.num_heads(config), n_kv, adapter.head_dim(config),
+            model_windows(config))
 
 
 def _scores_model(scores: Path | None) -> str | None:
-    """The model a scores file names (``"model"``), if it can be read."""
-    import json
-
-    try:
-        d = json.loads(scores.read_bytes().decode("utf-8")) if scores is not None else None
-    except (OSError, UnicodeDecodeError, ValueError):
-        return None  # read_scores says what is wrong with it
+    """The model a scores file names (``"model"``); a file that cannot be read (missing, corrupt,
+    an integer beyond 64 bits, nesting too deep) is refused here in read_json's line, not as "give
+    --model", which would hide what is wrong with it."""
+    d = read_json(scores, "scores file") if scores is not None else None
     return d.get("model") if isinstance(d, dict) and isinstance(d.get("model"), str) else None
 
 
@@ -81,6 +82,7 @@ def kv_budget(
     force: bool = typer.Option(False, "--force", help="replace an earlier kv-budget output with other inputs in --out"),
 ):
     """Per-KV-head KV cache budget (full cache or sink + window) under a memory target -> budget.json."""
+    from headcount.core.kvbudget import check_no_windows
     from headcount.importance.budgets import (
         budget_from_scores,
         random_budget,
@@ -100,20 +102,25 @@ def kv_budget(
         raise HeadcountError("give --model (the scores file names none)" if scores is not None else "give --model")
     settings = KVBudgetSettings(memory=memory, context=context, sink=sink,
                               window=KVBudgetSettings().window if window is None else window, dtype=dtype)
-    n_layers, n_heads, n_kv, head_dim = _model_shape(spec)
+    n_layers, n_heads, n_kv, head_dim, windows = _model_shape(spec)
+    try:  # refused here, not at the budget's first forward: the budget attention runs no sliding window yet
+        check_no_windows(windows, context)
+    except HeadcountError as e:
+        raise HeadcountError(f"{spec}: {e}") from None
     made_from: dict[str, object] = {"model": spec}
     if mode == "scores":
         kv_scores, doc, pooling = read_scores(scores, n_layers, n_heads, n_kv)
         made_from.update({"scores": str(scores), "method": doc.get("method"), "objective": doc.get("objective"),
                           "task": doc.get("task"), "pooling": pooling})
-        budget = budget_from_scores(kv_scores, n_heads, head_dim, settings, made_from)
+        budget = budget_from_scores(kv_scores, n_heads, head_dim, settings, made_from, model_window=windows)
         bad = sum(1 for row in kv_scores for v in row if not math.isfinite(v))
         if bad:
             typer.echo(f"warning: {bad} KV-head scores are not finite: they rank last (streaming)")
     elif mode == "random":
-        budget = random_budget(n_layers, n_heads, n_kv, head_dim, settings, random_seed, made_from)
+        budget = random_budget(n_layers, n_heads, n_kv, head_dim, settings, random_seed, made_from,
+                               model_window=windows)
     else:
-        budget = uniform_budget(n_layers, n_heads, n_kv, head_dim, settings, window, made_from)
+        budget = uniform_budget(n_layers, n_heads, n_kv, head_dim, settings, window, made_from, model_window=windows)
 
     identity = run_identity({"model": spec, "mode": mode, "memory": memory, "context": context, "sink": sink,
                              "window": window, "seed": random_seed, "dtype": dtype, "scores": str(scores)},

@@ -29,6 +29,8 @@ from headcount.data.tasks.niah_examples import (
     NiahExample,
     NiahSpec,
     Template,
+    chat_template_source,
+    check_positions,
     exact_match,
     find_needle_idx,
     generate,
@@ -108,6 +110,7 @@ class NiahTask(Task):
             rows = Table({k: [v[i] for i in idx] for k, v in table.columns.items()} if idx is not None
                          else table.columns, table.where)
             return ruler_examples(rows, f"task {self.name}, split {split} ({table.where})", tokenizer)
+        check_positions(src.spec, tokenizer)  # before the haystack is read and any example built
         idx = subset_indices(src.spec.examples, max_examples, seed)
         return generate(src.haystack(split), tokenizer, spec=src.spec, indices=None if idx is None else idx.tolist(),
                         stream=SPLITS.index(split) if split in SPLITS else 0)
@@ -233,6 +236,7 @@ def is_niah(task) -> bool:
 
 
 __all__ = ["ACTIVITIES", "ADJECTIVES", "CITIES", "KIND", "METRIC", "NEEDLES", "NOUNS", "REFERENCE_DEPTHS",
-           "TEMPLATES", "NiahBatch", "NiahExample", "NiahSource", "NiahSpec", "NiahTask", "Template", "exact_match",
+           "TEMPLATES", "NiahBatch", "NiahExample", "NiahSource", "NiahSpec", "NiahTask", "Template",
+           "chat_template_source", "check_positions", "exact_match",
            "find_needle_idx", "generate", "is_niah", "make_needle", "niah_batches", "niah_task", "niah_task_yaml",
            "offline_haystack", "render", "rouge1_recall", "ruler_examples", "stop_ids"]

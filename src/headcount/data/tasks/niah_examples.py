@@ -32,6 +32,7 @@ import re
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -195,8 +196,41 @@ def render(template: Template, context: str, question: str, prefix: str, tokeniz
     if not getattr(tokenizer, "chat_template", None):
         raise HeadcountError("the niah template book-chat needs a tokenizer with a chat template; "
                              "this model's has none: use template passkey or book")
-    return tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
-                                         add_generation_prompt=True)
+    try:  # the template is the model's code, run in transformers' Jinja sandbox (kept as it is)
+        return tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                             add_generation_prompt=True)
+    except Exception as e:
+        if not _template_fault(e):
+            raise
+        line = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        at = f" (line {e.lineno})" if isinstance(getattr(e, "lineno", None), int) else ""
+        raise HeadcountError(f"the chat template of {chat_template_source(tokenizer)} fails{at}: {type(e).__name__}: "
+                             f"{line[:200]}; fix the template, or use template passkey or book") from None
+
+
+#: what a chat template's own code can raise besides Jinja's errors (a TypeError inside an
+#: expression, a range the sandbox caps, a division by zero, a missing key or attribute, a macro
+#: that recurses without end)
+_TEMPLATE_FAULTS = (TypeError, ValueError, ArithmeticError, LookupError, AttributeError, RecursionError)
+
+
+def _template_fault(e: Exception) -> bool:
+    """Whether ``e`` is the chat template's fault: a Jinja error (syntax, the sandbox's
+    SecurityError, ``raise_exception``'s TemplateError, an undefined name) or one of ``_TEMPLATE_FAULTS``."""
+    return type(e).__module__.split(".")[0] == "jinja2" or isinstance(e, _TEMPLATE_FAULTS)
+
+
+def chat_template_source(tokenizer) -> str:
+    """Where ``tokenizer``'s chat template comes from, in words: the model's tokenizer and the file
+    in its folder that holds the template (``chat_template.jinja``, else ``chat_template.json``,
+    else ``tokenizer_config.json``), or its name (a hub id, a GGUF file) when it has no folder."""
+    name = str(getattr(tokenizer, "name_or_path", "") or "")
+    folder = Path(name).expanduser() if name else None
+    if folder is not None and folder.is_dir():
+        for file in ("chat_template.jinja", "chat_template.json", "tokenizer_config.json"):
+            if (folder / file).is_file():
+                return f"the model's tokenizer ({folder / file})"
+    return f"the model's tokenizer ({name})" if name else "the model's tokenizer"
 
 
 def make_needle(kind: str, rng: np.random.Generator, digits: int | None = None) -> tuple[str, str, str, str]:
@@ -240,6 +274,7 @@ def generate(sentences: Sequence[str], tokenizer=None, *, spec: NiahSpec = NiahS
     >>> len(ex[0].prompt.split()) <= 60, ex[0].answer in ex[0].prompt
     (True, True)
     """
+    check_positions(spec, tokenizer)  # before any example: a length past the model's positions builds in vain
     texts = [s for s in (" ".join(str(t).split()) for t in sentences) if s]
     if not texts:
         raise HeadcountError("the niah haystack has no text")
@@ -252,6 +287,24 @@ def generate(sentences: Sequence[str], tokenizer=None, *, spec: NiahSpec = NiahS
         depth = spec.depths[(i // len(spec.lengths)) % len(spec.depths)]
         out.append(_example(texts, order, units, template, spec, length, depth, rng))
     return out
+
+
+def check_positions(spec: NiahSpec, tokenizer) -> None:
+    """Refuse ``spec``'s lengths when one is longer than the model's positions (the tokenizer's
+    ``model_max_length``, which ``load_tokenizer`` sets from the model's config), before any
+    example is made: building 10,000,000-token prompts for a 512-position model would take
+    minutes to no end. Without a tokenizer (lengths in words) or without a limit, nothing to check.
+
+    Raises:
+        HeadcountError: the longest length and the model's positions, in one line.
+    """
+    limit = getattr(tokenizer, "model_max_length", None) if tokenizer is not None else None
+    if not isinstance(limit, int) or isinstance(limit, bool) or not 0 < limit < 10**8:  # 10**8+: no limit set
+        return
+    longest = max(spec.lengths)
+    if longest > limit:
+        raise HeadcountError(f"niah length {longest} tokens is longer than the model's {limit} positions (its "
+                             f"tokenizer's model_max_length); use niah lengths below {limit}, leaving room for the answer")
 
 
 def _example(texts, order, units: _Units, template: Template, spec: NiahSpec, length: int, depth: float,
@@ -409,5 +462,5 @@ def ruler_examples(table: Table, where: str, tokenizer=None) -> list[NiahExample
 
 
 __all__ = ["ACTIVITIES", "ADJECTIVES", "CITIES", "NEEDLES", "NOUNS", "REFERENCE_DEPTHS", "TEMPLATES", "NiahExample",
-           "NiahSpec", "Template", "exact_match", "find_needle_idx", "generate", "make_needle", "render", "rouge1_recall",
-           "ruler_examples"]
+           "NiahSpec", "Template", "chat_template_source", "check_positions", "exact_match", "find_needle_idx",
+           "generate", "make_needle", "render", "rouge1_recall", "ruler_examples"]

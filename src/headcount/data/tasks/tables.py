@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from headcount.runtime.errors import HeadcountError
+from headcount.runtime.jsonfile import parse_json
 
 #: file suffixes a task can read, in the order a folder is searched
 SUFFIXES = (".parquet", ".jsonl", ".csv", ".tsv")
@@ -249,7 +250,7 @@ def _read_jsonl(p: Path, text: str) -> Table:
         if _blank(line):
             continue
         try:
-            row = json.loads(line, object_pairs_hook=_no_twice)
+            row = parse_json(line, f"{p}, line {lineno}", object_pairs_hook=_no_twice)  # huge integers, deep nesting
         except json.JSONDecodeError as e:
             raise HeadcountError(f"{p}, line {lineno}: not JSON ({e.msg})") from None
         except _Twice as e:

@@ -86,9 +86,13 @@ def build_report(run_dir: str | os.PathLike, *, loaded=None, store=None) -> Path
     # lazy: ..runner imports pandas and rich (~0.5 s), and headcount --help loads this module
     from headcount.experiments.runner.config import parse_study_config
     from headcount.experiments.runner.store import CONFIG, RunStore
+    from headcount.experiments.runner.study import lock_holder
 
     run_dir = Path(run_dir)
     if not (run_dir / "manifest.json").is_file():
+        holder = lock_holder(run_dir)  # a study that has just begun there has not written it yet
+        if holder is not None:
+            raise HeadcountError(f"{run_dir} is in use by another headcount process ({holder})")
         raise HeadcountError(f"{run_dir} is not a headcount run directory (no manifest.json)")
     store = store or RunStore(run_dir)
     manifest = store.manifest

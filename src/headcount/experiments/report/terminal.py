@@ -9,7 +9,6 @@ into column groups that each repeat its label columns (task, metric, ...).
 
 from __future__ import annotations
 
-import json
 import shutil
 import sys
 from pathlib import Path
@@ -21,6 +20,8 @@ from rich.text import Text
 
 from headcount.experiments.report.format import display_frame, looks_numeric
 from headcount.experiments.report.html import tidy
+from headcount.runtime.errors import HeadcountError
+from headcount.runtime.jsonfile import parse_json
 
 #: ``RUN/results/<SUMMARY_FILE>``: the summary and the main tables as shown.
 SUMMARY_FILE = "summary.json"
@@ -171,8 +172,8 @@ def print_summary(run_dir, console=None) -> bool:
     """
     path = Path(run_dir) / "results" / SUMMARY_FILE
     try:
-        record = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        record = parse_json(path.read_text(encoding="utf-8"), str(path))
+    except (OSError, ValueError, HeadcountError):
         return False
     if not record.get("tables"):
         return False

@@ -170,7 +170,7 @@ def parse_study_config(text: str, where: str = "<config>", base_dir: str | os.Pa
     if not isinstance(data["study"], str):
         raise HeadcountError(f"{where}, line {lines[('study',)]}: 'study' must be a study type name")
     try:
-        study_type = get_study_type(data["study"])
+        study_type = get_study_type(data["study"], base_dir)  # a module beside the config is found
     except HeadcountError as e:
         raise HeadcountError(f"{where}, line {lines[('study',)]}: {e}") from None
     model = study_type.config_model

@@ -72,6 +72,18 @@ class Executor:
     name = "executor"
     device: str | None = None
     precision: str | None = None
+    #: where ``say`` writes (``run_study`` sets it): a rich Console, None (stderr), or False (quiet)
+    console = False
+
+    def say(self, text: str) -> None:
+        """One dim status line while the executor sets up, before the progress display starts
+        (connecting to a Ray cluster and checking its nodes take a minute): what it waits for."""
+        if self.console is False:
+            return
+        from rich.console import Console
+        from rich.markup import escape
+
+        (self.console or Console(stderr=True)).print(escape(text), style="dim", highlight=False, soft_wrap=True)
 
     def set_device(self, spec: str | None) -> None:
         """Use the device spec ``spec`` for the jobs (checked now: an unavailable device is refused)."""

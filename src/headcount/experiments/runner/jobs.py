@@ -38,6 +38,7 @@ from typing import Any, Protocol
 
 from headcount.data.fingerprint import params_fingerprint
 from headcount.runtime.errors import HeadcountError
+from headcount.runtime.jsonfile import read_json
 
 _KIND_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _FN_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
@@ -162,8 +163,8 @@ class JobResult:
         return p
 
     def load_json(self, relative: str) -> Any:
-        """Parse a JSON file the job wrote."""
-        return json.loads(self.path(relative).read_text(encoding="utf-8"))
+        """Parse a JSON file the job wrote (a corrupt or edited one: one line naming it)."""
+        return read_json(self.path(relative), f"job {self.name!r}'s file")
 
     def __getitem__(self, item: str) -> Any:
         return self.result[item]

@@ -8,7 +8,6 @@ from __future__ import annotations
 import multiprocessing
 import os
 import queue as queue_errors
-import shutil
 import time
 import traceback
 from collections.abc import Sequence
@@ -24,6 +23,7 @@ from headcount.experiments.runner.execution import (
     call_job,
     job_environment,
 )
+from headcount.experiments.runner.jobfiles import job_guard
 from headcount.experiments.runner.jobs import Job
 from headcount.experiments.runner.progress import Reporter
 from headcount.experiments.runner.store import RunStore, job_meta
@@ -81,7 +81,8 @@ def _local_worker(fn_path: str, key: str, params: dict, inputs: dict, workdir: s
 
     t0 = time.time()
     try:
-        result = call_job(fn_path, params, inputs, Path(workdir), progress)
+        with job_guard(Path(workdir)):  # what the job's libraries list as they write (checkpoints)
+            result = call_job(fn_path, params, inputs, Path(workdir), progress)
         t1 = time.time()
         queue.put(("done", key, result, t0, t1, {**_device_meta(env.get("HEADCOUNT_DEVICE", device)), "device": device}))
     except BaseException as e:  # noqa: BLE001 - reported to the driver, which decides
@@ -144,7 +145,7 @@ class LocalExecutor(Executor):
             reporter.job_started(job)
             t0 = time.time()
             try:
-                with job_environment({ENV_DEVICE: device, **self.precision_env()}):
+                with job_environment({ENV_DEVICE: device, **self.precision_env()}), job_guard(tmp):
                     result = call_job(job.fn, job.params, inputs, tmp, reporter.callback(job))
                 t1 = time.time()
                 store.commit(job, tmp, result, {**job_meta(t0, t1, self.name), **_device_meta(device, self.precision)})
@@ -158,8 +159,7 @@ class LocalExecutor(Executor):
                 reporter.job_finished(job, None, _one_line(e))
                 continue
             finally:
-                if tmp.exists():
-                    shutil.rmtree(tmp, ignore_errors=True)
+                store.discard(tmp)  # a failed job's folder (a user's file in it stays)
             out.ran.append(job.name)
             reporter.job_finished(job, t1 - t0)
         return out
@@ -192,8 +192,7 @@ class LocalExecutor(Executor):
                     store.record_failure(job, f"device: {device}\n\n{trace}")
                     reporter.job_finished(job, None, error)
             finally:
-                if tmp.exists():
-                    shutil.rmtree(tmp, ignore_errors=True)
+                store.discard(tmp)
 
         try:
             while todo or running:
@@ -239,7 +238,8 @@ class LocalExecutor(Executor):
             out.interrupted = True
             for job, proc, _, tmp in running.values():
                 proc.terminate()
-                shutil.rmtree(tmp, ignore_errors=True)
+                proc.join(timeout=5)  # before its folder goes (a user's file in it stays)
+                store.discard(tmp)
             raise
         return out
 

@@ -206,6 +206,8 @@ class RayExecutor(Executor):
         check_resources(requests, nodes)
         if not self._local:
             workers = [n for n in nodes if any(n.fits(c, g) for c, g in requests.values())]
+            self.say(f"checking {len(workers)} node{'' if len(workers) == 1 else 's'} (headcount, Python, the job "
+                     "functions, the study's inputs)...")
             check_nodes(ray, workers, [j.params for j in todo], [j.fn for j in todo], self._sys_path())
         self._prepared.update(options)
 
@@ -227,6 +229,8 @@ class RayExecutor(Executor):
             return
         started_here = not ray.is_initialized()
         if started_here:
+            self.say(f"connecting to Ray at {self.target}..." if self.target is not None else
+                     f"starting a local Ray instance ({self.num_cpus or os.cpu_count() or 1} CPUs)...")
             connect(ray, self.target, self.num_cpus, self.num_gpus)
             self._local = self.target is None
         else:  # the caller connected: a cluster unless it is one node on this machine

@@ -163,6 +163,7 @@ def _ray_job(fn_path: str, key: str, params: dict, inputs_spec: dict, sys_path: 
                 import ray
 
                 d = scratch / "inputs" / alias
+                d.mkdir(parents=True, exist_ok=True)  # also for a job that left only its result (nothing shipped)
                 unpack_files(ray.get(spec["files"][0]), d)
                 (d / RESULT).write_text(json.dumps(spec["result"], indent=2) + "\n")
             inputs[alias] = JobResult(

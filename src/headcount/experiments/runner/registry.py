@@ -6,8 +6,10 @@ loaded here), and optionally a ``report_fn(store, config) -> ReportContent`` tha
 report from saved results.
 
 Types are found, in order: already registered; ``"package.module:name"`` (the module is imported
-and must register ``name``); an entry point of the group ``headcount.studies`` named ``name`` (a
-module to import, which registers the type, or a callable to call). The built-in types
+and must register ``name``; a module beside the config is found without ``PYTHONPATH``: the
+config's folder is appended to ``sys.path``, which the Ray executor sends its nodes); an entry
+point of the group ``headcount.studies`` named ``name`` (a module to import, which registers the
+type, or a callable to call). The built-in types
 (``transfer``, ``lottery``, ``demo``) are entry points of headcount itself (``pyproject.toml``):
 the registry knows no study by name, and a plugin package is found the same way.
 """
@@ -16,9 +18,12 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import entry_points
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -124,14 +129,34 @@ def _entry_points() -> dict:
     return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
 
 
-def _discover(name: str) -> None:
-    """Import what may register ``name``: the module of ``module:name``, or its entry point."""
-    if ":" in name:
-        module = name.split(":", 1)[0]
-        try:
-            importlib.import_module(module)
-        except ImportError as e:
+def _import_study_module(module: str, folder: str | os.PathLike | None) -> None:
+    """Import ``module``; when it is not found and ``folder`` (the config's) holds it, append
+    ``folder`` to ``sys.path`` and import it from there. Appended, not prepended: a file in the
+    config's folder never shadows an installed package (a ``yaml.py`` beside a config is not imported)."""
+    top = module.split(".", 1)[0]
+    where = Path(folder).resolve() if folder is not None else None
+    try:
+        importlib.import_module(module)
+        return
+    except ModuleNotFoundError as e:
+        if where is None or e.name != top or not ((where / f"{top}.py").is_file() or (where / top).is_dir()):
             raise HeadcountError(f"cannot import study module {module!r}: {e}") from None
+    except ImportError as e:
+        raise HeadcountError(f"cannot import study module {module!r}: {e}") from None
+    if str(where) not in sys.path:
+        sys.path.append(str(where))
+    importlib.invalidate_caches()
+    try:
+        importlib.import_module(module)
+    except ImportError as e:
+        raise HeadcountError(f"cannot import study module {module!r} (from {where}): {e}") from None
+
+
+def _discover(name: str, folder: str | os.PathLike | None = None) -> None:
+    """Import what may register ``name``: the module of ``module:name`` (also from ``folder``,
+    the config's), or its entry point."""
+    if ":" in name:
+        _import_study_module(name.split(":", 1)[0], folder)
         return
     ep = _entry_points().get(name)
     if ep is None:
@@ -155,8 +180,9 @@ def study_types() -> list[str]:
     return sorted(set(_REGISTRY) | set(_entry_points()))
 
 
-def get_study_type(name: str) -> StudyType:
-    """The study type ``name`` (``"transfer"``, or ``"package.module:type"``), importing it if needed.
+def get_study_type(name: str, folder: str | os.PathLike | None = None) -> StudyType:
+    """The study type ``name`` (``"transfer"``, or ``"package.module:type"``), importing it if needed;
+    ``folder``: the config's, where a module not found otherwise is looked for (see the module docstring).
 
     Raises:
         HeadcountError: unknown type, with the closest known names.
@@ -168,7 +194,7 @@ def get_study_type(name: str) -> StudyType:
     """
     lookup = name.split(":", 1)[1] if ":" in name else name
     if lookup not in _REGISTRY:
-        _discover(name)
+        _discover(name, folder)
     if lookup not in _REGISTRY:
         known = study_types()
         close = difflib.get_close_matches(lookup, known, n=3)

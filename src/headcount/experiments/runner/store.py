@@ -37,9 +37,26 @@ from typing import Any
 
 import pandas as pd
 
-from headcount.experiments.runner.jobfiles import DONE, clear_stale, list_job_files, remove_listed, write_listed
+from headcount.experiments.runner.jobfiles import (
+    DONE,
+    JOB_RECORD,
+    META,
+    RESERVED,
+    RESULT,
+    _fsync_dir,
+    _fsync_tree,
+    clear_stale,
+    discard_tmp,
+    list_job_files,
+    pack_dir,
+    refuse_users_files,
+    remove_listed,
+    unpack_files,
+    users_files,
+    write_listed,
+)
 from headcount.experiments.runner.jobs import Job, JobResult, Plan, headcount_version
-from headcount.runtime.atomic import atomic_write_json, tmp_prefix
+from headcount.runtime.atomic import SESSION, atomic_write_json, tmp_prefix, tmp_session
 from headcount.runtime.errors import HeadcountError
 from headcount.runtime.io import ACTIVE_OUTS, first_missing, lock_file, remove_created, unlock_file
 from headcount.runtime.jsonfile import read_json as read_json_file
@@ -51,9 +68,6 @@ try:  # POSIX only; elsewhere a run directory is simply not locked
 except ImportError:  # pragma: no cover
     fcntl = None
 
-RESULT = "result.json"
-META = "meta.json"
-RESERVED = frozenset({DONE, RESULT, META})
 MANIFEST = "manifest.json"
 CONFIG = "study.yaml"
 PLAN = "plan.json"
@@ -79,43 +93,6 @@ def read_json(path: Path, what: str = "", kind: type = dict):
 
 def utcnow() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
-
-
-def _fsync_tree(root: Path) -> None:
-    """Flush every file of ``root`` and the directory entries, so a rename publishes complete data."""
-    entries = sorted(root.rglob("*"))
-    for path in entries:
-        if path.is_file() and not path.is_symlink():
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-    for d in [root, *(p for p in entries if p.is_dir())]:
-        _fsync_dir(d)
-
-
-def pack_dir(root: Path, skip: frozenset[str] = RESERVED) -> dict[str, bytes]:
-    """Read every file under ``root`` into ``{relative posix path: bytes}`` (for shipping over Ray)."""
-    files = {}
-    for path in sorted(root.rglob("*")):
-        if path.is_file():
-            rel = path.relative_to(root).as_posix()
-            if rel not in skip:
-                files[rel] = path.read_bytes()
-    return files
-
-
-def unpack_files(files: Mapping[str, bytes], root: Path) -> None:
-    """Write ``{relative path: bytes}`` under ``root``, refusing paths that escape it."""
-    root = Path(root)
-    base = root.resolve()
-    for rel, data in files.items():
-        target = (root / rel).resolve()
-        if base != target and base not in target.parents:
-            raise HeadcountError(f"refusing to write {rel!r} outside the job directory")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(data)
 
 
 class RunStore:
@@ -206,26 +183,25 @@ class RunStore:
             text = json.dumps(result, indent=2, ensure_ascii=False) + "\n"
         except (TypeError, ValueError) as e:
             raise HeadcountError(f"job {job.name!r} returned a result that is not JSON-able: {e}") from None
+        final = self.job_dir(job.key)
+        if (final / DONE).is_file():  # someone finished it meanwhile: keep theirs, drop ours
+            self.discard(tmp)
+            return self.load(job.key, job.name)
+        theirs = users_files(tmp)  # a user's note saved into the job's checkpoints/ meanwhile: stays, unlisted
+        (tmp / JOB_RECORD).unlink(missing_ok=True)  # the running job's own record, not one of its results
         (tmp / RESULT).write_text(text, encoding="utf-8")
         (tmp / META).write_text(json.dumps(full_meta, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
         (tmp / DONE).write_text(job.key + "\n", encoding="utf-8")
         _fsync_tree(tmp)
-        final = self.job_dir(job.key)
         if os.path.lexists(final):
-            if (final / DONE).is_file():  # someone finished it meanwhile: keep theirs, drop ours
-                shutil.rmtree(tmp, ignore_errors=True)
-                return self.load(job.key, job.name)
             # a directory without DONE cannot come from this store (its DONE was removed): never
             # trusted; its files headcount wrote are removed, anything else refuses the job
             self.clear_stale([job.key])
         os.replace(tmp, final)
         _fsync_dir(self.jobs_dir)
-        self._list_job_files(job.key)
+        list_job_files(self.root, self.record, job.key, skip=theirs)
         self._remove_log(f"logs/{job.key}.error.txt")  # the traceback of an earlier failure: headcount's only
         return self.load(job.key, job.name)
-
-    def _list_job_files(self, key: str) -> None:
-        list_job_files(self.root, self.record, key)
 
     def clear_stale(self, keys) -> None:
         """Clean each ``jobs/<key>/`` without ``DONE`` of headcount's files (``jobfiles.clear_stale``)."""
@@ -262,7 +238,22 @@ class RunStore:
         """
         if self.record is None:
             return 0
+        self.refuse_users_tmp()
         return sum(self.record.clean_tmp([sub], recursive=False) for sub in ("", "jobs", "logs", "results", "figures"))
+
+    def refuse_users_tmp(self) -> None:
+        """Refuse the run (one line naming it) when a killed run's job folder holds a user's file
+        ([`refuse_users_files`][headcount.experiments.runner.jobfiles.refuse_users_files]); call under the lock, before writing anything."""
+        if self.record is not None and self.jobs_dir.is_dir() and not self.jobs_dir.is_symlink():
+            killed = set(self.record.sessions) - {SESSION}
+            refuse_users_files(self.root, [p for p in self.jobs_dir.iterdir() if tmp_session(p.name) in killed
+                                           and p.is_dir() and not p.is_symlink()])
+
+    def discard(self, tmp: Path) -> None:
+        """Remove the temporary folder of a job that failed or was interrupted, but a user's file in
+        it ([`discard_tmp`][headcount.experiments.runner.jobfiles.discard_tmp]: it stays, and the next run refuses it naming it)."""
+        if tmp.exists():
+            discard_tmp(tmp)
 
     def finished_keys(self) -> set[str]:
         """Keys of every finished job in the directory (of this config or earlier ones)."""
@@ -360,6 +351,15 @@ class RunStore:
     def write_plan(self, plan: Plan) -> None:
         self._plan_json = plan.to_json()
         atomic_write_json(self.root / PLAN, self._plan_json)
+        self.sealed(PLAN)
+
+    def sealed(self, *names: str) -> None:
+        """Record the stamps of the state files this run just wrote (``manifest.json``, ...), at
+        once: an edit the user makes while the run goes on is theirs, never sealed as headcount's
+        when the run ends (the next ``study`` or ``report`` refuses it)."""
+        if self.record is not None:
+            self.record.seal(names)
+            self.record.write()
 
     # -- lock --------------------------------------------------------------------------------
     def lock(self) -> None:
@@ -418,7 +418,9 @@ class RunStore:
                 wrote = [p.name for p in self.root.iterdir()
                          if p.name in OUTPUTS and (p.name in rec.files or p.name not in self._before)]
                 rec.claim(wrote)
-                rec.seal(wrote)
+                # only what is still a claim: a file sealed when it was written (manifest.json, a
+                # report page) and changed since is the user's, not stamped as headcount's now
+                rec.seal([n for n in wrote if rec.files.get(n) is None])
                 rec.write()
             except OSError:  # pragma: no cover - best effort: the next run records them
                 pass
@@ -465,19 +467,6 @@ def check_run_dir(root: Path) -> Record | None:
     # study.yaml the user edited is theirs), and no link (a linked jobs/ or results/ is refused)
     refuse_foreign(root, [p.name for p in sorted(root.iterdir()) if p.name in OUTPUTS and not rec.owns(p.name)])
     return rec
-
-
-def _fsync_dir(d: Path) -> None:
-    try:
-        fd = os.open(d, os.O_RDONLY)
-    except OSError:  # pragma: no cover
-        return
-    try:
-        os.fsync(fd)
-    except OSError:  # pragma: no cover
-        pass
-    finally:
-        os.close(fd)
 
 
 def job_meta(started: float, finished: float, executor: str, host: str | None = None) -> dict:

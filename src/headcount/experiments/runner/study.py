@@ -46,6 +46,12 @@ from headcount.experiments.runner.store import (
 )
 from headcount.runtime.atomic import atomic_write_json, atomic_write_text
 from headcount.runtime.errors import HeadcountError
+from headcount.runtime.record import LOCK_NAME
+
+try:  # POSIX only (as the lock itself)
+    import fcntl
+except ImportError:  # pragma: no cover
+    fcntl = None
 
 #: what draws a finished run's report: ``(run_dir, *, loaded, store) -> path of the page``
 ReportFn = Callable[..., "Path | None"]
@@ -106,12 +112,41 @@ def _coerce_config(config) -> LoadedConfig:
     return load_study_config(config)
 
 
+def lock_holder(root: Path) -> str | None:
+    """Who holds ``root/.headcount.lock`` now (its text), or None when no process does; takes no
+    lock and changes nothing (the file is opened read-only, without following a link)."""
+    if fcntl is None:  # pragma: no cover
+        return None
+    try:
+        fd = os.open(Path(root) / LOCK_NAME, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:  # held: by another process
+            text = os.pread(fd, 200, 0).decode(errors="replace").strip()
+            return text.removeprefix("headcount lock:").strip() or "unknown"
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
 def _check_out_dir(out: Path) -> None:
     """Refuse a folder that is not a run directory before anything connects or is touched.
 
-    (Checked again under the lock by [`RunStore.lock`][headcount.experiments.runner.store.RunStore.lock].)
+    (Checked again under the lock by [`RunStore.lock`][headcount.experiments.runner.store.RunStore.lock].) This check takes no
+    lock, so it may see another study that has just begun there (its record half-written): a
+    folder whose lock another process holds is refused as in use, not as someone else's folder.
     """
-    check_run_dir(out)
+    try:
+        check_run_dir(out)
+    except HeadcountError:
+        holder = lock_holder(out)
+        if holder is not None:
+            raise HeadcountError(f"{out} is in use by another headcount process ({holder})") from None
+        raise
 
 
 def _archive(store: RunStore, old: dict) -> Path:
@@ -231,6 +266,7 @@ def run_study(
     # connect (Ray) and check the jobs against the cluster before touching the run directory (a
     # refused run writes nothing), and only when something is left to run
     left = [j for j in plan if not store.is_done(j.key)]
+    exe.console = False if quiet else console  # what it says while it connects and checks (Ray): before any progress
     with exe.session(left) if left else nullcontext(), store:
         manifest_path = out / MANIFEST
         now = utcnow()
@@ -250,14 +286,17 @@ def run_study(
                 manifest = old
         else:
             manifest = _new_manifest(loaded, now)
+        store.refuse_users_tmp()  # a user's file in a killed job's folder: refused while nothing is written
         store.begin()  # from here on the run writes: its outputs and session go into the record first
         if replaced is not None:
             _archive(store, replaced)
         manifest.update(last_run=now, headcount_version=headcount_version(), executor=exe.name,
                         versions=versions())
         atomic_write_json(manifest_path, manifest)
+        store.sealed(MANIFEST)  # stamped now: a later edit of the user's is theirs
         if not (out / CONFIG).is_file():
             atomic_write_text(out / CONFIG, loaded.text)
+            store.sealed(CONFIG)
         cleaned = store.clean_tmp()
         store.write_plan(plan)
 
