@@ -17,7 +17,7 @@ from headcount.runtime.record import LOCK_NAME
 _LOCK_TEXT = "headcount lock: "
 
 
-def lock_file(directory: Path, what: str = "", name: str = LOCK_NAME, wait: bool = False) -> int:
+def lock_file(directory: Path, what: str = "", name: str = LOCK_NAME, wait: bool = False, _tries: int = 10) -> int:
     """Open ``directory/.headcount.lock`` without following links and take an exclusive flock; returns the fd.
     ``wait``: block until the holder lets go, instead of refusing.
 
@@ -65,6 +65,18 @@ def lock_file(directory: Path, what: str = "", name: str = LOCK_NAME, wait: bool
         finally:
             os.close(fd)
         raise HeadcountError(f"{directory} is in use by another headcount process ({holder.strip() or 'unknown'})") from None
+    try:
+        on_disk = os.stat(path, follow_symlinks=False)
+    except FileNotFoundError:
+        on_disk = None
+    if on_disk is None or (on_disk.st_ino, on_disk.st_dev) != (st.st_ino, st.st_dev):
+        # the file locked is no longer the one at the path: a refused run removed the folder's new lock
+        # (and the folder it had created) between this open and this flock; a lock nobody else can see
+        # is no lock, so take the one on disk (bounded: each round needs another process's removal)
+        unlock_file(fd)
+        if _tries <= 1:
+            raise HeadcountError(f"{path} keeps being removed while it is locked; is another program cleaning {directory}?")
+        return lock_file(directory, what, name, wait, _tries - 1)
     if not created and not os.pread(fd, 64, 0):
         # an empty file headcount did not create now (a lock appears with its text, see
         # _create_with_text): the user's, never written into or removed
