@@ -9,6 +9,7 @@ import pytest
 import torch
 import transformers
 from conftest import tiny_model
+from gguf_files import write_gguf
 
 from headcount.core import gguf
 from headcount.core.models import load_model
@@ -24,11 +25,12 @@ class _Tokenizer:
 
 @pytest.fixture
 def fake(tmp_path, monkeypatch):
-    """A file that passes check_gguf, and a GGUF reader that returns a tiny Llama for it (counting reads)."""
+    """A tiny GGUF file (it passes check_gguf), and a GGUF reader that returns a tiny Llama for it
+    (counting reads) instead of reading it."""
     monkeypatch.setenv("HEADCOUNT_CACHE", str(tmp_path / "cache"))
     path = tmp_path / "models" / "tiny.gguf"
     path.parent.mkdir()
-    path.write_bytes(b"GGUF" + b"\x00" * 64)
+    write_gguf(path)
     model = tiny_model("llama", head="lm")
     reads = []
 
@@ -65,7 +67,7 @@ def test_a_conversion_is_made_once_and_then_loaded_from(fake):
 def test_an_edited_file_is_not_read_from_its_old_conversion(fake):
     path, _, _ = fake
     folder, _ = gguf.convert_gguf(path)
-    path.write_bytes(b"GGUF" + b"\x01" * 64)
+    write_gguf(path, seed=1)
     assert gguf.find_converted(path) is None and gguf.converted_dir(path) != folder
     assert gguf.gguf_source(str(path))[1] == {"gguf_file": "tiny.gguf"}
 
@@ -149,7 +151,27 @@ def test_a_second_conversion_waits_for_the_first_and_reuses_it(fake):
     waiter.start()
     waiter.join(0.5)
     assert waiter.is_alive() and reads == []  # blocked on the lock
-    gguf._convert(path, folder)  # what the holder does
+    gguf._convert(path, folder, gguf.file_sha256(path))  # what the holder does
     unlock_file(fd)
     waiter.join(10)
     assert result == [(folder, False)] and reads == ["tiny.gguf"]
+
+
+def test_a_full_disk_while_writing_is_one_line_and_leaves_no_conversion(fake, monkeypatch):
+    """ENOSPC while the tokenizer is written (after the weights): one line naming it, the temporary
+    folder removed, no conversion in place (tests/core/test_gguf_processes.py fills a real tmpfs)."""
+    import errno
+
+    path, _, _ = fake
+
+    def full(self, folder):
+        (folder / "tokenizer.json").write_text('{"half')
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(_Tokenizer, "save_pretrained", full)
+    with pytest.raises(HeadcountError, match=r"cannot write the GGUF conversion .*: No space left on device$"):
+        gguf.convert_gguf(path)
+    folder = gguf.converted_dir(path)
+    assert [p.name for p in folder.parent.iterdir()] == [f".{folder.name}.lock"]
+    assert gguf.find_converted(path) is None
+    assert gguf.gguf_source(str(path)) == (str(path.parent), {"gguf_file": "tiny.gguf"})

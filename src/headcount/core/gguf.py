@@ -11,23 +11,35 @@ version (its dequantisation and name mapping could change), so an edited file or
 transformers is read from the GGUF file again. ``headcount data fetch`` converts the offline
 decoder; any other GGUF file is converted by calling ``convert_gguf`` (a 7B file's float32
 checkpoint takes ~28 GB: nothing is converted without being asked).
+
+A conversion is checked before every use ([`check_conversion`][headcount.core.gguf.check_conversion]):
+``gguf-source.json`` records the size and SHA-256 of every file it wrote, and a load compares them
+(the SHA-256 is cached by path, size, mtime, inode and ctime, so a check of an unchanged folder
+costs a ``stat`` per file; an edited file, a missing or an added one is hashed or found at once).
+A conversion that is not what was written (an edited tensor, a file replaced by a link to another
+conversion, one written by an older headcount without digests) is converted again, with one
+``note:`` line on stderr; a link out of the cache folder is refused (one line), never followed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import io
 import json
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
 import transformers
 
+from headcount.core.layout_check import check_gguf_layout
 from headcount.runtime.digests import file_sha256
 from headcount.runtime.errors import HeadcountError
 from headcount.runtime.lock import lock_file, unlock_file
-from headcount.runtime.paths import cache_root
+from headcount.runtime.paths import cache_root, sha256_file
 
 INSTALL_GGUF = "pip install gguf accelerate"
 #: the file a finished conversion holds last (the folder appears by one rename: it is whole or absent)
@@ -37,13 +49,14 @@ SOURCE = "gguf-source.json"
 PARTIAL = ".headcount-partial"
 
 
-
 def is_gguf(path) -> bool:
     return str(path).endswith(".gguf")
 
 
 def check_gguf(path: Path) -> Path:
-    """A GGUF file must exist, start with the magic ``GGUF``, and the readers must be installed."""
+    """A GGUF file must exist, start with the magic ``GGUF``, the readers must be installed, and
+    its header must parse and hold the tensors of the layout it declares
+    (``headcount.core.layout_check.check_gguf_layout``: before anything is built)."""
     if not path.is_file():
         raise HeadcountError(f"GGUF file not found: {path}")
     try:
@@ -57,6 +70,7 @@ def check_gguf(path: Path) -> Path:
     if missing:
         raise HeadcountError(f"reading GGUF files needs {' and '.join(missing)}: run `{INSTALL_GGUF}` "
                              "(or `pip install 'headcount[offline]'`)")
+    check_gguf_layout(path)
     return path
 
 
@@ -71,23 +85,96 @@ def converted_dir(path: str | os.PathLike) -> Path:
 
 
 def find_converted(path: str | os.PathLike) -> Path | None:
-    """The finished conversion of ``path``, or None (not converted, or for another transformers)."""
+    """The finished conversion of ``path`` when it is whole, or None (not converted, for another
+    transformers, or not what was written: [`convert_gguf`][headcount.core.gguf.convert_gguf] makes it again).
+
+    Raises:
+        HeadcountError: the conversion (or a file in it) is a link out of the cache folder.
+    """
     try:
-        folder = converted_dir(path)
+        folder, digest = converted_dir(path), file_sha256(Path(path))
     except OSError:
         return None
-    return folder if (folder / SOURCE).is_file() and (folder / "config.json").is_file() else None
+    return folder if os.path.lexists(folder) and check_conversion(folder, digest) is None else None
 
 
 def gguf_source(path: str) -> tuple[str, dict]:
     """What ``from_pretrained`` loads ``path`` from: ``(folder, {"gguf_file": name})`` for a GGUF
-    file, its converted folder and ``{}`` when there is one, ``(path, {})`` for anything else."""
+    file, its converted folder and ``{}`` when there is one (checked, and converted again when it
+    is not whole), ``(path, {})`` for anything else."""
     if is_gguf(path) and Path(path).is_file():
-        folder = find_converted(path)
-        if folder is not None:
-            return str(folder), {}
+        try:
+            converted = os.path.lexists(converted_dir(path))
+        except OSError:
+            converted = False
+        if converted:  # asked for once: kept whole (convert_gguf checks it, and makes it again if need be)
+            return str(convert_gguf(path)[0]), {}
         return str(Path(path).parent), {"gguf_file": Path(path).name}
     return path, {}
+
+
+def check_conversion(folder: Path, digest: str) -> str | None:
+    """None when ``folder`` is the whole conversion of the GGUF file whose SHA-256 is ``digest``;
+    otherwise what is wrong with it, as a phrase (it is then converted again): a file missing,
+    added, of another size or content than ``gguf-source.json`` records, a link inside the
+    cache, a record without digests (an older headcount's).
+
+    Raises:
+        HeadcountError: the folder or one of its files is a link out of the cache folder.
+    """
+    try:
+        return _check_conversion(folder, digest)
+    except OSError as e:  # gone or replaced while it was read (another process converting it again)
+        return f"could not be read ({e.strerror or e})"
+
+
+def _check_conversion(folder: Path, digest: str) -> str | None:
+    root = folder.parent
+    if folder.is_symlink():
+        return f"is a link (to {_inside_cache(folder, root)})"
+    if not folder.is_dir():
+        return "is not a folder"
+    entries = sorted(folder.iterdir())
+    for p in entries:  # links first, all of them: one out of the cache is refused, whatever else is wrong
+        if p.is_symlink():
+            return f"has a {p.name} that is a link (to {_inside_cache(p, root)})"
+    record = folder / SOURCE
+    try:
+        doc = json.loads(record.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return f"has no readable {SOURCE} (a conversion cut short)"
+    files = doc.get("files") if isinstance(doc, dict) else None
+    if not isinstance(files, dict) or not files:
+        return f"records no digests of its files in {SOURCE} (an older headcount wrote it)"
+    if doc.get("sha256") != digest or doc.get("transformers") != reader_version():
+        return "records another GGUF file or transformers version"
+    names = {p.name for p in entries} - {SOURCE, PARTIAL}
+    added = sorted(names - set(files))
+    if added:
+        return f"holds {added[0]}, which the conversion did not write"
+    for name, want in sorted(files.items()):
+        if Path(name).name != name or name in ("", ".", "..", SOURCE) or not isinstance(want, dict):
+            return f"has a {SOURCE} that lists {name!r}, not a file of the conversion"
+        f = folder / name
+        if not f.is_file():
+            return f"lacks {name}"
+        size = f.stat().st_size
+        if size != want.get("size"):
+            return f"has a {name} of {size} bytes, the conversion wrote {want.get('size')}"
+        if file_sha256(f) != want.get("sha256"):
+            return f"has a {name} that changed since it was written (another SHA-256)"
+    return None
+
+
+def _inside_cache(link: Path, root: Path) -> Path:
+    """Where ``link`` leads, when that is inside the conversions' folder ``root``; refused otherwise."""
+    target = link.resolve()
+    try:
+        target.relative_to(root.resolve())
+    except ValueError:
+        raise HeadcountError(f"{link} is a link out of the GGUF cache (to {target}); refusing to load it: "
+                             f"remove {link} (the cache is rebuildable)") from None
+    return target
 
 
 def dequantised(model):
@@ -111,10 +198,10 @@ def convert_gguf(path: str | os.PathLike) -> tuple[Path, bool]:
         HeadcountError: the file does not read, or the cache cannot be written (one line).
     """
     path = check_gguf(Path(path))
-    done = find_converted(path)
-    if done is not None:
-        return done, False
     folder = converted_dir(path)
+    digest = file_sha256(path)
+    if os.path.lexists(folder) and check_conversion(folder, digest) is None:
+        return folder, False
     try:
         folder.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -123,13 +210,34 @@ def convert_gguf(path: str | os.PathLike) -> tuple[Path, bool]:
     # lock also means no other process is writing a temporary folder of this key: any left is dead
     fd = lock_file(folder.parent, f"converting {path.name}", name=f".{folder.name}.lock", wait=True)
     try:
-        done = find_converted(path)
-        if done is not None:
-            return done, False
         _remove_partials(folder)
-        return _convert(path, folder), True
+        if os.path.lexists(folder):
+            problem = check_conversion(folder, digest)
+            if problem is None:
+                return folder, False
+            print(f"note: the GGUF conversion {folder} {problem}: converting {path.name} again "
+                  "(the cache is rebuildable)", file=sys.stderr)
+            _discard(folder)
+        return _convert(path, folder, digest), True
     finally:
         unlock_file(fd)
+
+
+def _discard(folder: Path) -> None:
+    """Remove a conversion that is not whole (under the conversion lock): marked as partial, then
+    renamed to a temporary name, then removed; a kill on the way leaves the marked folder (found
+    not whole again), an empty temporary one or a marked one (both removed by the next conversion)."""
+    try:
+        if folder.is_symlink() or not folder.is_dir():
+            folder.unlink()  # a link inside the cache (one out of it was refused) or a stray file
+            return
+        (folder / PARTIAL).write_text("a GGUF conversion that was not whole; removed\n")
+        aside = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))  # empty: replaced
+        os.replace(folder, aside)
+    except OSError as e:
+        raise HeadcountError(f"cannot remove the GGUF conversion {folder} that is not whole: "
+                             f"{e.strerror or e}") from None
+    shutil.rmtree(aside, ignore_errors=True)
 
 
 def _remove_partials(folder: Path) -> None:
@@ -147,8 +255,9 @@ def _remove_partials(folder: Path) -> None:
                 pass  # not empty and not marked: not headcount's
 
 
-def _convert(path: Path, folder: Path) -> Path:
-    """Read ``path`` and write its conversion to ``folder`` (under the conversion lock)."""
+def _convert(path: Path, folder: Path, digest: str) -> Path:
+    """Read ``path`` (SHA-256 ``digest``) and write its conversion to ``folder`` (under the
+    conversion lock), recording the size and SHA-256 of every file it writes."""
     kwargs = {"gguf_file": path.name}
     try:
         tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
@@ -156,19 +265,25 @@ def _convert(path: Path, folder: Path) -> Path:
     except OSError as e:
         raise HeadcountError(f"cannot write the GGUF conversion under {folder.parent}: {e.strerror or e}") from None
     try:
-        try:  # reading: a file that starts like GGUF but does not parse (or cannot be read)
-            model = transformers.AutoModelForCausalLM.from_pretrained(path.parent, **kwargs)
-            tokenizer = transformers.AutoTokenizer.from_pretrained(path.parent, **kwargs)
+        try:  # reading: a file that starts like GGUF but does not parse (or cannot be read); its
+            # progress bar (tqdm, drawn past transformers' own switch) kept off stderr
+            with contextlib.redirect_stderr(io.StringIO()):
+                model = transformers.AutoModelForCausalLM.from_pretrained(path.parent, **kwargs)
+                tokenizer = transformers.AutoTokenizer.from_pretrained(path.parent, **kwargs)
         except Exception as e:
             raise HeadcountError(f"cannot read GGUF file {str(path)!r}: {type(e).__name__}: "
                                  f"{str(e).splitlines()[0] if str(e) else ''}") from None
         try:  # writing: the folder appears whole by one rename, or not at all
             dequantised(model).save_pretrained(tmp)
             tokenizer.save_pretrained(tmp)
-            (tmp / SOURCE).write_text(json.dumps({"gguf": str(path), "sha256": file_sha256(path),
-                                                  "transformers": reader_version()}, indent=1) + "\n")
+            files = {p.name: {"size": p.stat().st_size, "sha256": sha256_file(p)}
+                     for p in sorted(tmp.iterdir()) if p.name != PARTIAL}
+            (tmp / SOURCE).write_text(json.dumps({"gguf": str(path), "sha256": digest, "transformers": reader_version(),
+                                                  "files": files}, indent=1) + "\n")
             os.replace(tmp, folder)
             (folder / PARTIAL).unlink()  # (a kill before this leaves the mark in a finished folder: harmless)
+            # hashed again under the final names: what later checks look up (a stat each, not a read)
+            problem = check_conversion(folder, digest)
         except OSError as e:
             raise HeadcountError(f"cannot write the GGUF conversion {folder}: {e.strerror or e}") from None
         except Exception as e:  # a model transformers cannot save: the conversion, not a traceback
@@ -176,4 +291,6 @@ def _convert(path: Path, folder: Path) -> Path:
                                  f"{str(e).splitlines()[0] if str(e) else ''}") from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    if problem is not None:  # pragma: no cover - written and found otherwise at once (a disk error)
+        raise HeadcountError(f"the GGUF conversion {folder} {problem} just after it was written")
     return folder

@@ -16,6 +16,7 @@ import transformers
 
 from headcount.core.arch import get_adapter
 from headcount.core.gguf import check_gguf, convert_gguf, dequantised, gguf_source, is_gguf
+from headcount.core.layout_check import check_config_layout
 from headcount.core.surgery import is_pruned_checkpoint, load_pruned
 from headcount.runtime.errors import HeadcountError
 
@@ -309,7 +310,7 @@ def load_model(spec: str = OFFLINE, head: str | None = None, num_labels: int | N
         raise _load_error(spec, e) from None
     try:
         check_finite_config(config.to_dict(), spec)
-        get_adapter(config)
+        check_config_layout(config, spec)  # (and the adapter: a type no adapter serves is refused)
         # mismatched sizes are reported by the loading info below (transformers' own error points
         # at a report its verbosity setting hides)
         model, info = auto.from_pretrained(path, config=config, trust_remote_code=trust_remote_code,
