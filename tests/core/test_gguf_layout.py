@@ -70,6 +70,11 @@ def test_a_config_with_query_heads_that_do_not_divide_into_its_kv_heads_is_refus
     code, out, err = run_cli(capsys, "info", "--model", tmp_path / "odd")
     assert_one_error_line(code, err)
     assert "declares 4 query heads on 3 key/value heads" in err and not out
+    # kv-budget reads the config alone (no model built): the same line, nothing written
+    code, out, err = run_cli(capsys, "kv-budget", "--model", tmp_path / "odd", "--uniform", "--memory", 0.5,
+                             "--context", 64, "--sink", 4, "--out", tmp_path / "budget")
+    assert_one_error_line(code, err)
+    assert "declares 4 query heads on 3 key/value heads" in err and not (tmp_path / "budget").exists()
 
 
 @pytest.mark.parametrize("heads, kv, ok", [(9, 3, True), (4, 4, True), (4, 1, True), (4, 3, False), (3, 4, False),

@@ -35,6 +35,7 @@ def _model_shape(spec: str) -> tuple[int, int, int, int, tuple[int | None, ...]]
 
     from headcount.core.arch import get_adapter
     from headcount.core.gguf import gguf_source
+    from headcount.core.layout_check import check_config_layout
     from headcount.core.kvbudget import model_windows
     from headcount.core.models import resolve
 
@@ -44,6 +45,7 @@ def _model_shape(spec: str) -> tuple[int, int, int, int, tuple[int | None, ...]]
     except Exception as e:  # an unreadable config, an unknown hub id, no network: the input
         raise HeadcountError(f"cannot read the config of model {spec!r}: {type(e).__name__}: "
                              f"{str(e).splitlines()[0] if str(e) else ''}") from None
+    check_config_layout(config, spec)  # 4 query heads on 3 KV heads: one line, as load_model says it
     adapter = get_adapter(config)
     n_kv = adapter.num_kv_heads(config)
     if n_kv is None:

@@ -28,6 +28,17 @@ class DecoderAdapter(Adapter):
         # an explicit head size where the config has one (Gemma: 256 with hidden 2048 / 8 heads)
         return int(getattr(config, "head_dim", None) or config.hidden_size // self.num_heads(config))
 
+    def cache_windows(self, config) -> tuple[int | None, ...]:
+        """Per layer, the sliding window of the model's own attention (tokens a query sees, itself
+        included; transformers' cache keeps one fewer), or None where the layer attends to, and
+        caches, every token. Read as transformers' own ``DynamicCache(config=...)`` reads it
+        (``layer_types`` with ``sliding_window`` / ``attention_chunk_size``): a family whose
+        windows live elsewhere overrides this."""
+        from transformers.cache_utils import get_layer_types_and_kwargs
+
+        _, per_layer = get_layer_types_and_kwargs(config.get_text_config(decoder=True))
+        return tuple(kwargs.get("sliding_window") for kwargs in per_layer)
+
     def encoder(self, model):
         return self.base(model)
 
