@@ -61,10 +61,10 @@ def lock_file(directory: Path, what: str = "", name: str = LOCK_NAME, wait: bool
         fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         try:
-            holder = os.pread(fd, 200, 0).decode(errors="replace").strip().removeprefix(_LOCK_TEXT.strip())
+            holder = _holder(fd)
         finally:
             os.close(fd)
-        raise HeadcountError(f"{directory} is in use by another headcount process ({holder.strip() or 'unknown'})") from None
+        raise HeadcountError(f"{directory} is in use by another headcount process ({holder})") from None
     try:
         on_disk = os.stat(path, follow_symlinks=False)
     except FileNotFoundError:
@@ -127,6 +127,33 @@ def _create_with_text(path: Path, text: bytes, flags: int) -> int | None:
     return fd
 
 
+def _holder(fd: int) -> str:
+    """Who a held lock names (its text after the marker), or ``unknown``."""
+    return os.pread(fd, 200, 0).decode(errors="replace").strip().removeprefix(_LOCK_TEXT.strip()).strip() or "unknown"
+
+
+def lock_holder(directory: Path, name: str = LOCK_NAME) -> str | None:
+    """Who holds ``directory/.headcount.lock`` now (its text), or None when no process does; takes
+    no lock and changes nothing (opened read-only, without following a link)."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX: no lock
+        return None
+    try:
+        fd = os.open(Path(directory) / name, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:  # held: by another process
+            return _holder(fd)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
 def lock_session(directory: Path, name: str = LOCK_NAME) -> str | None:
     """The session named in an existing headcount lock file (a killed run's), None otherwise."""
     try:
@@ -174,4 +201,4 @@ def unlock_file(fd: int | None) -> None:
         os.close(fd)
 
 
-__all__ = ["lock_file", "lock_session", "unlock_file", "first_missing", "remove_created"]
+__all__ = ["lock_file", "lock_holder", "lock_session", "unlock_file", "first_missing", "remove_created"]

@@ -86,7 +86,7 @@ def build_report(run_dir: str | os.PathLike, *, loaded=None, store=None) -> Path
     # lazy: ..runner imports pandas and rich (~0.5 s), and headcount --help loads this module
     from headcount.experiments.runner.config import parse_study_config
     from headcount.experiments.runner.store import CONFIG, RunStore
-    from headcount.experiments.runner.study import lock_holder
+    from headcount.runtime.lock import lock_holder
 
     run_dir = Path(run_dir)
     if not (run_dir / "manifest.json").is_file():

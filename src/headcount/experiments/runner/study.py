@@ -46,12 +46,7 @@ from headcount.experiments.runner.store import (
 )
 from headcount.runtime.atomic import atomic_write_json, atomic_write_text
 from headcount.runtime.errors import HeadcountError
-from headcount.runtime.record import LOCK_NAME
-
-try:  # POSIX only (as the lock itself)
-    import fcntl
-except ImportError:  # pragma: no cover
-    fcntl = None
+from headcount.runtime.lock import lock_holder
 
 #: what draws a finished run's report: ``(run_dir, *, loaded, store) -> path of the page``
 ReportFn = Callable[..., "Path | None"]
@@ -110,27 +105,6 @@ def _coerce_config(config) -> LoadedConfig:
         text = yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
         return LoadedConfig(st, config, text, None, config_hash(config))
     return load_study_config(config)
-
-
-def lock_holder(root: Path) -> str | None:
-    """Who holds ``root/.headcount.lock`` now (its text), or None when no process does; takes no
-    lock and changes nothing (the file is opened read-only, without following a link)."""
-    if fcntl is None:  # pragma: no cover
-        return None
-    try:
-        fd = os.open(Path(root) / LOCK_NAME, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
-    except OSError:
-        return None
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except OSError:  # held: by another process
-            text = os.pread(fd, 200, 0).decode(errors="replace").strip()
-            return text.removeprefix("headcount lock:").strip() or "unknown"
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return None
-    finally:
-        os.close(fd)
 
 
 def _check_out_dir(out: Path) -> None:
