@@ -3,8 +3,15 @@
 Gate semantics (docs/design.md):
 - head gate ``g[l, h]`` multiplies head h's context vector before the attention output
   projection of application l (the projection's bias stays);
-- MLP gate ``m[l]`` multiplies the feed-forward output (bias included) before the residual
-  add and LayerNorm.
+- MLP gate ``m[l]`` multiplies the feed-forward block's contribution to the residual stream
+  (bias included) before the residual add and LayerNorm: ``ffn_out``'s output, or the norm
+  after it where the adapter declares one (``Block.mlp_output``: "sandwich" norms, whose
+  scale invariance would make a gate in front of them ungradable);
+- attention gate ``a[l]`` scales the attention block's contribution beyond what it is with every
+  head removed (``Block.attention_output``: the out projection, or the norm after it), so
+  ``a = 0`` equals every head of application l removed. Without a norm after the block it is
+  every head gate times ``a``; after one, it is the one gate whose gradient measures removing
+  the whole layer (the heads' gradients there sum to ~0 by the norm's scale invariance).
 
 Gates are indexed by *application* (``[n_layers, n_heads]`` with n_layers = applications):
 ALBERT's shared layer gets one gate row per depth. A layer pre-hook tells the gates which
@@ -36,10 +43,12 @@ class GateValues:
     Attributes:
         heads: ``[n_layers, n_heads]``, or per token ``[batch, seq, n_layers, n_heads]``; None = no head gates.
         mlps: ``[n_layers]``, or per token ``[batch, seq, n_layers]``; None = no MLP gates.
+        attention: ``[n_layers]`` (or per token) whole-attention-block gates; None = none.
     """
 
     heads: torch.Tensor | None = None
     mlps: torch.Tensor | None = None
+    attention: torch.Tensor | None = None
 
 
 def kept_heads(out_projection: nn.Module, n_heads: int) -> list[int]:
@@ -68,6 +77,7 @@ class _Hooks:
         self.current = 0
         # Keyed by the modules themselves, not id(): a deep copy of the model remaps them.
         self._apps_of: dict[nn.Module, list[int]] = {}
+        self._block_of: dict[nn.Module, object] = {}  # attention gate point -> its Block
         self._calls: dict[nn.Module, int] = {}
         for app, block in enumerate(self.blocks):
             self._apps_of.setdefault(block.layer, []).append(app)
@@ -79,7 +89,9 @@ class _Hooks:
             seen.add(id(block.layer))
             self.handles.append(block.layer.register_forward_pre_hook(self._enter_layer))
             self.handles.append(block.out_projection.register_forward_pre_hook(self._gate_heads))
-            self.handles.append(block.ffn_out.register_forward_hook(self._gate_mlp))
+            self.handles.append(block.mlp_gate_point().register_forward_hook(self._gate_mlp))
+            self._block_of[block.attention_gate_point()] = block
+            self.handles.append(block.attention_gate_point().register_forward_hook(self._gate_attention))
 
     # -- which application is running ---------------------------------------------------
     def _reset(self, module, args):
@@ -115,18 +127,40 @@ class _Hooks:
         y = x.view(*x.shape[:-1], len(kept), self.head_dim) * gate.unsqueeze(-1)  # [batch, seq, head, head_dim]
         return (y.view(x.shape),) + tuple(args[1:])
 
+    def _layer_gate(self, field: str) -> torch.Tensor | None:
+        """The product of the active ``field`` gates ([n_layers] or [batch, seq, n_layers]) for
+        the running application: a scalar, or ``[batch, seq, 1]`` per token."""
+        gate = None
+        for values in self.active:
+            v = getattr(values, field)
+            if v is not None:
+                m = v[self.current] if v.dim() == 1 else v[..., self.current, None]
+                gate = m if gate is None else gate * m
+        return gate
+
     def _gate_mlp(self, module, args, output):
         if not self.active:
             return None
-        gate = None
-        for values in self.active:
-            if values.mlps is not None:
-                # [n_layers] -> scalar; per token [batch, seq, n_layers] -> [batch, seq, 1]
-                m = values.mlps[self.current] if values.mlps.dim() == 1 else values.mlps[..., self.current, None]
-                gate = m if gate is None else gate * m
+        gate = self._layer_gate("mlps")
         if gate is None:
             return None
         return output * gate.to(device=output.device, dtype=output.dtype)
+
+    def _gate_attention(self, module, args, output):
+        if not self.active:
+            return None
+        gate = self._layer_gate("attention")
+        if gate is None:
+            return None
+        gate = gate.to(device=output.device, dtype=output.dtype)
+        bias = getattr(self._block_of[module].out_projection, "bias", None)
+        if bias is None:  # no head left: the out projection gives zeros, a norm of zeros is zeros
+            return output * gate
+        # no head left: the out projection gives its bias (and the norm after it, the bias's norm);
+        # forward, not __call__: no hook of ours runs on it
+        removed = bias if module is self._block_of[module].out_projection else module.forward(bias)
+        removed = removed.to(dtype=output.dtype)
+        return removed + (output - removed) * gate
 
     def remove(self):
         for handle in self.handles:
@@ -155,25 +189,28 @@ def _check(model: nn.Module, values: GateValues) -> GateValues:
         shape = tuple(values.heads.shape)
         if shape[-2:] != (n_layers, n_heads):
             raise HeadcountError(f"head gates have shape {list(shape)}, this model needs [..., {n_layers}, {n_heads}]")
-    if values.mlps is not None and tuple(values.mlps.shape)[-1:] != (n_layers,):
-        raise HeadcountError(f"MLP gates have shape {list(values.mlps.shape)}, this model needs [..., {n_layers}]")
+    for name, v in (("MLP", values.mlps), ("attention", values.attention)):
+        if v is not None and tuple(v.shape)[-1:] != (n_layers,):
+            raise HeadcountError(f"{name} gates have shape {list(v.shape)}, this model needs [..., {n_layers}]")
     return values
 
 
 @contextmanager
-def gated(model: nn.Module, heads: torch.Tensor | None = None, mlps: torch.Tensor | None = None):
+def gated(model: nn.Module, heads: torch.Tensor | None = None, mlps: torch.Tensor | None = None,
+          attention: torch.Tensor | None = None):
     """Apply gates inside a ``with`` block.
 
     Args:
         model: any model with a registered adapter.
         heads: ``[n_layers, n_heads]`` (or ``[batch, seq, n_layers, n_heads]`` per token).
-        mlps: ``[n_layers]``.
+        mlps: ``[n_layers]`` (or ``[batch, seq, n_layers]``).
+        attention: ``[n_layers]`` (or per token): whole attention blocks (0 = every head removed).
 
     >>> g = torch.ones(6, 12, requires_grad=True)
     >>> with gated(model, heads=g):            # doctest: +SKIP
     ...     model(**batch).loss.backward()      # g.grad: [6, 12]
     """
-    values = _check(model, GateValues(heads, mlps))
+    values = _check(model, GateValues(heads, mlps, attention))
     h = hooks(model)
     h.active.append(values)
     try:
@@ -182,9 +219,10 @@ def gated(model: nn.Module, heads: torch.Tensor | None = None, mlps: torch.Tenso
         h.active.remove(values)
 
 
-def set_gates(model: nn.Module, heads: torch.Tensor | None = None, mlps: torch.Tensor | None = None) -> GateValues:
+def set_gates(model: nn.Module, heads: torch.Tensor | None = None, mlps: torch.Tensor | None = None,
+              attention: torch.Tensor | None = None) -> GateValues:
     """Install persistent gates (a mask kept until [`clear_gates`][headcount.core.gates.clear_gates]); returns the handle."""
-    values = _check(model, GateValues(heads, mlps))
+    values = _check(model, GateValues(heads, mlps, attention))
     hooks(model).active.append(values)
     return values
 
@@ -223,5 +261,5 @@ def clone_model(model: nn.Module) -> nn.Module:
         if active:
             hooks(model).active.extend(active)
     if active:
-        hooks(twin).active.extend(GateValues(v.heads, v.mlps) for v in active)
+        hooks(twin).active.extend(GateValues(v.heads, v.mlps, v.attention) for v in active)
     return twin

@@ -50,6 +50,18 @@ class Block:
         per_head: ``(module, parameter name, unit)`` of tensors whose dim 0 is heads of that unit
             (per-head q/k norm weights ``[n_heads, head_dim]``, attention sinks ``[n_heads]``):
             surgery slices them like the projections' rows.
+        mlp_output: where the feed-forward block's contribution to the residual stream leaves:
+            the module whose output is added to the residual, which the MLP gate multiplies.
+            Default (None): ``ffn_out`` (its output, bias included). A family that normalises the
+            block's output before the residual add ("sandwich" norms, Gemma 2/3's
+            ``post_feedforward_layernorm``) names that norm: an RMSNorm is scale-invariant, so a
+            gate in front of it would have a zero gradient whatever the block does. The module must
+            map zeros to zeros (an RMSNorm does), so that gate 0 equals the pruned block.
+        attention_output: the same for the attention block (Gemma 2/3's ``post_attention_layernorm``);
+            default ``out_projection``. The attention gate multiplies what this module adds to the
+            residual beyond what it adds with every head removed (the out projection's bias, or
+            the norm of it), so attention gate 0 equals removing every head. Head gates stay at
+            ``out_projection``'s input either way: zeroing one head's context is removing it.
 
     A projection may be a transformers ``Conv1D`` (weight ``[in, out]``): its "rows" are then
     weight columns; surgery and the weight-based scorers handle both (``out_dim``).
@@ -67,6 +79,8 @@ class Block:
     head_interleave: tuple[int, ...] = ()
     ffn_in_extra: tuple[nn.Module, ...] = ()
     per_head: tuple[tuple[nn.Module, str, str], ...] = field(default=())
+    mlp_output: nn.Module | None = None
+    attention_output: nn.Module | None = None
 
     def __post_init__(self):
         if self.head_chunks and len(self.head_chunks) != len(self.head_projections):
@@ -75,6 +89,14 @@ class Block:
             raise ValueError("head_units needs one entry per head projection")
         if any(u not in ("q", "kv") for units in self.head_units for u in units):
             raise ValueError("head_units entries are 'q' or 'kv'")
+
+    def mlp_gate_point(self) -> nn.Module:
+        """The module whose output the MLP gate multiplies (``mlp_output``, else ``ffn_out``)."""
+        return self.ffn_out if self.mlp_output is None else self.mlp_output
+
+    def attention_gate_point(self) -> nn.Module:
+        """The module whose output the attention gate scales (``attention_output``, else ``out_projection``)."""
+        return self.out_projection if self.attention_output is None else self.attention_output
 
     def units(self) -> list[tuple[nn.Module, tuple[str, ...], int]]:
         """``(projection, units of its parts, interleave)`` for every head projection."""

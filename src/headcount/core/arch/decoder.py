@@ -20,6 +20,12 @@ class DecoderAdapter(Adapter):
 
     #: the attribute of the attention module that holds the output projection
     out_name = "o_proj"
+    #: attributes of the layer that normalise the attention / MLP block's *output* before the
+    #: residual add ("sandwich" norms), or None: the gates that scale a whole block go after them
+    #: (``Block.attention_output`` / ``mlp_output``). Declared, never guessed from a name: Llama's
+    #: ``post_attention_layernorm`` is the MLP's *input* norm, Gemma 2's the attention's output norm.
+    attention_post_norm: str | None = None
+    mlp_post_norm: str | None = None
 
     def num_kv_heads(self, config) -> int:
         return int(getattr(config, "num_key_value_heads", None) or self.num_heads(config))
@@ -52,8 +58,13 @@ class DecoderAdapter(Adapter):
             out.append(Block(layer=layer, attention=att, head_projections=(att.q_proj, att.k_proj, att.v_proj),
                              out_projection=att.o_proj, ffn_in=mlp.up_proj, ffn_out=mlp.down_proj,
                              head_units=(("q",), ("kv",), ("kv",)), ffn_in_extra=(mlp.gate_proj,),
-                             per_head=self.per_head(att)))
+                             per_head=self.per_head(att), attention_output=self._post_norm(layer, self.attention_post_norm),
+                             mlp_output=self._post_norm(layer, self.mlp_post_norm)))
         return out
+
+    @staticmethod
+    def _post_norm(layer, name: str | None):
+        return None if name is None else getattr(layer, name)
 
     def per_head(self, attention) -> tuple:
         """``(module, parameter, unit)`` of per-head tensors to slice (none by default: q/k
