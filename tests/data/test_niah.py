@@ -169,6 +169,9 @@ def test_niah_batches_label_the_answer_only(tok, tmp_path):
             assert (b["labels"][r, :p] == IGNORE).all() and (b["labels"][r, p + t:] == IGNORE).all()
             assert b["attention_mask"][r].sum() == p + t
         assert tok.eos_token_id in b.stop_ids and b.decode([4, 13]) == tok.decode([4, 13])
+        # the reference's stop set: line breaks only (it decodes on after end-of-sequence)
+        assert tok.eos_token_id not in b.newline_ids and b.stop_ids == b.newline_ids | {tok.eos_token_id}
+        assert b.newline_ids == {i for i in range(len(tok)) if "\n" in tok.decode([i])}
     # the lm objective and the task objective both give these batches; the stop metric is next-token accuracy
     data = DataConfig(split="validation", batch_size=4)
     for objective in ("lm", "task"):

@@ -234,6 +234,52 @@ def test_retrieval_scores_average_the_counted_examples(tmp_path):
         retrieval_scores(model, [{"input_ids": torch.ones(1, 3, dtype=torch.long)}])
 
 
+def test_stop_rules_choose_the_stop_set(tmp_path):
+    """``stop: newline`` (the reference) stops on line-break tokens only and decodes on after an
+    end-of-sequence token; ``eos-or-newline`` also stops there: each example is ``retrieve`` with
+    the batch's ``newline_ids`` or ``stop_ids``."""
+    model, tok, batches = _niah_batches(tmp_path, n=3)
+    first = {}
+    for b in batches:
+        for e in b.examples:  # the first token the model generates stands in for end-of-sequence
+            first[e.depth, e.answer] = retrieve(model, e, frozenset(), 1)[1][0]
+        b.stop_ids = frozenset(first.values())
+        b.newline_ids = frozenset()
+    runs = {rule: retrieval_scores(model, batches, max_new_tokens=5, stop=rule, success="exact")
+            for rule in ("newline", "eos-or-newline")}
+    k = 0
+    for b in batches:
+        for e in b.examples:
+            ids = {"newline": retrieve(model, e, frozenset(), 5)[1], "eos-or-newline": retrieve(model, e, b.stop_ids, 5)[1]}
+            assert len(ids["eos-or-newline"]) == 1 < len(ids["newline"]) == 5
+            for rule, run in runs.items():
+                assert run.meta["retrieval"]["examples"][k]["response"] == b.decode(ids[rule]).strip()[:200]
+            k += 1
+    assert runs["newline"].meta["retrieval"]["stop"] == "newline"
+    with pytest.raises(HeadcountError, match="stop rule"):
+        retrieval_scores(model, batches, stop="never")
+
+
+def test_rouge_porter_is_the_references_scorer():
+    """``rouge: porter`` decides success as the reference does (rouge_score, ``use_stemmer=True``,
+    recall x 100 > 50); ``plain`` is the same tokenization without the stemmer."""
+    rouge_scorer = pytest.importorskip("rouge_score.rouge_scorer", reason="rouge-score is a dependency of headcount")
+    reference = rouge_scorer.RougeScorer(["rouge1", "rougeL"], use_stemmer=True)  # the reference's scorer
+    cases = [("take a walk in Chaoyang Park and have a cup of Espresso in the evening",
+              "Taking walks in the parks, with cups of espresso."),
+             ("walk along the river at dawn and buy warm bread", "walked along rivers buying warm breads"),
+             ("48213", "The pass key is 48213."), ("48213", "4821")]
+    for real_needle, response in cases:
+        theirs = reference.score(real_needle, response)["rouge1"].recall * 100
+        assert rouge1_recall(real_needle, response, "porter") == pytest.approx(theirs / 100)
+        assert (rouge1_recall(real_needle, response, "porter") > 0.5) == (theirs > 50)
+    # the stemmer is what differs: inflections count under porter only; digits are the same under both
+    assert rouge1_recall(*cases[1], "porter") > 0.5 > rouge1_recall(*cases[1], "plain")
+    assert rouge1_recall(*cases[2], "porter") == rouge1_recall(*cases[2], "plain") == 1.0
+    with pytest.raises(HeadcountError, match="rouge rule"):
+        rouge1_recall("a", "a", "snowball")
+
+
 def test_the_interval_resamples_examples_and_averages_the_counted_ones():
     rng = np.random.default_rng(1)
     rows = rng.random((12, 2, 3))

@@ -10,11 +10,13 @@ token (the model's own attention implementation), then decode greedily from that
 At every step, for every layer and query head, take the position of the last query's largest
 attention weight (over every key, as ``topk(1)``); if it lies in the needle span (the answer's
 tokens in the prompt) and the token just generated equals the prompt's token there, add
-``1 / (span length)`` to that head. Decoding stops after a token holding a line break (the
-reference's ``<0x0A>``) or an end-of-sequence token (the reference decodes on after one, up to its
-50). An example counts only if the retrieval succeeded: the ROUGE-1 recall of
-the decoded answer against the needle's answer exceeds 0.5 (``success: rouge1``, the reference's
-``score > 50``; ``exact``: the answer appears verbatim). A head's score is the mean of its
+``1 / (span length)`` to that head. Decoding stops after a token holding a line break (``stop:
+newline``, the reference's ``<0x0A>``: it decodes on after an end-of-sequence token, up to its 50),
+or (``stop: eos-or-newline``) also after an end-of-sequence token. An example counts only if the
+retrieval succeeded: the ROUGE-1 recall of the decoded answer against the needle's answer exceeds
+0.5 (``success: rouge1``, the reference's ``score > 50``; ``exact``: the answer appears verbatim),
+with the reference's scorer (``rouge: porter``, rouge_score with its Porter stemmer) or without
+the stemmer (``rouge: plain``; the same on pass keys and digit strings). A head's score is the mean of its
 per-example sums over the counted examples. That arithmetic can exceed 1: a model that repeats the
 needle (a base model often does) copies each needle token again, and each copy adds ``1 / span``
 again (``copies: reference``, the default). ``copies: once`` counts each needle position at most
@@ -41,7 +43,7 @@ from torch import nn
 from headcount.core.arch import get_adapter
 from headcount.core.attention import attention_taps
 from headcount.core.gates import hooks, kept_heads, layout
-from headcount.data.tasks.niah import exact_match, rouge1_recall
+from headcount.data.tasks.niah import ROUGE_RULES, exact_match, rouge1_recall
 from headcount.importance.scorers import ScoreContext, Scorer
 from headcount.importance.scores import Scores
 from headcount.runtime.bounds import Bound
@@ -60,6 +62,9 @@ COPY_NOTES = {"reference": "the reference's arithmetic: every copy of a needle t
               "once": "each needle position counted once per head and example: a head's score is the share "
                       "of the needle it copied (at most 1)"}
 ROUGE_SUCCESS = 0.5
+#: where decoding stops: ``newline`` (after a token holding a line break: the reference's rule, which
+#: decodes on after an end-of-sequence token) or ``eos-or-newline`` (also after end-of-sequence)
+STOP_RULES = ("newline", "eos-or-newline")
 #: ``long-range``: the first tokens every query may read (StreamingLLM's attention sinks) and the recent window
 SINK, WINDOW = 4, 64
 SINK_RANGE, WINDOW_RANGE = Bound(0, 10**7, integer=True), Bound(1, 10**7, integer=True)
@@ -77,14 +82,17 @@ def _kept(model, n_layers: int, n_heads: int) -> list[list[int]]:
     return [kept_heads(blocks[layer].out_projection, n_heads) for layer in range(n_layers)]
 
 
-def _examples(batches):
-    """``(example, decode, stop ids)`` of niah batches (``headcount.data.tasks.niah.NiahBatch``)."""
+def _examples(batches, stop_rule: str = STOP_RULES[0]):
+    """``(example, decode, stop ids)`` of niah batches (``headcount.data.tasks.niah.NiahBatch``):
+    the batch's ``newline_ids`` for ``stop_rule`` ``newline``, its ``stop_ids`` (end-of-sequence too)
+    otherwise."""
     out = []
     for b in batches:
         if not hasattr(b, "examples"):
             raise HeadcountError("--method retrieval needs a needle-in-a-haystack task (--task offline/niah, or a task "
                                  "YAML with kind: niah)")
-        out.extend((e, b.decode, b.stop_ids) for e in b.examples)
+        stops = getattr(b, "newline_ids", b.stop_ids) if stop_rule == "newline" else b.stop_ids
+        out.extend((e, b.decode, stops) for e in b.examples)
     if not out:
         raise HeadcountError("--method retrieval got no examples")
     return out
@@ -192,7 +200,8 @@ def retrieve(model: nn.Module, example, stops, max_new_tokens: int = MAX_NEW_TOK
 
 @torch.no_grad()
 def retrieval_scores(model: nn.Module, batches, *, max_new_tokens: int = MAX_NEW_TOKENS, success: str = "rouge1",
-                     copy_rule: str = COPY_RULES[0], progress=None, rt=None) -> Scores:
+                     copy_rule: str = COPY_RULES[0], stop: str = STOP_RULES[0], rouge: str = ROUGE_RULES[1],
+                     progress=None, rt=None) -> Scores:
     """Wu et al.'s retrieval score of every query head ``[L, H]`` (see the module docstring).
 
     Args:
@@ -202,6 +211,8 @@ def retrieval_scores(model: nn.Module, batches, *, max_new_tokens: int = MAX_NEW
         success: ``rouge1`` (the reference) or ``exact``: which examples count.
         copy_rule: ``reference`` (every copy adds ``1 / span``: a head's score can exceed 1 when the
             model repeats the needle) or ``once`` (each needle position once: at most 1).
+        stop: ``newline`` (the reference: after a line-break token only) or ``eos-or-newline``.
+        rouge: ``porter`` (the reference's ROUGE-1 with the Porter stemmer) or ``plain`` (without it).
 
     Returns:
         [`Scores`][headcount.importance.scores.Scores]: ``heads`` the mean over counted examples (0 when none
@@ -215,8 +226,10 @@ def retrieval_scores(model: nn.Module, batches, *, max_new_tokens: int = MAX_NEW
 
     if success not in SUCCESS_RULES:
         raise HeadcountError(f"unknown success rule {success!r}; choose one of {', '.join(SUCCESS_RULES)}")
-    if copy_rule not in COPY_RULES:
-        raise HeadcountError(f"unknown copy rule {copy_rule!r}; choose one of {', '.join(COPY_RULES)}")
+    for name, value, rules in (("copy rule", copy_rule, COPY_RULES), ("stop rule", stop, STOP_RULES),
+                               ("rouge rule", rouge, ROUGE_RULES)):
+        if value not in rules:
+            raise HeadcountError(f"unknown {name} {value!r}; choose one of {', '.join(rules)}")
     MAX_NEW_TOKENS_RANGE.check(max_new_tokens, "max_new_tokens")
     rt = rt if rt is not None else runtime(model)
     n_layers = _decoder_grid(model, "retrieval").n_layers
@@ -224,10 +237,10 @@ def retrieval_scores(model: nn.Module, batches, *, max_new_tokens: int = MAX_NEW
     model.eval()
     rows, counted, records = [], [], []
     try:
-        for done, (ex, decode, stops) in enumerate(_examples(batches), 1):
+        for done, (ex, decode, stops) in enumerate(_examples(batches, stop), 1):
             counts, generated = retrieve(model, ex, stops, max_new_tokens, rt, copy_rule)
             response = decode(generated).strip()
-            recall = rouge1_recall(" ".join(ex.answers), response)
+            recall = rouge1_recall(" ".join(ex.answers), response, rouge)
             exact = exact_match(ex.answers, response)
             ok = recall > ROUGE_SUCCESS if success == "rouge1" else exact
             rows.append(counts if ok else torch.where(torch.isnan(counts), counts, 0.0))  # uncounted: 0
@@ -241,7 +254,8 @@ def retrieval_scores(model: nn.Module, batches, *, max_new_tokens: int = MAX_NEW
         model.train(was_training)
     per = torch.stack(rows)  # [n_examples, L, H] float64
     n_ok = int(sum(counted))
-    meta = {**rt.meta(), "retrieval": {"success": success, "copies": copy_rule, "copies_note": COPY_NOTES[copy_rule],
+    meta = {**rt.meta(), "retrieval": {"success": success, "rouge": rouge, "stop": stop, "copies": copy_rule,
+                                       "copies_note": COPY_NOTES[copy_rule],
                                        "max_new_tokens": max_new_tokens, "n_counted": n_ok,
                                        "needle_accuracy": float(np.mean([r["exact"] for r in records])),
                                        "examples": records}}
@@ -295,7 +309,7 @@ def long_range_scores(model: nn.Module, batches, *, sink: int = SINK, window: in
             n_examples += int(real.shape[0])
             n_tokens += int(real.sum())
             if progress:
-                progress(done)
+                progress(n_examples)  # examples done (ScoreContext.progress)
     finally:
         model.train(was_training)
     if count == 0:
@@ -333,6 +347,7 @@ def _retrieval(model, batches, ctx: ScoreContext) -> Scores:
     o = ctx.options
     return retrieval_scores(model, batches, max_new_tokens=o.get("max_new_tokens", MAX_NEW_TOKENS),
                             success=o.get("success", "rouge1"), copy_rule=o.get("copies", COPY_RULES[0]),
+                            stop=o.get("stop", STOP_RULES[0]), rouge=o.get("rouge", ROUGE_RULES[1]),
                             progress=ctx.progress, rt=ctx.rt)
 
 

@@ -18,11 +18,13 @@ from headcount.data.embedding import EMBEDDING_OBJECTIVES
 from headcount.importance.pruning import check_unit
 from headcount.importance.retrieval import (
     COPY_RULES,
+    ROUGE_RULES,
     KV_REDUCE,
     MAX_NEW_TOKENS,
     MAX_NEW_TOKENS_RANGE,
     SINK,
     SINK_RANGE,
+    STOP_RULES,
     SUCCESS_RULES,
     WINDOW,
     WINDOW_RANGE,
@@ -81,6 +83,10 @@ class ScoreSettings:
             > 0.5, the reference) or ``exact`` (the answer verbatim).
         copies: ``retrieval``: ``reference`` (every copy of a needle token adds 1/span: scores can
             exceed 1 when the model repeats the needle) or ``once`` (each needle position once).
+        stop: ``retrieval``: ``newline`` (decoding stops after a line-break token only: the
+            reference) or ``eos-or-newline`` (also after an end-of-sequence token).
+        rouge: ``retrieval``: ``porter`` (ROUGE-1 with rouge_score's Porter stemmer: the reference)
+            or ``plain`` (without the stemmer).
         sink / window: ``long-range``: the first tokens and the last keys a query reads "nearby".
         kv_reduce: ``long-range``: a KV head's score from its query heads' (``max`` or ``mean``).
 
@@ -99,6 +105,8 @@ class ScoreSettings:
     max_new_tokens: int = MAX_NEW_TOKENS
     success: str = SUCCESS_RULES[0]
     copies: str = COPY_RULES[0]
+    stop: str = STOP_RULES[0]
+    rouge: str = ROUGE_RULES[1]
     sink: int = SINK
     window: int = WINDOW
     kv_reduce: str = KV_REDUCE[0]
@@ -115,13 +123,15 @@ class ScoreSettings:
         SINK_RANGE.check(self.sink, "--sink")
         WINDOW_RANGE.check(self.window, "--window")
         for name, value, choices in (("--success", self.success, SUCCESS_RULES), ("--copies", self.copies, COPY_RULES),
+                                     ("--stop", self.stop, STOP_RULES), ("--rouge", self.rouge, ROUGE_RULES),
                                      ("--kv-reduce", self.kv_reduce, KV_REDUCE)):
             if value not in choices:
                 raise HeadcountError(f"{name} must be one of {', '.join(choices)}, not {value!r}")
 
     def options(self) -> dict:
         """The scorers' own settings ([`ScoreContext`][headcount.importance.scorers.ScoreContext]'s ``options``)."""
-        return {"max_new_tokens": self.max_new_tokens, "success": self.success, "copies": self.copies, "sink": self.sink,
+        return {"max_new_tokens": self.max_new_tokens, "success": self.success, "copies": self.copies, "stop": self.stop,
+                "rouge": self.rouge, "sink": self.sink,
                 "window": self.window, "kv_reduce": self.kv_reduce}
 
     @property

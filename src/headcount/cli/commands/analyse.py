@@ -128,6 +128,10 @@ def score(
     copies: str = setting(ScoreSettings, "copies", help="retrieval: reference (every copy of a needle token adds 1/span; "
                                                         "a head that copies a repeated needle scores above 1) | once "
                                                         "(each needle position once: at most 1)"),
+    stop: str = setting(ScoreSettings, "stop", help="retrieval: where decoding stops: newline (after a line-break token "
+                                                    "only, the reference) | eos-or-newline (also after end-of-sequence)"),
+    rouge: str = setting(ScoreSettings, "rouge", help="retrieval: the ROUGE-1 of success rouge1: porter (rouge_score with "
+                                                      "its Porter stemmer, the reference) | plain (no stemmer)"),
     sink: int = setting(ScoreSettings, "sink", help="long-range: the first tokens every query reads nearby"),
     window: int = setting(ScoreSettings, "window", help="long-range: the last keys every query reads nearby"),
     kv_reduce: str = setting(ScoreSettings, "kv_reduce", help="long-range: a KV head's score from its query heads': max | mean"),
@@ -139,7 +143,8 @@ def score(
     phases = _Phases("start+CLI")
     # the settings are checked before the imports (seconds): a bad value is refused at once
     how = settings_from(ScoreSettings, dict(objective=objective, method=method, normalize=normalize, unit=unit,
-                                            max_new_tokens=max_new_tokens, success=success, copies=copies, sink=sink,
+                                            max_new_tokens=max_new_tokens, success=success, copies=copies, stop=stop, rouge=rouge,
+                                            sink=sink,
                                             window=window, kv_reduce=kv_reduce, **scoring))
     data = replace(data, split=split)
     score_command = _heavy_imports().score_command

@@ -25,6 +25,7 @@ from headcount.data.tasks.niah_examples import (
     NEEDLES,
     NOUNS,
     REFERENCE_DEPTHS,
+    ROUGE_RULES,
     TEMPLATES,
     NiahExample,
     NiahSpec,
@@ -184,20 +185,29 @@ class NiahBatch(dict):
     """A batch of niah examples: ``input_ids`` / ``attention_mask`` / ``labels`` as every batch (the
     prompt then the target, right-padded; labels: the target's tokens, ``-100`` elsewhere), and as
     attributes, which a model's ``**batch`` never sees: ``examples`` (the [`NiahExample`][headcount.data.tasks.niah.NiahExample]s of its
-    rows), ``decode`` (token ids -> text) and ``stop_ids`` (tokens that end an answer: the
-    end-of-sequence tokens and any token holding a line break, where the reference stops)."""
+    rows), ``decode`` (token ids -> text), ``stop_ids`` (tokens that end an answer: the
+    end-of-sequence tokens and any token holding a line break) and ``newline_ids`` (the tokens
+    holding a line break only: where the reference stops, decoding on after an end-of-sequence
+    token)."""
 
     examples: list
     decode: object
     stop_ids: frozenset
+    newline_ids: frozenset
 
 
-def stop_ids(tokenizer) -> frozenset:
-    """End-of-sequence ids and the ids of tokens whose text holds a line break."""
-    eos = tokenizer.eos_token_id
-    ids = set(eos if isinstance(eos, (list, tuple)) else [] if eos is None else [eos])
+def stop_ids(tokenizer, eos: bool = True) -> frozenset:
+    """The ids of tokens whose text holds a line break, and (``eos``) the end-of-sequence ids."""
+    lines, ends = _line_and_end_ids(tokenizer)
+    return lines | ends if eos else lines
+
+
+def _line_and_end_ids(tokenizer) -> tuple[frozenset, frozenset]:
+    """``(ids of tokens whose text holds a line break, end-of-sequence ids)`` (decodes the vocabulary once)."""
+    end = tokenizer.eos_token_id
+    ends = frozenset(end if isinstance(end, (list, tuple)) else [] if end is None else [end])
     texts = tokenizer.batch_decode([[i] for i in range(len(tokenizer))])
-    return frozenset(ids | {i for i, t in enumerate(texts) if "\n" in t})
+    return frozenset(i for i, t in enumerate(texts) if "\n" in t), ends
 
 
 def niah_batches(task: NiahTask, tokenizer, *, split: str | None = None, max_examples: int | None = None,
@@ -215,7 +225,8 @@ def niah_batches(task: NiahTask, tokenizer, *, split: str | None = None, max_exa
         raise HeadcountError(f"task {task.name}: a haystack of {int(lengths.max())} tokens (prompt and answer) is "
                              f"longer than the model's {limit} positions; use shorter niah lengths")
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
-    stops = stop_ids(tokenizer)
+    newlines, ends = _line_and_end_ids(tokenizer)
+    stops = newlines | ends
     out = []
     for idx in batch_order(lengths, batch_size, group_by_length=group_by_length):
         rows = [examples[i] for i in idx]
@@ -226,6 +237,7 @@ def niah_batches(task: NiahTask, tokenizer, *, split: str | None = None, max_exa
             labels[r, p:p + t] = b["input_ids"][r, p:p + t]
         b["labels"] = labels
         b.examples, b.decode, b.stop_ids = rows, lambda ids: tokenizer.decode(ids, skip_special_tokens=True), stops
+        b.newline_ids = newlines
         out.append(b)
     return out
 
@@ -236,7 +248,7 @@ def is_niah(task) -> bool:
 
 
 __all__ = ["ACTIVITIES", "ADJECTIVES", "CITIES", "KIND", "METRIC", "NEEDLES", "NOUNS", "REFERENCE_DEPTHS",
-           "TEMPLATES", "NiahBatch", "NiahExample", "NiahSource", "NiahSpec", "NiahTask", "Template",
+           "ROUGE_RULES", "TEMPLATES", "NiahBatch", "NiahExample", "NiahSource", "NiahSpec", "NiahTask", "Template",
            "chat_template_source", "check_positions", "exact_match",
            "find_needle_idx", "generate", "is_niah", "make_needle", "niah_batches", "niah_task", "niah_task_yaml",
            "offline_haystack", "render", "rouge1_recall", "ruler_examples", "stop_ids"]

@@ -407,14 +407,33 @@ def _rouge_tokens(text: str) -> list[str]:
     return re.sub(r"[^a-z0-9]+", " ", text.lower()).split()
 
 
-def rouge1_recall(reference: str, response: str) -> float:
-    """ROUGE-1 recall of ``response`` against ``reference`` (rouge_score's tokenization: lower case,
-    runs of ``[a-z0-9]``; without its Porter stemmer, which only merges inflections of words longer
-    than three letters). The reference counts a retrieval when this exceeds 0.5.
+#: ``plain``: rouge_score's tokenization without its stemmer; ``porter``: with it (the reference's
+#: ``RougeScorer(['rouge1'], use_stemmer=True)``, through the rouge-score package itself)
+ROUGE_RULES = ("plain", "porter")
+
+
+def _porter_scorer():
+    try:
+        from rouge_score import rouge_scorer
+    except ImportError:
+        raise HeadcountError("rouge: porter needs the rouge-score package (pip install rouge-score)") from None
+    return rouge_scorer.RougeScorer(["rouge1"], use_stemmer=True)
+
+
+def rouge1_recall(reference: str, response: str, rouge: str = "plain") -> float:
+    """ROUGE-1 recall of ``response`` against ``reference``. ``plain``: rouge_score's tokenization
+    (lower case, runs of ``[a-z0-9]``) without its Porter stemmer; ``porter``: the reference's scorer
+    (rouge_score with ``use_stemmer=True``, which also merges inflections of words longer than three
+    letters: "walks" counts as "walk"). Digits, pass keys and short words score the same under both.
+    The reference counts a retrieval when this exceeds 0.5.
 
     >>> rouge1_recall("eat a sandwich in the park", "They eat a sandwich.")
     0.5
     """
+    if rouge == "porter":
+        return float(_porter_scorer().score(reference, response)["rouge1"].recall)
+    if rouge != "plain":
+        raise HeadcountError(f"unknown rouge rule {rouge!r}; choose one of {', '.join(ROUGE_RULES)}")
     ref, got = Counter(_rouge_tokens(reference)), Counter(_rouge_tokens(response))
     total = sum(ref.values())
     return sum(min(n, got[w]) for w, n in ref.items()) / total if total else 0.0
@@ -461,6 +480,6 @@ def ruler_examples(table: Table, where: str, tokenizer=None) -> list[NiahExample
     return out
 
 
-__all__ = ["ACTIVITIES", "ADJECTIVES", "CITIES", "NEEDLES", "NOUNS", "REFERENCE_DEPTHS", "TEMPLATES", "NiahExample",
+__all__ = ["ACTIVITIES", "ADJECTIVES", "CITIES", "NEEDLES", "NOUNS", "REFERENCE_DEPTHS", "ROUGE_RULES", "TEMPLATES", "NiahExample",
            "NiahSpec", "Template", "chat_template_source", "check_positions", "exact_match", "find_needle_idx",
            "generate", "make_needle", "render", "rouge1_recall", "ruler_examples"]

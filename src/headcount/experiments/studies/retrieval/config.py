@@ -141,7 +141,7 @@ class HeldOutSettings(ConfigSection):
 
 
 #: [`ScoreSettings`][headcount.importance.settings.ScoreSettings] fields the study's scorers read
-SCORE_FIELDS: tuple[str, ...] = ("max_new_tokens", "success", "sink", "window", "kv_reduce")
+SCORE_FIELDS: tuple[str, ...] = ("max_new_tokens", "success", "stop", "rouge", "copies", "sink", "window", "kv_reduce")
 
 
 class ScoringSettings(create_model("RetrievalScoreFields", __base__=ConfigSection,

@@ -119,7 +119,8 @@ def retrieval_jobs(settings: RetrievalSettings, prefix: str = "") -> list[Job]:
     meta: dict[str, dict] = {}
     for method, done in runs.items():
         options = {k: v for k, v in sc.options().items()
-                   if k in (("max_new_tokens", "success") if method == "retrieval" else ("sink", "window", "kv_reduce"))}
+                   if k in (("max_new_tokens", "success", "stop", "rouge", "copies") if method == "retrieval"
+                            else ("sink", "window", "kv_reduce"))}
         for template in s.templates:
             for seed in s.seeds:
                 niah = {**s.niah.spec(seed, template), "split": s.niah.split}
