@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-__version__ = "0.1.2"
+__version__ = "0.1.3"
 
 _EXPORTS = {
     # models and architectures
