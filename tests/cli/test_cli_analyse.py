@@ -41,6 +41,25 @@ def test_score_writes_contract_files(setup, tmp_path, capsys):
     assert (tmp_path / "heads.png").stat().st_size > 1000
 
 
+def test_score_prints_progress_lines_to_a_non_terminal_stderr(setup, tmp_path, capsys):
+    """Scoring's progress (examples done / total) goes to stderr as plain lines (capsys: not a
+    terminal), the first and the final one; stdout holds none of it (before: no progress at all)."""
+    ckpt, task = setup
+    code, out, err = run(["score", "--model", str(ckpt), "--task", str(task), "--max-examples", "32",
+                          "--batch-size", "8", "--method", "ablation", "--out", str(tmp_path / "a")], capsys)
+    assert code == 0, err
+    lines = [line for line in err.splitlines() if line.startswith("scoring (ablation): ")]
+    assert lines[0] == "scoring (ablation): 0/8 heads" and lines[-1].startswith("scoring (ablation): 8/8 heads (100%)")
+    assert "\r" not in err and "scoring (" not in out
+    code, out, err = run(["score", "--model", str(ckpt), "--task", str(task), "--max-examples", "32",
+                          "--batch-size", "8", "--out", str(tmp_path / "g")], capsys)
+    assert code == 0, err
+    lines = [line for line in err.splitlines() if line.startswith("scoring (gradient): ")]
+    assert lines[0] == "scoring (gradient): 0/32 examples", err
+    assert lines[-1].startswith("scoring (gradient): 32/32 examples (100%), ") and "examples/s" in lines[-1]
+    assert "scoring (" not in out
+
+
 def test_score_timing_line_only_when_asked(setup, tmp_path, capsys, monkeypatch):
     """``HEADCOUNT_TIMING=1``: one ``timing:`` line of the phases (the bench reads it); else none,
     and the same files either way."""

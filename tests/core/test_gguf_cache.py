@@ -49,7 +49,9 @@ def fake(tmp_path, monkeypatch):
 def test_a_conversion_is_made_once_and_then_loaded_from(fake):
     path, model, reads = fake
     assert gguf.find_converted(path) is None
-    assert gguf.gguf_source(str(path)) == (str(path.parent), {"gguf_file": "tiny.gguf"})
+    # a reader of the config alone takes the file itself and converts nothing
+    assert gguf.gguf_source(str(path), convert=False) == (str(path.parent), {"gguf_file": "tiny.gguf"})
+    assert reads == [] and gguf.find_converted(path) is None
     folder, now = gguf.convert_gguf(path)
     assert now and reads == ["tiny.gguf"]
     assert {"config.json", "model.safetensors", "tokenizer.json", gguf.SOURCE} <= {p.name for p in folder.iterdir()}
@@ -69,7 +71,7 @@ def test_an_edited_file_is_not_read_from_its_old_conversion(fake):
     folder, _ = gguf.convert_gguf(path)
     write_gguf(path, seed=1)
     assert gguf.find_converted(path) is None and gguf.converted_dir(path) != folder
-    assert gguf.gguf_source(str(path))[1] == {"gguf_file": "tiny.gguf"}
+    assert gguf.gguf_source(str(path), convert=False)[1] == {"gguf_file": "tiny.gguf"}
 
 
 def test_another_transformers_reads_the_file_again(fake, monkeypatch):

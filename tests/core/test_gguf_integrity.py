@@ -201,4 +201,7 @@ def test_headcount_info_on_an_edited_conversion_says_so_in_one_line(cache, capsy
         fh.write(b"\x01\x02\x03\x04")
     code, out, err = run_cli(capsys, "info", "--model", files[0])
     assert code == 0 and "layers: 2" in out
-    assert [line for line in err.splitlines() if line.strip()] == notes(err) and len(notes(err)) == 1, err
+    # one note says why; the rest is the reconversion's progress (a few plain lines off a terminal)
+    others = [line for line in err.splitlines() if line.strip() and line not in notes(err)]
+    assert len(notes(err)) == 1 and all("GGUF" in line and "\r" not in line for line in others), err
+    assert len(others) <= 5, err

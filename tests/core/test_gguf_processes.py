@@ -8,9 +8,11 @@ file's own weights, and never a half-written folder in its place.
   read once (the second waits on the conversion lock, then finds it done).
 - SIGKILL while the weights are written: the half folder is a marked temporary one that no load
   uses; the next conversion removes it and converts.
-- A full disk (a 40 KB tmpfs as ``$HEADCOUNT_CACHE``, in a mount namespace of its own; skipped
-  where it cannot be mounted, e.g. without root; ``test_gguf_cache.py`` simulates ENOSPC
-  everywhere): one line naming the full disk, nothing left but the lock; with room again, it converts.
+- A full disk (a tmpfs as ``$HEADCOUNT_CACHE``, in a mount namespace of its own; skipped where it
+  cannot be mounted, e.g. without root; ``test_gguf_cache.py`` simulates ENOSPC everywhere): 40 KB,
+  less than the header says the conversion takes (81 KB), is refused before anything is written;
+  92 KB passes that estimate but not the files' real size in tmpfs pages (~110 KB): one line naming
+  the full disk, nothing left but the lock; with room again, it converts.
 """
 
 from __future__ import annotations
@@ -130,7 +132,8 @@ def test_a_conversion_killed_midway_is_never_used_and_the_next_one_cleans_up(wor
     folder = gguf.converted_dir(path)
     assert (half / "model.safetensors").is_file() and (half / gguf.PARTIAL).is_file() and half.parent == folder.parent
     assert not os.path.lexists(folder) and gguf.find_converted(path) is None
-    assert gguf.gguf_source(str(path)) == (str(path.parent), {"gguf_file": path.name})  # the file, not the half
+    # the file, not the half (convert=False: what is there is used, nothing converted)
+    assert gguf.gguf_source(str(path), convert=False) == (str(path.parent), {"gguf_file": path.name})
     done = result(start(tmp_path, path, env, "next"))
     assert done == {"folder": str(folder), "now": True} and not half.exists()
     assert_whole(folder, path)
@@ -152,16 +155,21 @@ def test_a_full_disk_during_a_conversion_is_one_line_and_leaves_nothing(world):
     if not _can_mount_tmpfs(cache):
         pytest.skip("cannot mount a tmpfs here (needs root and mount namespaces); the ENOSPC case is simulated in "
                     "test_gguf_cache.py")
-    # in a mount namespace of its own: a 40 KB tmpfs as the cache (the tiny conversion needs ~120 KB),
-    # then what is left in it, then the same conversion with room again
+    # in a mount namespace of its own: a 40 KB tmpfs as the cache (the header's estimate is 81 KB),
+    # then 92 KB (the files take ~110 KB in 4 KB pages), then what is left in it, then the same
+    # conversion with room again
     script = (f"mount -t tmpfs -o size=40k tmpfs '{cache}' && "
+              f"'{sys.executable}' '{tmp_path}/convert.py' '{path}' && "
+              f"mount -o remount,size=92k '{cache}' && "
               f"'{sys.executable}' '{tmp_path}/convert.py' '{path}' && "
               f"find '{cache}' -mindepth 1 -printf '%P\\n' | sort > '{tmp_path}/left.txt' && "
               f"mount -o remount,size=8m '{cache}' && '{sys.executable}' '{tmp_path}/convert.py' '{path}'")
     proc = subprocess.run(["unshare", "-m", "sh", "-c", script], env={**env, "READY": str(tmp_path / "r"),
                           "MARK": str(tmp_path / "m")}, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
-    full, roomy = (json.loads(line) for line in proc.stdout.strip().splitlines()[-2:])
+    small, full, roomy = (json.loads(line) for line in proc.stdout.strip().splitlines()[-3:])
+    estimate = gguf._size(sum(gguf.conversion_bytes(path)))
+    assert small["error"].startswith(f"the GGUF conversion of tiny.gguf needs about {estimate}, "), small
     assert "No space left on device" in full["error"] and "\n" not in full["error"]
     assert full["error"].startswith("cannot write the GGUF conversion")
     key = gguf.converted_dir(path).name

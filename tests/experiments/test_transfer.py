@@ -643,3 +643,18 @@ def test_every_job_validates_its_params_and_refuses_unknown_ones():
     curve = next(j for j in jobs if j.name == "curve/movies/mlm")
     with pytest.raises(ValueError, match="needs model and mlm_head"):
         C.CurveParams.model_validate({k: v for k, v in curve.params.items() if k != "mlm_head"})
+
+
+def test_scoring_progress_counts_what_the_scorer_counts():
+    """A score job's progress total is the scorer's unit: examples for gradient scores (the rows of
+    every batch, not the number of batches: "48/16" before), heads for ablation."""
+    from headcount.experiments.studies.jobs import scoring_progress
+
+    calls = []
+    batches = [{"input_ids": torch.zeros(16, 5, dtype=torch.long)}] * 3  # 3 batches of 16 examples
+    scoring_progress(lambda *a: calls.append(a), None, batches, "gradient")(48)
+    assert calls == [(48, 48, "scoring (examples)")]
+    model = tiny_model("bert")
+    n_layers, n_heads = layout(model)
+    scoring_progress(lambda *a: calls.append(a), model, batches, "ablation")(1)
+    assert calls[-1][:2] == (1, n_layers * n_heads)

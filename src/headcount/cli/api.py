@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
 
@@ -30,10 +31,12 @@ from headcount.importance.pipeline import (
     prune_model,
 )
 from headcount.importance.pruning import PruneConfig, PruneResult, kv_group_scores
+from headcount.importance.scorers import count_examples
 from headcount.importance.scoring import score
 from headcount.runtime.atomic import atomic_write_text
 from headcount.runtime.device import device_name, resolve_device, resolve_precision, resolve_runtime
 from headcount.runtime.errors import HeadcountError
+from headcount.runtime.progress import Progress
 
 
 def describe(model_spec: str) -> dict:
@@ -146,7 +149,8 @@ def shrunk_model(model_spec: str, mask_path, loader):
 
 
 def _kv_group_meta(model, s, unit: str) -> dict:
-    """``--unit kv-groups``: each key/value group's score (its query heads' summed); refused for a
+    """``--unit kv-groups``: each key/value group's score (its query heads' summed; with one KV head per
+    layer behind a post-norm, the attention gate's score, ``s.attention``); refused for a
     model without grouped-query attention (checked before scoring: ``s`` None). Nothing for
     ``--unit heads`` (scores.json as before)."""
     if unit == "heads":
@@ -159,7 +163,8 @@ def _kv_group_meta(model, s, unit: str) -> dict:
     if s is None:
         return {}
     own = s.meta.get("kv_groups")  # a scorer's own per-KV-head score (long-range: its neediest query head) wins
-    return {"unit": unit, "kv_groups": own if own is not None else kv_group_scores(s.heads, grid.n_kv_heads).tolist()}
+    return {"unit": unit, "kv_groups": own if own is not None else kv_group_scores(s.heads, grid.n_kv_heads,
+                                                                                   s.attention).tolist()}
 
 
 def _head_seed(info: dict) -> dict:
@@ -204,8 +209,8 @@ def score_command(model: str, task, settings: ScoreSettings, data: DataConfig, o
     mark("load")
     batches = [] if not scorer.needs_data else batches_for(t, tok, objective, data, group_by_length=settings.grouped)
     mark("data")
-    with decoding(m, metric_for(t, objective)):
-        s = score(m, batches, method=scorer, normalize=settings.normalize, device=rt,
+    with decoding(m, metric_for(t, objective)), scoring_progress(m, scorer, batches) as bar:
+        s = score(m, batches, method=scorer, normalize=settings.normalize, device=rt, progress=bar,
                   accumulate=settings.accumulate, contrastive=info.get("contrastive"), options=settings.options())
     if "retrieval" in s.meta:  # Wu et al.'s score: its bootstrap interval over examples
         s = with_retrieval_interval(s)
@@ -231,6 +236,16 @@ def score_command(model: str, task, settings: ScoreSettings, data: DataConfig, o
     plots.head_heatmap(s.to_dict(), out / "heads.png", title=f"{method} importance, {objective}: {t.name}")
     mark("write")
     return {**s.to_dict(), "seconds": s.meta.get("seconds", 0.0)}
+
+
+def scoring_progress(model, scorer, batches):
+    """The stderr progress of scoring ``batches`` with ``scorer`` (examples, or heads for a scorer
+    whose ``progress_unit`` is ``heads``); a no-op context for a scorer that reads no data."""
+    if not scorer.needs_data:
+        return nullcontext()
+    grid = layout(model)
+    total = grid[0] * grid[1] if scorer.progress_unit == "heads" else count_examples(batches)
+    return Progress(total, f"scoring ({scorer.name})", unit=scorer.progress_unit)
 
 
 def fit_positions(data: DataConfig, tokenizer, model: str, echo=_echo_none) -> DataConfig:
@@ -283,12 +298,16 @@ def prune_command(model: str, task, settings: PruneSettings, loop: PruneConfig, 
     stop_batches = batches_for(t, tok, objective, stop, split=settings.stop_split or t.validation_split)
     metric = metric_for(t, objective)
 
+    bar = Progress(None, "pruning", unit="steps")
+
     def progress(row):
+        bar.update(row["step"], detail=f"{row['heads_kept']} heads, {row['mlps_kept']} MLPs kept")
         echo(f"step {row['step']:>3} {row['phase']:<6} heads {row['heads_kept']:>4} mlps {row['mlps_kept']:>3} "
              f"{metric} {row['metric']:.4f} {'ok' if row['accepted'] else 'below threshold'}")
 
-    result = prune_model(m, imp_batches, stop_batches, metric, settings=settings, config=loop, progress=progress,
-                         device=rt, contrastive=info.get("contrastive"))
+    with bar:
+        result = prune_model(m, imp_batches, stop_batches, metric, settings=settings, config=loop, progress=progress,
+                             device=rt, contrastive=info.get("contrastive"))
     echo(f"pruned on {_on(result.meta)}")
     out = Path(out)
     mask = result.mask.with_meta(model=model, task=t.name, objective=objective, metric_name=metric, method=method,

@@ -12,17 +12,7 @@ import sys
 
 import typer
 
-from headcount.cli.commands import app
-from headcount.cli.commands import core  # noqa: F401  (registers info, shrink)
-from headcount.cli.commands import train  # noqa: F401  (finetune, magnitude)
-from headcount.cli.commands import data  # noqa: F401  (registers tasks, data fetch)
-from headcount.cli.commands import study  # noqa: F401  (registers study, report)
-from headcount.cli.commands import patterns  # noqa: F401  (patterns train, patterns synthetic)
-from headcount.cli.commands import analyse  # noqa: F401  (score, prune)
-from headcount.cli.commands import demo  # noqa: F401  (demo)
-from headcount.cli.commands import export  # noqa: F401  (export)
-from headcount.cli.commands import explore  # noqa: F401  (explore)
-from headcount.cli.commands import kvbudget  # noqa: F401  (kv-budget)
+from headcount.cli import commands as _commands  # the command modules load lazily (commands.LazyGroup)
 from headcount.runtime.errors import HeadcountError
 from headcount.runtime.io import ACTIVE_OUTS, io_error_message
 
@@ -30,6 +20,14 @@ try:  # typer >= 0.20 vendors its own click
     from typer._click import exceptions as _click_exc
 except ImportError:  # pragma: no cover
     from click import exceptions as _click_exc
+
+
+def __getattr__(name: str):
+    """``headcount.cli.app.app``: the typer app with every command registered (tests, the docs)."""
+    if name == "app":
+        _commands.load_commands()
+        return _commands.app
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _quiet_libraries() -> None:
@@ -105,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         _check_empty_values(args)
         if argv is None:  # the console script: what it imported lives until it exits, and a command
             gc.freeze()   # freezes what it imports too (commands.analyse): the collector skips them
-        code = app(args=args, standalone_mode=False)
+        code = _commands.app(args=args, standalone_mode=False)
         if argv is None:  # it ends next: the last collections would walk every object (~1 s with
             gc.freeze()   # transformers loaded, on 2 busy cores)
         if code == 130:  # typer turns KeyboardInterrupt into Exit(130) and returns its code

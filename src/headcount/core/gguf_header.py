@@ -15,6 +15,7 @@ dimension (innermost first), u32 type, u64 offset. A string is a u64 length and 
 
 from __future__ import annotations
 
+import math
 import mmap
 import struct
 from dataclasses import dataclass, field
@@ -47,6 +48,10 @@ class GGUFHeader:
     version: int
     metadata: dict = field(default_factory=dict)
     tensors: dict[str, tuple[int, ...]] = field(default_factory=dict)
+
+    def parameter_count(self) -> int:
+        """The number of weights the tensors hold (each tensor's dimensions multiplied)."""
+        return sum(math.prod(dims) for dims in self.tensors.values())
 
 
 class _Cursor:

@@ -19,6 +19,7 @@ from headcount.core.gguf import check_gguf, convert_gguf, dequantised, gguf_sour
 from headcount.core.layout_check import check_config_layout
 from headcount.core.surgery import is_pruned_checkpoint, load_pruned
 from headcount.runtime.errors import HeadcountError
+from headcount.runtime.paths import GGUF_CACHE_ENV, gguf_cache_on
 
 OFFLINE = "offline"
 #: SmolLM2-135M-Instruct (Llama architecture: 30 layers, 9 query heads on 3 key/value heads, hidden
@@ -78,6 +79,8 @@ def offline_decoder_status(convert: bool = False) -> str:
             "4-bit Q4_1 weights, dequantised to float32 when loaded)")
     if not convert:
         return line
+    if not gguf_cache_on():
+        return f"{line}\n  not converted ({GGUF_CACHE_ENV}=off): every load reads the GGUF file (~20 s)"
     start = time.perf_counter()
     try:
         folder, now = convert_gguf(path)
@@ -443,7 +446,7 @@ def max_tokens(spec: str) -> int | None:
     """The longest input ``spec``'s position embeddings take (the architecture adapter reads it
     from the config), or None when there is no such limit or the config cannot be read."""
     try:
-        path, gguf = gguf_source(resolve(spec))
+        path, gguf = gguf_source(resolve(spec), convert=False)  # the config alone: the loads convert
         config = transformers.AutoConfig.from_pretrained(path, **gguf)
         return get_adapter(config).max_tokens(config)
     except (OSError, ValueError, HeadcountError):

@@ -69,7 +69,7 @@ def activation_scores(model: nn.Module, batches, progress=None, rt=None) -> Scor
             with rt.autocast():
                 model(**batch)
             if progress:
-                progress(done)
+                progress(n_examples)  # examples done (ScoreContext.progress)
     finally:
         for handle in handles:
             handle.remove()

@@ -34,7 +34,8 @@ class ScoreContext:
     Attributes:
         rt: the ``Runtime`` (device, precision, token budget).
         keep_per_example: keep per-example contributions (scorers with ``per_example``).
-        progress: called with the number of batches done (or None).
+        progress: called with the amount of work done (or None): examples, or what the scorer's
+            ``progress_unit`` counts (``ablation``: heads ablated).
         accumulate: the accumulation (scorers with ``accumulations``).
         at: the mask whose gate values the gradient is taken at (scorers with ``gate_gradient``), or None.
         options: a scorer's own settings by name (``retrieval``: ``max_new_tokens``, ``success``;
@@ -68,6 +69,8 @@ class Scorer:
             the transfer study's paired bootstrap needs.
         description: one line for ``--help`` and the docs.
         scores_mlps: False: its MLP scores are NaN by design (``entropy`` describes attention only).
+        progress_unit: what its ``ctx.progress(done)`` counts: ``examples`` ([`count_examples`][headcount.importance.scorers.count_examples]
+            is the total), or ``heads`` (one per head of the model: ``ablation``).
     """
 
     name: str
@@ -81,6 +84,16 @@ class Scorer:
     description: str = ""
     meta: dict = field(default_factory=dict)
     scores_mlps: bool = True
+    progress_unit: str = "examples"
+
+
+def count_examples(batches) -> int:
+    """The examples in ``batches`` (a list): the rows of each dict batch's ``input_ids`` [b, s], or a
+    batch's ``examples`` (needle-in-a-haystack batches): the total of a scorer's ``examples`` progress."""
+    n = 0
+    for b in batches:
+        n += len(b.examples) if hasattr(b, "examples") else int(b["input_ids"].shape[0])
+    return n
 
 
 _REGISTRY: dict[str, Scorer] = {}
@@ -133,5 +146,5 @@ def get_scorer(name: str) -> Scorer:
     return _REGISTRY[name]
 
 
-__all__ = ["Scorer", "ScoreContext", "register_scorer", "unregister_scorer", "get_scorer", "scorer_names",
+__all__ = ["Scorer", "ScoreContext", "count_examples", "register_scorer", "unregister_scorer", "get_scorer", "scorer_names",
            "ENTRY_POINTS"]

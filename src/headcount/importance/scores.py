@@ -9,6 +9,7 @@ accumulation, normalisation and batch-order options (``ACCUMULATE``, ``NORMALIZE
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -77,6 +78,9 @@ class Scores:
             its batch's mean loss divides by their sum). What rebuilding the estimator on a
             resample takes (``headcount.analysis.batched.BatchedRows``): a bootstrap of the
             absolute rows is one of a proxy, far narrower than the estimator's own spread.
+        attention: optional ``[n_layers]`` whole-attention-block importance (``gradient`` where the
+            adapter declares a norm after the attention block: the attention gate's, accumulated as
+            the MLPs'); ``scores.json``'s ``attention``, absent in files without it.
     """
 
     heads: torch.Tensor
@@ -90,15 +94,20 @@ class Scores:
     per_example_signed: torch.Tensor | None = None
     example_batches: torch.Tensor | None = None
     example_labels: torch.Tensor | None = None
+    attention: torch.Tensor | None = None
 
     def normalized(self, mode: str) -> "Scores":
         heads, mlps = normalize_scores(self.heads, self.mlps, mode)
-        return replace(self, heads=heads, mlps=mlps, normalize=mode)
+        attention = self.attention
+        if attention is not None:  # one score per layer, as the MLPs: min-max under layer+global
+            _, attention = normalize_scores(self.heads, attention, mode)
+        return replace(self, heads=heads, mlps=mlps, attention=attention, normalize=mode)
 
     def to_dict(self) -> dict:
         return {
             "heads": self.heads.tolist(),
             "mlps": self.mlps.tolist(),
+            **({"attention": self.attention.tolist()} if self.attention is not None else {}),
             "method": self.method,
             "normalize": self.normalize,
             "n_examples": int(self.n_examples),
@@ -111,10 +120,12 @@ class Scores:
 
     @classmethod
     def from_dict(cls, d: dict) -> "Scores":
-        known = {"heads", "mlps", "method", "normalize", "n_examples", "n_tokens"}
+        known = {"heads", "mlps", "attention", "method", "normalize", "n_examples", "n_tokens"}
         return cls(
             heads=torch.tensor(d["heads"], dtype=torch.float32),
             mlps=torch.tensor(d.get("mlps") or [0.0] * len(d["heads"]), dtype=torch.float32),
+            attention=(torch.tensor([math.nan if v is None else v for v in d["attention"]], dtype=torch.float32)
+                       if d.get("attention") is not None else None),  # optional: older files have none
             method=d.get("method", "gradient"),
             normalize=d.get("normalize", "none"),
             n_examples=int(d.get("n_examples", 0)),

@@ -11,7 +11,9 @@ Methods (all in eval mode, no dropout):
     gradient between batches and add ``|gate.grad|`` (the running gradient) after each one.
 
   Both before any division by tokens (the references divide by the token count, which no
-  normalisation here needs). MLPs likewise with the MLP gates.
+  normalisation here needs). MLPs likewise with the MLP gates, and, where the adapter declares a
+  norm after the attention block (Gemma 2/3), whole attention blocks with the attention gates
+  (``Scores.attention [L]``: what removing a layer's attention, a KV group when n_kv == 1, costs).
 - ``gradient-token``: Michel et al.'s per-token form, ``sum_{b,t} |dL_b / dg_{b,t,l,h}|``
   = ``sum |<ctx_h, dL/dctx_h>|`` per token.
 - ``ablation``: the exact loss change ``sum_b (L_b(g_{l,h} = 0) - L_b)`` when one head (one MLP)
@@ -137,7 +139,9 @@ def gradient_scores(model: nn.Module, batches, *, per_token: bool = False, keep_
     accumulated in fp64 on the model's device and copied to the CPU once.
 
     Returns:
-        [`Scores`][headcount.importance.scores.Scores] with ``heads [L, H]`` and ``mlps [L]``.
+        [`Scores`][headcount.importance.scores.Scores] with ``heads [L, H]`` and ``mlps [L]``, and
+        ``attention [L]`` (the attention gates', accumulated as the MLPs') where the adapter declares
+        a norm after the attention block (``Block.attention_output``), else None.
 
     >>> s = gradient_scores(model, batches)         # doctest: +SKIP
     >>> s.heads.shape
@@ -156,6 +160,13 @@ def gradient_scores(model: nn.Module, batches, *, per_token: bool = False, keep_
     # references leave in gate.grad because they never zero it
     run_h = torch.zeros(n_layers, n_heads, dtype=torch.float64, device=device)
     run_m = torch.zeros(n_layers, dtype=torch.float64, device=device)
+    # whole attention blocks [L], where the adapter declares a norm after them: there a layer's head
+    # gradients sum to ~0 (the norm's scale invariance) and only the attention gate's measures
+    # removing the layer's attention (a KV group with n_kv == 1); elsewhere nothing is added
+    blocks = hooks(model).blocks
+    with_attention = any(block.attention_output is not None for block in blocks)
+    attention = torch.zeros(n_layers, dtype=torch.float64, device=device) if with_attention else None
+    run_a = torch.zeros(n_layers, dtype=torch.float64, device=device)
     per_example, n_examples, n_tokens, done = [], 0, 0, 0
     signed, batch_of, labels_of = [], [], []  # gradient: [b, L, H] signed shares, [b] batch ids, [b] label entries
     with _scoring_mode(model):
@@ -179,14 +190,18 @@ def gradient_scores(model: nn.Module, batches, *, per_token: bool = False, keep_
                 m = m * at.mlps.to(device=device, dtype=m.dtype)
             g.requires_grad_(True)
             m.requires_grad_(True)
-            with gated(model, heads=g, mlps=m), rt.autocast():
+            # attention gates at 1 (a mask's removed heads are already 0 behind them); [b, width, L]
+            a = torch.ones(b, width, n_layers, device=device, requires_grad=True) if with_attention else None
+            with gated(model, heads=g, mlps=m, attention=a), rt.autocast():
                 loss = _forward_loss(model, batch)
-            dg, dm = torch.autograd.grad(loss, [g, m])  # [b, width, L, H], [b, width, L], fp32
+            dg, dm, *da = torch.autograd.grad(loss, [g, m] + ([a] if with_attention else []))  # [b, width, L, H], [b, width, L], fp32
             groups = batch_groups(sizes, device)  # [b]: the original batch of each example
             w = scale.to(device)[groups]  # [b] fp64
             if per_token:
                 heads += (dg.abs().sum(dim=1).double() * w[:, None, None]).sum(0)
                 mlps += (dm.abs().sum(dim=1).double() * w[:, None]).sum(0)
+                if with_attention:
+                    attention += (da[0].abs().sum(dim=1).double() * w[:, None]).sum(0)
                 example = dg.abs().sum(dim=1).double() * w[:, None, None]
             else:
                 eg = dg[:, 0].double() * w[:, None, None]  # [b, L, H]: each example's part of its batch's gradient
@@ -195,12 +210,19 @@ def gradient_scores(model: nn.Module, batches, *, per_token: bool = False, keep_
                 # sums of slices rather than index_add_, whose CUDA atomics would change the order
                 gh = torch.stack([part.sum(0) for part in eg.split(sizes)])  # [n_batches, L, H]
                 gm = torch.stack([part.sum(0) for part in em.split(sizes)])  # [n_batches, L]
+                ga = (torch.stack([part.sum(0) for part in (da[0][:, 0].double() * w[:, None]).split(sizes)])
+                      if with_attention else None)  # [n_batches, L], as the MLPs'
                 if accumulate == "cumulative":  # running sums after each original batch, in order
                     gh = run_h + gh.cumsum(0)
                     gm = run_m + gm.cumsum(0)
                     run_h, run_m = gh[-1], gm[-1]
+                    if with_attention:
+                        ga = run_a + ga.cumsum(0)
+                        run_a = ga[-1]
                 heads += gh.abs().sum(0)
                 mlps += gm.abs().sum(0)
+                if with_attention:
+                    attention += ga.abs().sum(0)
                 example = eg.abs()
             if keep_per_example:
                 per_example.append(example.float())  # each example's share of its batch's score
@@ -212,9 +234,10 @@ def gradient_scores(model: nn.Module, batches, *, per_token: bool = False, keep_
             n_examples += b
             done += len(sizes)
             if progress:
-                progress(done)
+                progress(n_examples)  # examples done (ScoreContext.progress)
     return Scores(
         heads=heads.float().cpu(), mlps=mlps.float().cpu(),
+        attention=attention.float().cpu() if with_attention else None,
         method="gradient-token" if per_token else "gradient",
         n_examples=n_examples, n_tokens=n_tokens,
         per_example=torch.cat(per_example).cpu() if per_example else None,
@@ -301,7 +324,7 @@ def entropy_scores(model: nn.Module, batches, progress=None, rt=None) -> Scores:
             count += am.sum()
             done += len(sizes)
             if progress:
-                progress(done)
+                progress(n_examples)  # examples done (ScoreContext.progress)
     heads = (total / count.clamp_min(1.0)).float().cpu()
     for layer in range(n_layers):
         kept = set(kept_of[layer])
@@ -453,7 +476,7 @@ for _s in (
            description="Michel et al.'s gate gradient, summed over batches (--accumulate per-batch | cumulative)"),
     Scorer("gradient-token", _gradient_token, gate_gradient=True, per_example=True,
            description="Michel et al.'s per-token form: sum over tokens of |dL/dg|"),
-    Scorer("ablation", _ablation, accumulations=ACCUMULATE,
+    Scorer("ablation", _ablation, accumulations=ACCUMULATE, progress_unit="heads",
            description="the exact loss change when one head (MLP) alone is gated off"),
     Scorer("entropy", _entropy, needs_loss=False, can_prune=False, scores_mlps=False,
            description="mean attention entropy per head (a description, not an importance)"),

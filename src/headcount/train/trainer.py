@@ -135,10 +135,29 @@ def _callback_base():
 
 
 def _make_progress_callback(progress: Callable[[str], None], metric: str):
+    from headcount.runtime.progress import LinesTo
+    from headcount.runtime.progress import Progress as StepProgress
+
     class Progress(_callback_base()):
+        """The evaluations' lines, and steps done / total with a rate and an ETA (the rate-limited
+        lines of ``headcount.runtime.progress``) through ``progress``."""
+
+        bar = None
+
         def on_train_begin(self, args, state, control, **kw):
             if state.global_step:
                 progress(f"resuming at step {state.global_step}/{state.max_steps}")
+            self.start_step = state.global_step
+            self.bar = StepProgress(state.max_steps - state.global_step, "training", unit="steps",
+                                    stream=LinesTo(progress), terminal=False)
+
+        def on_step_end(self, args, state, control, **kw):
+            if self.bar is not None:
+                self.bar.update(state.global_step - self.start_step)
+
+        def on_train_end(self, args, state, control, **kw):
+            if self.bar is not None:
+                self.bar.close()
 
         def on_evaluate(self, args, state, control, metrics=None, **kw):
             if metrics and "eval_score" in metrics:

@@ -10,7 +10,6 @@ from headcount import experiments
 from headcount.cli.commands import app
 from headcount.cli.commands.study import GPUS_PER_JOB_HELP, STUDY_DEVICE_HELP, check_gpus_per_job, jobs_line
 from headcount.data.tasks import is_fetched
-from headcount.experiments.report import print_summary
 from headcount.runtime.errors import HeadcountError
 
 
@@ -24,6 +23,8 @@ def demo(
     device: str = typer.Option(None, "--device", help=STUDY_DEVICE_HELP),
 ):
     """Run the demo study on the offline default model and data; print where the report is."""
+    from headcount.experiments.report import print_summary  # lazy: the report imports scipy, --help need not
+
     check_gpus_per_job(gpus_per_job)
     if not is_fetched():
         raise HeadcountError("the offline data is not fetched: run `headcount data fetch` (or `make data`) first")

@@ -39,7 +39,7 @@ def _model_shape(spec: str) -> tuple[int, int, int, int, tuple[int | None, ...]]
     from headcount.core.kvbudget import model_windows
     from headcount.core.models import resolve
 
-    path, kwargs = gguf_source(resolve(spec))
+    path, kwargs = gguf_source(resolve(spec), convert=False)  # the config alone: no conversion made for it
     try:
         config = transformers.AutoConfig.from_pretrained(path, **kwargs)
     except Exception as e:  # an unreadable config, an unknown hub id, no network: the input

@@ -8,7 +8,6 @@ import typer
 
 from headcount import experiments
 from headcount.cli.commands import app
-from headcount.experiments.report import build_report, print_summary
 from headcount.runtime.errors import HeadcountError
 
 GPUS_PER_JOB_HELP = ("with --executor ray: GPUs each job that runs a model asks Ray for (0.5: two jobs share a "
@@ -64,6 +63,8 @@ def study(
 
         chosen = RayExecutor(address=address, gpus_per_job=gpus_per_job, placement_timeout=placement_timeout)
         address, gpus_per_job = None, None  # given to the executor
+    from headcount.experiments.report import print_summary  # lazy: the report imports scipy, --help need not
+
     summary = experiments.run_study(config, out, executor=chosen, address=address, force=force,
                                     report=not no_report, quiet=quiet, device=device, gpus_per_job=gpus_per_job)
     typer.echo(f"run directory: {summary.run_dir}")
@@ -76,6 +77,8 @@ def study(
 @app.command()
 def report(run_dir: Path = typer.Argument(..., help="a run directory made by `headcount study`")):
     """Redraw report.html, results/*.csv and figures/ of a run from its saved results."""
+    from headcount.experiments.report import build_report, print_summary  # lazy: scipy, which --help need not load
+
     if not (run_dir / "manifest.json").is_file():
         path = build_report(run_dir)  # not a run directory: its one error line, nothing created
     else:

@@ -1,7 +1,11 @@
-"""The progress display of a study: rich progress bars (jobs with ETA, and the steps a long job reports) on stderr."""
+"""The progress display of a study on stderr: its plan and an estimate first, then rich progress bars
+(jobs with ETA, and the steps a long job reports) on a terminal; off a terminal (a log, CI) plain
+lines, a job's own steps at most every ``headcount.runtime.progress.PLAIN_EVERY_S`` seconds, and
+``job k/N, ETA`` on each ``done`` line."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from rich.console import Console
@@ -17,6 +21,53 @@ from rich.progress import (
 )
 
 from headcount.experiments.runner.jobs import Job
+from headcount.runtime.progress import PLAIN_EVERY_S, duration
+
+
+def plan_line(kinds: list[str], reused: int = 0) -> str:
+    """The jobs to run by kind: ``plan: 5 jobs to run (finetune 2, score 3); 1 reused``.
+
+    >>> plan_line(["score", "finetune", "score"], reused=1)
+    'plan: 3 jobs to run (score 2, finetune 1); 1 reused'
+    """
+    counts: dict[str, int] = {}
+    for k in kinds:
+        counts[k] = counts.get(k, 0) + 1
+    by_kind = ", ".join(f"{k} {n}" for k, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+    text = f"plan: {len(kinds)} job{'s' if len(kinds) != 1 else ''} to run" + (f" ({by_kind})" if kinds else "")
+    return text + (f"; {reused} reused" if reused else "")
+
+
+def estimate_seconds(pending: list[str], timed: list[tuple[str, float]]) -> float | None:
+    """Seconds the ``pending`` job kinds should take: per kind, the mean of the ``timed`` jobs
+    ``(kind, seconds)`` of that kind, else the mean of them all; None when nothing is timed.
+
+    >>> estimate_seconds(["score", "score", "prune"], [("score", 10.0), ("finetune", 50.0)])
+    50.0
+    >>> estimate_seconds(["score"], []) is None
+    True
+    """
+    if not timed:
+        return None
+    by_kind: dict[str, list[float]] = {}
+    for k, s in timed:
+        by_kind.setdefault(k, []).append(s)
+    overall = sum(s for _, s in timed) / len(timed)
+    return sum(sum(by_kind[k]) / len(by_kind[k]) if k in by_kind else overall for k in pending)
+
+
+def estimate_line(pending: list[str], timed: list[tuple[str, float]]) -> str:
+    """``estimate: about 3m05s (an estimate: the mean time of each kind's 4 finished jobs of this run)``.
+
+    >>> estimate_line(["score"], [])
+    'estimate: none yet (no job of this run has finished; each done line then gives an ETA)'
+    """
+    left = estimate_seconds(pending, timed)
+    if left is None:
+        return "estimate: none yet (no job of this run has finished; each done line then gives an ETA)"
+    n = len(timed)
+    return (f"estimate: about {duration(left)} (an estimate: the mean time per kind of the {n} finished "
+            f"job{'s' if n != 1 else ''} of this run)")
 
 
 def _esc(text: str) -> str:
@@ -32,11 +83,20 @@ class Reporter:
         quiet: print nothing.
     """
 
-    def __init__(self, total: int, reused: int = 0, quiet: bool = False, console=None):
+    def __init__(self, total: int, reused: int = 0, quiet: bool = False, console=None,
+                 pending: list[Job] | None = None, timed: list[tuple[str, float]] | None = None,
+                 clock=time.monotonic):
         self.total = total
         self.reused = reused
         self.quiet = quiet
         self._console = console
+        #: the kinds of the jobs still to run, and (kind, seconds) of the finished ones of this run
+        self._pending = [j.kind for j in pending] if pending is not None else None
+        self._timed = list(timed or [])
+        self._done = 0
+        self._clock = clock
+        self._plain = False  # not a terminal: steps as rate-limited lines
+        self._last_step: dict[str, float] = {}
         self._progress = None
         self._jobs_task = None
         self._steps: dict[str, Any] = {}
@@ -46,6 +106,10 @@ class Reporter:
         if self.quiet:
             return self
         console = self._console or Console(stderr=True)
+        self._plain = not console.is_terminal
+        if self._pending is not None and self.total:
+            console.print(plan_line(self._pending, self.reused), highlight=False, soft_wrap=True)
+            console.print(estimate_line(self._pending, self._timed), highlight=False, soft_wrap=True)
         if self.total == 0:
             if self.reused:
                 console.print(f"[dim]all {self.reused} job(s) already finished: nothing to run[/dim]")
@@ -90,6 +154,12 @@ class Reporter:
             return
         task = self._steps.get(job.key)
         label = f"  {_esc(job.name)}" + (f": {_esc(description)}" if description else "")
+        if self._plain:  # a log: one line at most every PLAIN_EVERY_S seconds per job
+            now = self._clock()
+            if now - self._last_step.setdefault(job.key, now) >= PLAIN_EVERY_S:
+                self._last_step[job.key] = now
+                of = f"/{total:g}" if total is not None else ""
+                self.print(f"[dim]{label.strip()}: {completed:g}{of}[/dim]")
         if task is None:
             task = self._progress.add_task(label, total=total)
             self._steps[job.key] = task
@@ -105,13 +175,29 @@ class Reporter:
         task = self._steps.pop(job.key, None)
         if task is not None:
             self._progress.remove_task(task)
+        self._done += 1
         if error is None:
-            self.print(f"[green]done[/green]  {_esc(job.name)} [dim]({seconds:.1f} s)[/dim]")
+            self._timed.append((job.kind, seconds))
+            self.print(f"[green]done[/green]  {_esc(job.name)} [dim]({seconds:.1f} s; {self.eta_text(job)})[/dim]")
         else:
             self.print(f"[red]FAILED[/red] {_esc(job.name)}: {_esc(error)}")
         self._progress.advance(self._jobs_task)
 
+    def eta_text(self, job: Job | None = None) -> str:
+        """``job 3/10, ETA ~2m10s`` after a job ended: the estimate for the jobs left (per kind:
+        [`estimate_seconds`][headcount.experiments.runner.progress.estimate_seconds])."""
+        text = f"job {self._done}/{self.total}"
+        if self._pending is None:
+            return text
+        if job is not None and job.kind in self._pending:
+            self._pending.remove(job.kind)
+        left = estimate_seconds(self._pending, self._timed)
+        return text + (f", ETA ~{duration(left)}" if left is not None and self._pending else "")
+
     def job_skipped(self, job: Job, because: str) -> None:
+        self._done += 1
+        if self._pending is not None and job.kind in self._pending:
+            self._pending.remove(job.kind)
         self.print(f"[yellow]skip[/yellow]  {_esc(job.name)} (input {_esc(because)} failed)")
         if self._progress is not None:
             self._progress.advance(self._jobs_task)

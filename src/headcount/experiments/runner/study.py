@@ -277,7 +277,10 @@ def run_study(
         pending = [j for j in plan if not store.is_done(j.key)]
         store.clear_stale(j.key for j in pending)  # a jobs/<key>/ without DONE: headcount's files go, the user's refuse
         summary = RunSummary(out, len(plan), len(plan) - len(pending), cleaned=cleaned)
-        with Reporter(len(pending), reused=summary.reused, quiet=quiet, console=console) as reporter:
+        timed = [(j.kind, store.load(j.key, j.name).meta.get("seconds", 0.0)) for j in plan
+                 if store.is_done(j.key)]  # finished jobs of this run: the estimate of the rest
+        with Reporter(len(pending), reused=summary.reused, quiet=quiet, console=console, pending=pending,
+                      timed=timed) as reporter:
             if cleaned:
                 reporter.print(f"[dim]removed {cleaned} unfinished job director{'y' if cleaned == 1 else 'ies'} "
                                "of an interrupted run[/dim]")

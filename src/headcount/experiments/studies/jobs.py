@@ -32,6 +32,7 @@ from headcount.importance.pipeline import (
     settings_from,
 )
 from headcount.importance.pruning import PruneConfig
+from headcount.importance.scorers import count_examples
 from headcount.importance.scoring import score
 from headcount.importance.settings import check_objective, default_of
 from headcount.runtime.atomic import atomic_path, atomic_write_text
@@ -105,6 +106,21 @@ def _objective(params: dict) -> str:
     return check_objective(params.get("objective") or default_of(ScoreSettings, "objective"))
 
 
+def scoring_progress(progress, model, batches, scorer):
+    """The scorer's ``progress(done)`` as the runner's ``progress(done, total, message)``: ``total``
+    what the scorer counts, its examples or (ablation) the model's heads."""
+    from headcount.core.gates import layout
+    from headcount.importance.scorers import Scorer, get_scorer
+
+    scorer = scorer if isinstance(scorer, Scorer) else get_scorer(scorer)
+    if scorer.progress_unit == "heads":
+        n_layers, n_heads = layout(model)
+        total = n_layers * n_heads
+    else:
+        total = count_examples(batches)
+    return lambda i: progress(i, total, f"scoring ({scorer.progress_unit})")
+
+
 def score_job(params, inputs, workdir: Path, progress) -> dict:
     """Importance scores of a model for an objective; writes ``scores.json`` (+ per-example
     contributions ``per_example.safetensors`` for bootstrap statistics).
@@ -123,7 +139,7 @@ def score_job(params, inputs, workdir: Path, progress) -> dict:
     with decoding(model, metric_for(task, how.objective)):
         s = score(model, batches, method=scorer, normalize=how.normalize, device=rt,
                   mask=input_mask(params, inputs), keep_per_example=scorer.per_example,
-                  accumulate=how.accumulate, progress=lambda i: progress(i, len(batches), "scoring"),
+                  accumulate=how.accumulate, progress=scoring_progress(progress, model, batches, scorer),
                   contrastive=info.get("contrastive"))
     s = replace(s, meta={**s.meta, "task": task.name, "objective": how.objective,
                          "head": info["head"], **({"mlm_head": info["mlm_head"]} if "mlm_head" in info else {})})

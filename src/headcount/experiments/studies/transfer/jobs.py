@@ -31,6 +31,7 @@ from headcount.experiments.studies.jobs import (
     load_per_example,
     model_spec,
     save_per_example,
+    scoring_progress,
     step_messages,
 )
 from headcount.experiments.studies.transfer.params import (
@@ -131,7 +132,7 @@ def mlm_score_job(params, inputs, workdir: Path, progress) -> dict:
         model, tokenizer = _lm_model(p.model, encoder)
         batches = batches_for(task, tokenizer, "lm", p.data.config())
         s = score(model, batches, method=p.method, normalize="none", keep_per_example=True,
-                  progress=lambda i: progress(i, len(batches), "scoring"), device=rt)
+                  progress=scoring_progress(progress, model, batches, p.method), device=rt)
         s = replace(s, meta={**s.meta, "task": task.name, "objective": "lm", "model": p.model, "encoder": encoder,
                              "head": "checkpoint"})
         s.save(workdir / "scores.json")
@@ -141,7 +142,7 @@ def mlm_score_job(params, inputs, workdir: Path, progress) -> dict:
     batches = batches_for(task, tokenizer, "mlm", p.data.config())
     with masked_positions_only(model):
         s = score(model, batches, method=p.method, normalize="none",
-                  keep_per_example=True, progress=lambda i: progress(i, len(batches), "scoring"), device=rt)
+                  keep_per_example=True, progress=scoring_progress(progress, model, batches, p.method), device=rt)
     head = info["mlm_head"]
     s = replace(s, meta={**s.meta, "task": task.name, "objective": "mlm", "model": p.model,
                          "encoder": encoder, "head": "fitted" if head.get("fitted") else "checkpoint",
