@@ -132,3 +132,24 @@ def test_reporter_prints_the_plan_first_and_job_k_of_n_with_eta():
     done = [line for line in lines if line.startswith("done")]
     assert done[0].endswith("(2.0 s; job 1/3, ETA ~6s)")  # 2 score jobs left at the mean of 4, 2: 3 s
     assert done[-1].endswith("(2.0 s; job 3/3)")
+
+
+def test_a_logs_lines_are_not_folded_at_the_console_width():
+    """Off a terminal every runner line is one line, however long (rich folds at 80 columns
+    otherwise: a step's ETA landed on a line of its own in a study's log)."""
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    out = io.StringIO()
+    clock = Clock()
+    job = SimpleNamespace(key="k" * 16, name="finetune/tweets/seed1-with-a-long-name", kind="finetune")
+    with Reporter(1, console=Console(file=out, width=80, force_terminal=False), clock=clock) as r:
+        r.job_started(job)
+        clock.t += PLAIN_EVERY_S + 1
+        r.step(job, 0)
+        clock.t += PLAIN_EVERY_S + 1
+        r.step(job, 1, 32, "training: 1/32 steps (3%), 0.015 steps/s, 1m07s elapsed, ETA 34m32s")
+    lines = [line for line in out.getvalue().splitlines() if line.strip()]
+    assert any("ETA 34m32s" in line and "finetune/tweets/seed1-with-a-long-name" in line for line in lines), lines
+    assert any(line.startswith("start finetune/tweets/seed1-with-a-long-name") and job.key in line for line in lines)

@@ -140,7 +140,8 @@ class Reporter:
 
     def print(self, text: str) -> None:
         if self._progress is not None:
-            self._progress.console.print(text, highlight=False)
+            # a log's lines are never folded at the console's width (a line is one event)
+            self._progress.console.print(text, highlight=False, soft_wrap=self._plain)
 
     def job_started(self, job: Job, verb: str = "start", where: str | None = None) -> None:
         """A job started (``where``: the node or device it runs on, shown after its name)."""
