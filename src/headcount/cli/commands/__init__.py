@@ -34,6 +34,8 @@ COMMANDS = {
                            "attention -> one HTML file."),
     "kv-budget": ("kvbudget", "Per-KV-head KV cache budget (full cache or sink + window) under a memory target -> "
                               "budget.json."),
+    "kv-eval": ("kveval", "Measure a KV budget beside the full cache, the uniform window and random heads -> "
+                          "kv-eval.csv, kv-eval.png."),
     "data": ("data", "Offline data: fetch the real-text sets behind the offline/* tasks."),
     "patterns": ("patterns", "Attention pattern classes (vertical, diagonal, vertical+diagonal, block, heterogeneous)."),
 }

@@ -33,7 +33,8 @@ from safetensors.torch import save_file
 
 from headcount.analysis.retrieval import with_retrieval_interval
 from headcount.core.kvbudget import KVBudget
-from headcount.data.tasks.niah import exact_match, niah_batches, niah_task, stop_ids
+from headcount.data.kv_eval import lm_chunks, measure_kv_budget
+from headcount.data.tasks.niah import niah_batches, niah_task
 from headcount.experiments.studies.jobs import load_per_example
 from headcount.experiments.studies.lottery.config import job_params
 from headcount.experiments.studies.retrieval.config import (
@@ -311,28 +312,9 @@ def budget_job(params, inputs, workdir: Path, progress) -> dict:
             "bytes": b.meta["bytes"], "full": [[int(x) for x in row] for row in b.full]}
 
 
-def lm_chunks(task, tokenizer, split: str, n: int, length: int, seed: int) -> list[list[int]]:
-    """``n`` texts of exactly ``length`` tokens of ordinary text: the task's haystack texts of ``split``
-    in a seeded order (repeated when they run out), joined by spaces, tokenized once, cut."""
-    texts = [" ".join(str(t).split()) for t in task.source.haystack(split)]
-    texts = [t for t in texts if t]
-    if not texts:
-        raise HeadcountError(f"the haystack of {task.name} has no {split} text for the LM loss")
-    order = np.random.default_rng([seed, 7]).permutation(len(texts))
-    need, chosen, words, k = n * length, [], 0, 0
-    while True:
-        while words < need:
-            chosen.append(texts[order[k % len(order)]])
-            words += len(chosen[-1].split())
-            k += 1
-        ids = tokenizer(" ".join(chosen), add_special_tokens=False, verbose=False)["input_ids"]
-        if len(ids) >= need:
-            return [list(ids[i * length:(i + 1) * length]) for i in range(n)]
-        need += n * length  # fewer tokens than words (never expected): take more texts
-
-
 def curve_job(params, inputs, workdir: Path, progress) -> dict:
-    """One budget (upstream ``budget``) applied with [`apply_kv_budget`][headcount.core.kvcache.apply_kv_budget]:
+    """One budget (upstream ``budget``) applied with [`apply_kv_budget`][headcount.core.kvcache.apply_kv_budget],
+    measured by [`measure_kv_budget`][headcount.data.kv_eval.measure_kv_budget] (what `headcount kv-eval` runs):
 
     - the KV cache's measured bytes (``cache.nbytes()``) after a prefill of exactly the context
       length (the first LM text), beside what the budget predicts;
@@ -344,8 +326,6 @@ def curve_job(params, inputs, workdir: Path, progress) -> dict:
 
     params: [`CurveParams`][headcount.experiments.studies.retrieval.config.CurveParams]. Writes ``curve.json``.
     """
-    from headcount.core.kvcache import apply_kv_budget
-
     p = job_params(CurveParams, params)
     rt = resolve_runtime()
     budget = KVBudget.load(inputs["budget"].path("budget.json"))
@@ -360,37 +340,9 @@ def curve_job(params, inputs, workdir: Path, progress) -> dict:
     if isinstance(limit, int) and limit < 10**8 and max(longest, context) > limit:
         raise HeadcountError(f"the budget curve needs {max(longest, context)} positions, the model has {limit}: "
                              "lower budgets.context")
-    stops = stop_ids(tokenizer)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    total = len(examples) + len(chunks)
-    done, answers = 0, []
-    with torch.no_grad():
-        for ex in examples:
-            ids = torch.as_tensor([ex.input_ids], dtype=torch.long, device=rt.device)
-            with apply_kv_budget(model, budget) as cache, rt.autocast():
-                out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), cache=cache,
-                                     max_new_tokens=p.max_new_tokens, do_sample=False, num_beams=1,
-                                     eos_token_id=sorted(stops), pad_token_id=pad)
-            new = out[0, ids.shape[1]:].tolist()
-            cut = next((i + 1 for i, t in enumerate(new) if t in stops), len(new))  # stop after a line break
-            response = tokenizer.decode(new[:cut], skip_special_tokens=True).strip()
-            answers.append({"answer": ex.answer, "response": response[:200], "exact": exact_match(ex.answers, response),
-                            "tokens": len(ex.input_ids), "depth": ex.depth})
-            done += 1
-            progress(done, total, f"needles: {sum(a['exact'] for a in answers)} of {done}")
-        losses, measured, element = [], None, None
-        for chunk in chunks:
-            ids = torch.as_tensor([chunk], dtype=torch.long, device=rt.device)
-            with apply_kv_budget(model, budget) as cache, rt.autocast():
-                out = model(input_ids=ids, labels=ids, cache=cache, use_cache=True)
-                if measured is None:  # the cache after a prefill of exactly the context length
-                    measured = cache.nbytes()
-                    element = next(t.element_size() for layer in cache.layers for part in layer.parts
-                                   for t in part.tensors())
-            losses.append(float(out.loss))
-            del out
-            done += 1
-            progress(done, total, f"LM loss {np.mean(losses):.3f}")
+    m = measure_kv_budget(model, tokenizer, budget, examples, chunks, max_new_tokens=p.max_new_tokens,
+                          device=rt.device, autocast=rt.autocast, progress=progress)
+    answers, losses, measured, element = m["answers"], m["losses"], m["kv_bytes"], m["element_size"]
     predicted = budget.kv_bytes(context, element_size=element)
     full = budget.full_bytes(context, element_size=element)
     made = budget.meta.get("made_from", {})
