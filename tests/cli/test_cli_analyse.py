@@ -41,9 +41,11 @@ def test_score_writes_contract_files(setup, tmp_path, capsys):
     assert (tmp_path / "heads.png").stat().st_size > 1000
 
 
-def test_score_prints_progress_lines_to_a_non_terminal_stderr(setup, tmp_path, capsys):
+def test_score_prints_progress_lines_to_a_non_terminal_stderr(setup, tmp_path, capsys, monkeypatch):
     """Scoring's progress (examples done / total) goes to stderr as plain lines (capsys: not a
-    terminal), the first and the final one; stdout holds none of it (before: no progress at all)."""
+    terminal), the first and the final one; stdout holds none of it (before: no progress at all).
+    The quiet time is 0 here: a tiny model's scoring ends within it (and then prints nothing)."""
+    monkeypatch.setattr("headcount.runtime.progress.QUIET_S", 0.0)
     ckpt, task = setup
     code, out, err = run(["score", "--model", str(ckpt), "--task", str(task), "--max-examples", "32",
                           "--batch-size", "8", "--method", "ablation", "--out", str(tmp_path / "a")], capsys)

@@ -31,7 +31,7 @@ def test_eta_is_the_work_left_at_the_mean_rate():
 
 def test_plain_mode_writes_at_most_one_line_per_interval_and_the_final_line():
     clock, out = Clock(), io.StringIO()
-    p = Progress(1000, "scoring (gradient)", unit="examples", stream=out, clock=clock)
+    p = Progress(1000, "scoring (gradient)", unit="examples", stream=out, clock=clock, quiet=0)
     assert not p.terminal
     for i in range(1, 1001):  # one example per 0.125 s (exact in binary): 125 s in all
         clock.t = 100.0 + i * 0.125
@@ -49,7 +49,7 @@ def test_plain_mode_writes_at_most_one_line_per_interval_and_the_final_line():
 
 def test_terminal_mode_redraws_one_line_in_place():
     clock, out = Clock(), Tty()
-    p = Progress(10, "pruning", unit="steps", stream=out, clock=clock)
+    p = Progress(10, "pruning", unit="steps", stream=out, clock=clock, quiet=0)
     assert p.terminal
     for i in range(1, 11):
         clock.t += 1.0
@@ -62,7 +62,7 @@ def test_terminal_mode_redraws_one_line_in_place():
 
 
 def test_progress_goes_to_stderr_never_stdout(capsys):
-    p = Progress(4, "scoring", unit="examples")
+    p = Progress(4, "scoring", unit="examples", quiet=0)
     p.update(4)
     p.close()
     out, err = capsys.readouterr()
@@ -93,7 +93,7 @@ def test_a_tqdm_bar_becomes_a_few_lines_in_a_log():
 
 def test_lines_to_a_message_callback():
     said, clock = [], Clock()
-    p = Progress(10, "training", unit="steps", stream=LinesTo(said.append), clock=clock)
+    p = Progress(10, "training", unit="steps", stream=LinesTo(said.append), clock=clock, quiet=0)
     clock.t += PLAIN_EVERY_S
     p.update(5)
     assert said == ["training: 0/10 steps", "training: 5/10 steps (50%), 0.167 steps/s, 30s elapsed, ETA 30s"]
@@ -153,3 +153,26 @@ def test_a_logs_lines_are_not_folded_at_the_console_width():
     lines = [line for line in out.getvalue().splitlines() if line.strip()]
     assert any("ETA 34m32s" in line and "finetune/tweets/seed1-with-a-long-name" in line for line in lines), lines
     assert any(line.startswith("start finetune/tweets/seed1-with-a-long-name") and job.key in line for line in lines)
+
+
+def test_a_step_done_within_the_quiet_time_prints_nothing():
+    """A step that ends before QUIET_S seconds writes no line at all (a quick command's stderr is
+    its one error line); one that runs longer starts writing then, and ends with its final line."""
+    from headcount.runtime.progress import QUIET_S
+
+    clock, out = Clock(), io.StringIO()
+    p = Progress(8, "scoring (entropy)", unit="examples", stream=out, clock=clock)
+    for i in range(1, 9):
+        clock.t += QUIET_S / 10
+        p.update(i)
+    p.close()
+    assert out.getvalue() == ""
+    clock, out = Clock(), io.StringIO()
+    p = Progress(8, "scoring", unit="examples", stream=out, clock=clock)
+    for i in range(1, 9):
+        clock.t += QUIET_S / 2
+        p.update(i)
+    p.close()
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("scoring: 2/8 examples") and lines[-1].startswith("scoring: 8/8 examples")
+    assert len(lines) == 2  # the first after the quiet time, the final; none between within 30 s

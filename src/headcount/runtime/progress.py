@@ -10,7 +10,7 @@ the final line, so a log gets a few readable lines instead of one giant one.
 >>> import io
 >>> t = [0.0]
 >>> out = io.StringIO()
->>> p = Progress(100, "scoring", unit="examples", stream=out, clock=lambda: t[0])
+>>> p = Progress(100, "scoring", unit="examples", stream=out, clock=lambda: t[0], quiet=0)
 >>> t[0] = 10.0; p.update(25)
 >>> p.close()
 >>> print(out.getvalue().strip())
@@ -28,6 +28,9 @@ from collections.abc import Callable
 PLAIN_EVERY_S = 30.0
 #: seconds between two redraws on a terminal
 TERMINAL_EVERY_S = 0.2
+#: seconds a step runs before its first line: a step done sooner prints nothing (a quick command's
+#: stderr stays its one ``error:`` or ``note:`` line; progress is for steps a user waits on)
+QUIET_S = 2.0
 
 
 def eta_seconds(done: float, total: float | None, elapsed: float) -> float | None:
@@ -76,11 +79,12 @@ class Progress:
         clock: seconds (``time.monotonic``; tests pass a fake one).
         every: seconds between plain lines (default [`PLAIN_EVERY_S`][headcount.runtime.progress.PLAIN_EVERY_S]).
         terminal: redraw in place (default: whether ``stream`` is a terminal).
+        quiet: seconds before the first line (default [`QUIET_S`][headcount.runtime.progress.QUIET_S]; 0: at once).
     """
 
     def __init__(self, total: float | None, what: str, unit: str = "", *, stream=None,
                  clock: Callable[[], float] = time.monotonic, every: float | None = None,
-                 terminal: bool | None = None):
+                 terminal: bool | None = None, quiet: float | None = None):
         self.total, self.what, self.unit = total, what, unit
         self._stream = stream
         self.clock = clock
@@ -91,7 +95,10 @@ class Progress:
         self.detail = ""
         self._last = self.start
         self._closed = False
-        self._write(self.line(), final=False)
+        self.quiet = QUIET_S if quiet is None else quiet
+        self._shown = False  # a line has been written: the final one follows
+        if self.quiet <= 0:
+            self._show(self.line(), self.start)
 
     @property
     def stream(self):
@@ -124,9 +131,11 @@ class Progress:
         if detail is not None:
             self.detail = detail
         now = self.clock()
-        if now - self._last >= (TERMINAL_EVERY_S if self.terminal else self.every):
-            self._last = now
-            self._write(self.line(now), final=False)
+        if not self._shown:
+            if now - self.start >= self.quiet:
+                self._show(self.line(now), now)
+        elif now - self._last >= (TERMINAL_EVERY_S if self.terminal else self.every):
+            self._show(self.line(now), now)
 
     def __call__(self, done: float, total: float | None = None, detail: str | None = None) -> None:
         self.update(done, total, detail)
@@ -135,13 +144,19 @@ class Progress:
         """The final line (once)."""
         if not self._closed:
             self._closed = True
-            self._write(self.line(end=True), final=True)
+            now = self.clock()
+            if self._shown or now - self.start >= self.quiet:
+                self._write(self.line(now, end=True), final=True)
 
     def __enter__(self) -> "Progress":
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+    def _show(self, text: str, now: float) -> None:
+        self._shown, self._last = True, now
+        self._write(text, final=False)
 
     def _write(self, text: str, final: bool) -> None:
         s = self.stream
@@ -226,7 +241,7 @@ class LinesTo:
     whose lines go through a one-line-message callback (fine-tuning's ``progress``).
 
     >>> said = []
-    >>> p = Progress(10, "training", unit="steps", stream=LinesTo(said.append), terminal=False)
+    >>> p = Progress(10, "training", unit="steps", stream=LinesTo(said.append), terminal=False, quiet=0)
     >>> said
     ['training: 0/10 steps']
     """
@@ -253,4 +268,4 @@ def tqdm_lines(stream=None) -> TqdmLines:
     return TqdmLines(stream)
 
 
-__all__ = ["PLAIN_EVERY_S", "LinesTo", "Progress", "TqdmLines", "eta_seconds", "duration", "tqdm_lines"]
+__all__ = ["PLAIN_EVERY_S", "QUIET_S", "LinesTo", "Progress", "TqdmLines", "eta_seconds", "duration", "tqdm_lines"]
