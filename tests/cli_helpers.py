@@ -1,8 +1,12 @@
-"""Running the ``headcount`` CLI in-process from tests, and checking its one-line errors and mask files."""
+"""Running the ``headcount`` CLI from tests (in-process, or a process killed at a chosen moment), and
+checking its one-line errors and mask files."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import time
 from pathlib import Path
 
 from headcount.cli.app import main
@@ -29,3 +33,23 @@ def assert_one_error_line(code, err):
 def write_mask(path: Path, heads, mlps) -> Path:
     path.write_text(json.dumps({"heads": heads, "mlps": mlps}))
     return path
+
+
+def sigkill_when(proc, path: Path, *, within: float, what: str, settle: float = 0.0) -> None:
+    """SIGKILL ``proc`` (a ``subprocess.Popen`` with ``stderr=PIPE``) once ``path`` exists, ``settle``
+    seconds after it appears; fails if the process ends first (with its stderr's tail) or ``path``
+    takes longer than ``within`` seconds (``what`` says what never happened). The process is reaped
+    whatever happens."""
+    try:
+        deadline = time.time() + within  # only stops a hung process: a busy machine may take minutes
+        while not path.exists():
+            assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
+            assert time.time() < deadline, what
+            time.sleep(0.05)
+        time.sleep(settle)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -75,3 +75,23 @@ def write_niah_task(folder: Path, **params) -> Path:
     lines = "".join(f"  {k}: {v}\n" for k, v in body.items())
     (folder / "niah.yaml").write_text(f"name: tiny-niah\nkind: niah\nniah:\n{lines}")
     return folder / "niah.yaml"
+
+
+def self_answered_niah(folder: Path, new_tokens: int, examples: int = 4, batch_size: int = 2):
+    """``(model, batches)``: a tiny niah model and validation batches of a generated task whose every
+    answer is what the full model says in ``new_tokens`` greedy tokens (full accuracy 1, so that a
+    cut of heads can lower it)."""
+    from dataclasses import replace
+
+    from headcount.data.tasks import get_task
+    from headcount.data.tasks.niah import niah_batches
+    from headcount.importance.retrieval import retrieve
+
+    tok = niah_tokenizer()
+    model = tiny_niah_model(tok)
+    task = get_task(str(write_niah_task(folder, examples=examples)))
+    batches = niah_batches(task, tok, split="validation", batch_size=batch_size)
+    for b in batches:
+        b.examples = [replace(e, answers=(b.decode(retrieve(model, e, b.stop_ids, new_tokens)[1]).strip(),))
+                      for e in b.examples]
+    return model, batches

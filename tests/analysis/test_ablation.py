@@ -4,17 +4,13 @@ heads, 3 layers)."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import numpy as np
 import pytest
 import torch
 
 from headcount.analysis.ablation import _unit_gates, ablation_test, head_set_p_value
 from headcount.core.gates import gated
-from headcount.data.tasks import get_task
-from headcount.data.tasks.niah import niah_batches
-from headcount.importance.retrieval import retrieval_scores, retrieve
+from headcount.importance.retrieval import retrieval_scores
 from headcount.runtime.errors import HeadcountError
 
 NEW = 6  # decoded tokens per example (the tiny model's answers are what it says in 6 tokens)
@@ -22,17 +18,10 @@ NEW = 6  # decoded tokens per example (the tiny model's answers are what it says
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    from niah_helpers import niah_tokenizer, tiny_niah_model, write_niah_task
+    from niah_helpers import self_answered_niah
 
-    tok = niah_tokenizer()
-    model = tiny_niah_model(tok)
-    task = get_task(str(write_niah_task(tmp_path_factory.mktemp("niah"), examples=4)))
-    batches = niah_batches(task, tok, split="validation", batch_size=2)
     # each example's answer is what the full model answers: full accuracy 1, so gating can lower it
-    for b in batches:
-        b.examples = [replace(e, answers=(b.decode(retrieve(model, e, b.stop_ids, NEW)[1]).strip(),))
-                      for e in b.examples]
-    return model, batches
+    return self_answered_niah(tmp_path_factory.mktemp("niah"), NEW)
 
 
 def _reference_successes(model, batches, off):

@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from types import SimpleNamespace
 
 import numpy as np
@@ -112,20 +111,10 @@ NEW = 6
 
 @pytest.fixture(scope="module")
 def niah(tmp_path_factory):
-    from niah_helpers import niah_tokenizer, tiny_niah_model, write_niah_task
+    from niah_helpers import self_answered_niah
 
-    from headcount.data.tasks import get_task
-    from headcount.data.tasks.niah import niah_batches
-    from headcount.importance.retrieval import retrieve
-
-    tok = niah_tokenizer()
-    model = tiny_niah_model(tok)
-    task = get_task(str(write_niah_task(tmp_path_factory.mktemp("niah"), examples=4)))
-    batches = niah_batches(task, tok, split="validation", batch_size=2)
-    for b in batches:  # each answer is what the full model says: accuracy 1, so masking can lower it
-        b.examples = [replace(e, answers=(b.decode(retrieve(model, e, b.stop_ids, NEW)[1]).strip(),))
-                      for e in b.examples]
-    return model, batches
+    # each answer is what the full model says: accuracy 1, so masking can lower it
+    return self_answered_niah(tmp_path_factory.mktemp("niah"), NEW)
 
 
 def _wu_eager(blocked):

@@ -8,12 +8,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import toy_study  # noqa: F401  (registers the toy study type)
+from cli_helpers import sigkill_when
 
 from headcount.experiments import run_study
 from headcount.experiments.runner import Job, JobsFailed, Plan, RunStore, parse_study_config
@@ -211,18 +211,8 @@ def test_sigkill_mid_job_resumes_to_identical_results(tmp_path, reference_run, c
                TOY_SLEEP="0.4", TOY_SIGNAL_DIR=str(signals))
     cmd = [sys.executable, "-m", "headcount", "study", str(cfg), "--out", str(run)]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        deadline = time.time() + 600  # only stops a hung study: a busy machine may take minutes
-        while not (signals / "make-2.midway").exists():  # make-1 is done, make-2 is writing
-            assert proc.poll() is None, proc.stderr.read().decode()
-            assert time.time() < deadline, "the study never reached make-2"
-            time.sleep(0.05)
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    # make-1 is done, make-2 is writing
+    sigkill_when(proc, signals / "make-2.midway", within=600, what="the study never reached make-2")
     assert proc.returncode == -signal.SIGKILL
     leftovers = [p.name for p in (run / "jobs").iterdir() if p.name.startswith(".headcount-tmp.")]
     assert len(leftovers) == 1  # the half-written make-2

@@ -20,6 +20,8 @@ from pathlib import Path
 import pytest
 import toy_study  # noqa: F401  (registers the toy study type)
 
+from cli_helpers import sigkill_when
+
 from headcount.cli.app import main
 from headcount.experiments import run_study
 from headcount.experiments.runner import RunStore
@@ -358,8 +360,6 @@ def test_a_note_saved_into_a_killed_lottery_jobs_checkpoint_refuses_the_resume_n
     """A run killed while a lottery job trains leaves the job's temporary folder with a complete
     checkpoint; the user saves a note into it; the resume refuses with one line naming the note
     before anything is removed, and goes on once the note is moved away."""
-    import signal
-
     run = tmp_path / "run"
     signal_file = tmp_path / "checkpoint"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
@@ -367,19 +367,8 @@ def test_a_note_saved_into_a_killed_lottery_jobs_checkpoint_refuses_the_resume_n
     proc = subprocess.Popen([sys.executable, "-c", KILLED, str(signal_file), "study", str(lottery / "study.yaml"),
                              "--out", str(run), "--device", "cpu"],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        deadline = time.time() + 300
-        while not signal_file.exists():
-            assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
-            assert time.time() < deadline, "no checkpoint was saved"
-            time.sleep(0.1)
-        time.sleep(0.2)  # the path is written whole before the sleep begins
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    # the path is written whole before the killed process's sleep begins
+    sigkill_when(proc, signal_file, within=300, what="no checkpoint was saved", settle=0.2)
     checkpoint = Path(signal_file.read_text())
     assert checkpoint.is_dir() and checkpoint.parent.name == "checkpoints"
     assert checkpoint.parents[1].name.startswith(".headcount-tmp.")  # the killed job's temporary folder

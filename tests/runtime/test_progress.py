@@ -160,19 +160,17 @@ def test_a_step_done_within_the_quiet_time_prints_nothing():
     its one error line); one that runs longer starts writing then, and ends with its final line."""
     from headcount.runtime.progress import QUIET_S
 
-    clock, out = Clock(), io.StringIO()
-    p = Progress(8, "scoring (entropy)", unit="examples", stream=out, clock=clock)
-    for i in range(1, 9):
-        clock.t += QUIET_S / 10
-        p.update(i)
-    p.close()
-    assert out.getvalue() == ""
-    clock, out = Clock(), io.StringIO()
-    p = Progress(8, "scoring", unit="examples", stream=out, clock=clock)
-    for i in range(1, 9):
-        clock.t += QUIET_S / 2
-        p.update(i)
-    p.close()
-    lines = out.getvalue().splitlines()
+    def run(step: float) -> str:  # 8 examples, one every ``step`` seconds
+        clock, out = Clock(), io.StringIO()
+        p = Progress(8, "scoring", unit="examples", stream=out, clock=clock)
+        for i in range(1, 9):
+            clock.t += step
+            p.update(i)
+        p.close()
+        return out.getvalue()
+
+    assert run(QUIET_S / 10) == ""
+    out = run(QUIET_S / 2)
+    lines = out.splitlines()
     assert lines[0].startswith("scoring: 2/8 examples") and lines[-1].startswith("scoring: 8/8 examples")
     assert len(lines) == 2  # the first after the quiet time, the final; none between within 30 s

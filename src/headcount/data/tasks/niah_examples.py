@@ -28,6 +28,7 @@ Without a tokenizer lengths count words. The success rules of the retrieval scor
 
 from __future__ import annotations
 
+import functools
 import re
 from collections import Counter
 from collections.abc import Sequence
@@ -412,7 +413,9 @@ def _rouge_tokens(text: str) -> list[str]:
 ROUGE_RULES = ("plain", "porter")
 
 
+@functools.cache
 def _porter_scorer():
+    """The reference's scorer, built once (its Porter stemmer and tokenizer are reused per call)."""
     try:
         from rouge_score import rouge_scorer
     except ImportError:
