@@ -103,8 +103,15 @@ def test_transfer_on_a_decoder_with_the_lm_objective(transfer_run):
         assert np.asarray(scores["heads"]).shape == (LAYERS, HEADS)
     curve = next(j for n, j in jobs.items() if n.startswith("curve/") and n.endswith("/mlm"))
     assert curve["params"]["objective"] == "lm"
-    text = (store.job_dir(curve["key"]) / "curve.csv").read_text()
-    assert "lm_accuracy" in text or len(text.splitlines()) > 2
+    import pandas as pd
+
+    from headcount.data.evaluation import LM_METRIC
+
+    rows = pd.read_csv(store.job_dir(curve["key"]) / "curve.csv")
+    # the full model's row and at least one removal level, every row an LM accuracy
+    assert len(rows) > 1 and (rows["fraction"] > 0).any()
+    assert set(rows["objective"]) == {"lm"} and set(rows["metric"]) == {LM_METRIC}
+    assert rows["score"].between(0, 1).all()
 
 
 def _words(content) -> tuple[str, list[str]]:

@@ -53,7 +53,7 @@ import torch
 
 from headcount.analysis.correlation import top_k_mask
 from headcount.analysis.paired import paired_sign_flip_test
-from headcount.core.arch import get_adapter
+from headcount.core.arch import get_adapter, require_decoder
 from headcount.core.gates import gated, kept_heads, kept_kv_heads, layout
 from headcount.runtime.errors import HeadcountError
 
@@ -138,9 +138,7 @@ def query_blocked(model, off: np.ndarray):
     cache (prefill) runs every head. The query rows come from the adapter (``Block.unit_rows``),
     zeroed at the projection's output (bias included), before any norm or rotary embedding, which
     keep 0 at 0."""
-    lay = layout(model)
-    if lay.n_kv_heads is None:
-        raise HeadcountError("mask: reference needs a decoder (a cache to decode from)")
+    lay = require_decoder(model, "mask: reference")  # a cache to decode from
     blocks = get_adapter(model).blocks(model)
     state = {"decoding": False}
 

@@ -14,10 +14,12 @@ from pathlib import Path
 
 from headcount.analysis import plots
 from headcount.analysis.retrieval import with_retrieval_interval
-from headcount.core.arch import get_adapter
+from headcount.core.arch import get_adapter, is_decoder, require_kv_groups
 from headcount.core.gates import layout
 from headcount.core.masks import Mask
-from headcount.core.models import checkpoint_head, is_gguf, load_model, load_tokenizer, resolve
+from headcount.core.gguf import is_gguf
+from headcount.core.model_spec import resolve
+from headcount.core.models import checkpoint_head, load_model, load_tokenizer
 from headcount.core.surgery import count_parameters, kv_summary, pruning_record, save_pruned, shrink
 from headcount.data.tasks import get_task
 from headcount.importance.pipeline import (
@@ -81,7 +83,7 @@ def parameters_line(model, head: str) -> str:
 
     ``head``: the head the model was loaded with (``headcount.core.models.checkpoint_head``'s names)."""
     total, body = parameter_counts(model)
-    part = "decoder" if layout(model).n_kv_heads is not None else "encoder"
+    part = "decoder" if is_decoder(model) else "encoder"
     if head not in HEAD_WORDS:
         return f"{total:,} (the {part} alone, no output head)"
     tied = ", tied to the embeddings" if total == body else ""
@@ -91,9 +93,9 @@ def parameters_line(model, head: str) -> str:
 def _decoder_lines(model_spec: str, model) -> dict:
     """``info``'s extra lines for a decoder: key/value heads (what the KV cache holds) and, for a
     GGUF file, that its weights are dequantised. None for encoders."""
-    grid = layout(model)
-    if grid.n_kv_heads is None:
+    if not is_decoder(model):
         return {}
+    grid = layout(model)
     kv = kv_summary(model)
     lines = {"key/value heads": f"{grid.n_kv_heads} per layer ({grid.group_size} query heads each); "
                                 f"{kv['kv_heads_kept']}/{kv['kv_heads_total']} kept"
@@ -155,11 +157,7 @@ def _kv_group_meta(model, s, unit: str) -> dict:
     ``--unit heads`` (scores.json as before)."""
     if unit == "heads":
         return {}
-    grid = layout(model)
-    if grid.n_kv_heads is None or grid.n_kv_heads == grid.n_heads:
-        what = "is an encoder" if grid.n_kv_heads is None else "has no grouped-query attention (a KV group is one head)"
-        raise HeadcountError(f"--unit kv-groups needs a decoder with grouped-query attention; this model {what}: "
-                             "use --unit heads")
+    grid = require_kv_groups(model)
     if s is None:
         return {}
     own = s.meta.get("kv_groups")  # a scorer's own per-KV-head score (long-range: its neediest query head) wins

@@ -19,8 +19,9 @@ from contextlib import nullcontext
 import numpy as np
 import transformers
 
-from headcount.core.gates import layout
-from headcount.core.models import load_model, load_tokenizer, model_source, new_weights, pad_for_classification, resolve
+from headcount.core.arch import require_decoder
+from headcount.core.model_spec import model_source, resolve
+from headcount.core.models import load_model, load_tokenizer, new_weights, pad_for_classification
 from headcount.data.embedding import (
     EVAL_METRIC,
     PAIR_METRIC,
@@ -99,7 +100,7 @@ def task_head(model_spec: str, task) -> dict:
 def load_for(model_spec: str, task, objective: str = "task", mlm_texts=None, seed: int = 0, device=None):
     """The model for ``objective`` on ``task``, on its device: ``(model, tokenizer, info)``.
 
-    ``model_spec``: a spec or a [`ModelSource`][headcount.core.models.ModelSource]; resolved here once.
+    ``model_spec``: a spec or a [`ModelSource`][headcount.core.model_spec.ModelSource]; resolved here once.
     ``device``: ``auto`` | ``cpu`` | ``cuda`` | ``cuda:N``; None = ``$HEADCOUNT_DEVICE`` (set by the
     study runner for each job), else ``auto`` (the GPU when there is one); or a resolved
     ``Runtime``. The model is moved there once; the verbs it is then
@@ -128,8 +129,7 @@ def load_for(model_spec: str, task, objective: str = "task", mlm_texts=None, see
                                   "device": str(where)}
     if objective == "lm" or niah:  # a decoder's own language-model head
         model = load_model(model_spec, head="lm")
-        if layout(model).n_kv_heads is None:  # an encoder (BERT loads as a causal LM, but was not trained as one)
-            raise HeadcountError(f"--objective lm needs a decoder (causal language model); {model_spec} is an encoder")
+        require_decoder(model, "--objective lm", model_spec)  # BERT loads as a causal LM, but was not trained as one
         model.to(where)
         return model, tokenizer, {"head": "checkpoint", "device": str(where)}
     if objective == "task":

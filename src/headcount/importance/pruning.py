@@ -130,14 +130,9 @@ def _kv_heads(model, config: "PruneConfig") -> int | None:
     """Key/value heads per layer when pruning whole groups; refuses models without GQA."""
     if config.unit != "kv-groups":
         return None
-    from headcount.core.gates import layout
+    from headcount.core.arch import require_kv_groups
 
-    grid = layout(model)
-    if grid.n_kv_heads is None or grid.n_kv_heads == grid.n_heads:
-        what = "is an encoder" if grid.n_kv_heads is None else "has no grouped-query attention (a KV group is one head)"
-        raise HeadcountError(f"--unit kv-groups needs a decoder with grouped-query attention; this model {what}: "
-                             "use --unit heads")
-    return grid.n_kv_heads
+    return require_kv_groups(model).n_kv_heads
 
 
 @dataclass

@@ -40,9 +40,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from headcount.core.arch import get_adapter
+from headcount.core.arch import get_adapter, require_decoder
 from headcount.core.attention import attention_taps
-from headcount.core.gates import hooks, kept_heads, layout
+from headcount.core.gates import hooks, kept_heads
 from headcount.data.tasks.niah import ROUGE_RULES, exact_match, rouge1_recall
 from headcount.importance.scorers import ScoreContext, Scorer
 from headcount.importance.scores import Scores
@@ -71,10 +71,7 @@ SINK_RANGE, WINDOW_RANGE = Bound(0, 10**7, integer=True), Bound(1, 10**7, intege
 KV_REDUCE = ("max", "mean")
 
 def _decoder_grid(model: nn.Module, method: str):
-    grid = layout(model)
-    if grid.n_kv_heads is None:
-        raise HeadcountError(f"--method {method} needs a decoder (causal attention); this model is an encoder")
-    return grid
+    return require_decoder(model, f"--method {method}")
 
 
 def _kept(model, n_layers: int, n_heads: int) -> list[list[int]]:

@@ -15,8 +15,11 @@ from headcount.core.arch.base import Adapter, Block, Layout, grouped_rows
 from headcount.core.arch.registry import (
     adapters,
     get_adapter,
+    is_decoder,
     refuse_model_type,
     register_adapter,
+    require_decoder,
+    require_kv_groups,
     supported_model_types,
 )
 
@@ -24,5 +27,5 @@ for _module in sorted(m.name for m in pkgutil.iter_modules(__path__)):
     if _module not in ("base", "registry", "decoder"):
         importlib.import_module(f"{__name__}.{_module}")
 
-__all__ = ["Adapter", "Block", "Layout", "adapters", "get_adapter", "grouped_rows", "refuse_model_type", "register_adapter",
-           "supported_model_types"]
+__all__ = ["Adapter", "Block", "Layout", "adapters", "get_adapter", "grouped_rows", "is_decoder", "refuse_model_type",
+           "register_adapter", "require_decoder", "require_kv_groups", "supported_model_types"]

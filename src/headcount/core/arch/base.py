@@ -247,6 +247,10 @@ class Adapter:
     model_types: tuple[str, ...] = ()
     #: the architectures' names as papers write them (the docs' list of supported models).
     family: tuple[str, ...] = ()
+    #: a causal language model with a key/value cache (query heads read KV heads): declared by the
+    #: adapter, never inferred from a model's name; [`require_decoder`][headcount.core.arch.registry.require_decoder]
+    #: asks it for every command that needs one.
+    is_decoder: bool = False
 
     # --- sizes (from the config) -------------------------------------------------------
     def num_heads(self, config) -> int:

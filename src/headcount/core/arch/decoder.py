@@ -20,6 +20,7 @@ class DecoderAdapter(Adapter):
 
     #: the attribute of the attention module that holds the output projection
     out_name = "o_proj"
+    is_decoder = True
     #: attributes of the layer that normalise the attention / MLP block's *output* before the
     #: residual add ("sandwich" norms), or None: the gates that scale a whole block go after them
     #: (``Block.attention_output`` / ``mlp_output``). Declared, never guessed from a name: Llama's

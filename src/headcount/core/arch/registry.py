@@ -8,7 +8,7 @@ one new file (plus its row in the tests' architecture table).
 
 from __future__ import annotations
 
-from headcount.core.arch.base import Adapter
+from headcount.core.arch.base import Adapter, Layout
 from headcount.runtime.errors import HeadcountError
 
 _REGISTRY: dict[str, Adapter] = {}
@@ -68,3 +68,37 @@ def get_adapter(model_or_config) -> Adapter:
             f"model type {model_type!r} is not supported; supported types: {', '.join(supported_model_types())}"
         )
     return _REGISTRY[model_type]
+
+
+def is_decoder(model_or_config) -> bool:
+    """Whether the model's adapter declares it a decoder (``Adapter.is_decoder``)."""
+    return get_adapter(model_or_config).is_decoder
+
+
+def require_decoder(model, what: str, name: str | None = None) -> Layout:
+    """The model's [`Layout`][headcount.core.arch.base.Layout]; one error line unless it is a decoder.
+
+    ``what`` names what needs it (``"--objective lm"``, ``"a KV budget"``), ``name`` the model
+    as the user gave it (default: "this model").
+
+    Raises:
+        HeadcountError: ``"<what> needs a decoder (a causal language model with a key/value cache);
+            <name> is an encoder"``.
+    """
+    adapter = get_adapter(model)
+    if not adapter.is_decoder:
+        raise HeadcountError(f"{what} needs a decoder (a causal language model with a key/value cache); "
+                             f"{name or 'this model'} is an encoder")
+    return adapter.layout(model)
+
+
+def require_kv_groups(model, what: str = "--unit kv-groups") -> Layout:
+    """The layout of a decoder with grouped-query attention (fewer key/value heads than query
+    heads, so a KV group is more than one head); one error line otherwise, pointing to ``--unit heads``."""
+    adapter = get_adapter(model)
+    grid = adapter.layout(model) if adapter.is_decoder else None
+    if grid is None or grid.n_kv_heads == grid.n_heads:
+        why = "is an encoder" if grid is None else "has no grouped-query attention (a KV group is one head)"
+        raise HeadcountError(f"{what} needs a decoder with grouped-query attention; this model {why}: "
+                             "use --unit heads")
+    return grid

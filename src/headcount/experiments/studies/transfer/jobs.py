@@ -18,6 +18,7 @@ import pandas as pd
 from headcount.analysis import layer_mass
 from headcount.analysis.coherence import coherence, pair_seed, seed_mean_ci, view_of
 from headcount.analysis.removal import removal_mask
+from headcount.core.arch import require_decoder
 from headcount.core.gates import layout, shared_groups
 from headcount.core.models import load_model
 from headcount.core.surgery import count_parameters, save_tokenizer
@@ -47,7 +48,6 @@ from headcount.importance.pipeline import batches_for, load_for
 from headcount.importance.scoring import score
 from headcount.runtime.atomic import atomic_write_json, atomic_write_text
 from headcount.runtime.device import resolve_runtime
-from headcount.runtime.errors import HeadcountError
 from headcount.train import prepare_model
 
 
@@ -63,8 +63,7 @@ def _lm_model(model: str, encoder: str | None = None):
     from headcount.core.models import load_tokenizer
 
     lm = load_model(model, head="lm")
-    if layout(lm).n_kv_heads is None:
-        raise HeadcountError(f"objectives [lm] need a decoder (causal language model); {model} is an encoder")
+    require_decoder(lm, "objectives [lm]", model)
     if encoder is not None:
         lm.base_model.load_state_dict(load_model(encoder, head="base").state_dict())
     return lm.eval(), load_tokenizer(model)
