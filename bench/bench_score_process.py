@@ -98,7 +98,7 @@ def build_inputs(root: Path, n: int) -> tuple[Path, Path, Path, list[str]]:
     import transformers
 
     transformers.utils.logging.disable_progress_bar()
-    from headcount.core.models import offline_model_dir
+    from headcount.core.offline_models import offline_model_dir
     from headcount.data.tasks import get_task
 
     offline = offline_model_dir()

@@ -44,7 +44,7 @@ def offline_load() -> bool:
 
     if not is_fetched():
         return False
-    offline._clear_caches()
+    offline.clear_caches()
     base._CACHE.clear()
     for name in offline.OFFLINE_TASKS:
         get_task(name).load("train")

@@ -20,8 +20,8 @@ ROOT = Path(__file__).resolve().parent.parent
 PYPROJECT = ROOT / "pyproject.toml"
 PACKAGE = ROOT / "src" / "headcount"
 
-#: the top level a newcomer sees: eight layer packages (and the package's own files)
-LAYERS = {"cli", "experiments", "train", "analysis", "importance", "data", "core", "runtime"}
+#: the top level a newcomer sees: nine layer packages (and the package's own files)
+LAYERS = {"cli", "experiments", "train", "analysis", "kv", "importance", "data", "core", "runtime"}
 
 
 def lint(src: Path, tmp_path: Path) -> subprocess.CompletedProcess:

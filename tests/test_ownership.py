@@ -564,7 +564,8 @@ def test_a_run_killed_while_writing_its_lock_leaves_no_empty_lock(tmp_path, monk
 
 # -- headcount data fetch: a record like every other output -------------------------------------------------------
 def _archive() -> Path:
-    from headcount.data.tasks.offline import VADER_ARCHIVE, vader_dir
+    from headcount.data.tasks.offline import vader_dir
+    from headcount.data.tasks.offline_fetch import VADER_ARCHIVE
 
     archive = vader_dir() / VADER_ARCHIVE
     if not archive.is_file():
@@ -577,10 +578,10 @@ def _archive() -> Path:
 def _decoder_not_read():
     """``data fetch`` also reads the offline decoder into the cache once (~40 s into the tests'
     fresh cache): not what these tests are about (tests/core/test_gguf_cache.py tests it)."""
-    from headcount.core import models
+    from headcount.core import offline_models
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(models, "offline_decoder_status", lambda convert=False: "offline decoder: not read in this test")
+        mp.setattr(offline_models, "offline_decoder_status", lambda convert=False: "offline decoder: not read in this test")
         yield
 
 
@@ -664,9 +665,9 @@ def test_data_fetch_into_the_default_folder_works_on_a_fresh_machine(monkeypatch
     assert code == 0, err
     code, out, err = cli(["data", "fetch", "--archive", archive])  # again: already there
     assert code == 0 and "already" in out, err
-    from headcount.data.tasks.offline import _clear_caches
+    from headcount.data.tasks.offline import clear_caches
 
-    _clear_caches()
+    clear_caches()
 
 
 def test_magnitude_removes_an_earlier_mask_only_while_it_is_headcounts(w, tmp_path, monkeypatch):

@@ -31,7 +31,7 @@ _EXPORTS = {
     "save_pruned": "core.surgery", "load_pruned": "core.surgery", "count_parameters": "core.surgery",
     "Mask": "core.masks",
     # KV budgets (decoders): full cache or sink + window per KV head
-    "KVBudget": "core.kvbudget", "apply_kv_budget": "core.kvcache", "KVBudgetCache": "core.kvcache",
+    "KVBudget": "kv.budget", "apply_kv_budget": "kv.cache", "KVBudgetCache": "kv.cache",
     # importance and pruning
     "score": "importance.scoring", "Scores": "importance.scores", "normalize_scores": "importance.scores",
     "iterative_prune": "importance.pruning", "PruneConfig": "importance.pruning", "select_lowest": "importance.pruning",
@@ -56,8 +56,6 @@ if TYPE_CHECKING:  # what type checkers see (py.typed): the same names, imported
     from headcount.core.attention import attention_maps
     from headcount.core.export import export_hf, export_onnx
     from headcount.core.gates import clear_gates, clone_model, gated, layout, set_gates, shared_groups
-    from headcount.core.kvbudget import KVBudget
-    from headcount.core.kvcache import KVBudgetCache, apply_kv_budget
     from headcount.core.masks import Mask
     from headcount.core.models import load_model, load_tokenizer
     from headcount.core.surgery import (
@@ -87,6 +85,8 @@ if TYPE_CHECKING:  # what type checkers see (py.typed): the same names, imported
     from headcount.importance.pruning import PruneConfig, iterative_prune, select_lowest
     from headcount.importance.scoring import score
     from headcount.importance.scores import Scores, normalize_scores
+    from headcount.kv.budget import KVBudget
+    from headcount.kv.cache import KVBudgetCache, apply_kv_budget
     from headcount.runtime.errors import HeadcountError
     from headcount.train import TrainConfig, evaluate, finetune
 

@@ -214,10 +214,3 @@ def test_random_sets_come_from_outside_the_top_set_and_theirs_is_one_set_per_exa
         ablation_test(model, batches, scores, mask="zero-query", max_new_tokens=NEW)
 
 
-def test_docstring_examples_run():
-    import doctest
-
-    import headcount.analysis.ablation as ablation
-
-    result = doctest.testmod(ablation, optionflags=doctest.ELLIPSIS)
-    assert result.failed == 0 and result.attempted >= 2

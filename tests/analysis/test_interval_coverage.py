@@ -223,10 +223,3 @@ def test_a_score_jobs_signed_rows_reach_the_coherence_bootstrap(tmp_path, monkey
     assert bootstrap_rows(result("gradient-token"))[2] == "estimator"  # its rows sum to the grid
 
 
-def test_docstring_examples_run():
-    import doctest
-
-    import headcount.analysis.batched as batched
-
-    result = doctest.testmod(batched, optionflags=doctest.ELLIPSIS)
-    assert result.failed == 0 and result.attempted >= 2

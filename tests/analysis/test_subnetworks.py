@@ -3,13 +3,11 @@ reference's super-survivor controls (headcount.analysis.super_controls)."""
 
 from __future__ import annotations
 
-import doctest
 import random
 
 import numpy as np
 import pytest
 
-import headcount.analysis.subnetworks as subnetworks_mod
 from headcount.analysis import (
     always_pruned,
     jaccard,
@@ -21,11 +19,6 @@ from headcount.analysis import (
 )
 from headcount.analysis.subnetworks import cross_task_overlap, seed_stability
 from headcount.runtime.errors import HeadcountError
-
-
-def test_docstring_examples_run():
-    result = doctest.testmod(subnetworks_mod, optionflags=doctest.ELLIPSIS)
-    assert result.attempted >= 2 and result.failed == 0
 
 
 def test_cross_task_overlap_is_the_mean_jaccard_over_seed_pairs():

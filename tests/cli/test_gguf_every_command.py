@@ -179,10 +179,10 @@ def test_off_reads_the_file_and_writes_nothing(world, tmp_path, capsys, monkeypa
     code, out, err = run_cli(capsys, "export", "--model", world["gguf"], "--format", "hf", "--out", tmp_path / "hf")
     assert code == 0 and "LlamaForCausalLM" in out, err
     # `headcount data fetch` does not convert the offline decoder either
-    from headcount.core import models
+    from headcount.core import offline_models
 
-    monkeypatch.setattr(models, "offline_decoder_file", lambda: world["gguf"])
-    assert f"not converted ({GGUF_CACHE_ENV}=off)" in models.offline_decoder_status(convert=True)
+    monkeypatch.setattr(offline_models, "offline_decoder_file", lambda: world["gguf"])
+    assert f"not converted ({GGUF_CACHE_ENV}=off)" in offline_models.offline_decoder_status(convert=True)
     assert not (cache / "gguf").exists()
     monkeypatch.setenv(GGUF_CACHE_ENV, "of")
     assert_one_error_line(*run_cli(capsys, "info", "--model", world["gguf"])[::2])

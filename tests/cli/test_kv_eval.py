@@ -16,7 +16,7 @@ from cli_helpers import assert_one_error_line, run_cli
 from niah_helpers import save_niah_checkpoint, write_niah_task
 
 from headcount.analysis.kv_methods import COLUMNS, wilson_interval
-from headcount.core.kvbudget import KVBudget
+from headcount.kv.budget import KVBudget
 from headcount.runtime.record import Record
 
 LAYERS, KV, DIM = 3, 2, 8

@@ -16,8 +16,8 @@ import torch
 from cli_helpers import assert_one_error_line, run_cli
 from conftest import save_tiny, tiny_model
 
-from headcount.core.kvbudget import KVBudget
-from headcount.core.kvcache import apply_kv_budget
+from headcount.kv.budget import KVBudget
+from headcount.kv.cache import apply_kv_budget
 from headcount.runtime.record import Record
 
 LAYERS, HEADS, KV, DIM = 3, 4, 2, 8

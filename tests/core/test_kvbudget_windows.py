@@ -1,7 +1,7 @@
 """KV budgets count each layer's real cache (issue #44.2): a layer whose attention is bounded by a
 sliding window keeps ``min(tokens, window - 1)`` tokens in the model's own cache, not every token.
 
-- the windows come from one helper (``headcount.core.kvbudget.model_windows``, which asks the
+- the windows come from one helper (``headcount.kv.budget.model_windows``, which asks the
   adapter): Mistral with a window (every layer), Gemma2/3 (local and global layers), Qwen2 with
   its windowed top layers, and none for Llama;
 - ``KVBudget.full_bytes`` equals the bytes of transformers' own ``DynamicCache`` after every
@@ -27,15 +27,12 @@ from conftest import tiny_config, tiny_model
 from transformers import DynamicCache
 
 from headcount.core.gates import layout
-from headcount.core.kvbudget import KVBudget, model_windows
-from headcount.core.kvcache import ATTENTION, apply_kv_budget
-from headcount.importance.budgets import (
-    KVBudgetSettings,
-    budget_from_scores,
-    n_full_allowed,
-    random_budget,
-    uniform_budget,
-)
+from headcount.kv.budget import KVBudget, model_windows
+from headcount.kv.cache import ATTENTION, apply_kv_budget
+from headcount.kv.memory import KVBudgetSettings, n_full_allowed
+from headcount.kv.policies.random import random_budget
+from headcount.kv.policies.scores import budget_from_scores
+from headcount.kv.policies.uniform import uniform_budget
 from headcount.runtime.errors import HeadcountError
 
 #: tiny configs with windows (conftest's rows, and Qwen2 with its top layers windowed), and without

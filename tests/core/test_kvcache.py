@@ -1,4 +1,4 @@
-"""KV budgets applied (``headcount.core.kvcache``): the KV-budget cache and attention.
+"""KV budgets applied (``headcount.kv.cache``): the KV-budget cache and attention.
 
 - at the full budget the patched attention equals the model's own (eager and sdpa): logits,
   padded batches, greedy tokens;
@@ -24,8 +24,8 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 import headcount as hc
 from headcount.core.gates import layout
-from headcount.core.kvbudget import KVBudget
-from headcount.core.kvcache import ATTENTION, KVBudgetCache, apply_kv_budget
+from headcount.kv.budget import KVBudget
+from headcount.kv.cache import ATTENTION, KVBudgetCache, apply_kv_budget
 from headcount.runtime.errors import HeadcountError
 
 ATOL = 1e-5

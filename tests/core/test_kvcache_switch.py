@@ -21,8 +21,8 @@ from conftest import DECODER_IDS, tiny_model
 from transformers import DynamicCache
 
 from headcount.core.gates import layout
-from headcount.core.kvbudget import KVBudget
-from headcount.core.kvcache import ATTENTION, apply_kv_budget
+from headcount.kv.budget import KVBudget
+from headcount.kv.cache import ATTENTION, apply_kv_budget
 from headcount.runtime.errors import HeadcountError
 
 #: decoders the budget attention runs (the windowed ones are refused at apply: tests/core/test_kvbudget_windows.py)

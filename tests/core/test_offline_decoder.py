@@ -17,7 +17,8 @@ import torch
 from headcount.core.arch import get_adapter
 from headcount.core.gates import gated, kept_kv_heads, layout
 from headcount.core.masks import Mask
-from headcount.core.models import INSTALL_DECODER, OFFLINE_DECODER, load_model, load_tokenizer
+from headcount.core.models import load_model, load_tokenizer
+from headcount.core.offline_models import INSTALL_DECODER, OFFLINE_DECODER
 from headcount.core.surgery import kv_summary, shrink
 
 pytestmark = [
@@ -46,7 +47,7 @@ def test_the_weights_are_the_gguf_files_own_tensors(loaded):
     import gguf
 
     from headcount.core.gguf import find_converted
-    from headcount.core.models import offline_decoder_file
+    from headcount.core.offline_models import offline_decoder_file
 
     model, _ = loaded
     path = offline_decoder_file()

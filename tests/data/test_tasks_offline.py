@@ -12,12 +12,8 @@ import numpy as np
 import pytest
 
 from headcount.data.tasks import get_task, is_fetched, offline
-from headcount.data.tasks.offline import (
-    VADER_ARCHIVE,
-    fetch,
-    offline_corpus,
-    vader_dir,
-)
+from headcount.data.tasks.offline import offline_corpus, vader_dir
+from headcount.data.tasks.offline_fetch import VADER_ARCHIVE, fetch
 from headcount.runtime.errors import HeadcountError
 
 needs_data = pytest.mark.skipif(not is_fetched(), reason="offline data not fetched: run `headcount data fetch`")
@@ -47,13 +43,13 @@ def test_documented_sizes_are_the_registered_ones():
 
 def test_not_fetched_says_what_to_run(tmp_path, monkeypatch):
     monkeypatch.setenv("HEADCOUNT_DATA", str(tmp_path / "empty"))
-    offline._clear_caches()
+    offline.clear_caches()
     with pytest.raises(HeadcountError, match="headcount data fetch") as e:
         get_task("offline/movies").load("train")
     assert str(tmp_path / "empty") in str(e.value) and "\n" not in str(e.value)
     with pytest.raises(HeadcountError, match="headcount data fetch"):
         get_task("offline/fine-foods").load("test")
-    offline._clear_caches()
+    offline.clear_caches()
 
 
 def test_no_network_gives_one_line_with_the_command(tmp_path, monkeypatch):
@@ -163,7 +159,7 @@ def test_offline_loading_is_fast_and_pairs_have_token_types(monkeypatch):
     from headcount.data.tasks import base, encode, make_batches
 
     get_task("offline/pairs").load("train")  # first time: parse and check
-    offline._clear_caches()
+    offline.clear_caches()
     base._CACHE.clear()
     hashed, sha256_file = [], offline.sha256_file
     monkeypatch.setattr(offline, "sha256_file", lambda path: hashed.append(str(path)) or sha256_file(path))

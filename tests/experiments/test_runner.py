@@ -365,7 +365,6 @@ def test_report_refuses_an_unfinished_run(tmp_path, monkeypatch):
         build_report(run)
 
 
-
 # --- registry, docs -------------------------------------------------------------------------------
 def test_registry_refuses_a_conflicting_registration():
     from headcount.experiments.runner import get_study_type, register_study
@@ -404,14 +403,3 @@ def test_study_types_come_from_entry_points_built_in_and_plugin(tmp_path, monkey
         get_study_type("broken")
 
 
-@pytest.mark.parametrize("module", ["experiments.runner.jobs", "experiments.runner.store",
-                                    "experiments.runner.config", "experiments.runner.registry",
-                                    "experiments.runner.execution", "experiments.runner.study",
-                                    "experiments.report.content", "experiments.report.html",
-                                    "experiments.report.build"])
-def test_docstring_examples_run(module):
-    import doctest
-    import importlib
-
-    result = doctest.testmod(importlib.import_module(f"headcount.{module}"), optionflags=doctest.ELLIPSIS)
-    assert result.attempted > 0 and result.failed == 0

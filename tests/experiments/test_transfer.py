@@ -609,22 +609,6 @@ def test_a_shared_layer_model_is_reported_per_application_and_per_shared_head(tm
     assert pruned["n_params"] < pruned["n_params_before"]  # removed from the shared weights
 
 
-def test_docstring_examples_run():
-    import doctest
-    import importlib
-
-    attempted = 0
-    for name in ("", ".config", ".params", ".plan", ".jobs", ".tables", ".figures", ".summary", ".report"):
-        module = importlib.import_module(f"headcount.experiments.studies.transfer{name}")
-        result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
-        assert result.failed == 0, name
-        attempted += result.attempted
-    for name in ("headcount.analysis.coherence", "headcount.analysis.removal"):
-        result = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
-        assert result.attempted > 0 and result.failed == 0, name
-    assert attempted > 0
-
-
 def test_every_job_validates_its_params_and_refuses_unknown_ones():
     from headcount.experiments.studies.transfer import params as C
     from headcount.experiments.studies.transfer.plan import JOBS

@@ -29,13 +29,12 @@ from headcount.data.tasks import get_task
 from headcount.data.tasks.niah import NiahExample, niah_batches, rouge1_recall
 from headcount.importance.retrieval import (
     copies,
-    kv_reduce_scores,
     long_range_scores,
     mean_over_counted,
     retrieval_scores,
     retrieve,
 )
-from headcount.importance.scores import Scores
+from headcount.importance.scores import Scores, kv_pool
 from headcount.runtime.errors import HeadcountError
 
 
@@ -356,8 +355,8 @@ def test_long_range_is_the_mass_outside_sink_and_window():
 
 def test_kv_reduce_leaves_out_heads_that_are_gone():
     heads = torch.tensor([[0.1, 0.5, float("nan"), float("nan")], [0.3, float("nan"), 0.2, 0.4]])
-    assert kv_reduce_scores(heads, 2, "max")[0, 0] == pytest.approx(0.5) and kv_reduce_scores(heads, 2)[0, 1].isnan()
-    assert kv_reduce_scores(heads, 2, "mean")[1].tolist() == pytest.approx([0.3, 0.3])
+    assert kv_pool(heads, 2, "max")[0, 0] == pytest.approx(0.5) and kv_pool(heads, 2)[0, 1].isnan()
+    assert kv_pool(heads, 2, "mean")[1].tolist() == pytest.approx([0.3, 0.3])
 
 
 # --------------------------------------------------------------------------- command line

@@ -23,7 +23,7 @@ from headcount.core.masks import Mask  # noqa: E402
 from headcount.core.models import load_model, load_tokenizer  # noqa: E402
 from headcount.core.surgery import shrink  # noqa: E402
 from headcount.data.tasks.mlm import lm_batches, mlm_texts  # noqa: E402
-from headcount.importance.pruning import kv_group_scores  # noqa: E402
+from headcount.importance.scores import kv_pool  # noqa: E402
 from headcount.importance.scoring import gradient_scores  # noqa: E402
 
 #: max |surgery logits - gated logits| / max |logits| allowed (measured on this model: see docs/concepts.md)
@@ -102,7 +102,7 @@ def test_greedy_tokens_after_a_cut(gemma):
     "loss by 0.04-3.4, far outside the first-order regime the tiny models are built for; strict: a pass is news"))
 def test_gradient_ranks_mlps_and_attention_layers_as_removal_does(gemma):
     """MLPs, and KV groups: with 1 KV head the group is the attention block, scored by the
-    attention gate behind the post-attention norm (``kv_group_scores``)."""
+    attention gate behind the post-attention norm (``kv_pool`` ``sum``)."""
     model, _, batch = gemma
     grad = gradient_scores(model, [batch])
     n_layers, n_heads = layout(model)
@@ -118,5 +118,5 @@ def test_gradient_ranks_mlps_and_attention_layers_as_removal_does(gemma):
                 groups.append(abs(float(model(**batch).loss) - base))
     assert grad.attention is not None
     rho_mlps = float(spearmanr(grad.mlps.numpy(), mlps)[0])
-    rho_groups = float(spearmanr(kv_group_scores(grad.heads, 1, grad.attention)[:, 0].numpy(), groups)[0])
+    rho_groups = float(spearmanr(kv_pool(grad, 1, "sum")[:, 0].numpy(), groups)[0])
     assert rho_mlps >= SPEARMAN and rho_groups >= SPEARMAN, (rho_mlps, rho_groups)

@@ -308,15 +308,6 @@ def test_gpu_bf16_scores_are_rank_equivalent():
     assert spearmanr(fp32.heads.flatten().numpy(), bf16.heads.flatten().numpy())[0] >= 0.99
 
 
-@pytest.mark.parametrize("module", ["runtime.device", "data.tasks.batching"])
-def test_docstring_examples_run(module):
-    import doctest
-    import importlib
-
-    result = doctest.testmod(importlib.import_module(f"headcount.{module}"), optionflags=doctest.ELLIPSIS)
-    assert result.failed == 0 and result.attempted > 0
-
-
 def test_study_device_in_config_and_on_the_command_line(tmp_path):
     import toy_study  # noqa: F401
 

@@ -15,8 +15,8 @@ import pytest
 from cli_helpers import assert_one_error_line, run_cli
 from conftest import save_tiny, tiny_model
 
-from headcount.core.kvbudget import KVBudget
 from headcount.core.masks import Mask
+from headcount.kv.budget import KVBudget
 from headcount.runtime.errors import HeadcountError
 from headcount.runtime.jsonfile import MAX_DEPTH, parse_json, read_json
 from headcount.runtime.record import Record
@@ -122,7 +122,7 @@ def test_a_budget_file_with_such_entries_is_one_line(capsys, llama, tmp_path, en
     with pytest.raises(HeadcountError, match=why) as e:
         KVBudget.load(path)
     assert str(path) in str(e.value)
-    from headcount.core.kvcache import apply_kv_budget
+    from headcount.kv.cache import apply_kv_budget
 
     with pytest.raises(HeadcountError, match=why):
         apply_kv_budget(tiny_model("llama", head="lm"), path)

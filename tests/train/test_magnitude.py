@@ -536,15 +536,6 @@ def test_rewind_to_an_early_checkpoint(world, tmp_path):
     assert r["rewind"] == "step 3"
 
 
-@pytest.mark.parametrize("module", ["train.config", "importance.magnitude", "train.magnitude_search"])
-def test_docstring_examples(module):
-    import doctest
-    import importlib
-
-    result = doctest.testmod(importlib.import_module(f"headcount.{module}"), optionflags=doctest.ELLIPSIS)
-    assert result.failed == 0 and result.attempted > 0
-
-
 def test_the_procedures_live_in_magnitude_search_only():
     """0.x keeps no moved-name shims: the weight-mask primitives, the searches and the runs each have one home."""
     import headcount.importance.magnitude as primitives

@@ -1,7 +1,7 @@
 """KV cache methods compared on the same prompts: one row per method, its accuracy's interval and
 its paired tests against the full cache and the uniform window, and the accuracy-memory figure.
 
-The rows come from [`measure_kv_budget`][headcount.data.kv_eval.measure_kv_budget] runs on the same
+The rows come from [`measure_kv_budget`][headcount.kv.measure.measure_kv_budget] runs on the same
 needle prompts and LM texts. Needle accuracy gets a Wilson interval (binomial, over prompts:
 each prompt answered or not); the paired tests are the reports' one-sided sign-flip test
 ([`paired_sign_flip_test`][headcount.analysis.paired.paired_sign_flip_test]) over the prompts'
@@ -49,7 +49,7 @@ def _p(a, b, alternative: str) -> float:
 
 def method_rows(runs: Mapping[str, dict], level: float = LEVEL) -> list[dict]:
     """One row (``COLUMNS``) per method of ``runs`` (method name -> a dict with ``budget``, the
-    [`KVBudget`][headcount.core.kvbudget.KVBudget] measured, ``context`` and the measurement).
+    [`KVBudget`][headcount.kv.budget.KVBudget] measured, ``context`` and the measurement).
     ``p_vs_full`` needs a ``full`` run, ``p_vs_uniform`` a ``uniform`` one (NaN for the method itself)."""
     def wins(name):
         run = runs.get(name)

@@ -32,8 +32,9 @@ from headcount.importance.pipeline import (
     metric_for,
     prune_model,
 )
-from headcount.importance.pruning import PruneConfig, PruneResult, kv_group_scores
+from headcount.importance.pruning import PruneConfig, PruneResult
 from headcount.importance.scorers import count_examples
+from headcount.importance.scores import kv_pool
 from headcount.importance.scoring import score
 from headcount.runtime.atomic import atomic_write_text
 from headcount.runtime.device import device_name, resolve_device, resolve_precision, resolve_runtime
@@ -161,8 +162,9 @@ def _kv_group_meta(model, s, unit: str) -> dict:
     if s is None:
         return {}
     own = s.meta.get("kv_groups")  # a scorer's own per-KV-head score (long-range: its neediest query head) wins
-    return {"unit": unit, "kv_groups": own if own is not None else kv_group_scores(s.heads, grid.n_kv_heads,
-                                                                                   s.attention).tolist()}
+    n_kv = grid.n_kv_heads
+    assert n_kv is not None  # require_kv_groups refused a model without KV heads
+    return {"unit": unit, "kv_groups": own if own is not None else kv_pool(s, n_kv, "sum").tolist()}
 
 
 def _head_seed(info: dict) -> dict:

@@ -86,11 +86,11 @@ def load_for_export(spec: str) -> nn.Module:
     GGUF file's is a causal LM), eager attention (exportable by every architecture), eval mode.
     Pruned checkpoints are replayed; a GGUF file loads from its conversion
     ([`gguf_source`][headcount.core.gguf.gguf_source], as every loader does)."""
-    # lazy: transformers, .models and .surgery (which import it) cost ~0.7 s; headcount --help loads this module
+    # lazy: transformers, .model_spec and .surgery (which import it) cost ~0.7 s; headcount --help loads this module
     import transformers
 
     from headcount.core.gguf import dequantised, gguf_source, is_gguf
-    from headcount.core.models import resolve
+    from headcount.core.model_spec import resolve
     from headcount.core.surgery import is_pruned_checkpoint, load_pruned
 
     path = resolve(spec)

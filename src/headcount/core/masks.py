@@ -79,7 +79,7 @@ class Mask:
 
     >>> m = Mask.full(6, 12).without_heads([(0, 3), (5, 11)])
     >>> m.n_heads_kept
-    142
+    70
     """
 
     heads: torch.Tensor  # [n_layers, n_heads], float 0/1

@@ -51,7 +51,7 @@ def model_fingerprint(spec) -> str | None:
     (``offline-decoder`` included); None for a hub id."""
     if spec is None:
         return None
-    from headcount.core.models import (  # transformers (1.2 s): not at import, the CLI imports this
+    from headcount.core.offline_models import (  # transformers (1.2 s): not at import, the CLI imports this
         OFFLINE,
         OFFLINE_DECODER,
         offline_decoder_file,

@@ -29,7 +29,8 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers.modeling_outputs import BaseModelOutput
 
-from headcount.core.models import load_model, load_tokenizer, resolve
+from headcount.core.model_spec import resolve
+from headcount.core.models import load_model, load_tokenizer
 from headcount.data.evaluation import MLM_METRIC, evaluate_batches
 from headcount.data.heads import _trainable, replaying_encoder
 from headcount.data.tasks.base import subset_indices

@@ -27,7 +27,7 @@ def activation_scores(model: nn.Module, batches, progress=None, rt=None) -> Scor
     """Wanda-sp importance of every head ``[L, H]`` and MLP ``[L]`` (see the module docstring).
 
     >>> s = activation_scores(model, batches)      # doctest: +SKIP
-    >>> s.heads.shape
+    >>> s.heads.shape                               # doctest: +SKIP
     torch.Size([6, 12])
     """
     from headcount.runtime.device import runtime, to_device

@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 import torch
 
 from headcount.core.masks import Mask
+from headcount.importance.scores import kv_pool
 from headcount.runtime.errors import HeadcountError
 
 SCHEDULES = ("heads", "prasanna")
@@ -67,7 +68,7 @@ class PruneConfig:
         max_steps: optional cap on evaluated steps.
         shrink: physically shrink a working copy between steps (faster than masking alone).
         unit: ``heads`` (query heads) or ``kv-groups`` (decoders with grouped-query attention: whole
-            key/value groups go, ranked by [`kv_group_scores`][headcount.importance.pruning.kv_group_scores]; ``step`` is then a fraction of
+            key/value groups go, ranked by [`kv_pool`][headcount.importance.scores.kv_pool] ``sum``; ``step`` is then a fraction of
             the groups, and what is removed shrinks the KV cache).
     """
 
@@ -100,30 +101,6 @@ def check_unit(unit: str) -> str:
     if unit not in UNITS:
         raise HeadcountError(f"unknown unit {unit!r}; choose one of {', '.join(UNITS)}")
     return unit
-
-
-def kv_group_scores(heads: torch.Tensor, n_kv: int, attention: torch.Tensor | None = None) -> torch.Tensor:
-    """A key/value group's score, ``[L, H] -> [L, n_kv]``: the sum of its query heads' scores
-    (NaN entries, heads already gone, count as 0; a group of NaN only is NaN). For gate gradients
-    this is the sum of the heads' absolute gradients, not the gradient of one gate on the group.
-
-    ``attention`` (``Scores.attention [L]``, where the scorer gives one: the gradient scorers behind
-    a norm after the attention block): with one KV head per layer the group *is* the layer's
-    attention, so its score is the attention block's. Behind such a norm the heads' gradients sum
-    to ~0 per layer (scale invariance) and their summed absolute values say nothing about removing
-    all of them; the attention gate's gradient does (removing the group = attention gate 0).
-
-    >>> kv_group_scores(torch.tensor([[1., 2., 3., float("nan")]]), 2).tolist()
-    [[3.0, 3.0]]
-    >>> kv_group_scores(torch.tensor([[1., 2.]]), 1, attention=torch.tensor([0.5])).tolist()
-    [[0.5]]
-    """
-    if attention is not None and n_kv == 1:  # the whole attention block: [L] -> [L, 1]
-        gone = torch.isnan(heads).all(-1, keepdim=True)  # a layer with no head left
-        return attention.reshape(-1, 1).float().masked_fill(gone, float("nan"))
-    grouped = heads.reshape(heads.shape[0], n_kv, -1)  # [L, n_kv, heads per group]
-    out = torch.nan_to_num(grouped, nan=0.0).sum(-1)
-    return out.masked_fill(torch.isnan(grouped).all(-1), float("nan"))
 
 
 def _kv_heads(model, config: "PruneConfig") -> int | None:
@@ -255,10 +232,10 @@ def iterative_prune(
             heads = mask.heads
             if prune_heads_now and n_kv is None:
                 heads = select_lowest(scores.heads, mask.heads, _n_heads(config, mask, n_layers * n_heads, half))
-            elif prune_heads_now:  # whole KV groups: ranked by kv_group_scores, removed whole
+            elif prune_heads_now:  # whole KV groups: ranked by their heads' summed scores, removed whole
                 kept = mask.kv_groups
                 n = _n_units(config, int(kept.sum()), n_layers * n_kv, half)
-                groups = select_lowest(kv_group_scores(scores.heads, n_kv, getattr(scores, "attention", None)), kept, n)
+                groups = select_lowest(kv_pool(scores, n_kv, "sum"), kept, n)
                 heads = mask.heads * groups.repeat_interleave(n_heads // n_kv, dim=1)
             mlps = select_lowest(scores.mlps, mask.mlps, mlps_per_step) if mlps_per_step else mask.mlps
             candidate = Mask(heads, mlps, dict(mask.meta), mask.n_kv_heads)

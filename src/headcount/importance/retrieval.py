@@ -45,7 +45,7 @@ from headcount.core.attention import attention_taps
 from headcount.core.gates import hooks, kept_heads
 from headcount.data.tasks.niah import ROUGE_RULES, exact_match, rouge1_recall
 from headcount.importance.scorers import ScoreContext, Scorer
-from headcount.importance.scores import Scores
+from headcount.importance.scores import Scores, kv_pool
 from headcount.runtime.bounds import Bound
 from headcount.runtime.errors import HeadcountError
 
@@ -316,27 +316,11 @@ def long_range_scores(model: nn.Module, batches, *, sink: int = SINK, window: in
     heads = (total / count).cpu()
     for layer, ks in enumerate(kept):
         heads[layer, sorted(set(range(n_heads)) - set(ks))] = float("nan")
-    kv = kv_reduce_scores(heads, grid.n_kv_heads, kv_reduce)
+    kv = kv_pool(heads, grid.n_kv_heads, kv_reduce)  # [L, n_kv]: max or mean over each group's query heads
     return Scores(heads=heads.float(), mlps=torch.full((n_layers,), float("nan")), method="long-range",
                   n_examples=n_examples, n_tokens=n_tokens,
                   meta={**rt.meta(), "sink": sink, "window": window, "kv_reduce": kv_reduce, "n_queries": count,
                         "kv_groups": kv.tolist()})
-
-
-def kv_reduce_scores(heads: torch.Tensor, n_kv: int, reduce: str = "max") -> torch.Tensor:
-    """Each key/value group's score from its query heads' ``[L, H] -> [L, n_kv]``: their max (or
-    mean), heads that are gone (NaN) left out; a group of NaN only is NaN.
-
-    >>> kv_reduce_scores(torch.tensor([[0.1, 0.5, 0.2, float("nan")]]), 2).tolist()
-    [[0.5, 0.20000000298023224]]
-    """
-    grouped = heads.reshape(heads.shape[0], n_kv, -1)  # [L, n_kv, heads per group]
-    empty = torch.isnan(grouped).all(-1)
-    if reduce == "max":
-        out = torch.nan_to_num(grouped, nan=-torch.inf).max(-1).values
-    else:
-        out = torch.nanmean(grouped, -1)
-    return out.masked_fill(empty, float("nan"))
 
 
 # -- the scorers (registered with the built-ins at the end of headcount.importance.scoring) -------------------------

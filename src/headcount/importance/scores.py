@@ -4,11 +4,16 @@
 model for one objective (+ optional per-example rows ``[n_examples, n_layers, n_heads]``), with
 JSON I/O; [`normalize_scores`][headcount.importance.scores.normalize_scores] (Prasanna et al.'s per-layer L2 then global min-max); the
 accumulation, normalisation and batch-order options (``ACCUMULATE``, ``NORMALIZE``,
-``BATCH_ORDERS``) with their checks. The scorers that compute scores are in [`scoring`][headcount.importance.scoring].
+``BATCH_ORDERS``) with their checks; [`kv_pool`][headcount.importance.scores.kv_pool], the one
+rule set that makes a key/value head's score from its query heads' (``KV_POOLING``: ``sum`` for
+pruning whole groups, ``max`` for KV budgets, ``max`` or ``mean`` for the long-range scorer), and
+[`score_grid`][headcount.importance.scores.score_grid], the checked reading of a JSON grid of
+scores. The scorers that compute scores are in [`scoring`][headcount.importance.scoring].
 """
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -33,6 +38,8 @@ DEFAULT_ACCUMULATE = "per-batch"
 #: reference's order gives the reference's scores), ``length`` otherwise (``per-batch`` is
 #: headcount's own accumulation: no reference order to follow)
 BATCH_ORDERS = ("auto", "length", "file")
+#: how a key/value head's score is made from its query heads' ([`kv_pool`][headcount.importance.scores.kv_pool])
+KV_POOLING = ("sum", "max", "mean")
 
 
 def check_batch_order(order: str) -> str:
@@ -119,12 +126,15 @@ class Scores:
         return atomic_write_json(path, self.to_dict())
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Scores":
+    def from_dict(cls, d: dict, dtype: torch.dtype = torch.float32) -> "Scores":
+        """Scores from their JSON form: ``heads`` checked ([`score_grid`][headcount.importance.scores.score_grid]:
+        one line for a grid that is not one; null reads as NaN). ``dtype``: float64 keeps the
+        file's numbers exactly (a KV budget writes the scores it ranked by back as they were)."""
         known = {"heads", "mlps", "attention", "method", "normalize", "n_examples", "n_tokens"}
         return cls(
-            heads=torch.tensor(d["heads"], dtype=torch.float32),
-            mlps=torch.tensor(d.get("mlps") or [0.0] * len(d["heads"]), dtype=torch.float32),
-            attention=(torch.tensor([math.nan if v is None else v for v in d["attention"]], dtype=torch.float32)
+            heads=score_grid(d["heads"], "heads", dtype=dtype),
+            mlps=torch.tensor(d.get("mlps") or [0.0] * len(d["heads"]), dtype=dtype),
+            attention=(torch.tensor([math.nan if v is None else v for v in d["attention"]], dtype=dtype)
                        if d.get("attention") is not None else None),  # optional: older files have none
             method=d.get("method", "gradient"),
             normalize=d.get("normalize", "none"),
@@ -134,12 +144,90 @@ class Scores:
         )
 
     @classmethod
-    def load(cls, path) -> "Scores":
+    def load(cls, path, dtype: torch.dtype = torch.float32) -> "Scores":
         d = read_json(path, "scores file", kind=dict)
         try:
-            return cls.from_dict(d)
+            return cls.from_dict(d, dtype)
         except KeyError as e:
             raise HeadcountError(f"scores file {path} has no {e}: not a scores file") from None
+        except HeadcountError as e:  # a malformed grid: the line names the file
+            raise HeadcountError(f"scores file {path}: {e}") from None
+
+
+def _number(value, what: str) -> float:
+    """One score: a number, or null (NaN: a head that is gone, or a score that is undefined)."""
+    if value is None:
+        return math.nan
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise HeadcountError(f"scores '{what}' must be a number, got {json.dumps(value)[:40]}")
+    return float(value)
+
+
+def score_grid(value, what: str, shape: tuple[int, int] | None = None,
+               dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """A ``[rows][cols]`` JSON grid of scores as a tensor, checked: every row a non-empty list of
+    the same length (``shape``: of ``shape[0]`` rows, the model's layers, of ``shape[1]`` heads),
+    every entry a number or null (NaN).
+
+    >>> score_grid([[0.5, None]], "heads").tolist()
+    [[0.5, nan]]
+    >>> score_grid([[1, 2]], "kv_groups", shape=(2, 2))
+    Traceback (most recent call last):
+    headcount.runtime.errors.HeadcountError: scores 'kv_groups' must have 2 rows (the model's layers), got 1 rows
+    """
+    rows = shape[0] if shape is not None else None
+    if not isinstance(value, list) or not value or (rows is not None and len(value) != rows):
+        got = f"{len(value)} rows" if isinstance(value, list) else type(value).__name__
+        raise HeadcountError(f"scores '{what}' must have {rows or 'some'} rows (the model's layers), got {got}")
+    cols = shape[1] if shape is not None else len(value[0]) if isinstance(value[0], list) else None
+    for i, row in enumerate(value):
+        if not isinstance(row, list) or not row or len(row) != cols:
+            got = f"{len(row)} entries" if isinstance(row, list) else type(row).__name__
+            raise HeadcountError(f"scores '{what}[{i}]' must list {cols} heads, got {got}")
+    return torch.tensor([[_number(v, f"{what}[{i}][{j}]") for j, v in enumerate(row)] for i, row in enumerate(value)],
+                        dtype=dtype)
+
+
+def kv_pool(scores: "Scores | torch.Tensor", n_kv: int, rule: str = "max") -> torch.Tensor:
+    """Each key/value head's score from its query heads', ``heads [L, H] -> [L, n_kv]`` (query head
+    h reads KV head ``h // (H / n_kv)``), in the dtype of ``heads``. Heads that are gone (NaN) are
+    left out; a group of NaN only is NaN. The rules (``KV_POOLING``):
+
+    - ``sum``: what removing the group removes (``headcount prune --unit kv-groups``; for gate
+      gradients the sum of the heads' absolute gradients). With one KV head per layer and a
+      ``Scores`` whose scorer gives ``attention [L]`` (gradients behind a norm after the attention
+      block, where the heads' gradients sum to ~0 by scale invariance), the group *is* the
+      layer's attention and its score the attention block's;
+    - ``max``: the neediest query head (KV budgets: streaming a KV head cuts every query head that
+      reads it; the long-range scorer's default);
+    - ``mean``: the group's mean (the long-range scorer's ``kv_reduce mean``).
+
+    ``scores``: a [`Scores`][headcount.importance.scores.Scores] or its ``heads`` tensor.
+
+    >>> kv_pool(torch.tensor([[1., 2., 3., float("nan")]]), 2, "sum").tolist()
+    [[3.0, 3.0]]
+    >>> kv_pool(torch.tensor([[0.1, 0.5, 0.2, float("nan")]]), 2).tolist()
+    [[0.5, 0.20000000298023224]]
+    >>> kv_pool(Scores(torch.tensor([[1., 2.]]), torch.zeros(1), attention=torch.tensor([0.5])), 1, "sum").tolist()
+    [[0.5]]
+    """
+    if rule not in KV_POOLING:
+        raise HeadcountError(f"unknown KV pooling {rule!r}; choose one of {', '.join(KV_POOLING)}")
+    # a Scores (or what has its fields), or the heads themselves
+    heads: torch.Tensor = scores.heads if isinstance(scores, Scores) else getattr(scores, "heads", scores)
+    attention: torch.Tensor | None = getattr(scores, "attention", None)
+    if rule == "sum" and attention is not None and n_kv == 1:  # the whole attention block: [L] -> [L, 1]
+        gone = torch.isnan(heads).all(-1, keepdim=True)  # a layer with no head left
+        return attention.reshape(-1, 1).float().masked_fill(gone, float("nan"))
+    grouped = heads.reshape(heads.shape[0], n_kv, -1)  # [L, n_kv, heads per group]
+    empty = torch.isnan(grouped).all(-1)  # [L, n_kv]
+    if rule == "sum":
+        out = torch.nan_to_num(grouped, nan=0.0).sum(-1)
+    elif rule == "max":
+        out = torch.nan_to_num(grouped, nan=-torch.inf).max(-1).values
+    else:
+        out = torch.nanmean(grouped, -1)
+    return out.masked_fill(empty, float("nan"))
 
 
 def normalize_scores(heads: torch.Tensor, mlps: torch.Tensor, mode: str) -> tuple[torch.Tensor, torch.Tensor]:

@@ -144,7 +144,7 @@ def gradient_scores(model: nn.Module, batches, *, per_token: bool = False, keep_
         a norm after the attention block (``Block.attention_output``), else None.
 
     >>> s = gradient_scores(model, batches)         # doctest: +SKIP
-    >>> s.heads.shape
+    >>> s.heads.shape                               # doctest: +SKIP
     torch.Size([6, 12])
     """
     from headcount.data.tasks.batching import batch_groups, pack_batches, padding_id

@@ -131,12 +131,6 @@ def _foreign_under(rec: Record, rel: str) -> list[str]:
             if (per_file or os.path.islink(path / sub)) and not rec.owns(f"{rel}/{sub}")]
 
 
-def read_marker(directory: Path) -> dict | None:
-    """The record of ``directory`` as a dict (command, identity, files), None when there is none."""
-    rec = Record.read(directory)
-    return None if rec is None else {"command": rec.command, "identity": rec.identity, "files": sorted(rec.files)}
-
-
 def _differences(old, new) -> list[str]:
     if not isinstance(old, dict) or not isinstance(new, dict):
         return ["settings"]

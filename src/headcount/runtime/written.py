@@ -3,30 +3,28 @@ function (the Trainer's checkpoints, a model's ``save_pretrained``) writes insid
 these functions list, claim, move and remove those files in the folder's record, so that a file is
 headcount's only while the record lists it, at every depth.
 
-The open guards are [`headcount.runtime.io.OutDir`][headcount.runtime.io.OutDir] objects that
-``prepare_out`` registers here for direct writers; these functions find the guard whose folder
-holds a path and act on its record.
+The open guards are registered here for direct writers (``prepare_out``'s
+[`OutDir`][headcount.runtime.io.OutDir], a study job's folder): anything with a ``path``, its
+``record`` and ``_before`` (the top-level names there when it opened). These functions find the
+guard whose folder holds a path and act on its record. (This module never imports ``io``: ``io``
+imports it.)
 """
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
-
 from headcount.runtime.atomic import _entries_under, atomic_write_json, remove_empty_dirs
 from headcount.runtime.errors import HeadcountError
 from headcount.runtime.record import linked_parent, refuse_foreign, stamp
 
-if TYPE_CHECKING:
-    from headcount.runtime.io import OutDir
-
 #: the open guards of direct writers (finetune, magnitude): what [`record_written`][headcount.runtime.written.record_written] and
 #: [`remove_written`][headcount.runtime.written.remove_written] update while a library function (the Trainer's checkpoints) writes inside them
-_DIRECT: list["OutDir"] = []
+_DIRECT: list = []
 
 
-def _guard_of(path: Path) -> "tuple[OutDir, str] | None":
+def _guard_of(path: Path):
     """The open direct guard whose folder holds ``path``, and ``path`` relative to it."""
     path = Path(os.path.abspath(path))
     for guard in reversed(_DIRECT):
@@ -94,7 +92,7 @@ def remove_written(path: Path) -> bool:
     return True
 
 
-def _owned_now(guard: "OutDir", rel: str) -> bool:
+def _owned_now(guard, rel: str) -> bool:
     """Whether ``rel`` is headcount's now: listed and unchanged, and, for a name claimed but not yet
     written by this run (a top-level name absent when the run began), not a file that appeared since."""
     rec = guard.record
@@ -203,3 +201,26 @@ def move_listed(src: Path, dst: Path, last: tuple[str, ...] = ()) -> list[str]:
     remove_empty_dirs(src)
     forget_under(src)
     return files
+
+
+def claim_run(folder: Path, identity: dict, name: str, what: str = "run", write: bool = True) -> None:
+    """The resuming direct writers' claim on their folder: refuse it when its identity file ``name``
+    (``magnitude_run.json``) holds another run, naming the settings that differ; otherwise, with
+    ``write``, write ``identity`` there (the run is this folder's now; a finished or killed run of the
+    same identity is resumed by the caller).
+
+    Raises:
+        HeadcountError: the file is unreadable, or holds another identity.
+    """
+    path = Path(folder) / name
+    if path.is_file():
+        try:
+            old = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            raise HeadcountError(f"{path} is unreadable or corrupt; use another --out or delete it") from None
+        if old != identity:
+            diff = sorted(k for k in identity.keys() | old.keys() if old.get(k) != identity.get(k))
+            raise HeadcountError(f"{folder} holds a different {what} (different {', '.join(diff)}); "
+                                 "use another --out or delete it")
+    elif write:
+        atomic_write_json(path, identity)

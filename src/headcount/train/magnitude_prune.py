@@ -38,7 +38,7 @@ from headcount.runtime.atomic import atomic_dir, atomic_write_json, atomic_write
 from headcount.runtime.device import resolve_device
 from headcount.runtime.errors import HeadcountError
 from headcount.runtime.jsonfile import read_json
-from headcount.runtime.written import remove_listed
+from headcount.runtime.written import claim_run, remove_listed
 from headcount.train import TrainConfig, evaluate, finetune, use_bf16
 from headcount.train.config import _use_cpu
 from headcount.train.data import _as_task
@@ -97,18 +97,7 @@ def _open_run(out: Path, model_spec, task, seed, config: MagnitudeConfig, train,
 
 def _claim(out: Path, identity: dict, write: bool = True) -> None:
     """Refuse a folder holding another run; mark it as this run's (``magnitude_run.json``)."""
-    previous_run = out / "magnitude_run.json"
-    if previous_run.is_file():
-        try:
-            old = json.loads(previous_run.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            raise HeadcountError(f"{previous_run} is unreadable or corrupt; use another --out or delete it") from None
-        if old != identity:
-            diff = sorted(k for k in identity.keys() | old.keys() if old.get(k) != identity.get(k))
-            raise HeadcountError(f"{out} holds a different magnitude run (different {', '.join(diff)}); "
-                                 "use another --out or delete it")
-    elif write:
-        atomic_write_json(previous_run, identity)
+    claim_run(out, identity, "magnitude_run.json", what="magnitude run", write=write)
 
 
 def magnitude_prune(model_spec: str, task, *, config: MagnitudeConfig | None = None, train=None, seed: int = 0,

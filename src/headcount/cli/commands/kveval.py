@@ -1,7 +1,7 @@
 """`headcount kv-eval`: measure a KV budget (``budget.json`` of `headcount kv-budget`) beside the
 full cache, the uniform window (StreamingLLM) and random full KV heads at the same memory.
 
-Every method runs [`measure_kv_budget`][headcount.data.kv_eval.measure_kv_budget] (what the
+Every method runs [`measure_kv_budget`][headcount.kv.measure.measure_kv_budget] (what the
 retrieval study's curve runs) on the same needle prompts and LM texts;
 [`method_rows`][headcount.analysis.kv_methods.method_rows] makes the table. Writes ``kv-eval.csv``
 and ``kv-eval.png`` into ``--out`` through headcount's record; ``docs/kv-budgets.md`` says what
@@ -46,22 +46,28 @@ def baselines(budget, context: int, dtype: str, *, uniform: bool, random_seed: i
     """The methods to measure: the budget, the full cache, and (when asked) the uniform window
     and ``random_seed``'s random full KV heads, both at the budget's memory at ``context`` tokens
     (its own bytes over the full cache's: the same target kv-budget's --uniform / --random take),
-    with the budget's streaming sink and window."""
-    from headcount.core.kvbudget import KVBudget
-    from headcount.importance.budgets import KVBudgetSettings, random_budget, uniform_budget
+    with the budget's streaming sink and window; each from the KV policy registry
+    ([`headcount.kv.policies`][headcount.kv.policies])."""
+    from headcount.kv.memory import KVBudgetSettings
+    from headcount.kv.policies import make_budget
+    from headcount.kv.policy import BudgetRequest
 
-    L, H, K, D = budget.n_layers, budget.n_heads, budget.n_kv_heads, budget.head_dim
     ratio = budget.kv_bytes(context) / budget.full_bytes(context)
     sink, window = _streaming_sizes(budget)
     default = KVBudgetSettings()
     s = KVBudgetSettings(memory=min(1.0, ratio), context=context, sink=default.sink if sink is None else sink,
                          window=default.window if window is None else window, dtype=dtype)
     made = {"model": budget.meta.get("made_from", {}).get("model"), "baseline_of": "kv-eval"}
-    out = {"budget": budget, "full": KVBudget.full_cache(L, H, K, D, model_window=budget.model_window)}
+
+    def make(name: str, **options):
+        return make_budget(name, BudgetRequest(budget.n_layers, budget.n_heads, budget.n_kv_heads, budget.head_dim,
+                                               s, budget.model_window, options=options, meta=made))
+
+    out = {"budget": budget, "full": make("full")}
     if uniform:
-        out["uniform"] = uniform_budget(L, H, K, D, s, meta=made, model_window=budget.model_window)
+        out["uniform"] = make("uniform")
     if random_seed is not None:
-        out["random"] = random_budget(L, H, K, D, s, random_seed, made, model_window=budget.model_window)
+        out["random"] = make("random", seed=random_seed)
     return out
 
 
@@ -122,12 +128,12 @@ def kv_eval(
     import pandas as pd
 
     from headcount.analysis.kv_methods import COLUMNS, kv_eval_figure, method_rows
-    from headcount.core.kvbudget import KVBudget
     from headcount.data.fingerprint import run_identity
-    from headcount.data.kv_eval import lm_chunks, measure_kv_budget
     from headcount.data.tasks import get_task
     from headcount.data.tasks.niah import NiahTask, niah_task
     from headcount.importance.pipeline import load_for
+    from headcount.kv.budget import KVBudget
+    from headcount.kv.measure import lm_chunks, measure_kv_budget
     from headcount.runtime.atomic import atomic_path
     from headcount.runtime.device import resolve_runtime
     from headcount.runtime.io import prepare_out

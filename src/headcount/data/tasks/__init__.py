@@ -20,7 +20,8 @@ from headcount.data.tasks.glue import GLUE, glue_task
 from headcount.data.tasks.local import load_task_yaml
 from headcount.data.tasks.metrics import compute_metrics
 from headcount.data.tasks.mlm import lm_batches, mask_tokens, mlm_batches, mlm_texts
-from headcount.data.tasks.offline import OFFLINE_TASKS, fetch, is_fetched, offline_corpus, offline_task
+from headcount.data.tasks.offline import OFFLINE_TASKS, is_fetched, offline_corpus, offline_task
+from headcount.data.tasks.offline_fetch import fetch
 from headcount.runtime.paths import cache_root, data_root
 from headcount.data.tasks.registry import get_task, list_tasks, register_task, resolve_task_ref
 

@@ -153,7 +153,7 @@ _FILES = ("scores.json", "mask.json", "patterns.json", "budget.json")
 
 
 def _budget_quantity(page: dict, r) -> bool:
-    """A job's ``budget.json`` (a KV budget, ``headcount.core.kvbudget``) as a ``pattern`` quantity:
+    """A job's ``budget.json`` (a KV budget, ``headcount.kv.budget``) as a ``pattern`` quantity:
     each query head shows its KV head's budget (``full cache`` or ``sink S + window W``). False,
     and nothing added, for a budget that treats every KV head alike (the full cache, a uniform
     window) or that does not fit the page's grid."""

@@ -6,7 +6,15 @@ is redrawn in seconds with ``headcount report RUN_DIR``.
 """
 
 from headcount.experiments.report.build import build_report, default_report
-from headcount.experiments.report.content import ReportContent, ReportFigure, ReportTable, Section, new_figure
+from headcount.experiments.report.content import (
+    ReportContent,
+    ReportFigure,
+    ReportTable,
+    Section,
+    glance_table,
+    headline_of,
+    new_figure,
+)
 from headcount.experiments.report.html import figure_png, tidy
 from headcount.experiments.report.terminal import print_summary
 
@@ -18,6 +26,8 @@ __all__ = [
     "build_report",
     "default_report",
     "figure_png",
+    "glance_table",
+    "headline_of",
     "new_figure",
     "print_summary",
     "tidy",

@@ -204,6 +204,27 @@ class ReportContent:
         return out
 
 
+#: The glance table's columns: one row per number, this run's beside the paper's.
+GLANCE_COLUMNS = ["quantity", "task", "this run", "paper"]
+
+
+def glance_table(rows: list[dict], name: str, caption: str) -> ReportTable | None:
+    """The report's glance table ([`ReportContent.glance`][headcount.experiments.report.content.ReportContent.glance]) from glance rows
+    (dicts keyed by [`GLANCE_COLUMNS`][headcount.experiments.report.content.GLANCE_COLUMNS]); None without rows."""
+    if not rows:
+        return None
+    import pandas as pd  # lazy, as in ReportTable
+
+    return ReportTable(name, pd.DataFrame(rows, columns=GLANCE_COLUMNS), caption=caption)
+
+
+def headline_of(sections: list[Section], names, art: str = "") -> str:
+    """The first of ``names`` (with the artifact prefix ``art``) that is a figure of ``sections``, or
+    ``""`` ([`ReportContent.headline`][headcount.experiments.report.content.ReportContent.headline])."""
+    drawn = {f.name for s in sections for f in s.figures}
+    return next((f"{art}{n}" for n in names if f"{art}{n}" in drawn), "")
+
+
 def new_figure(nrows: int = 1, ncols: int = 1, size: tuple[float, float] = (6.4, 4.0), **subplot_kw):
     """A matplotlib Figure and its axes, without pyplot (no global state, renders with Agg).
 

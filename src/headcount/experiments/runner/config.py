@@ -299,7 +299,7 @@ def model_ref(value: Any, info: Any = None) -> Any:
     a path relative to the config's folder), so that a checkpoint that is not there fails while the
     config is validated, before any job runs.
 
-    The rule of [`headcount.core.models.resolve`][headcount.core.models.resolve]: ``offline`` and hub ids (``roberta-base``,
+    The rule of [`headcount.core.model_spec.resolve`][headcount.core.model_spec.resolve]: ``offline`` and hub ids (``roberta-base``,
     ``org/name``) pass as they are, without the network; a value that looks like a path (it starts
     with ``/``, ``./``, ``../`` or ``~``, or exists) must be a checkpoint directory whose files can
     be loaded. Non-strings pass through (the field's type refuses them).
@@ -313,7 +313,7 @@ def model_ref(value: Any, info: Any = None) -> Any:
     """
     if not isinstance(value, str) or value == "offline":
         return value
-    from headcount.core.models import (
+    from headcount.core.model_spec import (
         resolve,  # transformers: what the study command loads to run jobs anyway
     )
 

@@ -58,9 +58,9 @@ def expand(config: DemoConfig) -> list[Job]:
 
 def report(store, config: DemoConfig):
     """Both parts' summaries and sections, transfer first, under the demo's notice."""
-    from headcount.experiments.report import ReportContent
+    from headcount.experiments.report import ReportContent, glance_table, headline_of
     from headcount.experiments.studies.lottery.report import lottery_glance
-    from headcount.experiments.studies.transfer.report import glance_table, headline_of, transfer_glance
+    from headcount.experiments.studies.transfer.report import transfer_glance
     from headcount.experiments.studies.transfer.summary import transfer_caveats
     from headcount.experiments.studies.transfer.report import transfer_sections
     from headcount.experiments.studies.transfer.summary import transfer_summary

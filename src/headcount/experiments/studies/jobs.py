@@ -4,6 +4,8 @@ Each has the runner's signature ``(params, inputs, workdir, progress) -> dict`` 
 deterministic given its params. A model comes either from ``params["model"]`` (hub id,
 directory, ``offline``) or from an upstream job named ``"model"`` (its ``model/`` directory).
 A mask comes from an upstream job named ``"mask"`` (its ``mask.json``) or ``params["mask"]``.
+Every study type's job functions first validate their ``params`` into the study's pydantic model
+for that job ([`job_params`][headcount.experiments.studies.jobs.job_params]).
 """
 
 from __future__ import annotations
@@ -12,13 +14,15 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
+from pydantic import BaseModel, ValidationError
 from safetensors import safe_open
 from safetensors.torch import save_file
 
 from headcount.core.masks import Mask
-from headcount.core.models import OFFLINE
+from headcount.core.offline_models import OFFLINE
 from headcount.data.evaluation import evaluate_batches
 from headcount.data.tasks import get_task
+from headcount.experiments.runner.config import format_validation_error
 from headcount.importance.pipeline import (
     DataConfig,
     PruneSettings,
@@ -37,7 +41,24 @@ from headcount.importance.scoring import score
 from headcount.importance.settings import check_objective, default_of
 from headcount.runtime.atomic import atomic_path, atomic_write_text
 from headcount.runtime.device import resolve_runtime
+from headcount.runtime.errors import HeadcountError
 from headcount.train import TrainConfig, finetune
+
+
+def job_params(model: type[BaseModel], params: dict):
+    """``params`` validated into ``model``; a [`HeadcountError`][headcount.runtime.errors.HeadcountError] (one line) when they do not fit.
+
+    >>> class SeedsParams(BaseModel):
+    ...     seeds: list[int]
+    >>> job_params(SeedsParams, {"seeds": ["x"]})
+    Traceback (most recent call last):
+    ...
+    headcount.runtime.errors.HeadcountError: SeedsParams params: 'seeds[0]': Input should be a valid integer, unable to parse string as an integer (got 'x')
+    """
+    try:
+        return model.model_validate(params)
+    except ValidationError as e:
+        raise HeadcountError(format_validation_error(e, params, {}, f"{model.__name__} params", model)) from None
 
 
 def model_spec(params: dict, inputs: dict) -> str:

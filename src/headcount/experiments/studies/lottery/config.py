@@ -4,7 +4,7 @@ One declaration per setting: the training settings are [`headcount.train.TrainCo
 fields and the magnitude settings [`headcount.train.magnitude_search.MagnitudeConfig`][headcount.train.magnitude_search.MagnitudeConfig]'s (their types
 and defaults, read from those classes); the pattern CNN's defaults are those of
 [`headcount.analysis.patterns.train_pattern_cnn`][headcount.analysis.patterns.train_pattern_cnn]. Each job function validates its
-``params`` into one of the ``*Params`` models below ([`job_params`][headcount.experiments.studies.lottery.config.job_params]).
+``params`` into one of the ``*Params`` models below ([`job_params`][headcount.experiments.studies.jobs.job_params]).
 """
 
 from __future__ import annotations
@@ -15,9 +15,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import (
-    BaseModel,
     Field,
-    ValidationError,
     ValidationInfo,
     create_model,
     field_validator,
@@ -27,7 +25,7 @@ from pydantic import (
 from headcount.analysis.patterns import ARCHITECTURES, CNN_EPOCHS, MAP_SIDE, MAP_SIZE, train_pattern_cnn
 from headcount.data.tasks import get_task
 from headcount.experiments.runner import ConfigSection, StudyConfig
-from headcount.experiments.runner.config import format_validation_error, model_ref, task_ref
+from headcount.experiments.runner.config import model_ref, task_ref
 from headcount.experiments.runner.schema import fields_of, nonempty_model
 from headcount.runtime.bounds import BATCH_SIZE, EXAMPLES, FRACTION, LEARNING_RATE, MAX_LENGTH, SEED, STEPS
 from headcount.runtime.errors import HeadcountError
@@ -363,20 +361,6 @@ class LotteryConfig(StudyConfig, LotterySettings):
 # =============================================================================================
 # job parameters: what each job function of .jobs reads from ``params``
 # =============================================================================================
-def job_params(model: type[BaseModel], params: dict):
-    """``params`` validated into ``model``; a [`HeadcountError`][headcount.runtime.errors.HeadcountError] (one line) when they do not fit.
-
-    >>> job_params(OverlapParams, {"tasks": ["a"], "seeds": ["x"]})
-    Traceback (most recent call last):
-    ...
-    headcount.runtime.errors.HeadcountError: OverlapParams params: 'seeds[0]': Input should be a valid integer, unable to parse string as an integer (got 'x')
-    """
-    try:
-        return model.model_validate(params)
-    except ValidationError as e:
-        raise HeadcountError(format_validation_error(e, params, {}, f"{model.__name__} params", model)) from None
-
-
 SUBNETWORK_KINDS: tuple[str, ...] = ("random", "bad", "super")
 
 

@@ -30,7 +30,7 @@ from headcount.analysis.subnetworks import cross_task_overlap, seed_stability
 from headcount.core.attention import attention_maps
 from headcount.core.masks import Mask
 from headcount.data.tasks import get_task
-from headcount.experiments.studies.jobs import finetune_job, job_task, model_spec, step_messages
+from headcount.experiments.studies.jobs import finetune_job, job_params, job_task, model_spec, step_messages
 from headcount.experiments.studies.lottery.config import (
     MagnitudeParams,
     OverlapParams,
@@ -38,7 +38,6 @@ from headcount.experiments.studies.lottery.config import (
     PatternsParams,
     RetrainParams,
     SubnetworkParams,
-    job_params,
 )
 from headcount.importance.pipeline import DataConfig, batches_for, load_for
 from headcount.runtime.atomic import atomic_path, atomic_write_json

@@ -10,7 +10,7 @@ import re
 import pandas as pd
 
 from headcount.analysis.paired import at_chance, metric_range, paired_sign_flip_test, seed_interval
-from headcount.experiments.report import ReportContent, ReportTable, Section
+from headcount.experiments.report import ReportContent, ReportTable, Section, glance_table, headline_of
 from headcount.experiments.studies.lottery.config import LotteryConfig, LotterySettings
 from headcount.experiments.studies.lottery.figures import (
     overlap_figure,
@@ -413,8 +413,6 @@ def report(store, config: LotteryConfig):
     >>> report(RunStore("runs/lottery-offline"), config).sections[0].title  # doctest: +SKIP
     "The paper's main tables"
     """
-    from headcount.experiments.studies.transfer.report import glance_table, headline_of
-
     sections = lottery_sections(store, config)
     return ReportContent(summary=lottery_summary(store, config), sections=sections,
                          glance=glance_table(lottery_glance(store, config), "glance", LOTTERY_GLANCE),

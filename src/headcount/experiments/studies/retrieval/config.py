@@ -3,8 +3,8 @@
 Every setting is declared once: the needle-in-a-haystack generator's are
 [`NiahSpec`][headcount.data.tasks.niah.NiahSpec]'s (checked by building one), the scorers' options
 are [`ScoreSettings`][headcount.importance.settings.ScoreSettings]' (their types and defaults read
-from it), the budgets' sizes are [`KVBudgetSettings`][headcount.importance.budgets.KVBudgetSettings]'
-and the statistics' defaults [`headcount.analysis.helpers`][headcount.analysis.helpers]'.
+from it), the budgets' sizes are [`KVBudgetSettings`][headcount.kv.memory.KVBudgetSettings]',
+their kinds the KV policies' names ([`headcount.kv.policies`][headcount.kv.policies]) and the statistics' defaults [`headcount.analysis.helpers`][headcount.analysis.helpers]'.
 [`RetrievalConfig`][headcount.experiments.studies.retrieval.config.RetrievalConfig] is what a
 ``study: retrieval`` YAML holds; each job function validates its ``params`` into one of the
 ``*Params`` models at the end ([`job_params`][headcount.experiments.studies.lottery.config.job_params]).
@@ -30,14 +30,10 @@ from headcount.data.tasks.niah import REFERENCE_DEPTHS, NiahSpec
 from headcount.experiments.runner import ConfigSection, StudyConfig
 from headcount.experiments.runner.config import model_ref
 from headcount.experiments.runner.schema import fields_of, nonempty_model
-from headcount.importance.budgets import (
-    CONTEXT,
-    TOKENS,
-    KVBudgetSettings,
-    n_full_allowed,
-    uniform_budget,
-)
 from headcount.importance.settings import ScoreSettings
+from headcount.kv.memory import CONTEXT, TOKENS, KVBudgetSettings, n_full_allowed
+from headcount.kv.policies import get_policy, policy_names
+from headcount.kv.policies.uniform import uniform_budget
 from headcount.runtime.bounds import DRAWS, EXAMPLES, FRACTION, RESAMPLES, SEED
 from headcount.runtime.errors import HeadcountError
 
@@ -46,13 +42,23 @@ from headcount.runtime.errors import HeadcountError
 SCORERS = ("retrieval", "long-range")
 #: the units of the ablation: query heads ranked by retrieval score, KV heads by the budgets' ranking
 UNITS = ("heads", "kv-groups")
-#: the budgets of the curve: from the scores, the uniform sink + window (StreamingLLM), random full heads
+#: the budgets of the curve by default: from the scores, the uniform sink + window (StreamingLLM), random
+#: full heads; ``kinds`` takes any KV policy of the registry but ``full`` (the curve's reference, always run)
 BUDGET_KINDS = ("scores", "uniform", "random")
 #: the splits of the generated needle-in-a-haystack tasks (the offline data's)
 Split = Literal["train", "validation", "test"]
 
 _NIAH = {f.name: f.default for f in fields(NiahSpec)}
 _BUDGET = {f.name: f.default for f in fields(KVBudgetSettings)}
+
+
+def _policy(kind: str) -> str:
+    """A KV policy's name (the registry's: [`get_policy`][headcount.kv.policies.get_policy]), as pydantic reports it."""
+    try:
+        get_policy(kind)
+    except HeadcountError as e:
+        raise ValueError(str(e)) from None
+    return kind
 
 
 def _spec_error(build) -> None:
@@ -239,15 +245,15 @@ class BudgetSettings(ConfigSection):
         enabled: run it.
         memory: memory targets (fractions of the full KV cache at ``context`` tokens).
         context: the prompt length of the held-out needles and of the LM texts.
-        sink / window: the streaming KV heads' sizes ([`KVBudgetSettings`][headcount.importance.budgets.KVBudgetSettings]'
+        sink / window: the streaming KV heads' sizes ([`KVBudgetSettings`][headcount.kv.memory.KVBudgetSettings]'
             defaults, DuoAttention's 64 + 256); the uniform baseline keeps ``sink`` and the widest
             window the target allows.
         ranking: the scores the budgets (and the KV-group ablation) rank KV heads by:
             ``retrieval`` (default: the pooled retrieval score, the max over each group's query
             heads, ties, mostly at 0, broken by the pooled long-range mass) or ``long-range`` (the
             pooled attention mass outside the scorer's sink + window, its ``kv_groups``).
-        kinds: which budgets: ``scores``, ``uniform`` (StreamingLLM), ``random`` (as many full KV
-            heads as ``scores``, chosen at random).
+        kinds: which budgets, by KV policy name: ``scores``, ``uniform`` (StreamingLLM), ``random``
+            (as many full KV heads as ``scores``, chosen at random), or another registered policy.
         random_draws: random budgets per target.
         dtype: the cache element type the budgets' stated bytes assume (measured bytes are what
             the run's cache holds).
@@ -263,7 +269,7 @@ class BudgetSettings(ConfigSection):
     sink: int = Field(_BUDGET["sink"], **TOKENS.limits())
     window: int = Field(_BUDGET["window"], **TOKENS.limits())
     ranking: Literal["retrieval", "long-range"] = "retrieval"
-    kinds: tuple[Literal["scores", "uniform", "random"], ...] = BUDGET_KINDS
+    kinds: tuple[str, ...] = BUDGET_KINDS
     random_draws: int = Field(1, ge=1, le=DRAWS.high)
     dtype: str = _BUDGET["dtype"]
     max_new_tokens: int = Field(16, ge=1, le=10_000)
@@ -280,8 +286,12 @@ class BudgetSettings(ConfigSection):
     @field_validator("kinds")
     @classmethod
     def _kinds(cls, v):
-        if "scores" not in v or len(set(v)) != len(v):
-            raise ValueError("kinds: scores (the budgets the curve is for) and any of uniform, random, without repeats")
+        others = ", ".join(n for n in policy_names() if n not in ("scores", "full"))
+        if "scores" not in v or len(set(v)) != len(v) or "full" in v:
+            raise ValueError(f"kinds: scores (the budgets the curve is for) and any of {others}, without repeats "
+                             "(full, the reference, is always run)")
+        for kind in v:
+            _policy(kind)
         return v
 
     @model_validator(mode="after")
@@ -440,9 +450,10 @@ class AblationParams(ConfigSection):
 
 
 class BudgetParams(ConfigSection):
-    """``retrieval.budget``: one budget (``kind`` full, scores, uniform or random) at a memory target."""
+    """``retrieval.budget``: one budget (``kind``: a KV policy's name, full, scores, uniform or random) at a
+    memory target (None: full)."""
 
-    kind: Literal["full", "scores", "uniform", "random"]
+    kind: str
     memory: float | None
     context: int
     sink: int
@@ -450,6 +461,11 @@ class BudgetParams(ConfigSection):
     dtype: str
     ranking: Literal["long-range", "retrieval"] | None
     seed: int | None
+
+    @field_validator("kind")
+    @classmethod
+    def _kind(cls, v):
+        return _policy(v)
 
 
 class CurveParams(ConfigSection):

@@ -2,7 +2,7 @@
 [`headcount.importance.retrieval`][headcount.importance.retrieval] (the scorers),
 [`headcount.analysis.retrieval`][headcount.analysis.retrieval] (the interval),
 [`headcount.analysis.ablation`][headcount.analysis.ablation] (the causal test),
-[`headcount.importance.budgets`][headcount.importance.budgets] and [`headcount.core.kvcache`][headcount.core.kvcache]
+[`headcount.kv.policies`][headcount.kv.policies] and [`headcount.kv.cache`][headcount.kv.cache]
 (budgets and the cache that applies them) and [`headcount.analysis.correlation`][headcount.analysis.correlation] /
 [`headcount.analysis.agreement`][headcount.analysis.agreement] (stability)).
 
@@ -17,7 +17,7 @@ deterministic given them. Files each writes:
 - ``pool_job``: ``scores.json`` of every example of one scorer at once (``kv_groups`` too);
 - ``stability_job`` ([`stability`][headcount.experiments.studies.retrieval.stability]): ``stability.csv`` (one row per pair of head sets);
 - ``ablation_job``: ``ablation.json`` ([`AblationResult`][headcount.analysis.ablation.AblationResult]);
-- ``budget_job``: ``budget.json`` ([`KVBudget`][headcount.core.kvbudget.KVBudget]);
+- ``budget_job``: ``budget.json`` ([`KVBudget`][headcount.kv.budget.KVBudget]);
 - ``curve_job``: ``curve.json`` (measured KV bytes, needle answers, LM losses).
 """
 
@@ -32,11 +32,8 @@ import torch
 from safetensors.torch import save_file
 
 from headcount.analysis.retrieval import with_retrieval_interval
-from headcount.core.kvbudget import KVBudget
-from headcount.data.kv_eval import lm_chunks, measure_kv_budget
 from headcount.data.tasks.niah import niah_batches, niah_task
-from headcount.experiments.studies.jobs import load_per_example
-from headcount.experiments.studies.lottery.config import job_params
+from headcount.experiments.studies.jobs import job_params, load_per_example
 from headcount.experiments.studies.retrieval.config import (
     AblationParams,
     BudgetParams,
@@ -45,17 +42,16 @@ from headcount.experiments.studies.retrieval.config import (
     PoolParams,
     ScoreParams,
 )
-from headcount.importance.budgets import (
-    KVBudgetSettings,
-    budget_from_scores,
-    kv_head_scores,
-    random_budget,
-    uniform_budget,
-)
 from headcount.importance.pipeline import load_for
-from headcount.importance.retrieval import kv_reduce_scores, mean_over_counted
-from headcount.importance.scores import Scores
+from headcount.importance.retrieval import mean_over_counted
+from headcount.importance.scores import Scores, kv_pool
 from headcount.importance.scoring import score
+from headcount.kv.budget import KVBudget
+from headcount.kv.measure import lm_chunks, measure_kv_budget
+from headcount.kv.memory import KVBudgetSettings
+from headcount.kv.policies import get_policy, make_budget
+from headcount.kv.policies.scores import kv_scores
+from headcount.kv.policy import BudgetRequest
 from headcount.runtime.atomic import atomic_path, atomic_write_json
 from headcount.runtime.device import resolve_runtime
 from headcount.runtime.errors import HeadcountError
@@ -99,11 +95,8 @@ def _counter(progress, total: int, what: str):
 
 def kv_grid(scores: dict) -> list[list[float]]:
     """A scores file's per-KV-head grid: its ``kv_groups`` (long-range's own), else the max over
-    each group's query heads (the budgets' rule, [`kv_head_scores`][headcount.importance.budgets.kv_head_scores])."""
-    if scores.get("kv_groups") is not None:
-        return [[math.nan if v is None else float(v) for v in row] for row in scores["kv_groups"]]
-    heads = [[math.nan if v is None else float(v) for v in row] for row in scores["heads"]]
-    return kv_head_scores(heads, int(scores["layout"]["n_kv_heads"]))
+    each group's query heads (the budgets' rule, [`kv_scores`][headcount.kv.policies.scores.kv_scores])."""
+    return kv_scores(Scores.from_dict(scores, torch.float64), int(scores["layout"]["n_kv_heads"]))[0]
 
 
 def grid_of(values) -> np.ndarray:
@@ -209,13 +202,13 @@ def pool_job(params, inputs, workdir: Path, progress) -> dict:
                    per_example=per.float())
         if p.n_boot:
             s = with_retrieval_interval(s, n_boot=p.n_boot, level=p.level, seed=0, threshold=p.threshold)
-        kv = kv_head_scores(grid_of(s.heads.tolist()).tolist(), n_kv)
+        kv = kv_scores(replace(s, meta={}), n_kv)[0]  # the budgets' rule: the max over each group's query heads
         s = replace(s, per_example=None)
     else:
         weights = np.asarray([float(d["n_queries"]) for d in docs])
         grids = np.stack([grid_of(d["heads"]) for d in docs])  # [runs, L, H]
         heads = torch.as_tensor((grids * weights[:, None, None]).sum(0) / weights.sum())
-        kv = kv_reduce_scores(heads, n_kv, docs[0]["kv_reduce"]).tolist()
+        kv = kv_pool(heads, n_kv, docs[0]["kv_reduce"]).tolist()  # as the scorer reduces its own
         s = Scores(heads=heads.float(), mlps=torch.full((heads.shape[0],), math.nan), method="long-range",
                    n_examples=sum(int(d["n_examples"]) for d in docs), n_tokens=sum(int(d["n_tokens"]) for d in docs),
                    meta={k: docs[0][k] for k in ("sink", "window", "kv_reduce")} | {"n_queries": int(weights.sum())})
@@ -282,29 +275,22 @@ def budget_job(params, inputs, workdir: Path, progress) -> dict:
     ``budget.json``.
     """
     p = job_params(BudgetParams, params)
-    doc = inputs["scores" if p.kind == "scores" else "shape"].load_json("scores.json")
+    policy = get_policy(p.kind)
+    doc = inputs["scores" if policy.needs_scores else "shape"].load_json("scores.json")
     shape = doc["layout"]
     L, H, K, D = shape["n_layers"], shape["n_heads"], shape["n_kv_heads"], shape["head_dim"]
     made = {"model": doc.get("model"), "study": "retrieval"}
-    if p.kind == "full":
-        s = KVBudgetSettings(memory=1.0, context=p.context, sink=p.sink, window=p.window, dtype=p.dtype)
-        b = KVBudget.full_cache(L, H, K, D)
-        full = b.full_bytes(p.context, element_size=s.element_size)
-        b = KVBudget(b.sink, b.window, H, D, {"made_from": {**made, "mode": "full", "context": p.context, "memory": 1.0},
-                                              "n_full": L * K, "n_streaming": 0,
-                                              "bytes": {"context": p.context, "batch": 1, "dtype": p.dtype,
-                                                        "full_cache": full, "budget": full, "ratio": 1.0}})
-    else:
-        s = KVBudgetSettings(memory=p.memory, context=p.context, sink=p.sink, window=p.window, dtype=p.dtype)
-        if p.kind == "scores":
-            grid, primary = ranking_grid(inputs, "kv-groups")
-            ties = "long-range" if "ties" in inputs else None
-            b = budget_from_scores(grid.tolist(), H, D, s, {**made, "ranking": p.ranking, "ties": ties,
-                                                            "ranked_scores": primary.tolist()})
-        elif p.kind == "uniform":
-            b = uniform_budget(L, H, K, D, s, meta=made)
-        else:
-            b = random_budget(L, H, K, D, s, seed=int(p.seed), meta=made)
+    grid = None
+    if policy.needs_scores:
+        ranked, primary = ranking_grid(inputs, "kv-groups")
+        grid = ranked.tolist()
+        made = {**made, "ranking": p.ranking, "ties": "long-range" if "ties" in inputs else None,
+                "ranked_scores": primary.tolist()}
+    s = KVBudgetSettings(memory=1.0 if p.memory is None else p.memory, context=p.context, sink=p.sink,
+                         window=p.window, dtype=p.dtype)  # memory None: the full cache, its own target
+    options = {"seed": None if p.seed is None else int(p.seed)}
+    b = make_budget(p.kind, BudgetRequest(L, H, K, D, s, kv_scores=grid, meta=made,
+                                          options={k: v for k, v in options.items() if k in policy.options}))
     b.save(workdir / "budget.json")
     return {"kind": p.kind, "memory": p.memory, "seed": p.seed, "n_full": b.n_full, "n_kv": L * K,
             "sink": sorted({x for row in b.sink for x in row if x is not None}),
@@ -313,8 +299,8 @@ def budget_job(params, inputs, workdir: Path, progress) -> dict:
 
 
 def curve_job(params, inputs, workdir: Path, progress) -> dict:
-    """One budget (upstream ``budget``) applied with [`apply_kv_budget`][headcount.core.kvcache.apply_kv_budget],
-    measured by [`measure_kv_budget`][headcount.data.kv_eval.measure_kv_budget] (what `headcount kv-eval` runs):
+    """One budget (upstream ``budget``) applied with [`apply_kv_budget`][headcount.kv.cache.apply_kv_budget],
+    measured by [`measure_kv_budget`][headcount.kv.measure.measure_kv_budget] (what `headcount kv-eval` runs):
 
     - the KV cache's measured bytes (``cache.nbytes()``) after a prefill of exactly the context
       length (the first LM text), beside what the budget predicts;

@@ -15,10 +15,11 @@ import numpy as np
 
 from headcount.analysis.agreement import expected_jaccard
 from headcount.analysis.correlation import jaccard, spearman, top_k_mask
-from headcount.experiments.studies.lottery.config import job_params
+from headcount.experiments.studies.jobs import job_params
 from headcount.experiments.studies.retrieval.config import StabilityParams
 from headcount.experiments.studies.retrieval.jobs import grid_of, kv_grid, lexicographic
-from headcount.importance.budgets import KVBudgetSettings, budget_from_scores
+from headcount.kv.memory import KVBudgetSettings
+from headcount.kv.policies.scores import budget_from_scores
 from headcount.runtime.atomic import atomic_write_text
 
 

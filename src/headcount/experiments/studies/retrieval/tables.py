@@ -126,7 +126,7 @@ def stability_summary(rows: pd.DataFrame) -> pd.DataFrame:
     ...                      "scorer": ["retrieval"] * 2, "jaccard": [0.5, 0.7], "chance": [0.1, 0.1],
     ...                      "spearman": [0.6, 0.8], "k_a": [4, 4], "k_b": [4, 4], "n": [10, 10]})
     >>> stability_summary(rows)[["pairs", "jaccard", "jaccard_min", "chance"]].iloc[0].tolist()
-    [2, 0.6, 0.5, 0.1]
+    [2.0, 0.6, 0.5, 0.1]
     """
     cols = ["head_set", "unit", "comparison", "scorer", "pairs", "k_mean", "n", "jaccard", "jaccard_min",
             "jaccard_max", "chance", "spearman", "spearman_min", "spearman_max", "tied"]

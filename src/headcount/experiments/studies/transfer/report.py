@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from headcount.experiments.report import ReportContent, ReportFigure, ReportTable, Section
+from headcount.experiments.report import ReportContent, ReportFigure, ReportTable, Section, glance_table, headline_of
 from headcount.experiments.report.format import nan_runs
 from headcount.experiments.studies.transfer.config import TransferConfig, TransferSettings
 from headcount.experiments.studies.transfer.figures import figures
@@ -151,10 +151,6 @@ def main_section(tables: dict, settings: TransferSettings, art: str = "") -> Sec
                    "the raw tables (folded, with their CSV files) follow.", tables=ts)
 
 
-#: The report's columns for the glance table (one row per number).
-GLANCE_COLUMNS = ["quantity", "task", "this run", "paper"]
-
-
 def transfer_glance(tables: dict, settings: TransferSettings) -> list[dict]:
     """The glance rows of a transfer part, per task: the fine-tuned score, Spearman of MLM vs task
     importance and of task importance before vs after fine-tuning (mean over seeds [interval]),
@@ -190,13 +186,6 @@ def transfer_glance(tables: dict, settings: TransferSettings) -> list[dict]:
             rows.append({"quantity": f"acceptable deduction{mark} (heads pruned, then fine-tuned)", "task": t,
                          "this run": r["acceptable deduction: heads removed"]})
     return [{**row, "paper": ""} for row in rows]
-
-
-def glance_table(rows: list[dict], name: str, caption: str):
-    """The report's glance table ([`ReportContent.glance`][headcount.experiments.report.content.ReportContent.glance]) from glance rows; None without rows."""
-    if not rows:
-        return None
-    return ReportTable(name, pd.DataFrame(rows, columns=GLANCE_COLUMNS), caption=caption)
 
 
 #: The glance table's caption for a transfer study.
@@ -352,9 +341,3 @@ def report(store, config: TransferConfig):
 
 #: The transfer study's headline figures, the first one drawn is shown at the top.
 HEADLINES = ("heatmaps", "scatter", "prunability")
-
-
-def headline_of(sections: list, names, art: str = "") -> str:
-    """The first of ``names`` (with the artifact prefix ``art``) that is a figure of ``sections``, or ``""``."""
-    drawn = {f.name for s in sections for f in s.figures}
-    return next((f"{art}{n}" for n in names if f"{art}{n}" in drawn), "")

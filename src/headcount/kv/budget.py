@@ -5,8 +5,8 @@ A budget is per **KV head** (grouped-query attention: one K/V head serves ``n_he
 query heads, which all follow its budget; the K/V are never repeated per query head). A full KV
 head caches every token; a streaming KV head caches its first ``sink`` tokens (the attention
 sinks) and its ``window`` most recent ones, as DuoAttention's streaming heads
-(arXiv 2410.10819). [`headcount.core.kvcache`][headcount.core.kvcache] applies a budget to a model;
-[`headcount.importance.budgets`][headcount.importance.budgets] makes one from head scores.
+(arXiv 2410.10819). [`headcount.kv.cache`][headcount.kv.cache] applies a budget to a model;
+the policies of [`headcount.kv.policies`][headcount.kv.policies] make one (from head scores, uniform, random).
 
 ``budget.json`` (``docs/kv-budgets.md`` has an example)::
 
@@ -23,7 +23,7 @@ Everything else in the file is kept as ``meta`` and written back as it was.
 **Windowed layers.** A layer whose attention the model itself bounds by a sliding window of
 ``W`` tokens (Mistral with a window, Gemma 2/3's local layers) keeps ``min(n, W - 1)`` tokens in
 the model's own cache (transformers' ``DynamicCache``), not ``n``: a budget counts that
-(``model_window``, from [`model_windows`][headcount.core.kvbudget.model_windows], which asks the
+(``model_window``, from [`model_windows`][headcount.kv.budget.model_windows], which asks the
 model's adapter) and streams only KV heads of layers that cache every token; a "full" KV head of
 a windowed layer keeps the model's own window.
 """
@@ -101,16 +101,26 @@ def model_windows(model_or_config) -> tuple[int | None, ...]:
     (``cache_windows`` of ``headcount.core.arch.decoder.DecoderAdapter``, which a family may override)."""
     from headcount.core.arch import get_adapter
 
+    config = decoder_config(model_or_config)
+    return tuple(get_adapter(config).cache_windows(config))
+
+
+def decoder_config(model_or_config, name: str | None = None):
+    """The config of a decoder (``model.config``, or the config itself); an encoder is refused in
+    [`require_decoder`][headcount.core.arch.registry.require_decoder]'s one line. Asked of the adapter
+    here, not through ``require_decoder`` alone: that returns the layout, which a bare config (what
+    ``headcount kv-budget`` reads: no weights) does not have."""
+    from headcount.core.arch import is_decoder, require_decoder
+
     config = getattr(model_or_config, "config", model_or_config)
-    windows = getattr(get_adapter(config), "cache_windows", None)
-    if windows is None:
-        raise HeadcountError("a KV budget needs a decoder (a model with a key/value cache); this model is an encoder")
-    return tuple(windows(config))
+    if not is_decoder(config):
+        require_decoder(config, "a KV budget", name)  # raises for an encoder: the one wording of it
+    return config
 
 
 def check_no_windows(windows, context: int = 2048) -> None:
     """Refuse (one line) a model with sliding-window layers: the KV-budget attention
-    ([`headcount.core.kvcache`][headcount.core.kvcache]) does not run them yet. Said with what the
+    ([`headcount.kv.cache`][headcount.kv.cache]) does not run them yet. Said with what the
     model's own cache already is at ``context`` tokens, as a share of layers x KV heads x tokens."""
     bounded = [w for w in windows if w is not None]
     if not bounded:
@@ -212,7 +222,7 @@ class KVBudget:
     def full_cache(cls, n_layers: int, n_heads: int, n_kv_heads: int, head_dim: int, *,
                    model_window: Sequence[int | None] | None = None) -> "KVBudget":
         """Every KV head keeps the full cache (the model as it is; ``model_window``: its layers' own
-        sliding windows, from [`model_windows`][headcount.core.kvbudget.model_windows])."""
+        sliding windows, from [`model_windows`][headcount.kv.budget.model_windows])."""
         n_layers, n_kv_heads = _whole(n_layers, "n_layers", 1, MAX_SIZE), _whole(n_kv_heads, "n_kv_heads", 1, MAX_SIZE)
         none = ((None,) * n_kv_heads,) * n_layers
         return cls(none, none, n_heads, head_dim, {}, model_window)
@@ -265,7 +275,7 @@ class KVBudget:
 
     def slots(self, tokens: int) -> list[list[int]]:
         """``[n_layers][n_kv_heads]``: the tokens each KV head's cache holds after ``tokens``
-        tokens: the model's own (full: [`cached`][headcount.core.kvbudget.KVBudget.cached]), or
+        tokens: the model's own (full: [`cached`][headcount.kv.budget.KVBudget.cached]), or
         ``min(tokens, sink + window)`` (streaming)."""
         own = self.cached(tokens)
         return [[own[layer] if s is None else min(own[layer], s + (w or 0)) for s, w in zip(rs, rw)]
@@ -278,7 +288,7 @@ class KVBudget:
 
     def kv_bytes(self, tokens: int, *, batch: int = 1, element_size: int = 4) -> int:
         """Bytes of the K and V tensors a cache under this budget holds after ``tokens`` tokens:
-        ``2 x batch x head_dim x element_size x`` the sum of [`slots`][headcount.core.kvbudget.KVBudget.slots]."""
+        ``2 x batch x head_dim x element_size x`` the sum of [`slots`][headcount.kv.budget.KVBudget.slots]."""
         return self._per_slot(batch, element_size) * sum(map(sum, self.slots(tokens)))
 
     def full_bytes(self, tokens: int, *, batch: int = 1, element_size: int = 4) -> int:
@@ -291,11 +301,9 @@ class KVBudget:
     def check_model(self, model) -> "KVBudget":
         """Raise a one-line error unless this budget fits ``model`` (layers, query heads, KV heads,
         head size)."""
-        from headcount.core.gates import layout
+        from headcount.core.arch import require_decoder
 
-        grid = layout(model)
-        if grid.n_kv_heads is None:
-            raise HeadcountError("a KV budget needs a decoder (a model with a key/value cache); this model is an encoder")
+        grid = require_decoder(model, "a KV budget")
         if len({len(g) for g in grid.groups}) > 1 or len(grid.groups) != grid.n_layers:
             raise HeadcountError("a KV budget needs a model whose layers each run once (no shared layers)")
         want = {"n_layers": grid.n_layers, "n_heads": grid.n_heads, "n_kv_heads": grid.n_kv_heads,
@@ -374,4 +382,4 @@ class KVBudget:
             raise HeadcountError(f"{path}: {e}") from None
 
 
-__all__ = ["KVBudget", "FORMAT", "VERSION", "ELEMENT_SIZES", "check_no_windows", "model_windows"]
+__all__ = ["KVBudget", "FORMAT", "VERSION", "ELEMENT_SIZES", "check_no_windows", "decoder_config", "model_windows"]

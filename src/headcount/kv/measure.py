@@ -1,9 +1,9 @@
 """Measure one KV budget on a decoder: the bytes its cache holds, needle accuracy, LM loss, speed.
 
-[`measure_kv_budget`][headcount.data.kv_eval.measure_kv_budget] is the one measurement behind the
+[`measure_kv_budget`][headcount.kv.measure.measure_kv_budget] is the one measurement behind the
 retrieval study's ``curve_job`` and ``headcount kv-eval``: for a
-[`KVBudget`][headcount.core.kvbudget.KVBudget] applied with
-[`apply_kv_budget`][headcount.core.kvcache.apply_kv_budget],
+[`KVBudget`][headcount.kv.budget.KVBudget] applied with
+[`apply_kv_budget`][headcount.kv.cache.apply_kv_budget],
 
 - needle accuracy: greedy ``generate`` with a fresh budget cache per prompt, the answer cut at the
   first line break (or end of sequence), success when the needle's answer appears verbatim; the
@@ -13,8 +13,8 @@ retrieval study's ``curve_job`` and ``headcount kv-eval``: for a
   first of those prefills (exactly the context length: what ``KVBudget.kv_bytes`` predicts), with
   each prefill's seconds.
 
-[`lm_chunks`][headcount.data.kv_eval.lm_chunks] cuts those texts. It lives in ``data`` (not
-``analysis``) because all it needs is the cache (``core``) and the niah task's answer rule (``data``).
+[`lm_chunks`][headcount.kv.measure.lm_chunks] cuts those texts. It lives with the cache it
+measures; the niah task's answer rule comes from ``data``.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
-from headcount.core.kvbudget import KVBudget
-from headcount.core.kvcache import apply_kv_budget
 from headcount.data.tasks.niah import exact_match, stop_ids
+from headcount.kv.budget import KVBudget
+from headcount.kv.cache import apply_kv_budget
 from headcount.runtime.errors import HeadcountError
 
 __all__ = ["lm_chunks", "measure_kv_budget"]

@@ -4,10 +4,10 @@ streaming ones, and the attention function that reads it.
 
 How it plugs into transformers 5 without touching modelling code: a decoder's attention module
 calls ``cache.update(k, v, layer_idx)`` and hands what it returns to the function registered
-under ``config._attn_implementation`` in ``AttentionInterface``. [`KVBudgetCache`][headcount.core.kvcache.KVBudgetCache]'s
-update returns a [`BudgetedKV`][headcount.core.kvcache.BudgetedKV] (the layer's parts: full heads with every token,
+under ``config._attn_implementation`` in ``AttentionInterface``. [`KVBudgetCache`][headcount.kv.cache.KVBudgetCache]'s
+update returns a [`BudgetedKV`][headcount.kv.cache.BudgetedKV] (the layer's parts: full heads with every token,
 streaming heads with their kept tokens and those tokens' positions) instead of two tensors, and
-[`kv_budget_attention`][headcount.core.kvcache.kv_budget_attention], registered as ``"headcount_kv_budget"`` (with sdpa's
+[`kv_budget_attention`][headcount.kv.cache.kv_budget_attention], registered as ``"headcount_kv_budget"`` (with sdpa's
 mask function in ``AttentionMaskInterface``), runs each part (torch's
 ``scaled_dot_product_attention`` for several query tokens, two matmuls for one):
 
@@ -52,7 +52,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from headcount.core.kvbudget import KVBudget
+from headcount.kv.budget import KVBudget
 from headcount.runtime.errors import HeadcountError
 
 #: the name of the attention function (and of its mask function) in transformers' interfaces
@@ -91,7 +91,7 @@ class PartKV:
 
 @dataclass
 class BudgetedKV:
-    """What [`KVBudgetCache`][headcount.core.kvcache.KVBudgetCache] returns to a layer's attention, in place of its
+    """What [`KVBudgetCache`][headcount.kv.cache.KVBudgetCache] returns to a layer's attention, in place of its
     key and value tensors: the layer's parts, the slot of the first query (``start``) and the
     number of slots after this step (``length``)."""
 
@@ -132,7 +132,7 @@ class _Part:
 
 
 class KVBudgetLayer(CacheLayerMixin):
-    """One layer of a [`KVBudgetCache`][headcount.core.kvcache.KVBudgetCache]: a part for the full KV heads and one per
+    """One layer of a [`KVBudgetCache`][headcount.kv.cache.KVBudgetCache]: a part for the full KV heads and one per
     distinct ``(sink, window)`` of the streaming ones."""
 
     is_compileable = False
@@ -158,7 +158,7 @@ class KVBudgetLayer(CacheLayerMixin):
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs) -> tuple:
         """Add ``key_states`` / ``value_states`` (``[batch, n_kv, seq, head_dim]``), evict what a
-        streaming part no longer needs, and return the layer's [`BudgetedKV`][headcount.core.kvcache.BudgetedKV] twice (as
+        streaming part no longer needs, and return the layer's [`BudgetedKV`][headcount.kv.cache.BudgetedKV] twice (as
         keys and as values: the attention function reads it once)."""
         if key_states.shape[1] != self.n_kv:
             raise HeadcountError(f"the budget gives layer {self.layer} {self.n_kv} KV heads, the model's layer has "
@@ -236,15 +236,15 @@ class KVBudgetLayer(CacheLayerMixin):
 
 class KVBudgetCache(Cache):
     """A transformers cache that stores, per layer, every token for the budget's full KV heads and
-    the sink + recent window for its streaming ones ([`KVBudget`][headcount.core.kvbudget.KVBudget]).
+    the sink + recent window for its streaming ones ([`KVBudget`][headcount.kv.budget.KVBudget]).
 
-    Made by [`apply_kv_budget`][headcount.core.kvcache.apply_kv_budget], which also switches the model to the attention
+    Made by [`apply_kv_budget`][headcount.kv.cache.apply_kv_budget], which also switches the model to the attention
     that reads it. Pass it as ``cache=`` (the older name ``past_key_values=`` still works, deprecated) to the model's forward or to
     ``generate``; one cache serves one sequence of calls (``reset()`` empties it). Used as a
     context manager it switches the model back to its previous attention on exit.
 
     Attributes:
-        budget: the [`KVBudget`][headcount.core.kvbudget.KVBudget] it applies.
+        budget: the [`KVBudget`][headcount.kv.budget.KVBudget] it applies.
     """
 
     def __init__(self, budget: KVBudget, config=None):
@@ -260,7 +260,7 @@ class KVBudgetCache(Cache):
         return super().update(key_states, value_states, layer_idx, *args, **kwargs)
 
     def nbytes(self) -> int:
-        """Bytes of every K/V tensor the cache holds now (what [`KVBudget.kv_bytes`][headcount.core.kvbudget.KVBudget.kv_bytes] predicts)."""
+        """Bytes of every K/V tensor the cache holds now (what [`KVBudget.kv_bytes`][headcount.kv.budget.KVBudget.kv_bytes] predicts)."""
         return sum(layer.nbytes() for layer in self.layers if isinstance(layer, KVBudgetLayer))
 
     def __enter__(self) -> "KVBudgetCache":
@@ -270,7 +270,7 @@ class KVBudgetCache(Cache):
         self.restore()
 
     def restore(self) -> None:
-        """Switch the model back to the attention it ran before [`apply_kv_budget`][headcount.core.kvcache.apply_kv_budget]
+        """Switch the model back to the attention it ran before [`apply_kv_budget`][headcount.kv.cache.apply_kv_budget]
         (every config as it was). Once: a second call, or a call after a later apply took the
         model over, does nothing."""
         model = self._model_ref
@@ -371,14 +371,14 @@ def kv_budget_attention(module, query: torch.Tensor, key, value, attention_mask:
     """The attention function registered as ``"headcount_kv_budget"`` in transformers'
     ``AttentionInterface`` (same signature as the built-in ones).
 
-    With a [`BudgetedKV`][headcount.core.kvcache.BudgetedKV] (from a [`KVBudgetCache`][headcount.core.kvcache.KVBudgetCache]) each part of the layer
+    With a [`BudgetedKV`][headcount.kv.cache.BudgetedKV] (from a [`KVBudgetCache`][headcount.kv.cache.KVBudgetCache]) each part of the layer
     attends as its budget says; with plain tensors (no cache, another cache) it is transformers'
     sdpa attention.
 
     Args:
         module: the attention module (``num_key_value_groups``, ``training``).
         query: ``[batch, n_heads, q_len, head_dim]``, rotary applied.
-        key: a [`BudgetedKV`][headcount.core.kvcache.BudgetedKV], or ``[batch, n_kv, seq_k, head_dim]``.
+        key: a [`BudgetedKV`][headcount.kv.cache.BudgetedKV], or ``[batch, n_kv, seq_k, head_dim]``.
         value: the same object as ``key``, or ``[batch, n_kv, seq_k, head_dim]``.
         attention_mask: ``[batch, 1, q_len, seq_k]`` bool (or additive float), or None (plain causal).
         dropout: attention dropout probability (training only).
@@ -436,10 +436,10 @@ def apply_kv_budget(model, budget: KVBudget | str | os.PathLike) -> KVBudgetCach
         model: a decoder (causal LM) whose layers' K/V heads the budget describes; its attention
             modules must take their attention function from transformers' interface (every
             transformers 5 decoder headcount has an adapter for does).
-        budget: a [`KVBudget`][headcount.core.kvbudget.KVBudget] or the path of a ``budget.json``.
+        budget: a [`KVBudget`][headcount.kv.budget.KVBudget] or the path of a ``budget.json``.
 
     Returns:
-        A [`KVBudgetCache`][headcount.core.kvcache.KVBudgetCache] to pass as ``cache=`` (one per generated
+        A [`KVBudgetCache`][headcount.kv.cache.KVBudgetCache] to pass as ``cache=`` (one per generated
         sequence: call again, or ``cache.reset()``). The model stays switched (outside such a
         cache it runs transformers' sdpa attention) until ``cache.restore()`` or the end of a
         ``with`` block.
