@@ -33,6 +33,10 @@ import pytest
 import torch
 import transformers
 
+#: mypy's inputs (``make typecheck``), not test modules: importing wrong_call.py raises on purpose,
+#: and ``--doctest-modules`` (pyproject.toml) would import every module here
+collect_ignore = ["typecheck"]
+
 # --- sizes shared by every tiny model ------------------------------------------------------
 HIDDEN = 32
 HEADS = 4

@@ -110,13 +110,29 @@ def _bad_budget(tmp_path: Path) -> Path:
     return KVBudget.full_cache(LAYERS + 1, 4, KV, DIM).save(tmp_path / "budget.json")
 
 
-@pytest.mark.parametrize("case", ["layout", "missing", "context", "task"])
+@pytest.mark.parametrize("case", ["layout", "missing", "context", "task", "prefill"])
 def test_bad_input_is_one_error_line(capsys, setup, tmp_path, case):
     _, model, task = setup
     good = KVBudget.full_cache(LAYERS, 4, KV, DIM).save(tmp_path / "good.json")
     args = {"layout": ["--budget", _bad_budget(tmp_path)], "missing": ["--budget", tmp_path / "nope.json"],
-            "context": ["--budget", good, "--context", 600], "task": ["--budget", good, "--task", "offline/movies"]}
+            "context": ["--budget", good, "--context", 600], "task": ["--budget", good, "--task", "offline/movies"],
+            "prefill": ["--budget", good, "--prefill", "lazy"]}
     code, stdout, err = run_cli(capsys, "kv-eval", "--model", model, "--task", task, *args[case],
                                 "--out", tmp_path / "o")
     assert_one_error_line(code, err)
     assert not (tmp_path / "o").exists()
+
+
+def test_full_prefill_keeps_the_budgets_bytes_and_is_recorded(setup, evaluated, capsys, tmp_path):
+    """``--prefill full``: the same methods, each holding the bytes its budget predicts (the rule changes
+    how a prompt's streaming heads attend, not what the cache keeps); the output's identity names it."""
+    budget, masked_out, _, _, _ = evaluated
+    root, model, task = setup
+    code, stdout, err = run_cli(capsys, "kv-eval", "--model", model, "--budget", root / "budget" / "budget.json",
+                                "--task", task, "--context", CONTEXT, "--lm-texts", "2", "--max-new-tokens", "4",
+                                "--prefill", "full", "--out", tmp_path / "full")
+    assert code == 0, err
+    full, masked = pd.read_csv(tmp_path / "full" / "kv-eval.csv"), pd.read_csv(masked_out / "kv-eval.csv")
+    assert list(full["method"]) == list(masked["method"])
+    assert list(full["kv_bytes"]) == list(masked["kv_bytes"])
+    assert Record.read(tmp_path / "full").identity != Record.read(masked_out).identity

@@ -59,10 +59,11 @@ def ids_and_mask(model, batch: int = 2, length: int = LENGTH, left_pad: int = 0,
 
 
 # --- the reference ------------------------------------------------------------------------------
-def reference_attention(budget: KVBudget):
+def reference_attention(budget: KVBudget, prompt: int = 0):
     """An attention function (no cache: the whole sequence at once) that computes every head by
     an explicit loop: query head h of KV head g = h // group at position p attends to the key
-    positions k <= p not padded and, for a streaming g, with k < sink or k >= p - window."""
+    positions k <= p not padded and, for a streaming g, with k < sink or k >= p - window; a query
+    of the first ``prompt`` positions (a prefill with ``prefill="full"``) to every k <= p."""
 
     def attend(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
         layer, (batch, n_q, length, _) = module.layer_idx, query.shape
@@ -75,7 +76,7 @@ def reference_attention(budget: KVBudget):
                 sink, window = budget.sink[layer][g], budget.window[layer][g]
                 for p in range(length):
                     keys = [k for k in range(p + 1) if (pad is None or bool(pad[b, k]) or k == p)
-                            and (window is None or k < sink or k >= p - window)]
+                            and (window is None or p < prompt or k < sink or k >= p - window)]
                     logits = torch.stack([query[b, h, p] @ key[b, g, k] for k in keys]) * scaling
                     weights = torch.softmax(logits, dim=0)
                     out[b, h, p] = sum(w * value[b, g, k] for w, k in zip(weights, keys))
@@ -84,9 +85,9 @@ def reference_attention(budget: KVBudget):
     return attend
 
 
-def with_reference(model, budget: KVBudget, **inputs) -> torch.Tensor:
+def with_reference(model, budget: KVBudget, prompt: int = 0, **inputs) -> torch.Tensor:
     """Logits of ``model`` (no cache) with the reference attention for ``budget``."""
-    AttentionInterface.register("kv_reference", reference_attention(budget))
+    AttentionInterface.register("kv_reference", reference_attention(budget, prompt))
     AttentionMaskInterface.register("kv_reference", sdpa_mask)
     before = model.config._attn_implementation
     model.set_attn_implementation("kv_reference")
@@ -104,13 +105,15 @@ def reference_greedy(model, budget: KVBudget, ids, mask, n: int) -> torch.Tensor
     return ids
 
 
-def budgeted(model, budget, ids, mask, steps=None) -> tuple[torch.Tensor, KVBudgetCache]:
+def budgeted(model, budget, ids, mask, steps=None, prefill="masked", first=None) -> tuple[torch.Tensor, KVBudgetCache]:
     """Logits of the whole sequence through a fresh budget cache, fed in pieces of ``steps``
-    tokens (None: at once)."""
-    with torch.no_grad(), apply_kv_budget(model, budget) as cache:
+    tokens (None: at once), the first piece ``first`` tokens long when given."""
+    with torch.no_grad(), apply_kv_budget(model, budget, prefill=prefill) as cache:
         step = steps or ids.shape[1]
-        logits = [model(input_ids=ids[:, i:i + step], attention_mask=mask[:, :i + step], cache=cache,
-                        use_cache=True).logits for i in range(0, ids.shape[1], step)]
+        starts = [0, *range(first, ids.shape[1], step)] if first else list(range(0, ids.shape[1], step))
+        ends = [*starts[1:], ids.shape[1]]
+        logits = [model(input_ids=ids[:, i:j], attention_mask=mask[:, :j], cache=cache, use_cache=True).logits
+                  for i, j in zip(starts, ends)]
     return torch.cat(logits, 1), cache
 
 
@@ -151,6 +154,35 @@ def test_streaming_heads_equal_the_reference_in_prefill_and_decoding(arch):
     for steps in (None, 1, 5):  # prefill at once, token by token, chunks
         got, _ = budgeted(model, budget, ids, mask, steps)
         assert (got - want).abs().max() <= ATOL, steps
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_full_prefill_is_the_models_attention_then_decoding_streams(arch):
+    """``prefill="full"``: a prompt prefilled in one call gets the model's own logits; the tokens
+    decoded after it read the sinks and windows only (the reference with the prompt unmasked), and
+    the cache holds the same bytes as under ``masked`` after every call."""
+    model = tiny_model(arch, head="lm", attn_implementation="sdpa")
+    budget = mixed(model)
+    prompt = 8
+    for left_pad in (0, 2):
+        ids, mask = ids_and_mask(model, left_pad=left_pad)
+        with torch.no_grad():
+            plain = model(input_ids=ids[:, :prompt], attention_mask=mask[:, :prompt]).logits
+        want = with_reference(model, budget, prompt, input_ids=ids, attention_mask=mask)
+        masked = with_reference(model, budget, input_ids=ids, attention_mask=mask)
+        got, cache = budgeted(model, budget, ids, mask, steps=1, prefill="full", first=prompt)
+        assert (real(got[:, :prompt], mask[:, :prompt]) - real(plain, mask[:, :prompt])).abs().max() <= ATOL
+        assert (real(got, mask) - real(want, mask)).abs().max() <= ATOL, left_pad
+        assert (real(want, mask) - real(masked, mask)).abs().max() > 0.01  # the rule changes the result here
+        _, kept = budgeted(model, budget, ids, mask, steps=1, prefill="masked", first=prompt)
+        assert cache.nbytes() == kept.nbytes() == budget.kv_bytes(LENGTH, batch=2)
+
+
+def test_an_unknown_prefill_rule_is_one_error_line():
+    model = tiny_model("llama", head="lm")
+    with pytest.raises(HeadcountError, match="prefill must be one of masked, full, not 'lazy'"):
+        apply_kv_budget(model, mixed(model), prefill="lazy")
+    assert model.config._attn_implementation != ATTENTION  # nothing switched
 
 
 def test_streaming_heads_follow_padding_as_the_reference_does():

@@ -50,6 +50,23 @@ MAX_TOKENS = 2**40
 ELEMENT_SIZES = {"float32": 4, "bfloat16": 2, "float16": 2}
 _SHAPE = ("n_layers", "n_heads", "n_kv_heads", "head_dim")
 
+#: how a budget's streaming heads attend inside one forward call (a prefill): ``masked`` (the sink +
+#: window mask in every call, DuoAttention's training mask: the result does not depend on how the
+#: prompt is chunked) or ``full`` (causal over every key the call is given, evicted after it:
+#: DuoAttention's inference and kvpress). Decoding one token a call is the same under both.
+PREFILL_RULES = ("masked", "full")
+
+
+def check_prefill(prefill: str) -> str:
+    """``prefill`` if it is one of ``PREFILL_RULES``, else one error line.
+
+    >>> check_prefill("full")
+    'full'
+    """
+    if prefill not in PREFILL_RULES:
+        raise HeadcountError(f"prefill must be one of {', '.join(PREFILL_RULES)}, not {prefill!r}")
+    return prefill
+
 
 def _json(value) -> str:
     try:

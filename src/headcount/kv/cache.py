@@ -19,6 +19,13 @@ mask function in ``AttentionMaskInterface``), runs each part (torch's
   ``window`` tokens, so that a prompt prefilled at once, in chunks, or token by token gives
   the same result.
 
+The prefill rule is a named option (``apply_kv_budget(..., prefill=)``, ``PREFILL_RULES``):
+``masked`` (the default: the Lambda mask in every call, DuoAttention's training mask, independent of
+how the prompt is chunked) or ``full`` (DuoAttention's inference path and kvpress: every query of a
+call attends causally to every key the call is given, the cache keeps the sinks and the window
+after it; one call's prefill is then the model's own attention, and decoding, one token a call, is
+the same as ``masked``). The memory held after each call is the same under both.
+
 Grouped-query attention is respected: the budget is per KV head and a query head follows its KV
 head (``h // group``); the cache stores each KV head once and decoding packs a group's query heads
 onto their KV head (no K/V repeated). Keys keep the rotary rotation of their original position
@@ -52,7 +59,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from headcount.kv.budget import KVBudget
+from headcount.kv.budget import PREFILL_RULES, KVBudget, check_prefill
 from headcount.runtime.errors import HeadcountError
 
 #: the name of the attention function (and of its mask function) in transformers' interfaces
@@ -77,6 +84,7 @@ class PartKV:
         sink: a streaming part's sink (None: full).
         window: a streaming part's recent window (None: full).
         every_head: the part is the whole layer, in order (no gather or scatter of query heads).
+        causal: a streaming part read with the plain causal mask in this call (``prefill="full"``).
     """
 
     kv_heads: tuple[int, ...]
@@ -87,6 +95,7 @@ class PartKV:
     sink: int | None
     window: int | None
     every_head: bool
+    causal: bool = False
 
 
 @dataclass
@@ -139,9 +148,10 @@ class KVBudgetLayer(CacheLayerMixin):
     is_croppable = False
     is_sliding = False  # masks are sized over every slot, as for a full layer
 
-    def __init__(self, budget: KVBudget, layer: int):
+    def __init__(self, budget: KVBudget, layer: int, prefill: str = PREFILL_RULES[0]):
         super().__init__()
         self.layer, self.n_kv, self.group = layer, budget.n_kv_heads, budget.group_size
+        self.causal = prefill == "full"  # streaming parts see every key of a call (then evict)
         shared: dict[tuple, list[int]] = {}
         for head, (s, w) in enumerate(zip(budget.sink[layer], budget.window[layer])):
             shared.setdefault((s, w), []).append(head)
@@ -180,7 +190,8 @@ class KVBudgetLayer(CacheLayerMixin):
             # the keys this step sees: what was kept after `start` tokens, then the new ones
             positions = torch.cat([part.kept_positions(start, k.device),
                                    torch.arange(start, self.seen, device=k.device)])
-            views.append(PartKV(part.kv_heads, part.q_index, k, v, positions, part.sink, part.window, part.every_head))
+            views.append(PartKV(part.kv_heads, part.q_index, k, v, positions, part.sink, part.window, part.every_head,
+                                self.causal))
             n, sink, window = k.shape[-2], part.sink or 0, part.window or 0
             if n > sink + window:  # keep the sinks and the last `window` tokens
                 part.keys = torch.cat([k[:, :, :sink], k[:, :, n - window:]], dim=-2)
@@ -245,11 +256,13 @@ class KVBudgetCache(Cache):
 
     Attributes:
         budget: the [`KVBudget`][headcount.kv.budget.KVBudget] it applies.
+        prefill: how streaming heads attend inside one call (``PREFILL_RULES``).
     """
 
-    def __init__(self, budget: KVBudget, config=None):
-        super().__init__(layers=[KVBudgetLayer(budget, layer) for layer in range(budget.n_layers)])
-        self.budget = budget
+    def __init__(self, budget: KVBudget, config=None, prefill: str = PREFILL_RULES[0]):
+        check_prefill(prefill)
+        super().__init__(layers=[KVBudgetLayer(budget, layer, prefill) for layer in range(budget.n_layers)])
+        self.budget, self.prefill = budget, prefill
         self._config = config
         self._model_ref = None  # the model apply_kv_budget switched (its record: _SWITCHED)
 
@@ -330,12 +343,14 @@ def _take_switch(model) -> list[tuple[object, object]]:
 # --- the attention function --------------------------------------------------------------------
 def _streaming_mask(part: PartKV, start: int, q_len: int, mask: torch.Tensor | None) -> torch.Tensor:
     """``[1 or batch, 1, q_len, seq_k]`` bool: the Lambda mask of a streaming part (sinks, the
-    ``window`` slots before each query and the query itself), and the model's mask (padding) at
-    the part's key slots."""
+    ``window`` slots before each query and the query itself; with ``part.causal`` every slot up to
+    the query), and the model's mask (padding) at the part's key slots."""
     positions = part.positions if part.positions is not None else torch.arange(part.keys.shape[-2])
     k = positions[None, :]  # [1, seq_k]
     p = torch.arange(start, start + q_len, device=k.device)[:, None]  # [q_len, 1]
-    keep = (k <= p) & ((k < (part.sink or 0)) | (k >= p - (part.window or 0)))  # [q_len, seq_k]
+    keep = k <= p  # [q_len, seq_k]
+    if not part.causal:
+        keep = keep & ((k < (part.sink or 0)) | (k >= p - (part.window or 0)))
     keep = keep[None, None]
     if mask is None:
         return keep
@@ -429,7 +444,7 @@ AttentionMaskInterface.register(ATTENTION, sdpa_mask)
 
 
 # --- the user's entry point --------------------------------------------------------------------
-def apply_kv_budget(model, budget: KVBudget | str | os.PathLike) -> KVBudgetCache:
+def apply_kv_budget(model, budget: KVBudget | str | os.PathLike, prefill: str = PREFILL_RULES[0]) -> KVBudgetCache:
     """Switch ``model`` to the KV-budget attention and return an empty cache for ``budget``.
 
     Args:
@@ -437,6 +452,10 @@ def apply_kv_budget(model, budget: KVBudget | str | os.PathLike) -> KVBudgetCach
             modules must take their attention function from transformers' interface (every
             transformers 5 decoder headcount has an adapter for does).
         budget: a [`KVBudget`][headcount.kv.budget.KVBudget] or the path of a ``budget.json``.
+        prefill: ``masked`` (streaming heads read the Lambda mask in every call: the prompt's
+            result does not depend on how it is chunked) or ``full`` (inside one call they attend
+            to every key of it, as DuoAttention's inference and kvpress prefill; the cache keeps
+            their sinks and window after the call). The bytes held after each call are the same.
 
     Returns:
         A [`KVBudgetCache`][headcount.kv.cache.KVBudgetCache] to pass as ``cache=`` (one per generated
@@ -460,6 +479,7 @@ def apply_kv_budget(model, budget: KVBudget | str | os.PathLike) -> KVBudgetCach
         raise HeadcountError(f"apply_kv_budget's 'budget' must be a KVBudget or the path of a budget.json, got "
                              f"{type(budget).__name__}" + (" (KVBudget.from_dict reads one)" if isinstance(budget, dict)
                                                            else ""))
+    check_prefill(prefill)
     if not isinstance(budget, KVBudget):
         budget = KVBudget.load(budget)
     budget.check_model(model)
@@ -469,7 +489,7 @@ def apply_kv_budget(model, budget: KVBudget | str | os.PathLike) -> KVBudgetCach
         if model.config._attn_implementation != ATTENTION:
             raise HeadcountError(f"{type(model).__name__} cannot switch its attention implementation (its attention "
                                  "does not use transformers' AttentionInterface): no KV budget for it")
-    cache = KVBudgetCache(budget, model.config)
+    cache = KVBudgetCache(budget, model.config, prefill)
     cache._model_ref = model
     _SWITCHED[model] = _Switch(before, weakref.ref(cache))
     return cache

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from headcount.data.tasks.niah import exact_match, stop_ids
-from headcount.kv.budget import KVBudget
+from headcount.kv.budget import PREFILL_RULES, KVBudget
 from headcount.kv.cache import apply_kv_budget
 from headcount.runtime.errors import HeadcountError
 
@@ -72,8 +72,8 @@ class _StepClock:
 
 
 def measure_kv_budget(model, tokenizer, budget: KVBudget, examples, chunks: Sequence[Sequence[int]], *,
-                      max_new_tokens: int, device, autocast, progress=None, clock: Callable[[], float] = time.perf_counter
-                      ) -> dict:
+                      max_new_tokens: int, device, autocast, progress=None, clock: Callable[[], float] = time.perf_counter,
+                      prefill: str = PREFILL_RULES[0]) -> dict:
     """One budget's measurements (no gradient; the model in eval mode on ``device``).
 
     Args:
@@ -87,6 +87,7 @@ def measure_kv_budget(model, tokenizer, budget: KVBudget, examples, chunks: Sequ
         autocast: a zero-argument context manager factory (the runtime's ``autocast``).
         progress: ``progress(done, total, detail)`` after each prompt and text (None: silent).
         clock: seconds (timing only; no result depends on it).
+        prefill: how streaming heads attend inside one call (``PREFILL_RULES``: ``masked``, ``full``).
 
     Returns:
         A dict: ``answers`` (per prompt: ``answer``, ``response``, ``exact``, ``tokens``, ``depth``),
@@ -105,7 +106,7 @@ def measure_kv_budget(model, tokenizer, budget: KVBudget, examples, chunks: Sequ
         for ex in examples:
             ids = torch.as_tensor([ex.input_ids], dtype=torch.long, device=device)
             steps = _StepClock(clock)
-            with apply_kv_budget(model, budget) as cache, autocast():
+            with apply_kv_budget(model, budget, prefill) as cache, autocast():
                 start = clock()
                 out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), cache=cache,
                                      max_new_tokens=max_new_tokens, do_sample=False, num_beams=1,
@@ -125,7 +126,7 @@ def measure_kv_budget(model, tokenizer, budget: KVBudget, examples, chunks: Sequ
         losses, prefill_s, measured, element = [], [], None, None
         for chunk in chunks:
             ids = torch.as_tensor([chunk], dtype=torch.long, device=device)
-            with apply_kv_budget(model, budget) as cache, autocast():
+            with apply_kv_budget(model, budget, prefill) as cache, autocast():
                 start = clock()
                 out = model(input_ids=ids, labels=ids, cache=cache, use_cache=True)
                 loss = float(out.loss)  # synchronises: the prefill's time ends here

@@ -20,6 +20,7 @@ from headcount.cli.commands import app, bounded, setting
 from headcount.cli.commands.core import MODEL_HELP
 from headcount.cli.commands.options import DEVICE, PRECISION
 from headcount.experiments.studies.retrieval.config import BudgetSettings
+from headcount.kv.budget import PREFILL_RULES, check_prefill
 from headcount.runtime.bounds import EXAMPLES, SEED, Bound
 from headcount.runtime.errors import HeadcountError
 
@@ -117,6 +118,9 @@ def kv_eval(
     random_seed: int = typer.Option(0, "--random", help="SEED of the random full KV heads at the budget's memory",
                                     callback=bounded(SEED)),
     no_random: bool = typer.Option(False, "--no-random", help="leave the random baseline out"),
+    prefill: str = typer.Option(PREFILL_RULES[0], "--prefill", help="streaming heads inside the prompt's forward pass: masked "
+                                "(the sink + window mask, DuoAttention's training mask) | full (every key of the "
+                                "prompt, then evicted: DuoAttention's inference and kvpress)"),
     device: str = DEVICE,
     precision: str = PRECISION,
     out: Path = typer.Option(..., "--out", "-o"),
@@ -139,6 +143,7 @@ def kv_eval(
     from headcount.runtime.io import prepare_out
     from headcount.runtime.progress import Progress
 
+    check_prefill(prefill)
     budget = KVBudget.load(budget_path)
     t = get_task(task)
     if not isinstance(t, NiahTask):
@@ -177,7 +182,8 @@ def kv_eval(
     identity = run_identity({"model": model, "budget": str(budget_path), "task": task, "split": split,
                              "examples": examples, "context": context, "lm_texts": lm_texts,
                              "max_new_tokens": max_new_tokens, "uniform": uniform,
-                             "random": None if no_random else random_seed},
+                             "random": None if no_random else random_seed,
+                             **({} if prefill == PREFILL_RULES[0] else {"prefill": prefill})},  # earlier outputs keep their identity
                             model, t, files=[budget_path])
     with prepare_out(out, "kv-eval", identity=identity, outputs=KV_EVAL_FILES, force=force, echo=typer.echo) as guard:
         runs, per = {}, len(prompts) + len(chunks)
@@ -187,7 +193,7 @@ def kv_eval(
                     bar(i * per + done, None, f"{name}: {detail}")
 
                 m = measure_kv_budget(net, tokenizer, b, prompts, chunks, max_new_tokens=max_new_tokens,
-                                      device=rt.device, autocast=rt.autocast, progress=step)
+                                      device=rt.device, autocast=rt.autocast, progress=step, prefill=prefill)
                 runs[name] = {**m, "budget": b, "context": context}
         rows = method_rows(runs)
         staging = guard.staging()
