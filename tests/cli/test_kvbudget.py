@@ -218,16 +218,41 @@ def test_options_that_do_not_go_together_are_refused(capsys, model_dir, tmp_path
     assert "checkpoint directory not found" in _bad(capsys, tmp_path, "--model", tmp_path / "nothing", "--uniform")
 
 
-@pytest.mark.parametrize("arch, overrides", [("mistral", {}), ("gemma2", {}), ("gemma3", {}),
+@pytest.mark.parametrize("arch, overrides", [("gemma3", {}),
                                              ("qwen2", dict(use_sliding_window=True, sliding_window=4,
                                                             max_window_layers=1))])
-def test_a_model_with_sliding_window_layers_is_refused_up_front(capsys, tmp_path, arch, overrides):
-    """Its own cache is already bounded in the windowed layers, and the budget attention does not
-    run them (yet): one line from kv-budget itself, not a budget file that fails at the first forward."""
-    saved = save_tiny(tiny_model(arch, head="lm", attn_implementation="eager", **overrides), tmp_path / arch)
-    for mode in (["--uniform"], ["--random", 1]):
-        err = _bad(capsys, tmp_path, "--model", saved, *mode, "--context", 64)
-        assert "sliding window" in err and "layers" in err
-    scores = write_scores(tmp_path / "s.json", HEAD_SCORES, saved)
-    err = _bad(capsys, tmp_path, "--scores", scores)
-    assert "sliding window" in err
+def test_a_model_with_sliding_window_layers_gets_a_budget_of_its_global_layers(capsys, tmp_path, arch, overrides):
+    """The windowed layers keep the model's own window (a fixed cost, said in a second line with the
+    bytes the budget could choose among); only the layers that cache every token stream; the budget
+    runs on the model (tests/core/test_kvbudget_windows.py checks what it computes)."""
+    from headcount.kv.budget import KVBudget, model_windows
+    from headcount.kv.cache import apply_kv_budget
+
+    model = tiny_model(arch, head="lm", attn_implementation="eager", **overrides)
+    saved = save_tiny(model, tmp_path / arch)
+    windows = model_windows(model.config)
+    for i, mode in enumerate((["--uniform"], ["--random", 1])):
+        out = tmp_path / f"b{i}"
+        code, stdout, err = run_cli(capsys, "kv-budget", "--model", saved, *mode, "--memory", 0.8, "--context", 64,
+                                    "--sink", 1, "--window", 2, "--out", out)
+        assert code == 0, err
+        budget = KVBudget.load(out / "budget.json")
+        assert budget.model_window == windows
+        for layer, w in enumerate(windows):
+            if w is not None:  # the model's own window: never streamed
+                assert all(s is None for s in budget.sink[layer])
+        n = sum(w is not None for w in windows)
+        fixed = budget.cached(64)
+        per = budget.full_bytes(64) // sum(fixed)
+        own = per * sum(c for c, w in zip(fixed, windows) if w is not None)
+        assert (f"{n} of {len(windows)} layers attend within their own sliding window (4 tokens): they keep it "
+                f"({own:,} bytes at 64 tokens, fixed)") in stdout
+        with torch.no_grad(), apply_kv_budget(model, budget) as cache:
+            model(input_ids=torch.tensor([[5, 6, 7, 8, 9, 10]]), cache=cache, use_cache=True)
+        assert cache.nbytes() == budget.kv_bytes(6)
+
+
+def test_a_model_whose_every_layer_is_windowed_has_nothing_to_budget(capsys, tmp_path):
+    saved = save_tiny(tiny_model("mistral", head="lm", attn_implementation="eager"), tmp_path / "mistral")
+    err = _bad(capsys, tmp_path, "--model", saved, "--uniform", "--context", 64)
+    assert "every layer of the model attends within a sliding window" in err

@@ -11,9 +11,12 @@ sliding window keeps ``min(tokens, window - 1)`` tokens in the model's own cache
   "memory 0.5" budget came out 1.28x the unpatched cache before), only the global layers' KV
   heads stream, as many as a brute-force count allows, and a target below what the local layers
   keep by themselves is refused;
+- windowed models run under a budget (Mistral, Gemma 3, Qwen2 with windowed top layers): the local
+  layers keep the model's own window, the global layers the budget's choice; the model's own logits,
+  greedy tokens and cache bytes at the full budget, the loop reference with streaming global heads;
 - what cannot be budgeted is refused in one line: a streaming head in a windowed layer, a model
-  whose every layer is windowed, a windowed model at ``apply_kv_budget``'s entry (the budget
-  attention does not run sliding windows yet), a budget made for other windows.
+  whose every layer is windowed, soft-capped attention (Gemma 2) at the first forward, a budget
+  made for other windows.
 """
 
 from __future__ import annotations
@@ -165,16 +168,66 @@ def test_a_windowed_budget_is_written_and_read_back(tmp_path):
             KVBudget.load(tmp_path / "bad.json")
 
 
-@pytest.mark.parametrize("arch", sorted(WINDOWED))
-def test_a_windowed_model_is_refused_at_apply_before_any_forward(arch):
-    model = tiny_model(arch, head="lm", attn_implementation="eager", **WINDOWED[arch])
+#: windowed rows whose attention the budget attention runs (Gemma 2 soft-caps its logits: refused)
+RUNS = sorted(set(WINDOWED) - {"gemma2"})
+
+
+def _budgets(model):
+    """The full cache, and the global layers' KV heads half streaming (sink 1 + window 2), both with
+    the model's own windows."""
     n_layers, n_heads, n_kv, head_dim = shape(model)
-    for budget in (KVBudget.full_cache(n_layers, n_heads, n_kv, head_dim),
-                   KVBudget.full_cache(n_layers, n_heads, n_kv, head_dim, model_window=model_windows(model.config))):
-        with pytest.raises(HeadcountError, match="sliding window") as e:
-            apply_kv_budget(model, budget)
-        assert "\n" not in str(e.value)
-        assert model.config._attn_implementation == "eager" != ATTENTION
+    windows = model_windows(model.config)
+    rows = [[(None, None)] * n_kv if w is not None else [(1, 2)] + [(None, None)] * (n_kv - 1) for w in windows]
+    half = KVBudget([[s for s, _ in r] for r in rows], [[w for _, w in r] for r in rows], n_heads, head_dim,
+                    model_window=windows)
+    return KVBudget.full_cache(n_layers, n_heads, n_kv, head_dim, model_window=windows), half
+
+
+@pytest.mark.parametrize("arch", RUNS)
+def test_a_windowed_model_runs_under_a_budget(arch):
+    """The local layers keep the model's own window (sink 0, the last W - 1 tokens), the global
+    layers what the budget says: at the full budget the model's own logits and greedy tokens, with
+    streaming global heads the loop reference (the model's windows in its local layers), prefilled at
+    once, token by token or in chunks; the cache holds the bytes the budget predicts, and at the full
+    budget the bytes of transformers' own cache."""
+    from test_kvcache import LENGTH, NEW, budgeted, ids_and_mask, real, with_reference
+
+    model = tiny_model(arch, head="lm", attn_implementation="sdpa", **WINDOWED[arch])
+    full, half = _budgets(model)
+    assert any(w is not None for w in full.model_window) and LENGTH > max(w for w in full.model_window if w)
+    for left_pad in (0, 3):
+        ids, mask = ids_and_mask(model, left_pad=left_pad)
+        with torch.no_grad():
+            own = model(input_ids=ids, attention_mask=mask).logits
+            own_tokens = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=NEW, do_sample=False)
+            dyn = DynamicCache(config=model.config)
+            model(input_ids=ids, attention_mask=mask, past_key_values=dyn, use_cache=True)
+        want = with_reference(model, half, input_ids=ids, attention_mask=mask)
+        # the streaming heads bite where a layer caches every token (Mistral: every layer is windowed)
+        assert bool((real(want, mask) - real(own, mask)).abs().max() > 0.01) is (None in full.model_window)
+        assert (real(with_reference(model, full, input_ids=ids, attention_mask=mask), mask)
+                - real(own, mask)).abs().max() <= 1e-5  # the reference is the model's own attention at the full budget
+        for steps in (None, 1, 5):
+            got, cache = budgeted(model, full, ids, mask, steps)
+            assert (real(got, mask) - real(own, mask)).abs().max() <= 1e-5, (left_pad, steps)
+            assert cache.nbytes() == full.kv_bytes(LENGTH, batch=2) == full.full_bytes(LENGTH, batch=2)
+            got, cache = budgeted(model, half, ids, mask, steps)
+            assert (real(got, mask) - real(want, mask)).abs().max() <= 1e-5, (left_pad, steps)
+            assert cache.nbytes() == half.kv_bytes(LENGTH, batch=2) <= full.kv_bytes(LENGTH, batch=2)
+        held = sum(t.numel() * t.element_size() for layer in dyn.layers for t in (layer.keys, layer.values))
+        assert held == full.full_bytes(LENGTH, batch=2)
+        with torch.no_grad(), apply_kv_budget(model, full) as cache:
+            tokens = model.generate(input_ids=ids, attention_mask=mask, cache=cache, max_new_tokens=NEW,
+                                    do_sample=False)
+        assert torch.equal(tokens, own_tokens)
+
+
+def test_soft_capped_attention_is_refused_at_the_first_forward():
+    model = tiny_model("gemma2", head="lm", attn_implementation="eager")
+    full, _ = _budgets(model)
+    with pytest.raises(HeadcountError, match="softcap") as e, torch.no_grad(), apply_kv_budget(model, full) as cache:
+        model(input_ids=torch.tensor([[5, 6, 7]]), cache=cache, use_cache=True)
+    assert "\n" not in str(e.value)
 
 
 def test_a_budget_for_other_windows_does_not_fit():

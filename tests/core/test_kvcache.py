@@ -63,20 +63,25 @@ def reference_attention(budget: KVBudget, prompt: int = 0):
     """An attention function (no cache: the whole sequence at once) that computes every head by
     an explicit loop: query head h of KV head g = h // group at position p attends to the key
     positions k <= p not padded and, for a streaming g, with k < sink or k >= p - window; a query
-    of the first ``prompt`` positions (a prefill with ``prefill="full"``) to every k <= p."""
+    of the first ``prompt`` positions (a prefill with ``prefill="full"``) to every k <= p; in a layer
+    with a sliding window W of the model's own (``budget.model_window``), only to k > p - W."""
 
     def attend(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
         layer, (batch, n_q, length, _) = module.layer_idx, query.shape
         group = n_q // key.shape[1]
-        pad = None if attention_mask is None else attention_mask[:, 0, -1, :]  # [batch, seq]: the last row sees all
+        # [batch, seq]: the keys some query sees (a padded key is seen by none; under a sliding window
+        # the last row alone no longer sees every key)
+        pad = None if attention_mask is None else attention_mask[:, 0].any(dim=-2)
         out = torch.zeros_like(query)
         for b in range(batch):
             for h in range(n_q):
                 g = h // group
                 sink, window = budget.sink[layer][g], budget.window[layer][g]
+                own = budget.model_window[layer]  # the model's own sliding window W: keys k > p - W
                 for p in range(length):
                     keys = [k for k in range(p + 1) if (pad is None or bool(pad[b, k]) or k == p)
-                            and (window is None or p < prompt or k < sink or k >= p - window)]
+                            and (window is None or p < prompt or k < sink or k >= p - window)
+                            and (own is None or k > p - own)]
                     logits = torch.stack([query[b, h, p] @ key[b, g, k] for k in keys]) * scaling
                     weights = torch.softmax(logits, dim=0)
                     out[b, h, p] = sum(w * value[b, g, k] for w, k in zip(weights, keys))

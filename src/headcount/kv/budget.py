@@ -135,20 +135,6 @@ def decoder_config(model_or_config, name: str | None = None):
     return config
 
 
-def check_no_windows(windows, context: int = 2048) -> None:
-    """Refuse (one line) a model with sliding-window layers: the KV-budget attention
-    ([`headcount.kv.cache`][headcount.kv.cache]) does not run them yet. Said with what the
-    model's own cache already is at ``context`` tokens, as a share of layers x KV heads x tokens."""
-    bounded = [w for w in windows if w is not None]
-    if not bounded:
-        return
-    share = sum(context if w is None else min(context, w - 1) for w in windows) / (len(windows) * context)
-    sizes = "/".join(str(w) for w in sorted(set(bounded)))
-    raise HeadcountError(f"the model attends within a sliding window in {len(bounded)} of its {len(windows)} layers "
-                         f"({sizes} tokens; its own cache at {context:,} tokens is already {share:.3f} of layers x KV "
-                         "heads x tokens), and KV budgets do not run sliding-window layers yet: no budget for it")
-
-
 def _grid(value, what: str, n_layers: int, n_kv: int) -> list:
     """A ``[n_layers][n_kv]`` list of lists (entries checked by the caller)."""
     if not isinstance(value, list) or len(value) != n_layers:
@@ -331,7 +317,6 @@ class KVBudget:
                                      f"({self.n_heads} query heads of {self.head_dim}), the model has {grid.n_layers} x "
                                      f"{grid.n_kv_heads} ({grid.n_heads} of {grid.head_dim}): {name} differs")
         windows = model_windows(model)
-        check_no_windows(windows)
         if tuple(self.model_window) != windows:
             raise HeadcountError(f"the budget is for layers with the sliding windows {list(self.model_window)}, the "
                                  f"model's are {list(windows)} (null: every token): model_window differs")
@@ -399,4 +384,4 @@ class KVBudget:
             raise HeadcountError(f"{path}: {e}") from None
 
 
-__all__ = ["KVBudget", "FORMAT", "VERSION", "ELEMENT_SIZES", "check_no_windows", "decoder_config", "model_windows"]
+__all__ = ["KVBudget", "FORMAT", "VERSION", "ELEMENT_SIZES", "decoder_config", "model_windows"]

@@ -39,34 +39,30 @@ short row's first slots (its sinks) are padding, which the padding mask hides.
 Outside a budget cache (no cache, a ``DynamicCache``) the switched model runs transformers' sdpa
 attention; ``with hc.apply_kv_budget(...) as cache:`` switches it back on exit.
 
-**One budget at a time.** The switch is the model's (its configs' attention implementation);
-the cache that made it owns it and records what every config ran before. A second
-``apply_kv_budget`` while that cache lives unrestored is refused in one line (a silent second
-switch would record the budget attention as "before", and its ``restore()`` would leave the model
-on it); a cache gone without restoring (garbage-collected) hands its record to the next apply.
+**One budget at a time** ([`headcount.kv.switch`][headcount.kv.switch]): a second
+``apply_kv_budget`` while the cache that switched the model lives unrestored is refused in one line.
 """
 
 from __future__ import annotations
 
 import os
-import weakref
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from transformers import AttentionInterface, PretrainedConfig
+from transformers import AttentionInterface
 from transformers.cache_utils import Cache, CacheLayerMixin
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from headcount.kv.budget import PREFILL_RULES, KVBudget, check_prefill
+from headcount.kv.switch import ATTENTION, record_switch, release, take_switch
 from headcount.runtime.errors import HeadcountError
 
-#: the name of the attention function (and of its mask function) in transformers' interfaces
-ATTENTION = "headcount_kv_budget"
 #: keyword arguments of a model's attention call that change the attention itself: refused,
-#: rather than silently ignored (logit soft-capping, sliding-window layers, learned sinks)
-_UNSUPPORTED = ("softcap", "sliding_window", "s_aux", "sinks", "position_bias")
+#: rather than silently ignored (logit soft-capping, learned sinks); ``sliding_window`` is run
+#: where the budget states the layer's window (``model_window``)
+_UNSUPPORTED = ("softcap", "s_aux", "sinks", "position_bias")
 
 
 # --- what the cache hands the attention function ---------------------------------------------
@@ -109,6 +105,7 @@ class BudgetedKV:
     length: int
     layer: int
     group: int
+    model_window: int | None = None
 
 
 # --- the cache ---------------------------------------------------------------------------------
@@ -152,9 +149,17 @@ class KVBudgetLayer(CacheLayerMixin):
         super().__init__()
         self.layer, self.n_kv, self.group = layer, budget.n_kv_heads, budget.group_size
         self.causal = prefill == "full"  # streaming parts see every key of a call (then evict)
+        self.model_window = budget.model_window[layer]
         shared: dict[tuple, list[int]] = {}
+        if self.model_window is not None:
+            # a layer the model itself bounds by a sliding window of W tokens (query p reads keys
+            # k > p - W): one part, every KV head, no sink and a window of W - 1 (the W - 1 tokens
+            # transformers' own sliding cache keeps); its mask is the model's in every call
+            self.causal = False
+            shared[(0, self.model_window - 1)] = list(range(self.n_kv))
         for head, (s, w) in enumerate(zip(budget.sink[layer], budget.window[layer])):
-            shared.setdefault((s, w), []).append(head)
+            if self.model_window is None:
+                shared.setdefault((s, w), []).append(head)
         # the full heads first, then the streaming groups by (sink, window)
         order = sorted(shared, key=lambda sw: (sw[1] is not None, sw[0] or 0, sw[1] or 0))
         self.parts = [_Part(shared[sw], self.group, self.n_kv, *sw) for sw in order]
@@ -198,7 +203,7 @@ class KVBudgetLayer(CacheLayerMixin):
                 part.values = torch.cat([v[:, :, :sink], v[:, :, n - window:]], dim=-2)
             else:
                 part.keys, part.values = k, v
-        kv = BudgetedKV(views, start, self.seen, self.layer, self.group)
+        kv = BudgetedKV(views, start, self.seen, self.layer, self.group, self.model_window)
         return kv, kv
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
@@ -286,58 +291,9 @@ class KVBudgetCache(Cache):
         """Switch the model back to the attention it ran before [`apply_kv_budget`][headcount.kv.cache.apply_kv_budget]
         (every config as it was). Once: a second call, or a call after a later apply took the
         model over, does nothing."""
-        model = self._model_ref
-        switch = _SWITCHED.get(model) if model is not None else None
-        if switch is not None and switch.owner() is self:
-            for config, implementation in switch.before:
-                config._attn_implementation_internal = implementation
-            del _SWITCHED[model]
+        if self._model_ref is not None:
+            release(self._model_ref, self)
         self._model_ref = None
-
-
-# --- who switched a model ----------------------------------------------------------------------
-@dataclass
-class _Switch:
-    """A model switched to the budget attention: what each of its configs ran before (``(config,
-    _attn_implementation_internal)``) and the cache that owns the switch (a weak reference)."""
-
-    before: list[tuple[object, object]]
-    owner: weakref.ref
-
-
-#: model -> its switch (weak keys: a model that is gone takes its record with it)
-_SWITCHED: "weakref.WeakKeyDictionary[torch.nn.Module, _Switch]" = weakref.WeakKeyDictionary()
-
-
-def _attention_state(model) -> list[tuple[object, object]]:
-    """``(config, its _attn_implementation_internal)`` of every config ``set_attn_implementation``
-    may change: the model's, its sub-models', and their sub-configs at any depth."""
-    todo = [model.config] + [getattr(m, "config", None) for m in model.modules() if m is not model]
-    configs: list = []
-    while todo:
-        config = todo.pop()
-        if not isinstance(config, PretrainedConfig) or any(config is c for c in configs):
-            continue
-        configs.append(config)
-        todo += [getattr(config, key, None) for key in (getattr(config, "sub_configs", None) or {})]
-    return [(c, getattr(c, "_attn_implementation_internal", None)) for c in configs]
-
-
-def _take_switch(model) -> list[tuple[object, object]]:
-    """What the model ran before its switch: recorded now, or handed over by a cache that is gone
-    without restoring. Refuses a model a live cache holds, or one switched by other means."""
-    switch = _SWITCHED.get(model)
-    owner = switch.owner() if switch is not None else None
-    if owner is not None:
-        raise HeadcountError("a KV budget is already applied to this model (an apply_kv_budget whose cache was not "
-                             "restored): call restore() on that cache, or leave its with block, first; one budget at "
-                             "a time")
-    if switch is not None and model.config._attn_implementation == ATTENTION:
-        return switch.before
-    if model.config._attn_implementation == ATTENTION:
-        raise HeadcountError(f"the model already runs {ATTENTION!r} attention, and no KV-budget cache switched it (a "
-                             "copy of a switched model?): model.set_attn_implementation('sdpa') (or its own) first")
-    return _attention_state(model)
 
 
 # --- the attention function --------------------------------------------------------------------
@@ -409,6 +365,10 @@ def kv_budget_attention(module, query: torch.Tensor, key, value, attention_mask:
     if used:
         raise HeadcountError(f"the KV-budget attention does not support {', '.join(used)} (this model's attention "
                              "uses it); run the model without a budget")
+    window = kwargs.get("sliding_window")
+    if window != key.model_window:  # the budget's model_window was checked against the model at apply
+        raise HeadcountError(f"layer {key.layer} attends within a sliding window of {window} tokens, the budget says "
+                             f"{key.model_window} (null: every token): make the budget for the model as it is")
     b, n_q, q_len, _ = query.shape
     group = key.group
     if n_q != group * sum(len(part.kv_heads) for part in key.parts):
@@ -465,7 +425,7 @@ def apply_kv_budget(model, budget: KVBudget | str | os.PathLike, prefill: str = 
 
     Raises:
         HeadcountError: the budget does not fit the model (layers, query or KV heads, head size,
-            the layers' own sliding windows), the model has sliding-window layers (not run yet),
+            the layers' own sliding windows),
             a budget is already applied to it (restore that cache first: one at a time), an
             argument is not a model or a budget, or the file is missing or malformed.
 
@@ -483,7 +443,7 @@ def apply_kv_budget(model, budget: KVBudget | str | os.PathLike, prefill: str = 
     if not isinstance(budget, KVBudget):
         budget = KVBudget.load(budget)
     budget.check_model(model)
-    before = _take_switch(model)
+    before = take_switch(model)
     if model.config._attn_implementation != ATTENTION:
         model.set_attn_implementation(ATTENTION)
         if model.config._attn_implementation != ATTENTION:
@@ -491,7 +451,7 @@ def apply_kv_budget(model, budget: KVBudget | str | os.PathLike, prefill: str = 
                                  "does not use transformers' AttentionInterface): no KV budget for it")
     cache = KVBudgetCache(budget, model.config, prefill)
     cache._model_ref = model
-    _SWITCHED[model] = _Switch(before, weakref.ref(cache))
+    record_switch(model, before, cache)
     return cache
 
 

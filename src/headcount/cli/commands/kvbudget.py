@@ -100,7 +100,7 @@ def kv_budget(
     force: bool = typer.Option(False, "--force", help="replace an earlier kv-budget output with other inputs in --out"),
 ):
     """Per-KV-head KV cache budget (full cache or sink + window) under a memory target -> budget.json."""
-    from headcount.kv.budget import check_no_windows
+    from headcount.kv.budget import ELEMENT_SIZES
     from headcount.kv.policies import make_budget
     from headcount.kv.policies.scores import read_kv_scores
     from headcount.kv.policy import BudgetRequest
@@ -120,10 +120,6 @@ def kv_budget(
     settings = KVBudgetSettings(memory=memory, context=context, sink=sink,
                               window=KVBudgetSettings().window if window is None else window, dtype=dtype)
     n_layers, n_heads, n_kv, head_dim, windows = _model_shape(spec)
-    try:  # refused here, not at the budget's first forward: the budget attention runs no sliding window yet
-        check_no_windows(windows, context)
-    except HeadcountError as e:
-        raise HeadcountError(f"{spec}: {e}") from None
     made_from: dict[str, object] = {"model": spec}
     kv_scores = None
     if chosen.needs_scores:
@@ -154,3 +150,12 @@ def kv_budget(
     typer.echo(f"wrote {out}/budget.json: {budget.n_full} of {n_layers * n_kv} KV heads keep the full cache, "
                f"{streaming} stream ({sizes}); KV cache at {context:,} tokens {b['budget']:,} of {b['full_cache']:,} "
                f"bytes ({b['ratio']:.3f}, target {memory:g})")
+    windowed = [w for w in budget.model_window if w is not None]
+    if windowed:  # what the budget could choose: the layers that cache every token
+        own = budget.cached(context)
+        fixed = sum(own[layer] for layer, w in enumerate(budget.model_window) if w is not None)
+        per = budget.full_bytes(context, element_size=ELEMENT_SIZES[dtype]) // max(1, sum(own))  # bytes a cached token
+        sizes = "/".join(str(w) for w in sorted(set(windowed)))
+        typer.echo(f"{len(windowed)} of {n_layers} layers attend within their own sliding window ({sizes} tokens): they "
+                   f"keep it ({per * fixed:,} bytes at {context:,} tokens, fixed); the budget chose among the other "
+                   f"{n_layers - len(windowed)} layers' KV heads ({per * (sum(own) - fixed):,} bytes of the full cache)")
