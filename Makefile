@@ -7,7 +7,7 @@ HC     := $(VENV)/bin/headcount
 # torch 2.13.0 is the CPU build on this project's machines; elsewhere pip picks the matching build.
 TORCH  ?= torch==2.13.0
 
-.PHONY: env demo test test-models tf4 bench bench-gpu data docs typecheck clean
+.PHONY: env demo test test-models tf4 llama-cpp bench bench-gpu data docs typecheck clean kvpress
 
 env: $(VENV)/.installed
 
@@ -58,6 +58,36 @@ tf4: env
 	fi
 	@echo "transformers $$(PYTHONPATH="$(HEADCOUNT_TF4)" $(PY) -c "import transformers; print(transformers.__version__)") in $(HEADCOUNT_TF4)"
 
+# llama.cpp's llama-simple, for tests/core/test_export_gguf.py (GGUF exports run in llama.cpp): built
+# from the llama.cpp vendored in the llama-cpp-python sdist (pip download --no-binary: the source,
+# nothing installed) into $$HEADCOUNT_LLAMACPP (default ~/.cache/headcount-llamacpp), outside the
+# repo. The sdist is unpacked into a temporary folder and renamed; the build is taken for one only
+# once llama-simple.ok names its binary (written last, after the binary ran), so a half-done build
+# is built on again, never used. Portable CPU build (GGML_NATIVE=OFF), about 15 minutes on 2 cores.
+HEADCOUNT_LLAMACPP ?= $(HOME)/.cache/headcount-llamacpp
+LLAMACPP_SDIST := llama_cpp_python-0.3.36
+LLAMACPP_SRC := $(HEADCOUNT_LLAMACPP)/$(LLAMACPP_SDIST)/vendor/llama.cpp
+llama-cpp:
+	@if [ -f "$(HEADCOUNT_LLAMACPP)/llama-simple.ok" ] && [ -x "$$(cat "$(HEADCOUNT_LLAMACPP)/llama-simple.ok")" ]; then :; else \
+	  for tool in cmake ninja c++; do command -v $$tool >/dev/null || { echo "error: make llama-cpp needs $$tool" >&2; exit 2; }; done; \
+	  mkdir -p "$(HEADCOUNT_LLAMACPP)" && \
+	  if [ ! -d "$(LLAMACPP_SRC)" ]; then \
+	    $(if $(wildcard $(PY)),$(PIP),python3 -m pip) download -q --no-deps --no-binary :all: "llama-cpp-python==$(LLAMACPP_SDIST:llama_cpp_python-%=%)" -d "$(HEADCOUNT_LLAMACPP)" && \
+	    rm -rf "$(HEADCOUNT_LLAMACPP)/unpack.tmp" && mkdir "$(HEADCOUNT_LLAMACPP)/unpack.tmp" && \
+	    tar -xzf "$(HEADCOUNT_LLAMACPP)/$(LLAMACPP_SDIST).tar.gz" -C "$(HEADCOUNT_LLAMACPP)/unpack.tmp" && \
+	    mv "$(HEADCOUNT_LLAMACPP)/unpack.tmp/$(LLAMACPP_SDIST)" "$(HEADCOUNT_LLAMACPP)/$(LLAMACPP_SDIST)" && \
+	    rmdir "$(HEADCOUNT_LLAMACPP)/unpack.tmp" || { echo "error: could not fetch the llama-cpp-python sdist" >&2; exit 2; }; \
+	  fi; \
+	  cmake -S "$(LLAMACPP_SRC)" -B "$(LLAMACPP_SRC)/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF \
+	    -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF >/dev/null && \
+	  cmake --build "$(LLAMACPP_SRC)/build" --target llama-simple && \
+	  { "$(LLAMACPP_SRC)/build/bin/llama-simple" >/dev/null 2>&1; [ $$? -eq 1 ]; } && \
+	  echo "$(LLAMACPP_SRC)/build/bin/llama-simple" > "$(HEADCOUNT_LLAMACPP)/llama-simple.ok.tmp" && \
+	  mv "$(HEADCOUNT_LLAMACPP)/llama-simple.ok.tmp" "$(HEADCOUNT_LLAMACPP)/llama-simple.ok" \
+	    || { echo "error: could not build llama-simple in $(LLAMACPP_SRC)/build" >&2; exit 2; }; \
+	fi
+	@echo "llama-simple: $$(cat "$(HEADCOUNT_LLAMACPP)/llama-simple.ok") (llama.cpp of $(LLAMACPP_SDIST))"
+
 # the documentation site into site/ (strict: a broken link or reference is an error)
 docs: env
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
@@ -79,3 +109,22 @@ bench-gpu: env
 
 clean:
 	rm -rf $(VENV) runs site .pytest_cache
+
+# kvpress 0.5.5 for bench/bench_kv_peers.py (headcount's KV budgets against kvpress's presses):
+# kvpress 0.5.x requires transformers < 5.3, so it gets its own virtual environment in
+# $$HEADCOUNT_KVPRESS (default ~/.cache/headcount-kvpress), outside the repo, which the bench runs
+# as a subprocess. Built in a temporary folder and renamed once kvpress imports from it, so a
+# half-done install is never taken for one; a whole one is left as it is.
+HEADCOUNT_KVPRESS ?= $(HOME)/.cache/headcount-kvpress
+KVPRESS_PINS := "$(TORCH)" "kvpress==0.5.5" gguf sentencepiece
+KVPRESS_CHECK := from kvpress import SnapKVPress, DuoAttentionPress, AdaKVPress; import transformers
+kvpress:
+	@if "$(HEADCOUNT_KVPRESS)/bin/python" -c "$(KVPRESS_CHECK)" 2>/dev/null; then :; else \
+	  if [ -e "$(HEADCOUNT_KVPRESS)" ]; then echo "error: $(HEADCOUNT_KVPRESS) exists and holds no kvpress: not replaced (remove it, or set HEADCOUNT_KVPRESS)" >&2; exit 2; fi; \
+	  rm -rf "$(HEADCOUNT_KVPRESS).tmp" && $(PYTHON) -m venv "$(HEADCOUNT_KVPRESS).tmp" \
+	    || { echo "error: could not make a virtual environment with $(PYTHON)" >&2; exit 2; }; \
+	  "$(HEADCOUNT_KVPRESS).tmp/bin/python" -m pip install -q $(KVPRESS_PINS) 2>&1 | grep -v "is ignored" || true; \
+	  "$(HEADCOUNT_KVPRESS).tmp/bin/python" -c "$(KVPRESS_CHECK)" 2>/dev/null \
+	    && mv "$(HEADCOUNT_KVPRESS).tmp" "$(HEADCOUNT_KVPRESS)" || { echo "error: could not install kvpress 0.5.5 into $(HEADCOUNT_KVPRESS).tmp" >&2; exit 2; }; \
+	fi
+	@echo "kvpress $$("$(HEADCOUNT_KVPRESS)/bin/python" -c "import importlib.metadata as m; print(m.version('kvpress'), 'with transformers', m.version('transformers'))") in $(HEADCOUNT_KVPRESS)"

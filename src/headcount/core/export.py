@@ -43,8 +43,9 @@ from headcount.runtime.errors import HeadcountError
 # transformers, .models and .surgery (which load transformers, 1.2 s) are imported where used:
 # the command line reads ExportSettings to declare its options and starts without them.
 
-#: export formats: ``onnx`` (one file) and ``hf`` (a plain transformers checkpoint directory)
-FORMATS = ("onnx", "hf")
+#: export formats: ``onnx`` (one file), ``hf`` (a plain transformers checkpoint directory) and
+#: ``gguf`` (one file for llama.cpp: ``headcount.core.export_gguf``)
+FORMATS = ("onnx", "hf", "gguf")
 #: the opsets the legacy exporter writes that headcount accepts (>= 17: LayerNorm is one op)
 OPSET_RANGE = (17, 20)
 

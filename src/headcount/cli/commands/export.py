@@ -12,13 +12,15 @@ from headcount.cli.commands.core import MODEL_HELP, SHRINK_FILES
 from headcount.core.export import FORMATS, ExportSettings, check_opset
 from headcount.data.fingerprint import run_identity
 from headcount.core.export import TOLERANCE
+from headcount.core.export_gguf import GGUF_TYPES, GgufSettings
 from headcount.runtime.atomic import atomic_write_bytes
 from headcount.runtime.errors import HeadcountError
 from headcount.runtime.io import check_file_out, one_file_out, prepare_out
 from headcount.runtime.record import SEAL_PLACEHOLDER, seal_bytes
 
-FORMAT_HELP = "onnx: one .onnx file (onnxruntime) | hf: a plain transformers checkpoint directory (when one can describe the model)"
-OUT_HELP = "the .onnx file (--format onnx) or the checkpoint directory (--format hf)"
+FORMAT_HELP = ("onnx: one .onnx file (onnxruntime) | hf: a plain transformers checkpoint directory (when one can "
+               "describe the model) | gguf: one .gguf file for llama.cpp (decoders)")
+OUT_HELP = "the .onnx file (--format onnx), the checkpoint directory (--format hf) or the .gguf file (--format gguf)"
 
 
 def _check_onnx_out(out: Path, identity: dict, force: bool, echo=typer.echo) -> Path:
@@ -119,8 +121,10 @@ def export(
     force: bool = typer.Option(False, "--force", help="replace an earlier export of another model or settings"),
     mask: Path = typer.Option(None, "--mask", help="mask.json (1 = kept): shrink the model by it first, as "
                                                      "`headcount shrink` does, then export (nothing else is written)"),
+    gguf_type: str = setting(GgufSettings, "type", "--gguf-type",
+                             help=f"--format gguf: what weights are stored as ({' | '.join(GGUF_TYPES)}; norms stay f32)"),
 ):
-    """A pruned (or unpruned) model, task head included, that runs without headcount: ONNX or plain transformers."""
+    """A pruned (or unpruned) model, task head included, that runs without headcount: ONNX, plain transformers or GGUF."""
     if format not in FORMATS:
         raise HeadcountError(f"unknown --format {format!r}; choose one of {', '.join(FORMATS)}")
     check_opset(opset)
@@ -132,5 +136,9 @@ def export(
         Mask.load(mask)  # a bad mask file is refused before anything loads or --out is touched
     if format == "onnx":
         _export_onnx(model, out, opset, tolerance, force, mask)
+    elif format == "gguf":
+        from headcount.cli.commands.export_gguf import export_gguf_file
+
+        export_gguf_file(model, out, gguf_type, tolerance, force, mask, _load, _identity)
     else:
         _export_hf(model, out, force, mask)

@@ -1,8 +1,8 @@
 """Architecture adapters and their registry (the only package that names architectures).
 
-Every module of this package other than ``base``, ``registry`` and ``decoder`` (what decoder
-adapters share) is an adapter that registers
-itself on import; importing the package imports them all (in name order), so adding an
+Every module of this package other than ``base``, ``registry``, ``decoder`` (what decoder
+adapters share) and ``gguf_layouts`` (the GGUF export's names of each family, imported by
+``headcount.core.export_gguf`` when it writes) is an adapter that registers itself on import; importing the package imports them all (in name order), so adding an
 architecture is one file here and its row in the tests' architecture table.
 """
 
@@ -24,7 +24,7 @@ from headcount.core.arch.registry import (
 )
 
 for _module in sorted(m.name for m in pkgutil.iter_modules(__path__)):
-    if _module not in ("base", "registry", "decoder"):
+    if _module not in ("base", "registry", "decoder", "gguf_layouts"):
         importlib.import_module(f"{__name__}.{_module}")
 
 __all__ = ["Adapter", "Block", "Layout", "adapters", "get_adapter", "grouped_rows", "is_decoder", "refuse_model_type",
