@@ -211,7 +211,7 @@ def score_command(model: str, task, settings: ScoreSettings, data: DataConfig, o
     mark("data")
     with decoding(m, metric_for(t, objective)), scoring_progress(m, scorer, batches) as bar:
         s = score(m, batches, method=scorer, normalize=settings.normalize, device=rt, progress=bar,
-                  accumulate=settings.accumulate, contrastive=info.get("contrastive"), options=settings.options())
+                  accumulate=settings.accumulate, contrastive=info.get("contrastive"), options=settings.options)
     if "retrieval" in s.meta:  # Wu et al.'s score: its bootstrap interval over examples
         s = with_retrieval_interval(s)
         r = s.meta["retrieval"]

@@ -44,31 +44,30 @@ from headcount.core.arch import get_adapter, require_decoder
 from headcount.core.attention import attention_taps
 from headcount.core.gates import hooks, kept_heads
 from headcount.data.tasks.niah import ROUGE_RULES, exact_match, rouge1_recall
+from headcount.importance.scorer_options import (
+    COPY_RULES,
+    KV_REDUCE,
+    MAX_NEW_TOKENS_RANGE,
+    SINK_RANGE,
+    STOP_RULES,
+    SUCCESS_RULES,
+    WINDOW_RANGE,
+    LongRangeOptions,
+    RetrievalOptions,
+)
 from headcount.importance.scorers import ScoreContext, Scorer
 from headcount.importance.scores import Scores, kv_pool
-from headcount.runtime.bounds import Bound
 from headcount.runtime.errors import HeadcountError
 
-#: the reference's decoding length
-MAX_NEW_TOKENS = 50
-MAX_NEW_TOKENS_RANGE = Bound(1, 100_000, integer=True)
-#: ``rouge1``: ROUGE-1 recall of the answer > 0.5 (the reference); ``exact``: the answer verbatim
-SUCCESS_RULES = ("rouge1", "exact")
-#: ``reference``: every copy of a needle token adds ``1 / span`` (scores can exceed 1 when the model
-#: repeats the needle); ``once``: each needle position counts once per head and example (at most 1)
-COPY_RULES = ("reference", "once")
+# the scorers' options (their defaults, ranges and choices) are declared in headcount.importance.scorer_options
+MAX_NEW_TOKENS = RetrievalOptions.max_new_tokens  # the reference's decoding length
 COPY_NOTES = {"reference": "the reference's arithmetic: every copy of a needle token adds 1/span, so a head "
                            "that copies a repeated needle again scores above 1",
               "once": "each needle position counted once per head and example: a head's score is the share "
                       "of the needle it copied (at most 1)"}
 ROUGE_SUCCESS = 0.5
-#: where decoding stops: ``newline`` (after a token holding a line break: the reference's rule, which
-#: decodes on after an end-of-sequence token) or ``eos-or-newline`` (also after end-of-sequence)
-STOP_RULES = ("newline", "eos-or-newline")
-#: ``long-range``: the first tokens every query may read (StreamingLLM's attention sinks) and the recent window
-SINK, WINDOW = 4, 64
-SINK_RANGE, WINDOW_RANGE = Bound(0, 10**7, integer=True), Bound(1, 10**7, integer=True)
-KV_REDUCE = ("max", "mean")
+SINK, WINDOW = LongRangeOptions.sink, LongRangeOptions.window
+
 
 def _decoder_grid(model: nn.Module, method: str):
     return require_decoder(model, f"--method {method}")
@@ -196,8 +195,9 @@ def retrieve(model: nn.Module, example, stops, max_new_tokens: int = MAX_NEW_TOK
 
 
 @torch.no_grad()
-def retrieval_scores(model: nn.Module, batches, *, max_new_tokens: int = MAX_NEW_TOKENS, success: str = "rouge1",
-                     copy_rule: str = COPY_RULES[0], stop: str = STOP_RULES[0], rouge: str = ROUGE_RULES[1],
+def retrieval_scores(model: nn.Module, batches, *, max_new_tokens: int = MAX_NEW_TOKENS,
+                     success: str = RetrievalOptions.success, copy_rule: str = RetrievalOptions.copies,
+                     stop: str = RetrievalOptions.stop, rouge: str = RetrievalOptions.rouge,
                      progress=None, rt=None) -> Scores:
     """Wu et al.'s retrieval score of every query head ``[L, H]`` (see the module docstring).
 
@@ -262,7 +262,8 @@ def retrieval_scores(model: nn.Module, batches, *, max_new_tokens: int = MAX_NEW
 
 
 @torch.no_grad()
-def long_range_scores(model: nn.Module, batches, *, sink: int = SINK, window: int = WINDOW, kv_reduce: str = "max",
+def long_range_scores(model: nn.Module, batches, *, sink: int = SINK, window: int = WINDOW,
+                      kv_reduce: str = LongRangeOptions.kv_reduce,
                       progress=None, rt=None) -> Scores:
     """The attention mass each query head puts outside a sink and a recent window ``[L, H]``, and
     per key/value head ``meta["kv_groups"] [L, n_kv]`` (see the module docstring).
@@ -325,24 +326,23 @@ def long_range_scores(model: nn.Module, batches, *, sink: int = SINK, window: in
 
 # -- the scorers (registered with the built-ins at the end of headcount.importance.scoring) -------------------------
 def _retrieval(model, batches, ctx: ScoreContext) -> Scores:
-    o = ctx.options
-    return retrieval_scores(model, batches, max_new_tokens=o.get("max_new_tokens", MAX_NEW_TOKENS),
-                            success=o.get("success", "rouge1"), copy_rule=o.get("copies", COPY_RULES[0]),
-                            stop=o.get("stop", STOP_RULES[0]), rouge=o.get("rouge", ROUGE_RULES[1]),
-                            progress=ctx.progress, rt=ctx.rt)
+    o: RetrievalOptions = ctx.options
+    return retrieval_scores(model, batches, max_new_tokens=o.max_new_tokens, success=o.success, copy_rule=o.copies,
+                            stop=o.stop, rouge=o.rouge, progress=ctx.progress, rt=ctx.rt)
 
 
 def _long_range(model, batches, ctx: ScoreContext) -> Scores:
-    o = ctx.options
-    return long_range_scores(model, batches, sink=o.get("sink", SINK), window=o.get("window", WINDOW),
-                             kv_reduce=o.get("kv_reduce", "max"), progress=ctx.progress, rt=ctx.rt)
+    o: LongRangeOptions = ctx.options
+    return long_range_scores(model, batches, sink=o.sink, window=o.window, kv_reduce=o.kv_reduce,
+                             progress=ctx.progress, rt=ctx.rt)
 
 
 SCORERS = (
     Scorer("retrieval", _retrieval, needs_loss=False, can_prune=False, per_example=True, scores_mlps=False,
+           options=RetrievalOptions,
            description="Wu et al.'s retrieval score: how often a head's attention argmax copies the needle while "
                        "decoding (needle-in-a-haystack tasks; --max-new-tokens, --success, --copies)"),
-    Scorer("long-range", _long_range, needs_loss=False, can_prune=False, scores_mlps=False,
+    Scorer("long-range", _long_range, needs_loss=False, can_prune=False, scores_mlps=False, options=LongRangeOptions,
            description="attention mass outside the first --sink tokens and the last --window keys; per KV head "
                        "the max over its query heads (kv_groups)"),
 )

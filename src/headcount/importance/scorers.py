@@ -19,8 +19,9 @@ study's ``method: weight-count`` use it.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
+from headcount.importance.scorer_options import ScorerOptions, flag
 from headcount.runtime.errors import HeadcountError
 
 #: the entry-point group of plugin scorers (each entry: a module that registers its scorers)
@@ -38,8 +39,9 @@ class ScoreContext:
             ``progress_unit`` counts (``ablation``: heads ablated).
         accumulate: the accumulation (scorers with ``accumulations``).
         at: the mask whose gate values the gradient is taken at (scorers with ``gate_gradient``), or None.
-        options: a scorer's own settings by name (``retrieval``: ``max_new_tokens``, ``success``;
-            ``long-range``: ``sink``, ``window``, ``kv_reduce``); a scorer takes what it knows.
+        options: the scorer's own options: an instance of its ``Scorer.options`` class
+            (``headcount.importance.scorer_options``; ``retrieval``:
+            ``RetrievalOptions``, ``long-range``: ``LongRangeOptions``), checked when it was built.
     """
 
     rt: object
@@ -47,7 +49,7 @@ class ScoreContext:
     progress: Callable | None = None
     accumulate: str = "per-batch"
     at: object = None
-    options: Mapping = field(default_factory=dict)
+    options: ScorerOptions = field(default_factory=ScorerOptions)
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,11 @@ class Scorer:
         scores_mlps: False: its MLP scores are NaN by design (``entropy`` describes attention only).
         progress_unit: what its ``ctx.progress(done)`` counts: ``examples`` ([`count_examples`][headcount.importance.scorers.count_examples]
             is the total), or ``heads`` (one per head of the model: ``ablation``).
+        options: its options class, a frozen dataclass subclassing
+            ``headcount.importance.scorer_options.ScorerOptions`` (each field's default, range or
+            choices and help declared with ``option``; the default: no options). ``headcount score``
+            gets a flag per field, ``ScoreSettings.options`` holds one, and the scorer is handed it
+            as ``ctx.options``.
     """
 
     name: str
@@ -85,6 +92,34 @@ class Scorer:
     meta: dict = field(default_factory=dict)
     scores_mlps: bool = True
     progress_unit: str = "examples"
+    options: type[ScorerOptions] = ScorerOptions
+
+    def options_of(self, given: ScorerOptions | Mapping | None = None) -> ScorerOptions:
+        """Its options: ``given`` as they are (an instance of its class), or built from a mapping of
+        field -> value (None, empty: the defaults). A name its class does not declare is refused
+        in one line naming the method that takes it.
+
+        >>> from headcount.importance.scoring import get_scorer  # the built-in scorers registered
+        >>> get_scorer("long-range").options_of({"sink": 2}).sink
+        2
+        >>> get_scorer("gradient").options_of({"sink": 2})
+        Traceback (most recent call last):
+        ...
+        headcount.runtime.errors.HeadcountError: --sink is an option of --method long-range, not gradient
+        """
+        if isinstance(given, self.options):
+            return given
+        if isinstance(given, ScorerOptions):
+            raise HeadcountError(f"{type(given).__name__} are not the options of --method {self.name} "
+                                 f"({self.options.__name__})")
+        given = dict(given or {})
+        own = {f.name for f in fields(self.options)}
+        for name in given:
+            if name not in own:
+                takers = [n for n in scorer_names() if name in {f.name for f in fields(_REGISTRY[n].options)}]
+                where = f"an option of --method {' / '.join(takers)}" if takers else "no scorer's option"
+                raise HeadcountError(f"{flag(name)} is {where}, not {self.name}")
+        return self.options(**given)
 
 
 def count_examples(batches) -> int:

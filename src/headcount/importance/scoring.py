@@ -389,8 +389,9 @@ def score(model: nn.Module, batches=(), method: str | Scorer = "gradient", norma
             the loss is the contrastive one (``headcount.data.embedding.contrastive``; batches from
             ``embedding_batches``), batches are never merged (in-batch
             negatives), and its settings are recorded in ``meta``.
-        options: the scorer's own settings by name (``ScoreContext.options``; e.g. ``retrieval``'s
-            ``max_new_tokens``); None: its defaults.
+        options: the scorer's own options (``ScoreContext.options``): an instance of its options
+            class (``Scorer.options``, e.g. ``RetrievalOptions``), or a mapping of its fields
+            (``{"max_new_tokens": 20}``); None: its defaults. A field it does not declare is refused.
 
     The device, precision and token budget are recorded in ``Scores.meta``.
 
@@ -399,6 +400,7 @@ def score(model: nn.Module, batches=(), method: str | Scorer = "gradient", norma
     from headcount.runtime.device import runtime
 
     scorer = method if isinstance(method, Scorer) else get_scorer(method)
+    options = scorer.options_of(options)  # checked before the model is touched
     check_normalize(normalize)
     check_accumulate(accumulate, scorer)
     if contrastive is not None:
@@ -417,7 +419,7 @@ def score(model: nn.Module, batches=(), method: str | Scorer = "gradient", norma
         batches = [{k: v for k, v in b.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
                    for b in batches]
     ctx = ScoreContext(rt=rt, keep_per_example=keep_per_example and scorer.per_example, progress=progress,
-                       accumulate=accumulate, at=at, options=dict(options or {}))
+                       accumulate=accumulate, at=at, options=options)
     try:
         with objective:
             s = scorer.fn(model, batches, ctx)

@@ -12,23 +12,11 @@ which needs the defaults to declare its options, starts without loading it.
 from __future__ import annotations
 
 import inspect
-from dataclasses import MISSING, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields
 
 from headcount.data.embedding import EMBEDDING_OBJECTIVES
 from headcount.importance.pruning import check_unit
-from headcount.importance.retrieval import (
-    COPY_RULES,
-    ROUGE_RULES,
-    KV_REDUCE,
-    MAX_NEW_TOKENS,
-    MAX_NEW_TOKENS_RANGE,
-    SINK,
-    SINK_RANGE,
-    STOP_RULES,
-    SUCCESS_RULES,
-    WINDOW,
-    WINDOW_RANGE,
-)
+from headcount.importance.scorer_options import ScorerOptions
 from headcount.importance.scorers import Scorer
 from headcount.importance.scoring import get_scorer, scorer_names
 from headcount.importance.scores import DEFAULT_ACCUMULATE, check_accumulate, check_batch_order, check_normalize, groups_by_length
@@ -78,22 +66,19 @@ class ScoreSettings:
             batches for ``cumulative``, as the references do; grouped by length otherwise).
         unit: ``heads``, or ``kv-groups``: ``scores.json`` also gets ``kv_groups [L, n_kv]``, each
             group's query heads' scores summed (decoders with grouped-query attention).
-        max_new_tokens: ``retrieval``: greedy decoding length (the reference's 50).
-        success: ``retrieval``: which examples count: ``rouge1`` (ROUGE-1 recall of the answer
-            > 0.5, the reference) or ``exact`` (the answer verbatim).
-        copies: ``retrieval``: ``reference`` (every copy of a needle token adds 1/span: scores can
-            exceed 1 when the model repeats the needle) or ``once`` (each needle position once).
-        stop: ``retrieval``: ``newline`` (decoding stops after a line-break token only: the
-            reference) or ``eos-or-newline`` (also after an end-of-sequence token).
-        rouge: ``retrieval``: ``porter`` (ROUGE-1 with rouge_score's Porter stemmer: the reference)
-            or ``plain`` (without the stemmer).
-        sink / window: ``long-range``: the first tokens and the last keys a query reads "nearby".
-        kv_reduce: ``long-range``: a KV head's score from its query heads' (``max`` or ``mean``).
+        options: the chosen scorer's own options: an instance of its options class
+            (``scorer.options``, e.g. [`RetrievalOptions`][headcount.importance.scorer_options.RetrievalOptions]
+            for ``retrieval``, [`LongRangeOptions`][headcount.importance.scorer_options.LongRangeOptions] for
+            ``long-range``; declared in [`headcount.importance.scorer_options`][headcount.importance.scorer_options]),
+            or a mapping of its fields, built into one (None: its defaults). A field the method does
+            not take is refused, naming the method that takes it.
 
     >>> ScoreSettings(method="nonesuch")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
     headcount.runtime.errors.HeadcountError: unknown method 'nonesuch'; ...
+    >>> ScoreSettings(method="retrieval", options={"max_new_tokens": 20}).options
+    RetrievalOptions(max_new_tokens=20, success='rouge1', stop='newline', rouge='porter', copies='reference')
     """
 
     objective: str = "task"
@@ -102,14 +87,7 @@ class ScoreSettings:
     accumulate: str = DEFAULT_ACCUMULATE
     batch_order: str = "auto"
     unit: str = "heads"
-    max_new_tokens: int = MAX_NEW_TOKENS
-    success: str = SUCCESS_RULES[0]
-    copies: str = COPY_RULES[0]
-    stop: str = STOP_RULES[0]
-    rouge: str = ROUGE_RULES[1]
-    sink: int = SINK
-    window: int = WINDOW
-    kv_reduce: str = KV_REDUCE[0]
+    options: ScorerOptions | None = None
 
     def __post_init__(self):
         check_objective(self.objective)
@@ -119,20 +97,7 @@ class ScoreSettings:
         check_accumulate(self.accumulate, scorer)
         check_batch_order(self.batch_order)
         check_unit(self.unit)
-        MAX_NEW_TOKENS_RANGE.check(self.max_new_tokens, "--max-new-tokens")
-        SINK_RANGE.check(self.sink, "--sink")
-        WINDOW_RANGE.check(self.window, "--window")
-        for name, value, choices in (("--success", self.success, SUCCESS_RULES), ("--copies", self.copies, COPY_RULES),
-                                     ("--stop", self.stop, STOP_RULES), ("--rouge", self.rouge, ROUGE_RULES),
-                                     ("--kv-reduce", self.kv_reduce, KV_REDUCE)):
-            if value not in choices:
-                raise HeadcountError(f"{name} must be one of {', '.join(choices)}, not {value!r}")
-
-    def options(self) -> dict:
-        """The scorers' own settings ([`ScoreContext`][headcount.importance.scorers.ScoreContext]'s ``options``)."""
-        return {"max_new_tokens": self.max_new_tokens, "success": self.success, "copies": self.copies, "stop": self.stop,
-                "rouge": self.rouge, "sink": self.sink,
-                "window": self.window, "kv_reduce": self.kv_reduce}
+        object.__setattr__(self, "options", scorer.options_of(self.options))
 
     @property
     def scorer(self) -> Scorer:
@@ -143,6 +108,21 @@ class ScoreSettings:
     def grouped(self) -> bool:
         """Whether the importance batches are grouped by length (see ``batch_order``)."""
         return groups_by_length(self.batch_order, self.accumulate)
+
+    def identity(self) -> dict:
+        """The settings as a command's run identity records them: the generic fields and, flat,
+        every registered scorer's options (this method's as given, the others' defaults), as
+        before the options moved to their scorers, so that earlier outputs keep their identity.
+
+        >>> ScoreSettings(method="long-range", options={"sink": 2}).identity()["sink"]
+        2
+        """
+        flat: dict = {}
+        for name in scorer_names():  # registration order: the built-ins' options, then the user's
+            flat.update({k: v for k, v in asdict(get_scorer(name).options()).items() if k not in flat})
+        flat.update(asdict(self.options))
+        generic = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "options"}
+        return {**generic, **flat}
 
 
 @dataclass(frozen=True)

@@ -28,8 +28,8 @@ COMMANDS = {
     "score": ("analyse", "Importance of every head and MLP -> scores.json, heads.png."),
     "prune": ("analyse", "Iterative pruning to a threshold -> mask.json, trace.csv, curve.png."),
     "demo": ("demo", "Run the demo study on the offline default model and data; print where the report is."),
-    "export": ("export", "A pruned (or unpruned) model, task head included, that runs without headcount: ONNX or "
-                         "plain transformers."),
+    "export": ("export", "A pruned (or unpruned) model, task head included, that runs without headcount: ONNX, "
+                         "plain transformers or GGUF."),
     "explore": ("explore", "An interactive page of the heads: score grids, masks, survival, pattern classes, "
                            "attention -> one HTML file."),
     "kv-budget": ("kvbudget", "Per-KV-head KV cache budget (full cache or sink + window) under a memory target -> "

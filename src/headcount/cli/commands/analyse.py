@@ -12,7 +12,7 @@ from pathlib import Path
 import typer
 
 from headcount.cli.commands import app, bounded, setting
-from headcount.cli.commands.options import IMPORTANCE_DATA, MODEL, SCORING, TASK, WHERE, takes
+from headcount.cli.commands.options import IMPORTANCE_DATA, MODEL, SCORER_OPTIONS, SCORING, TASK, WHERE, takes
 from headcount.data.fingerprint import run_identity
 from headcount.data.tasks import get_task
 from headcount.importance.pruning import PruneConfig
@@ -109,7 +109,7 @@ class _Phases:
 
 
 @app.command()
-@takes(IMPORTANCE_DATA, SCORING, WHERE)
+@takes(IMPORTANCE_DATA, SCORING, SCORER_OPTIONS, WHERE)
 def score(
     model: str = MODEL,
     task: str = TASK,
@@ -122,19 +122,7 @@ def score(
     normalize: str = setting(ScoreSettings, "normalize", help=" | ".join(NORMALIZE)),
     scoring: dict = None,
     unit: str = setting(ScoreSettings, "unit", help=UNIT_HELP),
-    max_new_tokens: int = setting(ScoreSettings, "max_new_tokens", help="retrieval: greedy decoding length (the reference's)"),
-    success: str = setting(ScoreSettings, "success", help="retrieval: which examples count: rouge1 (ROUGE-1 recall of the "
-                                                          "answer > 0.5, the reference) | exact (the answer verbatim)"),
-    copies: str = setting(ScoreSettings, "copies", help="retrieval: reference (every copy of a needle token adds 1/span; "
-                                                        "a head that copies a repeated needle scores above 1) | once "
-                                                        "(each needle position once: at most 1)"),
-    stop: str = setting(ScoreSettings, "stop", help="retrieval: where decoding stops: newline (after a line-break token "
-                                                    "only, the reference) | eos-or-newline (also after end-of-sequence)"),
-    rouge: str = setting(ScoreSettings, "rouge", help="retrieval: the ROUGE-1 of success rouge1: porter (rouge_score with "
-                                                      "its Porter stemmer, the reference) | plain (no stemmer)"),
-    sink: int = setting(ScoreSettings, "sink", help="long-range: the first tokens every query reads nearby"),
-    window: int = setting(ScoreSettings, "window", help="long-range: the last keys every query reads nearby"),
-    kv_reduce: str = setting(ScoreSettings, "kv_reduce", help="long-range: a KV head's score from its query heads': max | mean"),
+    options: dict = None,
     out: Path = typer.Option(..., "--out", "-o"),
     force: bool = typer.Option(False, "--force", help="replace an earlier score run with other settings in --out"),
     where: dict = None,
@@ -143,16 +131,14 @@ def score(
     phases = _Phases("start+CLI")
     # the settings are checked before the imports (seconds): a bad value is refused at once
     how = settings_from(ScoreSettings, dict(objective=objective, method=method, normalize=normalize, unit=unit,
-                                            max_new_tokens=max_new_tokens, success=success, copies=copies, stop=stop, rouge=rouge,
-                                            sink=sink,
-                                            window=window, kv_reduce=kv_reduce, **scoring))
+                                            options=options, **scoring))
     data = replace(data, split=split)
     score_command = _heavy_imports().score_command
     phases("imports")
 
     t = get_task(task)  # looked up once: the identity and the command take the Task
     # the run's identity: every setting as resolved (0.x keeps no earlier versions' identities)
-    identity = run_identity({"model": model, "task": task, **asdict(how), **asdict(data)}, model, t)
+    identity = run_identity({"model": model, "task": task, **how.identity(), **asdict(data)}, model, t)
     with prepare_out(out, "score", identity=identity, outputs=SCORE_FILES, force=force, echo=typer.echo) as guard:
         summary = score_command(model, t, how, data, guard.staging(), echo=typer.echo, mark=phases, **where)
         guard.commit()
@@ -201,7 +187,7 @@ def prune(
         prune_command = _heavy_imports().prune_command
         t = get_task(task)  # looked up once: the identity and the command take the Task
         # the run's identity: every setting as resolved (0.x keeps no earlier versions' identities)
-        identity = run_identity({"model": model, "task": task, **asdict(how), "loop": asdict(loop),
+        identity = run_identity({"model": model, "task": task, **how.identity(), "loop": asdict(loop),
                                  "importance": asdict(importance), "stop": asdict(stop)}, model, t)
     with prepare_out(out, "prune", identity=identity, outputs=PRUNE_FILES, force=force, echo=typer.echo) as guard:
         result = prune_command(model, t, how, loop, importance, stop, guard.staging(), echo=typer.echo, **where)

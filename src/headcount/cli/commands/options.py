@@ -27,8 +27,10 @@ import typer
 
 from headcount.cli.commands import bounded, setting
 from headcount.cli.commands.core import MODEL_HELP
+from headcount.importance.scorer_options import declared, flag
+from headcount.importance.scoring import get_scorer, scorer_names
 from headcount.importance.settings import DataConfig, ScoreSettings
-from headcount.runtime.bounds import TOKENS_PER_BATCH
+from headcount.runtime.bounds import TOKENS_PER_BATCH, Bound
 from headcount.runtime.device import DEVICE_HELP, PRECISION_HELP, TOKENS_HELP, trainer_settings
 from headcount.train import TrainConfig
 
@@ -137,3 +139,32 @@ WHERE = OptionGroup("where", {
     "tokens_per_batch": (int, typer.Option(None, "--tokens-per-batch", help=TOKENS_HELP,
                                            callback=bounded(TOKENS_PER_BATCH))),
 }, dict)
+
+
+def _scorer_options() -> OptionGroup:
+    """One flag per field of every registered scorer's options class (``Scorer.options``), in the
+    registry's order: its default, help (``retrieval: ...``) and range read from the declaration
+    ([`headcount.importance.scorer_options`][headcount.importance.scorer_options]). The group builds the
+    ``options`` of [`ScoreSettings`][headcount.importance.settings.ScoreSettings]: the flags whose value
+    is not their default (a flag left out is not passed, so a method is never handed another
+    scorer's option; one given to a method that does not take it is refused there). A name two
+    scorers declare is one flag, with the first one's default and help."""
+    flags: dict[str, tuple[Any, Any]] = {}
+    defaults: dict[str, Any] = {}
+    for method in scorer_names():
+        cls = get_scorer(method).options
+        for name, (kind, default, check, help) in declared(cls).items():
+            if name in flags:
+                continue
+            callback = bounded(check) if isinstance(check, Bound) else None  # refused while the line is read
+            flags[name] = (kind, setting(cls, name, flag(name), help=f"{method}: {help}", callback=callback))
+            defaults[name] = default
+
+    def given(**values) -> dict:
+        return {k: v for k, v in values.items() if v != defaults[k]}
+
+    return OptionGroup("options", flags, given)
+
+
+#: the scorers' own options of ``score`` (``--max-new-tokens``, ``--sink``, ...): a dict of the given ones
+SCORER_OPTIONS = _scorer_options()

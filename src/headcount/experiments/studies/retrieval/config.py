@@ -1,18 +1,20 @@
 """The ``retrieval`` study's settings (pydantic) and the parameters of its jobs.
 
 Every setting is declared once: the needle-in-a-haystack generator's are
-[`NiahSpec`][headcount.data.tasks.niah.NiahSpec]'s (checked by building one), the scorers' options
-are [`ScoreSettings`][headcount.importance.settings.ScoreSettings]' (their types and defaults read
-from it), the budgets' sizes are [`KVBudgetSettings`][headcount.kv.memory.KVBudgetSettings]',
+[`NiahSpec`][headcount.data.tasks.niah.NiahSpec]'s (their types and defaults read from it, checked by
+building one), the scorers' options are their options classes' (``Scorer.options``:
+[`RetrievalOptions`][headcount.importance.scorer_options.RetrievalOptions],
+[`LongRangeOptions`][headcount.importance.scorer_options.LongRangeOptions]; their types, defaults and
+checks read from them, as the held-out decoding lengths' range), the budgets' sizes are [`KVBudgetSettings`][headcount.kv.memory.KVBudgetSettings]',
 their kinds the KV policies' names ([`headcount.kv.policies`][headcount.kv.policies]) and the statistics' defaults [`headcount.analysis.helpers`][headcount.analysis.helpers]'.
 [`RetrievalConfig`][headcount.experiments.studies.retrieval.config.RetrievalConfig] is what a
 ``study: retrieval`` YAML holds; each job function validates its ``params`` into one of the
-``*Params`` models at the end ([`job_params`][headcount.experiments.studies.lottery.config.job_params]).
+``*Params`` models at the end ([`job_params`][headcount.experiments.studies.jobs.job_params]).
 """
 
 from __future__ import annotations
 
-from dataclasses import fields
+from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Literal
 
@@ -26,11 +28,12 @@ from pydantic import (
 
 from headcount.analysis.helpers import LEVEL, N_BOOT
 from headcount.analysis.retrieval import RETRIEVAL_THRESHOLD
-from headcount.data.tasks.niah import REFERENCE_DEPTHS, NiahSpec
+from headcount.data.tasks.niah import NiahSpec
 from headcount.experiments.runner import ConfigSection, StudyConfig
 from headcount.experiments.runner.config import model_ref
 from headcount.experiments.runner.schema import fields_of, nonempty_model
-from headcount.importance.settings import ScoreSettings
+from headcount.importance.scorer_options import MAX_NEW_TOKENS_RANGE
+from headcount.importance.scoring import get_scorer
 from headcount.kv.memory import CONTEXT, TOKENS, KVBudgetSettings, n_full_allowed
 from headcount.kv.policies import get_policy, policy_names
 from headcount.kv.policies.uniform import uniform_budget
@@ -48,7 +51,10 @@ BUDGET_KINDS = ("scores", "uniform", "random")
 #: the splits of the generated needle-in-a-haystack tasks (the offline data's)
 Split = Literal["train", "validation", "test"]
 
-_NIAH = {f.name: f.default for f in fields(NiahSpec)}
+#: the generator's parameters, in NiahSpec's order (a job's ``niah``: these and the split)
+NIAH_FIELDS = tuple(f.name for f in fields(NiahSpec))
+#: those the study varies itself (``seeds``, ``templates``, ``held_out``): not in ``niah:``
+_VARIED = ("seed", "template")
 _BUDGET = {f.name: f.default for f in fields(KVBudgetSettings)}
 
 
@@ -85,27 +91,23 @@ def _haystack_ref(value: str, info: ValidationInfo) -> str:
 # =============================================================================================
 # settings (the YAML)
 # =============================================================================================
-class NiahSettings(ConfigSection):
+class NiahSettings(create_model("NiahSpecFields", __base__=ConfigSection,
+                                **{**fields_of(NiahSpec, [n for n in NIAH_FIELDS if n not in _VARIED]),
+                                   "examples": (int, Field(20, **EXAMPLES.limits()))})):
     """The needle-in-a-haystack examples the scores are computed on: the generator's parameters
-    ([`NiahSpec`][headcount.data.tasks.niah.NiahSpec]) except ``seed`` and ``template``, which the
-    study varies (``seeds``, ``templates``).
+    ([`NiahSpec`][headcount.data.tasks.niah.NiahSpec]: their types and defaults) except ``seed`` and
+    ``template``, which the study varies (``seeds``, ``templates``), and the split.
 
     Attributes:
         needle: ``passkey`` (default), ``digits`` or ``fact``.
         lengths: prompt lengths in the model's tokens (example i has ``lengths[i % len]``).
         depths: needle depths in [0, 1] (default: the reference's ten).
-        examples: examples per haystack seed and template.
+        examples: examples per haystack seed and template (the study's 20, not the generator's 100).
         digits: the pass key's / digit string's length (None: the needle's default).
         haystack: ``offline`` (the fetched offline texts) or a ``.txt`` file, one text a line.
         split: the haystack texts the scores are computed on.
     """
 
-    needle: str = _NIAH["needle"]
-    lengths: tuple[int, ...] = _NIAH["lengths"]
-    depths: tuple[float, ...] = REFERENCE_DEPTHS
-    examples: int = Field(20, **EXAMPLES.limits())
-    digits: int | None = _NIAH["digits"]
-    haystack: str = _NIAH["haystack"]
     split: Split = "train"
 
     @field_validator("haystack")
@@ -120,9 +122,9 @@ class NiahSettings(ConfigSection):
 
     def spec(self, seed: int, template: str, lengths=None, examples=None, depths=None) -> dict:
         """The [`NiahSpec`][headcount.data.tasks.niah.NiahSpec] fields of one task (checked), as job parameters."""
-        d = {"needle": self.needle, "template": template, "lengths": list(lengths or self.lengths),
-             "depths": list(self.depths if depths is None else depths), "examples": int(examples or self.examples),
-             "digits": self.digits, "seed": int(seed), "haystack": self.haystack}
+        given = {"template": template, "seed": int(seed), "lengths": list(lengths or self.lengths),
+                 "depths": list(self.depths if depths is None else depths), "examples": int(examples or self.examples)}
+        d = {n: given[n] if n in given else getattr(self, n) for n in NIAH_FIELDS}
         NiahSpec(**{**d, "lengths": tuple(d["lengths"]), "depths": tuple(d["depths"])})
         return d
 
@@ -146,16 +148,26 @@ class HeldOutSettings(ConfigSection):
     depths: tuple[float, ...] | None = None
 
 
-#: [`ScoreSettings`][headcount.importance.settings.ScoreSettings] fields the study's scorers read
-SCORE_FIELDS: tuple[str, ...] = ("max_new_tokens", "success", "stop", "rouge", "copies", "sink", "window", "kv_reduce")
+def _options_fields() -> dict:
+    """The fields of the scorers' options classes (``Scorer.options``), each scorer's in its order."""
+    out: dict = {}
+    for method in SCORERS:
+        for name, spec in fields_of(get_scorer(method).options, OPTIONS[method]).items():
+            out.setdefault(name, spec)
+    return out
 
 
-class ScoringSettings(create_model("RetrievalScoreFields", __base__=ConfigSection,
-                                   **fields_of(ScoreSettings, SCORE_FIELDS))):
-    """The scorers' options: ``max_new_tokens`` and ``success`` of ``retrieval`` (the reference's
-    50 tokens and ROUGE-1 > 0.5), ``sink``, ``window`` and ``kv_reduce`` of ``long-range``
-    ([`ScoreSettings`][headcount.importance.settings.ScoreSettings]' defaults), and the bootstrap
-    over examples of the retrieval interval.
+#: the options of each of the study's scorers: the fields of its options class (``Scorer.options``)
+OPTIONS: dict[str, tuple[str, ...]] = {m: tuple(f.name for f in fields(get_scorer(m).options)) for m in SCORERS}
+
+
+class ScoringSettings(create_model("RetrievalScoreFields", __base__=ConfigSection, **_options_fields())):
+    """The scorers' options: ``max_new_tokens``, ``success``, ``copies``, ``stop`` and ``rouge`` of
+    ``retrieval`` (the reference's 50 tokens and ROUGE-1 > 0.5), ``sink``, ``window`` and
+    ``kv_reduce`` of ``long-range`` (their options classes' types and defaults:
+    [`RetrievalOptions`][headcount.importance.scorer_options.RetrievalOptions],
+    [`LongRangeOptions`][headcount.importance.scorer_options.LongRangeOptions], which check them), and
+    the bootstrap over examples of the retrieval interval.
 
     Attributes:
         n_boot: bootstrap resamples of the interval (0: none).
@@ -169,14 +181,17 @@ class ScoringSettings(create_model("RetrievalScoreFields", __base__=ConfigSectio
 
     @model_validator(mode="after")
     def _valid(self):
-        _spec_error(lambda: self.settings("retrieval"))
+        for method in SCORERS:
+            _spec_error(lambda method=method: self.scorer_options(method))
         return self
 
-    def settings(self, method: str) -> ScoreSettings:
-        return ScoreSettings(objective="lm", method=method, **{k: getattr(self, k) for k in SCORE_FIELDS})
+    def scorer_options(self, method: str):
+        """``method``'s options object (its ``Scorer.options``), checked."""
+        return get_scorer(method).options_of({k: getattr(self, k) for k in OPTIONS[method]})
 
-    def options(self) -> dict:
-        return {k: getattr(self, k) for k in SCORE_FIELDS}
+    def options(self, method: str) -> dict:
+        """``method``'s options as a score job's ``options`` parameter (field -> value)."""
+        return asdict(self.scorer_options(method))
 
 
 def _fractions(v):
@@ -228,7 +243,7 @@ class AblationSettings(ConfigSection):
     mask: Literal["remove", "reference"] = "remove"
     theirs: bool = True
     length: int | None = None
-    max_new_tokens: int = Field(16, ge=1, le=10_000)
+    max_new_tokens: int = Field(16, **MAX_NEW_TOKENS_RANGE.limits())
 
     @field_validator("units")
     @classmethod
@@ -272,7 +287,7 @@ class BudgetSettings(ConfigSection):
     kinds: tuple[str, ...] = BUDGET_KINDS
     random_draws: int = Field(1, ge=1, le=DRAWS.high)
     dtype: str = _BUDGET["dtype"]
-    max_new_tokens: int = Field(16, ge=1, le=10_000)
+    max_new_tokens: int = Field(16, **MAX_NEW_TOKENS_RANGE.limits())
     lm_texts: int = Field(4, ge=1, le=10_000)
     lm_split: Split = "validation"
 
@@ -382,17 +397,10 @@ class RetrievalConfig(StudyConfig, RetrievalSettings):
 # =============================================================================================
 # job parameters
 # =============================================================================================
-class NiahParams(ConfigSection):
-    """One generated task: [`NiahSpec`][headcount.data.tasks.niah.NiahSpec]'s fields and the split."""
+class NiahParams(create_model("NiahSpecParams", __base__=ConfigSection,
+                              **{n: (kind, ...) for n, (kind, _) in fields_of(NiahSpec, NIAH_FIELDS).items()})):
+    """One generated task: [`NiahSpec`][headcount.data.tasks.niah.NiahSpec]'s fields (every one given) and the split."""
 
-    needle: str
-    template: str
-    lengths: tuple[int, ...]
-    depths: tuple[float, ...]
-    examples: int
-    digits: int | None
-    seed: int
-    haystack: str
     split: Split
 
     def spec(self) -> NiahSpec:
@@ -479,7 +487,7 @@ class CurveParams(ConfigSection):
     lm_seed: int
 
 
-__all__ = ["BUDGET_KINDS", "SCORERS", "SCORE_FIELDS", "UNITS", "AblationParams", "AblationSettings", "BudgetParams",
+__all__ = ["BUDGET_KINDS", "NIAH_FIELDS", "OPTIONS", "SCORERS", "UNITS", "AblationParams", "AblationSettings", "BudgetParams",
            "BudgetSettings", "CurveParams", "HeldOutSettings", "NiahParams", "NiahSettings", "PoolParams",
            "RetrievalConfig", "RetrievalSettings", "ScoreParams", "ScoringSettings", "StabilityParams",
            "StabilitySettings"]

@@ -118,9 +118,7 @@ def retrieval_jobs(settings: RetrievalSettings, prefix: str = "") -> list[Job]:
     runs: dict[str, dict[str, Job]] = {"retrieval": {}, "long-range": {}}
     meta: dict[str, dict] = {}
     for method, done in runs.items():
-        options = {k: v for k, v in sc.options().items()
-                   if k in (("max_new_tokens", "success", "stop", "rouge", "copies") if method == "retrieval"
-                            else ("sink", "window", "kv_reduce"))}
+        options = sc.options(method)  # the fields of the scorer's options class
         for template in s.templates:
             for seed in s.seeds:
                 niah = {**s.niah.spec(seed, template), "split": s.niah.split}
