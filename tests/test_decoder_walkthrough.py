@@ -25,6 +25,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from cli_helpers import run_cli
+from page_helpers import code_blocks
 from gguf_files import write_gguf
 from niah_helpers import SENTENCES, save_niah_checkpoint
 
@@ -56,15 +57,6 @@ STEPS = ["info offline-decoder", "file niah.yaml", "score runs/retrieval", "kv-b
 BUDGET_LINE = re.compile(r"wrote runs/budget/budget\.json: \d+ of (\d+) KV heads keep the full cache, \d+ stream "
                          r"\(sink \d+ \+ window \d+\); KV cache at [\d,]+ tokens [\d,]+ of [\d,]+ bytes "
                          r"\(\d\.\d{3}, target 0\.5\)")
-
-
-def code_blocks(text: str) -> list[tuple[str, str, str]]:
-    """``(language, title, body)`` of each fenced block, in order."""
-    out = []
-    for m in re.finditer(r"^```(\w*)([^\n]*)\n(.*?)^```\s*$", text, flags=re.M | re.S):
-        title = re.search(r'title="([^"]+)"', m.group(2))
-        out.append((m.group(1), title.group(1) if title else "", m.group(3)))
-    return out
 
 
 def commands(body: str) -> list[str]:

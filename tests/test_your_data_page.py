@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from cli_helpers import run_cli
+from page_helpers import code_blocks
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "your-data.md"
 #: appended to the page's commands (a later option wins): the page's settings, on a smaller budget
@@ -31,15 +32,6 @@ POSITIVE = ["a warm, funny film", "great acting and a moving story", "I loved ev
             "a delight from start to finish", "sharp, kind and very funny", "the best film of the year"]
 NEGATIVE = ["a dull, lifeless film", "the plot makes no sense", "I was bored throughout",
             "badly acted and far too long", "a waste of two hours", "the worst script in years"]
-
-
-def code_blocks(text: str) -> list[tuple[str, str, str]]:
-    """``(language, title, body)`` of each fenced block, in order."""
-    out = []
-    for m in re.finditer(r"^```(\w*)([^\n]*)\n(.*?)^```\s*$", text, flags=re.M | re.S):
-        title = re.search(r'title="([^"]+)"', m.group(2))
-        out.append((m.group(1), title.group(1) if title else "", m.group(3)))
-    return out
 
 
 def _csv(path: Path) -> None:
