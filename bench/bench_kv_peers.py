@@ -54,6 +54,11 @@ import numpy as np
 import torch
 
 HC_METHODS = ("hc-retrieval", "hc-long-range", "hc-uniform", "hc-random")
+#: headcount's budgets with the streaming heads prefilled with full attention and evicted after
+#: (``apply_kv_budget(..., prefill="full")``, as kvpress and DuoAttention's inference prefill); the
+#: names above use the default masked prefill
+FULL_PREFILL = "+full-prefill"
+HC_FULL_PREFILL = tuple(m + FULL_PREFILL for m in HC_METHODS)
 KVPRESS_METHODS = ("streaming-llm", "snapkv", "expected-attention", "knorm", "tova", "pyramidkv", "adakv-snapkv",
                    "duo-attention")
 QUICK_PRESSES = ("streaming-llm", "snapkv")
@@ -228,7 +233,7 @@ def _dynamic_bytes(cache) -> int:
                if isinstance(t, torch.Tensor))
 
 
-def run_hc(model, budget, p: dict, max_new_tokens: int, stops: set) -> dict:
+def run_hc(model, budget, p: dict, max_new_tokens: int, stops: set, prefill: str = "masked") -> dict:
     """One prompt under ``budget`` (None: the full ``DynamicCache``): as the kvpress side, the context
     then the question, greedy decoding, then the answer's teacher-forced loss from the prefill's state."""
     import contextlib
@@ -241,7 +246,8 @@ def run_hc(model, budget, p: dict, max_new_tokens: int, stops: set) -> dict:
     question = torch.tensor([p["question_ids"]], dtype=torch.long)
     target = list(p["target_ids"])
     n_prompt = context.shape[1] + question.shape[1]
-    with torch.no_grad(), (apply_kv_budget(model, budget) if budget is not None else contextlib.nullcontext()) as bc:
+    with torch.no_grad(), (apply_kv_budget(model, budget, prefill=prefill) if budget is not None
+                           else contextlib.nullcontext()) as bc:
         cache = bc if budget is not None else transformers.DynamicCache(config=model.config)
         start = time.perf_counter()
         model(input_ids=context, cache=cache, use_cache=True, logits_to_keep=1)
@@ -278,7 +284,7 @@ def headcount_side(model, plan: list, prompts: list, out: Path, args, stops: set
             if not (out / "results" / f"{name}@{kept:g}" / f"{p['id']}.json").is_file()]
     print(f"headcount side: {len(todo)} runs to do", file=sys.stderr)
     for i, (name, kept, b, p) in enumerate(todo):
-        r = run_hc(model, b, p, args.max_new_tokens, stops)
+        r = run_hc(model, b, p, args.max_new_tokens, stops, "full" if name.endswith(FULL_PREFILL) else "masked")
         write_json(out / "results" / f"{name}@{kept:g}" / f"{p['id']}.json",
                    {"method": name, "kept": kept, "prompt": p["id"], **r})
         print(f"[{i + 1}/{len(todo)}] {name}@{kept:g} prompt {p['id']}: {r['prefill_s'] + r['decode_s']:.1f} s",
@@ -380,7 +386,8 @@ def parse(argv):
     ap.add_argument("--window", type=int, default=None, help="streaming heads' window (default 256; quick: 60)")
     ap.add_argument("--max-new-tokens", type=int, default=10)
     ap.add_argument("--methods", default=None,
-                    help=f"comma-separated: full, {', '.join(HC_METHODS)}, kvpress-none and kvpress-PRESS for PRESS in "
+                    help=f"comma-separated: full, {', '.join(HC_METHODS)} (each also as NAME{FULL_PREFILL}: "
+                         "streaming heads prefilled with full attention, then evicted), kvpress-none and kvpress-PRESS for PRESS in "
                          f"{', '.join(KVPRESS_METHODS)} (default: all; quick: full, hc-retrieval, hc-uniform, "
                          f"kvpress-none, kvpress-streaming-llm, kvpress-snapkv)")
     ap.add_argument("--require-full", type=float, default=0.5,
@@ -398,7 +405,8 @@ def parse(argv):
     a.kept = sorted({float(k) for k in a.kept.split(",")}, reverse=True)
     if a.methods is None:
         a.methods = (["full", "hc-retrieval", "hc-uniform", "kvpress-none", *(f"kvpress-{m}" for m in QUICK_PRESSES)]
-                     if q else ["full", *HC_METHODS, "kvpress-none", *(f"kvpress-{m}" for m in KVPRESS_METHODS)])
+                     if q else ["full", *HC_METHODS, *HC_FULL_PREFILL, "kvpress-none",
+                                *(f"kvpress-{m}" for m in KVPRESS_METHODS)])
     else:
         a.methods = [m.strip() for m in a.methods.split(",") if m.strip()]
     return a
@@ -407,7 +415,7 @@ def parse(argv):
 def check_args(a) -> None:
     from headcount.runtime.errors import HeadcountError
 
-    known = {"full", *HC_METHODS, "kvpress-none", *(f"kvpress-{m}" for m in KVPRESS_METHODS)}
+    known = {"full", *HC_METHODS, *HC_FULL_PREFILL, "kvpress-none", *(f"kvpress-{m}" for m in KVPRESS_METHODS)}
     bad = [m for m in a.methods if m not in known]
     if bad:
         raise HeadcountError(f"--methods: unknown {bad[0]!r}; methods: {', '.join(sorted(known))}")
@@ -463,7 +471,7 @@ def run(a) -> int:
         prompts = make_prompts(task, tokenizer, a)
         doc = {"format": "headcount.kv-peers-prompts", "version": 1, "model_dir": str(folder), "length": a.length,
                "max_new_tokens": a.max_new_tokens, "stop_ids": sorted(stops), "kept": a.kept, "prompts": prompts}
-    need_scores = any(m in a.methods for m in (*HC_METHODS, "kvpress-duo-attention"))
+    need_scores = any(m in a.methods for m in (*HC_METHODS, *HC_FULL_PREFILL, "kvpress-duo-attention"))
     plan = [("full", 1.0, None)] if "full" in a.methods else []
     if need_scores:
         retrieval = scores_of("retrieval", model, tokenizer, a, out)
@@ -477,7 +485,8 @@ def run(a) -> int:
                       "by_kept": {f"{k:g}": {"n_streaming": n_kv - made[("hc-retrieval", k)].n_full,
                                              "head_compression_ratio": (n_kv - made[("hc-retrieval", k)].n_full) / n_kv}
                                   for k in a.kept}}
-        plan += [(name, kept, made[(name, kept)]) for name in HC_METHODS if name in a.methods for kept in a.kept]
+        plan += [(name + rule, kept, made[(name, kept)]) for rule in ("", FULL_PREFILL) for name in HC_METHODS
+                 if name + rule in a.methods for kept in a.kept]
     write_json(prompts_path, doc)
     prompts = doc["prompts"]
 

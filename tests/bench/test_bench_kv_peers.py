@@ -114,3 +114,18 @@ def test_kvpress_half_on_the_same_ids(setup):
     # DuoAttention streams as many KV heads as headcount's retrieval budget: fewer attended at 0.25
     assert float(rows[("kvpress-duo-attention", 0.25)]["kept_attended"]) < \
         float(rows[("kvpress-duo-attention", 0.5)]["kept_attended"])
+
+
+def test_a_budget_with_full_prefill_holds_the_same_bytes(setup):
+    """``NAME+full-prefill``: the same budget, its streaming heads prefilled with full attention and
+    evicted after (as kvpress prefills): the same measured bytes, another run of the prompts."""
+    root, model, task = setup
+    out = root / "prefill"
+    done = bench(*TINY, "--methods", "full,hc-uniform,hc-uniform+full-prefill", "--model", str(model), "--task",
+                 str(task), "--out", str(out), env={"HEADCOUNT_KVPRESS": str(root / "no-kvpress")})
+    assert done.returncode == 0, done.stderr
+    rows = rows_of(out)
+    for kept in (0.5, 0.25):
+        masked, full = rows[("hc-uniform", kept)], rows[("hc-uniform+full-prefill", kept)]
+        assert full["kept_measured"] == masked["kept_measured"] and full["side"] == "headcount"
+        assert int(full["n"]) == 3
