@@ -136,3 +136,20 @@ def test_full_prefill_keeps_the_budgets_bytes_and_is_recorded(setup, evaluated, 
     assert list(full["method"]) == list(masked["method"])
     assert list(full["kv_bytes"]) == list(masked["kv_bytes"])
     assert Record.read(tmp_path / "full").identity != Record.read(masked_out).identity
+
+
+def test_a_generated_tasks_prompts_fill_the_budgets_context(setup, evaluated, capsys, tmp_path):
+    """Without --context the budget's context sets a generated task's prompt length (context -
+    max-new-tokens), as with --context: prompts of the task's own 30 tokens would leave the uniform
+    window nothing to evict. Seen in the full cache's bytes when its generation ended."""
+    from niah_helpers import write_niah_task
+
+    root, model, _ = setup
+    short = write_niah_task(tmp_path / "short", lengths=[30], examples=3)
+    code, stdout, err = run_cli(capsys, "kv-eval", "--model", model, "--budget", root / "budget" / "budget.json",
+                                "--task", short, "--lm-texts", "1", "--max-new-tokens", "4", "--no-random",
+                                "--out", tmp_path / "o")
+    assert code == 0, err
+    full = pd.read_csv(tmp_path / "o" / "kv-eval.csv").set_index("method").loc["full"]
+    tokens = full["kv_bytes_end"] / (SLOT * KV * LAYERS)
+    assert 40 < tokens <= CONTEXT, tokens

@@ -149,14 +149,14 @@ def kv_eval(
     if not isinstance(t, NiahTask):
         raise HeadcountError(f"kv-eval needs a needle-in-a-haystack task (kind niah), {task} is a {t.kind} task")
     spec = t.source.spec if not t.source.files else None
-    if context is not None and spec is not None:
+    context = int(budget.meta.get("bytes", {}).get("context", 0)) if context is None else context
+    if context < 1:
+        raise HeadcountError(f"{budget_path} states no context (bytes.context): give --context")
+    if spec is not None:  # a generated task: prompt + answer fill the context, given or the budget's
         if context - max_new_tokens < 16:
             raise HeadcountError(f"--context {context} leaves prompts of {context - max_new_tokens} tokens after "
                                  f"--max-new-tokens {max_new_tokens}; a niah prompt takes at least 16")
         t = niah_task(t.name, replace(spec, lengths=(context - max_new_tokens,)), t.description, base=t.source.base)
-    context = int(budget.meta.get("bytes", {}).get("context", 0)) if context is None else context
-    if context < 1:
-        raise HeadcountError(f"{budget_path} states no context (bytes.context): give --context")
     split = t.validation_split if split is None else split
     rt = resolve_runtime(device, precision)
     dtype = str(budget.meta.get("bytes", {}).get("dtype", "float32"))
