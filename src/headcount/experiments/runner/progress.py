@@ -6,6 +6,7 @@ lines, a job's own steps at most every ``headcount.runtime.progress.PLAIN_EVERY_
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from rich.console import Console
@@ -56,14 +57,18 @@ def estimate_seconds(pending: list[str], timed: list[tuple[str, float]]) -> floa
     return sum(sum(by_kind[k]) / len(by_kind[k]) if k in by_kind else overall for k in pending)
 
 
-def estimate_line(pending: list[str], timed: list[tuple[str, float]]) -> str:
-    """``estimate: about 3m05s (an estimate: the mean time of each kind's 4 finished jobs of this run)``.
+def estimate_line(pending: list[str], timed: list[tuple[str, float]], fresh: str | None = None) -> str:
+    """``estimate: about 3m05s (an estimate: the mean time of each kind's 4 finished jobs of this run)``;
+    before any job of the run finished, ``fresh`` when given (the line of
+    [`plan_estimate`][headcount.experiments.runner.estimate.plan_estimate]): finished jobs' times win.
 
     >>> estimate_line(["score"], [])
     'estimate: none yet (no job of this run has finished; each done line then gives an ETA)'
     """
     left = estimate_seconds(pending, timed)
     if left is None:
+        if fresh:
+            return fresh
         return "estimate: none yet (no job of this run has finished; each done line then gives an ETA)"
     n = len(timed)
     return (f"estimate: about {duration(left)} (an estimate: the mean time per kind of the {n} finished "
@@ -85,7 +90,7 @@ class Reporter:
 
     def __init__(self, total: int, reused: int = 0, quiet: bool = False, console=None,
                  pending: list[Job] | None = None, timed: list[tuple[str, float]] | None = None,
-                 clock=time.monotonic):
+                 clock=time.monotonic, fresh: Callable[[], str] | None = None):
         self.total = total
         self.reused = reused
         self.quiet = quiet
@@ -93,6 +98,8 @@ class Reporter:
         #: the kinds of the jobs still to run, and (kind, seconds) of the finished ones of this run
         self._pending = [j.kind for j in pending] if pending is not None else None
         self._timed = list(timed or [])
+        #: the fresh-run estimate's line, computed only when printed (not quiet, nothing timed yet)
+        self._fresh = fresh
         self._done = 0
         self._clock = clock
         self._plain = False  # not a terminal: steps as rate-limited lines
@@ -109,7 +116,8 @@ class Reporter:
         self._plain = not console.is_terminal
         if self._pending is not None and self.total:
             console.print(plan_line(self._pending, self.reused), highlight=False, soft_wrap=True)
-            console.print(estimate_line(self._pending, self._timed), highlight=False, soft_wrap=True)
+            fresh = self._fresh() if self._fresh is not None and not self._timed else None
+            console.print(estimate_line(self._pending, self._timed, fresh), highlight=False, soft_wrap=True)
         if self.total == 0:
             if self.reused:
                 console.print(f"[dim]all {self.reused} job(s) already finished: nothing to run[/dim]")

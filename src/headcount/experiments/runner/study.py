@@ -164,6 +164,22 @@ def _new_manifest(loaded: LoadedConfig, now: str, previous: str | None = None) -
     return manifest
 
 
+def _fresh_estimate(exe: Executor, pending: list):
+    """The fresh-run estimate's line for ``pending``, computed when the Reporter prints it: the matmul
+    probe runs on the local executor's first device (the jobs' own); elsewhere (a Ray cluster's
+    workers) this process's speed says nothing, so None."""
+    if exe.name != "local":
+        return None
+
+    def line() -> str:
+        from headcount.experiments.runner.estimate import plan_estimate
+        from headcount.runtime.device import pool_devices
+
+        return plan_estimate(pending, device=pool_devices(exe.device)[0])
+
+    return line
+
+
 def run_study(
     config,
     out: str | os.PathLike,
@@ -280,7 +296,7 @@ def run_study(
         timed = [(j.kind, store.load(j.key, j.name).meta.get("seconds", 0.0)) for j in plan
                  if store.is_done(j.key)]  # finished jobs of this run: the estimate of the rest
         with Reporter(len(pending), reused=summary.reused, quiet=quiet, console=console, pending=pending,
-                      timed=timed) as reporter:
+                      timed=timed, fresh=_fresh_estimate(exe, pending)) as reporter:
             if cleaned:
                 reporter.print(f"[dim]removed {cleaned} unfinished job director{'y' if cleaned == 1 else 'ies'} "
                                "of an interrupted run[/dim]")
