@@ -168,7 +168,9 @@ def test_the_walkthrough_runs_as_written(tmp_path, monkeypatch, capsys):
     assert rows.loc["budget", "kv_bytes"] == budget.kv_bytes(72) < rows.loc["full", "kv_bytes"]
     assert (runs / "kv-eval" / "kv-eval.png").read_bytes()[:4] == b"\x89PNG"
     header = printed["kv-eval runs/kv-eval"].splitlines()[0]
-    assert any(b.strip() == header.strip() for b in shown), (header, shown)
+    table = next((b.splitlines() for b in shown if b.startswith("method ")), None)
+    assert table and table[0].strip() == header.strip(), (header, shown)  # the page's table has the printed header
+    assert [row.split()[0] for row in table[1:]] == list(rows.index)  # and its rows the methods, in order
 
     # (c) the pruning's mask is in KV groups; the LM scores have one per group; the even cut
     # removes as many groups in every layer; the export is plain and equals the shrunk checkpoint
