@@ -69,8 +69,13 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     return atomic_write_bytes(path, text.encode("utf-8"))
 
 
+def json_bytes(obj) -> bytes:
+    """How headcount writes a JSON file: indented, keys in their order, a final newline."""
+    return (json.dumps(obj, indent=2, sort_keys=False) + "\n").encode("utf-8")
+
+
 def atomic_write_json(path: str | os.PathLike, obj) -> Path:
-    return atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
+    return atomic_write_bytes(path, json_bytes(obj))
 
 
 @contextmanager

@@ -14,7 +14,7 @@ from pathlib import Path
 from headcount.runtime.atomic import TMP_PREFIX, _entries_under, _usual_mode, atomic_write_bytes, tmp_prefix
 from headcount.runtime.errors import HeadcountError
 from headcount.runtime.launch import refuse_launcher
-from headcount.runtime.lock import first_missing, lock_file, lock_session, remove_created, unlock_file
+from headcount.runtime.lock import first_missing, lock_file, lock_or_undo, lock_session, remove_created, unlock_file
 from headcount.runtime.record import (
     LOCK_NAME,
     RECORD,
@@ -287,6 +287,43 @@ def check_out_path(out, option: str = "--out") -> Path:
     return path
 
 
+def _take(path: Path, out, command: str, identity, outputs, force: bool, direct: bool):
+    """``prepare_out``'s check of the locked ``--out`` (see there): ``(record, the record file's bytes
+    as found or None, whether headcount had no record there, the --force notice or None)``."""
+    rec = Record.read(path)
+    record_bytes = (path / RECORD).read_bytes() if rec is not None else None
+    if rec is None:
+        first = first_foreign(path)
+        if first is not None:
+            raise HeadcountError(f"--out {out} is not empty and headcount has no record of it (it holds {first}); "
+                                 "choose a new or empty directory")
+    elif rec.command != command:
+        raise HeadcountError(f"--out {out} holds the output of `headcount {rec.command}`; "
+                             f"choose another directory for `headcount {command}`")
+    entries = sorted(p.name for p in path.iterdir() if p.name not in (RECORD, LOCK_NAME))
+    notice = None
+    if rec is not None:
+        refuse_foreign(out, rec.in_the_way([e for e in entries if matches(e, outputs)]))
+        ours = [e for e in entries if e in rec.files]
+        if identity is not None and ours and rec.identity != identity:
+            what = ", ".join(_differences(rec.identity, identity))
+            if not force:
+                raise HeadcountError(f"--out {out} holds a different `headcount {command}` run (different "
+                                     f"{what}); use another --out, or --force to replace its files")
+            notice = f"--force: replacing the earlier {command} run in {out} (different {what}): {', '.join(ours)}"
+        # in the folders the record lists, sealed or only claimed (a killed direct writer's checkpoints/)
+        rec.clean_tmp(["", *(n for n, s in rec.files.items() if (s.get("kind") == "dir" if s else "/" not in n)
+                             and (path / n).is_dir() and not (path / n).is_symlink())])
+    claimed = rec is None
+    if rec is None:
+        rec = Record(path, command)
+    rec.join_session()  # before any temporary file of this process is made here
+    if direct:
+        rec.claim(o for o in outputs if not any(c in o for c in "*?["))
+    rec.write()
+    return rec, record_bytes, claimed, notice
+
+
 def prepare_out(out, command: str, *, identity=None, outputs=(), force: bool = False, echo=None,
                 distributed: bool = False, direct: bool = False) -> OutDir:
     """Check, create, lock and record a command's ``--out``; returns an [`OutDir`][headcount.runtime.io.OutDir].
@@ -326,46 +363,8 @@ def prepare_out(out, command: str, *, identity=None, outputs=(), force: bool = F
         raise HeadcountError(f"cannot create --out {out}: {e.strerror}") from None
     if not os.access(path, os.W_OK | os.X_OK):
         raise HeadcountError(f"--out {out} is not writable")
-    had_lock = os.path.lexists(path / LOCK_NAME)
-    fd = lock_file(path, f"headcount {command}")
-    try:
-        rec = Record.read(path)
-        record_bytes = (path / RECORD).read_bytes() if rec is not None else None
-        if rec is None:
-            first = first_foreign(path)
-            if first is not None:
-                raise HeadcountError(f"--out {out} is not empty and headcount has no record of it (it holds {first}); "
-                                     "choose a new or empty directory")
-        elif rec.command != command:
-            raise HeadcountError(f"--out {out} holds the output of `headcount {rec.command}`; "
-                                 f"choose another directory for `headcount {command}`")
-        entries = sorted(p.name for p in path.iterdir() if p.name not in (RECORD, LOCK_NAME))
-        notice = None
-        if rec is not None:
-            refuse_foreign(out, rec.in_the_way([e for e in entries if matches(e, outputs)]))
-            ours = [e for e in entries if e in rec.files]
-            if identity is not None and ours and rec.identity != identity:
-                what = ", ".join(_differences(rec.identity, identity))
-                if not force:
-                    raise HeadcountError(f"--out {out} holds a different `headcount {command}` run (different "
-                                         f"{what}); use another --out, or --force to replace its files")
-                notice = f"--force: replacing the earlier {command} run in {out} (different {what}): {', '.join(ours)}"
-            # in the folders the record lists, sealed or only claimed (a killed direct writer's checkpoints/)
-            rec.clean_tmp(["", *(n for n, s in rec.files.items() if (s.get("kind") == "dir" if s else "/" not in n)
-                                 and (path / n).is_dir() and not (path / n).is_symlink())])
-        claimed = rec is None
-        if rec is None:
-            rec = Record(path, command)
-        rec.join_session()  # before any temporary file of this process is made here
-        if direct:
-            rec.claim(o for o in outputs if not any(c in o for c in "*?["))
-        rec.write()
-    except BaseException:
-        if not had_lock:  # a refused directory is left exactly as it was
-            (path / LOCK_NAME).unlink(missing_ok=True)
-        unlock_file(fd)
-        remove_created(path, created)
-        raise
+    fd, (rec, record_bytes, claimed, notice) = lock_or_undo(
+        path, command, created, lambda: _take(path, out, command, identity, outputs, force, direct))
     ACTIVE_OUTS.append(path)
     before = {p.name for p in path.iterdir()}
     guard = OutDir(path, rec, outputs, fd, before, identity=identity, created=created, claimed=claimed, notice=notice,

@@ -188,6 +188,27 @@ def remove_created(path: Path, created: Path | None) -> None:
             return
 
 
+def lock_or_undo(path: Path, command: str, created: Path | None, take):
+    """Lock the folder ``path`` for ``headcount <command>`` and return ``(fd, take())``: ``take``
+    reads and checks the folder's record under the lock. A refusal (any exception, Ctrl-C included)
+    leaves the folder as it was: no lock file unless one was there, none of the folders this run
+    made (``created``: [`first_missing`][headcount.runtime.lock.first_missing] before making them)."""
+    had_lock = os.path.lexists(Path(path) / LOCK_NAME)
+    try:
+        fd = lock_file(path, f"headcount {command}")
+    except BaseException:
+        remove_created(path, created)
+        raise
+    try:
+        return fd, take()
+    except BaseException:
+        if not had_lock:
+            (Path(path) / LOCK_NAME).unlink(missing_ok=True)
+        unlock_file(fd)
+        remove_created(path, created)
+        raise
+
+
 def unlock_file(fd: int | None) -> None:
     if fd is None:
         return
@@ -201,4 +222,4 @@ def unlock_file(fd: int | None) -> None:
         os.close(fd)
 
 
-__all__ = ["lock_file", "lock_holder", "lock_session", "unlock_file", "first_missing", "remove_created"]
+__all__ = ["lock_file", "lock_or_undo", "lock_holder", "lock_session", "unlock_file", "first_missing", "remove_created"]

@@ -9,8 +9,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from headcount.runtime.errors import HeadcountError
-from headcount.runtime.lock import first_missing, lock_file, remove_created, unlock_file
-from headcount.runtime.record import LOCK_NAME, Record, refuse_foreign, stamp
+from headcount.runtime.lock import first_missing, lock_or_undo, unlock_file
+from headcount.runtime.record import Record, refuse_foreign, stamp
 
 
 @contextmanager
@@ -36,20 +36,7 @@ def owned_folder(root: Path, command: str, names: dict[str, Callable[[Path], boo
         root.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise HeadcountError(f"cannot create {what} {root}: {e.strerror or e}") from None
-    had_lock = os.path.lexists(root / LOCK_NAME)
-    try:
-        fd = lock_file(root, f"headcount {command}")
-    except HeadcountError:
-        remove_created(root, created)
-        raise
-    try:
-        rec = _take(root, command, names, subdirs, what)
-    except BaseException:
-        if not had_lock:
-            (root / LOCK_NAME).unlink(missing_ok=True)
-        unlock_file(fd)
-        remove_created(root, created)
-        raise
+    fd, rec = lock_or_undo(root, command, created, lambda: _take(root, command, names, subdirs, what))
     try:
         rec.join_session()  # before this process makes temporary files here
         rec.claim(names, rewrite=True)  # checked: each is absent, headcount's, or adopted

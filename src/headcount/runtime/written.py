@@ -12,11 +12,11 @@ imports it.)
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
-from headcount.runtime.atomic import _entries_under, atomic_write_json, remove_empty_dirs
+from headcount.runtime.atomic import _entries_under, atomic_write_bytes, atomic_write_json, json_bytes, remove_empty_dirs
 from headcount.runtime.errors import HeadcountError
+from headcount.runtime.jsonfile import parse_json
 from headcount.runtime.record import linked_parent, refuse_foreign, stamp
 
 #: the open guards of direct writers (finetune, magnitude): what [`record_written`][headcount.runtime.written.record_written] and
@@ -101,48 +101,65 @@ def _owned_now(guard, rel: str) -> bool:
     return rec.owns(rel)
 
 
-def write_listed_json(path: Path, obj) -> None:
-    """Write a JSON file a direct writer rewrites as it runs (``evaluations.json``) and list its
-    stamp in the record after each write: a file found there that is not headcount's (the user's,
-    or changed since headcount wrote it) is refused, never written over. Outside a guard: a plain
-    atomic write."""
+def write_in_record(folder: Path, rec, rel: str, data: bytes, *, owned=None, what: str = "--out") -> Path:
+    """Write ``folder/<rel>`` atomically, listed in ``folder``'s record ``rec`` (None: a plain atomic
+    write). A file there that is not headcount's now (``owned``, default ``rec.owns``: the user's, or
+    changed since headcount wrote it) is refused with one line naming it (``what``: the folder, in
+    words), never written over. The stamp is claimed before the write and sealed after it: a kill
+    between the two leaves the file headcount's."""
+    path = Path(folder) / rel
+    if rec is not None:
+        owned = owned or rec.owns
+        if os.path.lexists(path) and not (owned(rel) and path.is_file() and not path.is_symlink()):
+            refuse_foreign(folder, [rel], what=what)
+        rec.claim([rel], rewrite=True)
+        rec.write()
+    atomic_write_bytes(path, data)
+    if rec is not None:
+        rec.seal([rel])
+        rec.write()
+    return path
 
-    path = Path(path)
+
+def remove_in_record(folder: Path, rec, rel: str, *, owned=None, refuse: bool = False, what: str = "--out") -> None:
+    """Remove ``folder/<rel>`` only while ``rec`` says, now, that it is headcount's (``owned``, default
+    ``rec.owns``), and drop it from the record. Any other file stays: with ``refuse`` the run is
+    refused with one line naming it (the run would write that name again). ``rec`` None: nothing."""
+    if rec is None:
+        return
+    path = Path(folder) / rel
+    if os.path.lexists(path):
+        if (owned or rec.owns)(rel) and path.is_file() and not path.is_symlink():
+            path.unlink()
+        elif refuse:
+            refuse_foreign(folder, [rel], what=what)
+    if rel in rec.files:
+        rec.forget(rel)
+        rec.write()
+
+
+def write_listed_json(path: Path, obj) -> None:
+    """Write a JSON file a direct writer rewrites as it runs (``evaluations.json``), listed in its
+    ``--out``'s record after each write ([`write_in_record`][headcount.runtime.written.write_in_record]).
+    Outside a guard: a plain atomic write."""
     found = _guard_of(path)
     if found is None:
-        atomic_write_json(path, obj)
+        atomic_write_bytes(path, json_bytes(obj))
         return
     guard, rel = found
-    rec = guard.record
-    if os.path.lexists(path) and not (_owned_now(guard, rel) and path.is_file() and not path.is_symlink()):
-        refuse_foreign(guard.path, [rel])
-    rec.claim([rel], rewrite=True)  # a kill between the write and the stamp leaves it headcount's
-    rec.write()
-    atomic_write_json(path, obj)
-    rec.seal([rel])
-    rec.write()
+    write_in_record(guard.path, guard.record, rel, json_bytes(obj), owned=lambda r: _owned_now(guard, r))
 
 
 def remove_listed(path: Path, refuse: bool = True) -> None:
     """Remove one file of a direct writer's ``--out`` only while the record says, now, that it is
-    headcount's. A file that is not (the user's, saved since the run began or changed since
-    headcount wrote it) stays: with ``refuse`` the run is refused with one line naming it (the
-    run would write that name again), otherwise it is only dropped from the record. Outside a
-    guard the caller's own file goes."""
-    path = Path(path)
+    headcount's ([`remove_in_record`][headcount.runtime.written.remove_in_record]; with ``refuse`` a
+    user's file there refuses the run, otherwise it stays). Outside a guard the caller's own file goes."""
     found = _guard_of(path)
     if found is None:
-        path.unlink(missing_ok=True)
+        Path(path).unlink(missing_ok=True)
         return
     guard, rel = found
-    rec = guard.record
-    if os.path.lexists(path):
-        if _owned_now(guard, rel) and path.is_file() and not path.is_symlink():
-            path.unlink()
-        elif refuse:
-            refuse_foreign(guard.path, [rel])
-    rec.forget(rel)
-    rec.write()
+    remove_in_record(guard.path, guard.record, rel, owned=lambda r: _owned_now(guard, r), refuse=refuse)
 
 
 def claim_under(folder: Path, names) -> None:
@@ -203,24 +220,33 @@ def move_listed(src: Path, dst: Path, last: tuple[str, ...] = ()) -> list[str]:
     return files
 
 
-def claim_run(folder: Path, identity: dict, name: str, what: str = "run", write: bool = True) -> None:
+def claim_run(folder: Path, identity: dict, name: str, what: str = "run", write: bool = True,
+              unreadable_is_fresh: bool = False) -> dict | None:
     """The resuming direct writers' claim on their folder: refuse it when its identity file ``name``
-    (``magnitude_run.json``) holds another run, naming the settings that differ; otherwise, with
-    ``write``, write ``identity`` there (the run is this folder's now; a finished or killed run of the
-    same identity is resumed by the caller).
+    (``run.json``, ``magnitude_run.json``) holds another run, naming the settings that differ;
+    otherwise, with ``write`` and no identity there yet, write ``identity`` (the run is this folder's
+    now; a finished or killed run of the same identity is resumed by the caller). An unreadable file
+    is refused, or with ``unreadable_is_fresh`` (finetune's ``run.json``) read as none: a fresh
+    start that writes over it. Returns the identity found there (None: none).
 
     Raises:
         HeadcountError: the file is unreadable, or holds another identity.
     """
     path = Path(folder) / name
+    old = None
     if path.is_file():
         try:
-            old = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            raise HeadcountError(f"{path} is unreadable or corrupt; use another --out or delete it") from None
-        if old != identity:
-            diff = sorted(k for k in identity.keys() | old.keys() if old.get(k) != identity.get(k))
-            raise HeadcountError(f"{folder} holds a different {what} (different {', '.join(diff)}); "
-                                 "use another --out or delete it")
-    elif write:
+            old = parse_json(path.read_text(encoding="utf-8"), str(path))
+            if not isinstance(old, dict):
+                raise ValueError(name)
+        except (OSError, ValueError, HeadcountError):  # ValueError: not JSON, or not an object
+            if not unreadable_is_fresh:
+                raise HeadcountError(f"{path} is unreadable or corrupt; use another --out or delete it") from None
+            old = None
+    if old is not None and old != identity:
+        diff = sorted(k for k in identity.keys() | old.keys() if old.get(k) != identity.get(k))
+        raise HeadcountError(f"{folder} holds a different {what} (different {', '.join(diff)}); "
+                             "use another --out or delete it")
+    if write and old is None:
         atomic_write_json(path, identity)
+    return old

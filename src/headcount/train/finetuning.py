@@ -25,7 +25,7 @@ from headcount.importance.magnitude import (
 from headcount.runtime.atomic import atomic_dir, atomic_write_json
 from headcount.runtime.device import pad_multiple
 from headcount.runtime.errors import HeadcountError
-from headcount.runtime.written import claim_under, forget_under, owned_check, record_written, remove_listed
+from headcount.runtime.written import claim_run, claim_under, forget_under, owned_check, record_written, remove_listed
 from headcount.runtime.launch import launch_rank
 from headcount.train.config import MASK_MODES, TrainConfig
 from headcount.train.data import DynamicPadding, _as_task, _datasets
@@ -231,10 +231,7 @@ def finetune(model_spec: str, task, *, mask=None, mask_mode: str = "prune", weig
                          None if weight_mask is None else _digest(weight_mask))
 
     # -- a finished run, or one to resume? ------------------------------------------------------
-    previous = _read_json(out / "run.json")
-    if previous is not None and previous != identity:
-        diff = sorted(k for k in identity if previous.get(k) != identity.get(k))
-        raise HeadcountError(f"{out} holds a different run (different {', '.join(diff)}); use another --out or delete it")
+    previous = claim_run(out, identity, "run.json", write=False, unreadable_is_fresh=True)
     done = _read_json(out / "metrics.json")
     if previous == identity and done is not None and (out / "model" / "config.json").is_file():
         progress(f"{out} is finished: {task.metric} {done['final'].get('score', float('nan')):.4f}")
@@ -252,7 +249,8 @@ def finetune(model_spec: str, task, *, mask=None, mask_mode: str = "prune", weig
 
     train_ds, eval_ds = _datasets(task, tokenizer, config)
     if writer:
-        atomic_write_json(out / "run.json", identity)  # the inputs are checked: the folder is this run's now
+        # the inputs are checked: the folder is this run's now
+        claim_run(out, identity, "run.json", unreadable_is_fresh=True)
     if info.get("head_note"):
         progress(info["head_note"])
     args = _training_args(out, config, seed)

@@ -22,7 +22,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
-from headcount.runtime.atomic import atomic_write_bytes, atomic_write_json, remove_empty_dirs, tmp_session
+from headcount.runtime.atomic import atomic_write_json, remove_empty_dirs, tmp_session
 from headcount.runtime.errors import HeadcountError
 from headcount.runtime.jsonfile import parse_json
 from headcount.runtime.record import Record, describe, refuse_foreign, stamp
@@ -79,36 +79,6 @@ def clear_stale(root: Path, rec: Record | None, keys) -> None:
             refuse_foreign(root, left or [d.relative_to(root).as_posix()], what="the run directory")
     if changed:
         rec.write()
-
-
-def write_listed(root: Path, rec: Record | None, rel: str, data: bytes) -> Path:
-    """Write ``root/<rel>`` (a job's traceback or output under ``logs/``) atomically, listed in ``rec``.
-
-    Raises:
-        HeadcountError: a file of that name is there that ``rec`` does not list as headcount's
-            (the user's, or one changed since): it is never replaced.
-    """
-    path = Path(root) / rel
-    if rec is not None:
-        refuse_foreign(root, rec.in_the_way([rel]), what="the run directory")
-        rec.claim([rel], rewrite=True)  # a kill between the write and the seal leaves it headcount's
-        rec.write()
-    atomic_write_bytes(path, data)
-    if rec is not None:
-        rec.seal([rel])
-        rec.write()
-    return path
-
-
-def remove_listed(root: Path, rec: Record | None, rel: str) -> None:
-    """Remove ``root/<rel>`` when ``rec`` lists it as headcount's (unchanged since); any other file stays."""
-    if rec is None or rel not in rec.files:
-        return
-    path = Path(root) / rel
-    if rec.owns(rel) and path.is_file() and not path.is_symlink():
-        path.unlink()
-    rec.forget(rel)
-    rec.write()
 
 
 # -- a running job's own record ---------------------------------------------------------------------

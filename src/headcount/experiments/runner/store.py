@@ -50,16 +50,15 @@ from headcount.experiments.runner.jobfiles import (
     list_job_files,
     pack_dir,
     refuse_users_files,
-    remove_listed,
     unpack_files,
     users_files,
-    write_listed,
 )
 from headcount.experiments.runner.jobs import Job, JobResult, Plan, headcount_version
 from headcount.runtime.atomic import SESSION, atomic_write_json, tmp_prefix, tmp_session
 from headcount.runtime.errors import HeadcountError
 from headcount.runtime.io import ACTIVE_OUTS, first_missing, lock_file, remove_created, unlock_file
 from headcount.runtime.jsonfile import read_json as read_json_file
+from headcount.runtime.written import remove_in_record, write_in_record
 from headcount.runtime.launch import refuse_launcher
 from headcount.runtime.record import LOCK_NAME, Record, first_foreign, refuse_foreign
 
@@ -224,11 +223,11 @@ class RunStore:
 
     def write_log(self, rel: str, data: bytes) -> Path:
         """Write ``RUN/<rel>`` (a job's traceback or output under ``logs/``), listed in the record;
-        a file of that name the record does not list is refused (``jobfiles.write_listed``)."""
-        return write_listed(self.root, self.record, rel, data)
+        a file of that name the record does not list is refused (``written.write_in_record``)."""
+        return write_in_record(self.root, self.record, rel, data, what="the run directory")
 
     def _remove_log(self, rel: str) -> None:
-        remove_listed(self.root, self.record, rel)
+        remove_in_record(self.root, self.record, rel)  # a file the record does not list stays
 
     def clean_tmp(self) -> int:
         """Remove the temporary directories left by killed runs; returns how many. Call under the lock.
