@@ -70,7 +70,7 @@ def export_gguf_file(model_spec: str, out: Path, gguf_type: str, tolerance: floa
     typer.echo(f"wrote {out}: GGUF ({plan.arch}, {gguf_type}), {size / 1e6:.1f} MB, {len(plan.n_head)} layers; "
                f"query heads per layer {plan.n_head}, KV heads {plan.n_head_kv} ({kv} in all), MLP widths {plan.n_ff}"
                + (f"; removed MLPs written as width 1 of zeros (layers {plan.placeholder_mlps})" if plan.placeholder_mlps else "")
-               + (f"; layer 0's removed heads written as one head of zeros" if plan.placeholder_heads else ""))
+               + ("; layer 0's removed heads written as one head of zeros" if plan.placeholder_heads else ""))
     typer.echo(f"read back vs PyTorch: max abs diff {check['max_abs_diff']:.2e} (tolerance {tolerance:g})"
                + (f"; {gguf_type} rounding moves the logits by up to {check['type_diff']:.2e} "
                   f"(largest |logit| {check['scale']:.2f})" if gguf_type != "f32" else ""))
