@@ -165,38 +165,16 @@ def shape_of(model) -> dict:
             "head_dim": int(g.head_dim)}
 
 
-def kv_grid(doc: dict) -> np.ndarray:
-    """``[n_layers, n_kv]``: a scores file's per-KV-head scores (its ``kv_groups``, else the max over
-    each group's query heads: the budgets' rule)."""
-    from headcount.importance.scores import Scores
-    from headcount.kv.policies.scores import kv_scores
-
-    return np.asarray(kv_scores(Scores.from_dict(doc, torch.float64), int(doc["layout"]["n_kv_heads"]))[0],
-                      dtype=np.float64)
-
-
-def lexicographic(primary: np.ndarray, ties: np.ndarray | None) -> np.ndarray:
-    """Ranks (n for the first) ordering by ``primary`` (higher first), its ties by ``ties``, then by
-    position; NaN where ``primary`` is NaN: the retrieval study's ranking
-    (``headcount.experiments.studies.retrieval.jobs.lexicographic``). A retrieval grid is mostly 0."""
-    if ties is None:
-        ties = np.zeros_like(primary)
-    p, t = np.nan_to_num(primary.ravel(), nan=-np.inf), np.nan_to_num(ties.ravel(), nan=-np.inf)
-    order = np.lexsort((np.arange(p.size), -t, -p))  # the last key sorts first
-    ranks = np.empty(p.size)
-    ranks[order] = np.arange(p.size, 0, -1)
-    return np.where(np.isnan(primary), np.nan, ranks.reshape(primary.shape))
-
-
 def budgets(model, retrieval: dict, long_range: dict, args) -> tuple[dict, np.ndarray]:
     """``{(method, kept): KVBudget}`` and the retrieval ranking grid ``[n_layers, n_kv]`` (ranks)."""
+    from headcount.experiments.studies.retrieval.jobs import kv_grid, lexicographic
     from headcount.kv.memory import KVBudgetSettings
     from headcount.kv.policies import make_budget
     from headcount.kv.policy import BudgetRequest
 
     shape = shape_of(model)
     L, H, K, D = shape["n_layers"], shape["n_heads"], shape["n_kv_heads"], shape["head_dim"]
-    ret, lr = kv_grid(retrieval), kv_grid(long_range)
+    ret, lr = (np.asarray(kv_grid(doc), dtype=np.float64) for doc in (retrieval, long_range))
     rank_ret = lexicographic(ret, lr)  # the study's ranking: retrieval, ties by the long-range mass
     rank_lr = lexicographic(lr, None if np.isnan(lr).all() else ret)
     out = {}
