@@ -123,6 +123,24 @@ def seal_bytes(data: bytes) -> bytes:
     return data[:i] + SEAL_TAG.encode() + digest + data[i + len(mark):]
 
 
+def seal_file(path: Path, within: int = 1 << 20) -> None:
+    """[`seal_bytes`][headcount.runtime.record.seal_bytes] of a file too large to hold twice in
+    memory (a GGUF export): its one placeholder looked for in the first ``within`` bytes, the
+    SHA-256 of the whole file (placeholder included) streamed, then written over the zeros in place."""
+    mark = SEAL_PLACEHOLDER.encode()
+    with open(path, "r+b") as fh:
+        head = fh.read(within)
+        i = head.find(mark)
+        if i < 0 or head.find(mark, i + 1) >= 0:
+            raise ValueError("the file must hold exactly one seal placeholder near its start")
+        fh.seek(0)
+        digest = hashlib.sha256()
+        for chunk in iter(lambda: fh.read(1 << 24), b""):
+            digest.update(chunk)
+        fh.seek(i + len(SEAL_TAG))
+        fh.write(digest.hexdigest().encode())
+
+
 def sealed_intact(path: Path) -> bool:
     """Whether the file at ``path`` is exactly what [`seal_bytes`][headcount.runtime.record.seal_bytes] made (unchanged since)."""
     try:
@@ -338,4 +356,4 @@ def refuse_foreign(folder, names: list[str], what: str = "--out") -> None:
 
 __all__ = ["RECORD", "LOCK_NAME", "TMP_PREFIX", "SESSION", "HASH_LIMIT", "Record", "stamp", "tmp_prefix",
            "tmp_session", "matches", "first_foreign", "refuse_foreign", "bad_path", "linked_parent",
-           "SEAL_PLACEHOLDER", "seal_bytes", "sealed_intact"]
+           "SEAL_PLACEHOLDER", "seal_bytes", "seal_file", "sealed_intact"]

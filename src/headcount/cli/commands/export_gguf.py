@@ -3,35 +3,13 @@ command itself is ``headcount.cli.commands.export``; this is its GGUF branch).""
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
 import typer
 
 from headcount.runtime.errors import HeadcountError
-from headcount.runtime.record import SEAL_PLACEHOLDER, SEAL_TAG
-
-#: how far into the file the marker is looked for: it is the second metadata entry
-_MARKER_WITHIN = 1 << 20
-
-
-def seal_file(path: Path) -> None:
-    """``seal_bytes`` of a file too large to hold twice in memory: the SHA-256 of the whole file
-    (with the placeholder) streamed, then written over the placeholder's zeros in place."""
-    mark = SEAL_PLACEHOLDER.encode()
-    with open(path, "r+b") as fh:
-        head = fh.read(_MARKER_WITHIN)
-        i = head.find(mark)
-        if i < 0 or head.find(mark, i + 1) >= 0:
-            raise ValueError("the GGUF file must hold exactly one seal placeholder near its start")
-        fh.seek(0)
-        digest = hashlib.sha256()
-        for chunk in iter(lambda: fh.read(1 << 24), b""):
-            digest.update(chunk)
-        fh.seek(i + len(SEAL_TAG))
-        fh.write(digest.hexdigest().encode())
-
+from headcount.runtime.record import SEAL_PLACEHOLDER, seal_file
 
 def export_gguf_file(model_spec: str, out: Path, gguf_type: str, tolerance: float, force: bool,
                      mask: Path | None, load, identity_of) -> None:
