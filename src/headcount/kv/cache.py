@@ -157,8 +157,8 @@ class KVBudgetLayer(CacheLayerMixin):
             # transformers' own sliding cache keeps); its mask is the model's in every call
             self.causal = False
             shared[(0, self.model_window - 1)] = list(range(self.n_kv))
-        for head, (s, w) in enumerate(zip(budget.sink[layer], budget.window[layer])):
-            if self.model_window is None:
+        else:
+            for head, (s, w) in enumerate(zip(budget.sink[layer], budget.window[layer])):
                 shared.setdefault((s, w), []).append(head)
         # the full heads first, then the streaming groups by (sink, window)
         order = sorted(shared, key=lambda sw: (sw[1] is not None, sw[0] or 0, sw[1] or 0))
